@@ -1,0 +1,61 @@
+# zctipc: every target sets up what it needs (.venv, Python packages, the Go
+# build) by itself, so `make demo` and `make test` work on a fresh clone.
+
+SHELL := /bin/bash
+PYTHON ?= python3
+GO ?= go
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+GO_SOURCES := $(shell find go -type f \( -name '*.go' -o -name '*.c' -o -name '*.h' \)) go.mod go.sum
+FUZZTIME ?= 30s
+
+.PHONY: install lib test vet gotest pytest demo bench fuzz golden wheel clean
+
+install: $(VENV)/.zctipc
+
+# Python and the test/benchmark packages, pinned by constraints.txt.
+$(VENV)/.deps: constraints.txt pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+	$(PIP) install --quiet -c constraints.txt setuptools wheel cffi numpy pytest torch pyarrow
+	touch $@
+
+# The package, installed editable from python/: setup.py builds
+# libzctipc.so with Go and the cffi extension, in place.
+$(VENV)/.zctipc: $(VENV)/.deps $(GO_SOURCES) setup.py python/build_ffi.py
+	$(PIP) install --quiet --no-build-isolation --no-deps -e .
+	touch $@
+
+lib: install
+
+vet:
+	$(GO) vet ./...
+
+gotest:
+	$(GO) test -race -count=1 ./...
+
+pytest: install
+	$(PY) -m pytest -q tests/python
+
+test: install vet gotest pytest
+
+demo: install
+	$(PY) benchmarks/demo.py
+
+bench: install
+	$(PY) benchmarks/bench_handoff.py
+
+# Fuzz the header decoder, seeded from the golden vectors.
+fuzz:
+	$(GO) test ./tests/go -run '^$$' -fuzz FuzzHeaderDecode -fuzztime $(FUZZTIME)
+
+# Regenerate the golden header vectors in tests/golden (review the diff!).
+golden:
+	$(GO) test ./tests/go -run TestGolden -update
+
+wheel: install
+	$(PIP) wheel --no-build-isolation --no-deps -w dist .
+
+clean:
+	rm -rf build dist python/zctipc/libzctipc.so python/zctipc/zctipc.h python/zctipc/_zctipc_cffi* python/*.egg-info

@@ -1,0 +1,283 @@
+// Command capi is the export layer of libzctipc.so: the functions of
+// zctipc.h, each a thin translation between C arguments and the Go packages.
+//
+// Build it with go build -buildmode=c-shared. Every export defers
+// recoverPanic, calls enter, and reports failures through fail; Go objects
+// cross the boundary only as handles.
+package main
+
+/*
+#include "zctipc.h"
+#include "lasterror.h"
+
+// Const-qualified spellings, so that the prototypes cgo generates match the
+// hand-written ones in zctipc.h exactly.
+typedef const char zct_cchar;
+typedef const void zct_cvoid;
+typedef const int64_t zct_cint64;
+*/
+import "C"
+
+import (
+	"fmt"
+	"strings"
+	"unsafe"
+
+	"github.com/zctipc/zctipc/go/dtype"
+	"github.com/zctipc/zctipc/go/header"
+	"github.com/zctipc/zctipc/go/shm"
+	"github.com/zctipc/zctipc/go/zctipc"
+	"golang.org/x/sys/unix"
+)
+
+func main() {}
+
+func init() {
+	C.zct_version_string = C.CString(zctipc.Version) // lives as long as the library
+}
+
+var segments = newTable[*shm.Segment]()
+
+//export zct_abi_version
+func zct_abi_version() C.int { return C.ZCT_ABI_VERSION }
+
+//export zct_segment_create
+func zct_segment_create(name *C.zct_cchar, dt C.int32_t, ndim C.int32_t, shape *C.zct_cint64, out *C.zct_handle, info *C.zct_info) (status C.int) {
+	defer recoverPanic(&status)
+	if status, ok := enter(); !ok {
+		return status
+	}
+	if out == nil || info == nil || ndim > 0 && shape == nil {
+		return fail(errNilArg)
+	}
+	if ndim < 0 || ndim > header.MaxNDim {
+		return fail(fmt.Errorf("ndim %d is outside 0..%d: %w", ndim, header.MaxNDim, unix.EINVAL))
+	}
+	dims := make([]int64, ndim)
+	if ndim > 0 {
+		for i, d := range unsafe.Slice((*C.int64_t)(unsafe.Pointer(shape)), ndim) {
+			dims[i] = int64(d)
+		}
+	}
+	seg, err := shm.Create(goString(name), header.KindTensor, dtype.DType(dt), dims)
+	if err != nil {
+		return fail(err)
+	}
+	*out = C.zct_handle(segments.put(seg))
+	fillInfo(info, seg.Name(), seg.Header(), seg.Data(), false, seg.Header().SegmentSize())
+	return C.ZCT_OK
+}
+
+//export zct_segment_attach
+func zct_segment_attach(name *C.zct_cchar, kind C.int32_t, readonly C.int32_t, out *C.zct_handle, info *C.zct_info) (status C.int) {
+	defer recoverPanic(&status)
+	if status, ok := enter(); !ok {
+		return status
+	}
+	if name == nil || out == nil || info == nil {
+		return fail(errNilArg)
+	}
+	seg, err := shm.Attach(goString(name), header.Kind(kind), readonly != 0)
+	if err != nil {
+		return fail(err)
+	}
+	*out = C.zct_handle(segments.put(seg))
+	fillInfo(info, seg.Name(), seg.Header(), seg.Data(), seg.ReadOnly(), seg.Header().SegmentSize())
+	return C.ZCT_OK
+}
+
+//export zct_segment_info
+func zct_segment_info(h C.zct_handle, info *C.zct_info) (status C.int) {
+	defer recoverPanic(&status)
+	if status, ok := enter(); !ok {
+		return status
+	}
+	if info == nil {
+		return fail(errNilArg)
+	}
+	seg, err := segments.get(uint64(h))
+	if err != nil {
+		return fail(err)
+	}
+	hdr := seg.Header()
+	if hdr.Refcount, err = seg.Refcount(); err != nil {
+		return fail(err)
+	}
+	fillInfo(info, seg.Name(), hdr, seg.Data(), seg.ReadOnly(), hdr.SegmentSize())
+	return C.ZCT_OK
+}
+
+//export zct_segment_refcount
+func zct_segment_refcount(h C.zct_handle, out *C.int64_t) (status C.int) {
+	return segmentCount(h, out, (*shm.Segment).Refcount)
+}
+
+//export zct_segment_addref
+func zct_segment_addref(h C.zct_handle, out *C.int64_t) (status C.int) {
+	return segmentCount(h, out, (*shm.Segment).AddRef)
+}
+
+//export zct_segment_dropref
+func zct_segment_dropref(h C.zct_handle, out *C.int64_t) (status C.int) {
+	return segmentCount(h, out, (*shm.Segment).DropRef)
+}
+
+// segmentCount runs one of the refcount methods on the segment behind h.
+func segmentCount(h C.zct_handle, out *C.int64_t, op func(*shm.Segment) (int64, error)) (status C.int) {
+	defer recoverPanic(&status)
+	if status, ok := enter(); !ok {
+		return status
+	}
+	seg, err := segments.get(uint64(h))
+	if err != nil {
+		return fail(err)
+	}
+	n, err := op(seg)
+	if err != nil {
+		return fail(err)
+	}
+	if out != nil {
+		*out = C.int64_t(n)
+	}
+	return C.ZCT_OK
+}
+
+//export zct_segment_close
+func zct_segment_close(h C.zct_handle) (status C.int) {
+	defer recoverPanic(&status)
+	if status, ok := enter(); !ok {
+		return status
+	}
+	seg, err := segments.take(uint64(h))
+	if err != nil {
+		return fail(err)
+	}
+	if err := seg.Close(); err != nil {
+		return fail(err)
+	}
+	return C.ZCT_OK
+}
+
+//export zct_segment_unlink
+func zct_segment_unlink(name *C.zct_cchar) (status C.int) {
+	defer recoverPanic(&status)
+	if status, ok := enter(); !ok {
+		return status
+	}
+	if name == nil {
+		return fail(errNilArg)
+	}
+	if err := shm.Unlink(goString(name)); err != nil {
+		return fail(err)
+	}
+	return C.ZCT_OK
+}
+
+//export zct_segment_stat
+func zct_segment_stat(name *C.zct_cchar, info *C.zct_info) (status C.int) {
+	defer recoverPanic(&status)
+	if status, ok := enter(); !ok {
+		return status
+	}
+	if name == nil || info == nil {
+		return fail(errNilArg)
+	}
+	st, err := shm.Stat(goString(name))
+	if err != nil {
+		return fail(err)
+	}
+	fillInfo(info, st.Name, st.Header, nil, false, uint64(st.Size))
+	return C.ZCT_OK
+}
+
+//export zct_segment_list
+func zct_segment_list(buf *C.char, capacity C.uint64_t, length *C.uint64_t) (status C.int) {
+	defer recoverPanic(&status)
+	if status, ok := enter(); !ok {
+		return status
+	}
+	if length == nil || capacity > 0 && buf == nil {
+		return fail(errNilArg)
+	}
+	names, err := shm.List()
+	if err != nil {
+		return fail(err)
+	}
+	joined := strings.Join(names, "\n")
+	*length = C.uint64_t(len(joined))
+	if uint64(capacity) <= uint64(len(joined)) {
+		return fail(errRange)
+	}
+	dst := unsafe.Slice((*byte)(unsafe.Pointer(buf)), capacity)
+	dst[copy(dst, joined)] = 0
+	return C.ZCT_OK
+}
+
+//export zct_release_all
+func zct_release_all(count *C.int64_t) (status C.int) {
+	defer recoverPanic(&status)
+	if status, ok := enter(); !ok {
+		return status
+	}
+	n, err := shm.ReleaseAll()
+	if count != nil {
+		*count = C.int64_t(n)
+	}
+	if err != nil {
+		return fail(err)
+	}
+	return C.ZCT_OK
+}
+
+//export zct_header_decode
+func zct_header_decode(buf *C.zct_cvoid, length C.uint64_t, fileSize C.uint64_t, info *C.zct_info) (status C.int) {
+	defer recoverPanic(&status)
+	if status, ok := enter(); !ok {
+		return status
+	}
+	if info == nil || length > 0 && buf == nil {
+		return fail(errNilArg)
+	}
+	// A private copy: the bytes may belong to another process.
+	raw := C.GoBytes(unsafe.Pointer(buf), C.int(min(uint64(length), header.MaxSize)))
+	hdr, err := header.Decode(raw, uint64(fileSize))
+	if err != nil {
+		return fail(err)
+	}
+	fillInfo(info, "", hdr, nil, false, uint64(fileSize))
+	return C.ZCT_OK
+}
+
+// fillInfo writes a header, a name and where the data is mapped into info.
+func fillInfo(info *C.zct_info, name string, hdr header.Header, data []byte, readOnly bool, fileSize uint64) {
+	*info = C.zct_info{}
+	if data != nil {
+		info.data = unsafe.Pointer(unsafe.SliceData(data))
+	}
+	info.nbytes = C.uint64_t(hdr.NBytes)
+	info.data_offset = C.uint64_t(hdr.DataOffset)
+	info.file_size = C.uint64_t(fileSize)
+	for i := range hdr.Shape {
+		info.shape[i] = C.int64_t(hdr.Shape[i])
+		info.strides[i] = C.int64_t(hdr.Strides[i])
+	}
+	info.creator_pid = C.int64_t(hdr.Creator.PID)
+	info.creator_start_time = C.uint64_t(hdr.Creator.StartTime)
+	info.created_ns = C.int64_t(hdr.CreatedNS)
+	info.refcount = C.int64_t(hdr.Refcount)
+	info.dtype = C.int32_t(hdr.DType)
+	info.ndim = C.int32_t(len(hdr.Shape))
+	info.kind = C.int32_t(hdr.Kind)
+	if readOnly {
+		info.readonly = 1
+	}
+	n := copy(unsafe.Slice((*byte)(unsafe.Pointer(&info.name[0])), C.ZCT_NAME_CAP-1), name)
+	info.name[n] = 0
+}
+
+func goString(s *C.zct_cchar) string {
+	if s == nil {
+		return ""
+	}
+	return C.GoString((*C.char)(unsafe.Pointer(s)))
+}

@@ -1,0 +1,49 @@
+package main
+
+import (
+	"sync"
+	"sync/atomic"
+)
+
+// nextHandle numbers the objects of every table, so that a handle of one
+// kind passed where another is expected is refused rather than misread.
+var nextHandle atomic.Uint64
+
+// table maps the integer handles that cross the C ABI to Go objects, which
+// must never cross it themselves.
+type table[T any] struct {
+	mu sync.RWMutex
+	m  map[uint64]T
+}
+
+func newTable[T any]() *table[T] { return &table[T]{m: map[uint64]T{}} }
+
+func (t *table[T]) put(v T) uint64 {
+	h := nextHandle.Add(1)
+	t.mu.Lock()
+	t.m[h] = v
+	t.mu.Unlock()
+	return h
+}
+
+func (t *table[T]) get(h uint64) (T, error) {
+	t.mu.RLock()
+	v, ok := t.m[h]
+	t.mu.RUnlock()
+	if !ok {
+		return v, errBadHandle
+	}
+	return v, nil
+}
+
+// take removes h from the table and returns what it named.
+func (t *table[T]) take(h uint64) (T, error) {
+	t.mu.Lock()
+	v, ok := t.m[h]
+	delete(t.m, h)
+	t.mu.Unlock()
+	if !ok {
+		return v, errBadHandle
+	}
+	return v, nil
+}

@@ -1,0 +1,93 @@
+package main
+
+/*
+#include "zctipc.h"
+#include "lasterror.h"
+*/
+import "C"
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"runtime/debug"
+	"sync/atomic"
+	"unsafe"
+
+	"github.com/zctipc/zctipc/go/dtype"
+	"github.com/zctipc/zctipc/go/header"
+	"github.com/zctipc/zctipc/go/shm"
+	"golang.org/x/sys/unix"
+)
+
+// statuses maps the errors callers branch on to the status codes of
+// zctipc.h, most specific first.
+var statuses = []struct {
+	err    error
+	status C.int
+}{
+	{errBadHandle, C.ZCT_E_CLOSED},
+	{errRange, C.ZCT_E_RANGE},
+	{shm.ErrClosed, C.ZCT_E_CLOSED},
+	{shm.ErrOutOfSharedMemory, C.ZCT_E_NO_SPACE},
+	{header.ErrNotZctipc, C.ZCT_E_NOT_ZCTIPC},
+	{header.ErrVersion, C.ZCT_E_VERSION},
+	{header.ErrCorrupt, C.ZCT_E_CORRUPT},
+	{dtype.ErrUnsupported, C.ZCT_E_DTYPE},
+	{unix.ENOENT, C.ZCT_E_NOT_FOUND},
+	{unix.EEXIST, C.ZCT_E_EXISTS},
+	{unix.EACCES, C.ZCT_E_PERMISSION},
+	{unix.EPERM, C.ZCT_E_PERMISSION},
+	{unix.EINVAL, C.ZCT_E_INVALID},
+}
+
+var (
+	errBadHandle = errors.New("invalid or closed handle")
+	errRange     = errors.New("output buffer too small")
+	errNilArg    = fmt.Errorf("a required pointer argument is NULL: %w", unix.EINVAL)
+)
+
+// poisoned is set once an export recovered from a panic: the library's state
+// may be inconsistent, so every later call fails cleanly instead.
+var poisoned atomic.Bool
+
+// fail records err as the calling thread's last error and returns its status.
+func fail(err error) C.int {
+	status := C.int(C.ZCT_E_OS)
+	for _, s := range statuses {
+		if errors.Is(err, s.err) {
+			status = s.status
+			break
+		}
+	}
+	var errno unix.Errno
+	errors.As(err, &errno)
+	setLastError(err.Error(), int(errno))
+	return status
+}
+
+func setLastError(msg string, errno int) {
+	C.zct_set_last_error((*C.char)(unsafe.Pointer(unsafe.StringData(msg))), C.size_t(len(msg)), C.int(errno))
+}
+
+// enter returns a failing status when the library is poisoned. Every export
+// calls it first, after deferring recoverPanic.
+func enter() (C.int, bool) {
+	if poisoned.Load() {
+		setLastError("libzctipc is poisoned by an earlier internal error; restart the process", 0)
+		return C.ZCT_E_POISONED, false
+	}
+	return C.ZCT_OK, true
+}
+
+// recoverPanic turns a panic in an export into ZCT_E_INTERNAL and poisons the
+// library: a panic must never unwind into C.
+func recoverPanic(status *C.int) {
+	if r := recover(); r != nil {
+		poisoned.Store(true)
+		stack := debug.Stack()
+		fmt.Fprintf(os.Stderr, "libzctipc: internal error: %v\n%s", r, stack)
+		setLastError(fmt.Sprintf("libzctipc internal error: %v (the library is now poisoned; the stack was printed to stderr)", r), 0)
+		*status = C.ZCT_E_INTERNAL
+	}
+}

@@ -1,0 +1,82 @@
+package shm
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// Prefix starts the name of every segment the library creates, so that its
+// files in /dev/shm can be told from everyone else's.
+const Prefix = "zctipc_"
+
+// MaxNameLen is the longest name a caller may give, in bytes, not counting
+// the prefix.
+const MaxNameLen = 200
+
+// DirEnv names the environment variable that moves segments out of /dev/shm
+// (for tests that need a small tmpfs); it must name a tmpfs directory.
+const DirEnv = "ZCTIPC_SHM_DIR"
+
+// Dir returns the directory that holds segments: $ZCTIPC_SHM_DIR or /dev/shm.
+func Dir() string {
+	if d := os.Getenv(DirEnv); d != "" {
+		return strings.TrimRight(d, "/")
+	}
+	return "/dev/shm"
+}
+
+// FullName returns name with the library prefix, adding it when name does not
+// already start with it, after checking that name is safe to use as a file
+// name: 1 to MaxNameLen bytes of letters, digits, '_', '-' and '.', with no
+// ".." in it. A bad name gives an error wrapping unix.EINVAL.
+func FullName(name string) (string, error) {
+	base := strings.TrimPrefix(name, Prefix)
+	switch {
+	case base == "":
+		return "", fmt.Errorf("segment name %q is empty: %w", name, unix.EINVAL)
+	case len(base) > MaxNameLen:
+		return "", fmt.Errorf("segment name of %d bytes is longer than %d: %w", len(base), MaxNameLen, unix.EINVAL)
+	case strings.Contains(base, ".."):
+		return "", fmt.Errorf("segment name %q contains \"..\": %w", name, unix.EINVAL)
+	}
+	for _, c := range []byte(base) {
+		if !nameByte(c) {
+			return "", fmt.Errorf("segment name %q contains %q; use letters, digits, '_', '-' and '.': %w", name, c, unix.EINVAL)
+		}
+	}
+	return Prefix + base, nil
+}
+
+func nameByte(c byte) bool {
+	return 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '_' || c == '-' || c == '.'
+}
+
+// RandomName returns a new name: the prefix and 128 random bits in hex.
+func RandomName() string {
+	var b [16]byte
+	rand.Read(b[:]) // never fails: crypto/rand crashes the program instead
+	return Prefix + hex.EncodeToString(b[:])
+}
+
+// List returns the names of every file with the library prefix in Dir(),
+// sorted, whether or not it holds a valid segment.
+func List() ([]string, error) {
+	entries, err := os.ReadDir(Dir())
+	if err != nil {
+		return nil, fmt.Errorf("list %s: %w", Dir(), err)
+	}
+	var names []string
+	for _, e := range entries {
+		if strings.HasPrefix(e.Name(), Prefix) {
+			names = append(names, e.Name())
+		}
+	}
+	slices.Sort(names)
+	return names, nil
+}

@@ -1,0 +1,118 @@
+"""Element types: the header's dtype codes and their NumPy and torch faces.
+
+The codes are those of ``go/dtype`` and ``docs/format.md``. NumPy has no
+bfloat16: such segments have torch views, and NumPy views only when the
+``ml_dtypes`` package is installed.
+"""
+
+import numpy as np
+
+from .errors import UnsupportedDtype
+
+# code -> name; the names are NumPy's and torch's spelling alike.
+NAMES = {
+    1: "bool",
+    2: "int8",
+    3: "int16",
+    4: "int32",
+    5: "int64",
+    6: "uint8",
+    7: "uint16",
+    8: "uint32",
+    9: "uint64",
+    10: "float16",
+    11: "float32",
+    12: "float64",
+    13: "bfloat16",
+    14: "complex64",
+    15: "complex128",
+}
+CODES = {name: code for code, name in NAMES.items()}
+BFLOAT16 = CODES["bfloat16"]
+ITEMSIZE = {code: (2 if code == BFLOAT16 else np.dtype(name).itemsize) for code, name in NAMES.items()}
+
+
+def _ml_bfloat16():
+    try:
+        import ml_dtypes
+    except ImportError:
+        return None
+    return np.dtype(ml_dtypes.bfloat16)
+
+
+def code_of(dtype):
+    """Return the header code of ``dtype``: a name, a NumPy dtype or scalar
+    type, or a torch dtype. Raise :class:`UnsupportedDtype` for a type that
+    cannot be shared."""
+    if type(dtype).__module__ == "torch":  # a torch.dtype, without importing torch
+        name = str(dtype).removeprefix("torch.")
+        if name in CODES:
+            return CODES[name]
+        raise UnsupportedDtype(f"torch dtype {dtype} cannot be shared; supported: {', '.join(CODES)}")
+    if isinstance(dtype, str) and dtype in CODES:
+        return CODES[dtype]
+    try:
+        dt = np.dtype(dtype)
+    except TypeError as exc:
+        raise UnsupportedDtype(f"{dtype!r} is not a dtype: {exc}") from None
+    return code_of_numpy(dt)
+
+
+def code_of_numpy(dt):
+    """Return the header code of the NumPy dtype ``dt``."""
+    if dt.hasobject:
+        raise UnsupportedDtype(
+            f"dtype {dt} holds Python object pointers, which mean nothing in another process; "
+            "convert to a numeric dtype first"
+        )
+    if dt.fields is not None or dt.subdtype is not None:
+        raise UnsupportedDtype(f"structured dtype {dt} cannot be shared; share each field as its own array")
+    if dt.byteorder == ">" or (dt.byteorder == "<" and not dt.isnative):
+        raise UnsupportedDtype(
+            f"dtype {dt.str} is not in native byte order; convert with .astype({dt.newbyteorder('=').name!r})"
+        )
+    code = CODES.get(dt.name)
+    if code is None:
+        raise UnsupportedDtype(f"dtype {dt} cannot be shared; supported: {', '.join(CODES)}")
+    return code
+
+
+def numpy_dtype(code):
+    """Return the NumPy dtype of ``code``; bfloat16 needs ml_dtypes."""
+    name = _name(code)
+    if code == BFLOAT16:
+        dt = _ml_bfloat16()
+        if dt is None:
+            raise UnsupportedDtype(
+                "NumPy has no bfloat16: use .torch(), or install ml_dtypes for NumPy bfloat16 views"
+            )
+        return dt
+    return np.dtype(name)
+
+
+def storage_dtype(code):
+    """Return a NumPy dtype of the same size that can hold ``code``'s bits
+    (uint16 for bfloat16), for building views that torch reinterprets."""
+    return np.dtype(np.uint16) if code == BFLOAT16 else np.dtype(_name(code))
+
+
+def torch_dtype(code):
+    """Return the torch dtype of ``code``."""
+    import torch
+
+    return getattr(torch, _name(code))
+
+
+def public_dtype(code):
+    """The ``dtype`` attribute of a SharedTensor: a NumPy dtype when NumPy can
+    say it, else the name (``'bfloat16'`` without ml_dtypes)."""
+    if code == BFLOAT16 and _ml_bfloat16() is None:
+        return NAMES[code]
+    return numpy_dtype(code)
+
+
+def _name(code):
+    try:
+        return NAMES[code]
+    except KeyError:
+        raise UnsupportedDtype(f"unknown dtype code {code}") from None

@@ -1,0 +1,191 @@
+"""The one module that owns libzctipc.so.
+
+It loads the library on first use (``import zctipc`` loads no Go), refuses
+calls in a child forked after the library was loaded (a Go runtime does not
+survive ``fork()``; such calls would hang), and turns native status codes
+into exceptions. Every other module calls the library through :func:`lib`
+and :func:`check`.
+
+The library is the ``libzctipc.so`` shipped inside the package, next to the
+cffi extension that binds it. For development, ``ZCTIPC_LIBRARY`` names
+another build to use instead.
+"""
+
+import atexit
+import errno as _errno
+import os
+import sys
+import threading
+
+from . import errors
+
+ABI_VERSION = 1
+LIBRARY_ENV = "ZCTIPC_LIBRARY"
+
+_lock = threading.Lock()
+_ffi = None
+_lib = None
+_loaded_in_pid = None  # the pid that loaded the library; a forked child differs
+
+
+def _after_fork_in_child():
+    global _lib
+    # The child's Go runtime is gone: drop the library so that every call
+    # goes through _load, which raises ForkedProcessError at once.
+    _lib = None
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def lib():
+    """Return the bound library, loading it on first use."""
+    library = _lib
+    if library is None:
+        library = _load()
+    return library
+
+
+def ffi():
+    """Return the cffi ``FFI`` object of the bindings."""
+    lib()
+    return _ffi
+
+
+def loaded():
+    """Whether this process has loaded the library and may call it."""
+    return _lib is not None
+
+
+def forked():
+    """Whether this process was forked from one that had loaded the library."""
+    return _loaded_in_pid is not None and _loaded_in_pid != os.getpid()
+
+
+def _load():
+    global _ffi, _lib, _loaded_in_pid
+    # Checked before taking the lock, which another thread may have held at
+    # the moment of the fork.
+    if forked():
+        raise errors.ForkedProcessError(
+            f"this process (pid {os.getpid()}) was forked from pid {_loaded_in_pid} after it loaded "
+            "libzctipc, and a Go runtime does not survive fork(); start processes with "
+            "zctipc.get_context() (forkserver or spawn) instead"
+        )
+    with _lock:
+        if _lib is not None:
+            return _lib
+        _refuse_in_fork_server()
+        override = os.environ.get(LIBRARY_ENV)
+        if override:
+            import ctypes
+
+            # Loaded globally first, it satisfies the extension's dependency on
+            # the soname libzctipc.so, so the packaged copy is not loaded.
+            ctypes.CDLL(os.path.abspath(override), mode=ctypes.RTLD_GLOBAL)
+        try:
+            from . import _zctipc_cffi
+        except ImportError as exc:
+            raise ImportError(
+                f"zctipc's native library is not built or not found ({exc}); build it with `make install`, "
+                f"or point {LIBRARY_ENV} at a libzctipc.so"
+            ) from exc
+        library = _zctipc_cffi.lib
+        got = library.zct_abi_version()
+        if got != ABI_VERSION:
+            raise ImportError(
+                f"libzctipc has C ABI version {got}, this package needs {ABI_VERSION}; reinstall zctipc"
+            )
+        _ffi, _lib, _loaded_in_pid = _zctipc_cffi.ffi, library, os.getpid()
+        _register_exit()
+        return library
+
+
+def _refuse_in_fork_server():
+    """Never load the Go runtime inside a multiprocessing fork server, whose
+    children are forked: that happens when __main__ calls zctipc at import
+    time and the fork server preloads __main__."""
+    frame = sys._getframe()
+    while frame is not None:
+        if frame.f_code.co_name == "main" and frame.f_globals.get("__name__") == "multiprocessing.forkserver":
+            raise errors.ForkedProcessError(
+                "zctipc was called while the multiprocessing fork server imported __main__; its children "
+                "would be forked with a Go runtime that cannot survive fork(). Move the call under "
+                "`if __name__ == '__main__':`"
+            )
+        frame = frame.f_back
+
+
+def _register_exit():
+    # atexit covers the main process and spawn children; forkserver children
+    # leave through os._exit, so multiprocessing's finalizers cover them.
+    atexit.register(release_all)
+    from multiprocessing import util
+
+    util.Finalize(None, release_all, exitpriority=-100)
+
+
+def release_all():
+    """Drop this process's count on every segment it holds (mappings stay)."""
+    if _lib is None:
+        return 0
+    count = _ffi.new("int64_t *")
+    check(_lib.zct_release_all(count))
+    return count[0]
+
+
+def close_handle(handle):
+    """Close a segment handle; a no-op in a forked child or after unloading.
+
+    Called from finalizers, so it never raises.
+    """
+    library = _lib
+    if library is None:
+        return
+    status = library.zct_segment_close(handle)
+    if status != 0:
+        exc = error(status)
+        sys.stderr.write(f"zctipc: closing a segment handle failed: {exc}\n")
+
+
+# Status codes of zctipc.h and the exceptions they become.
+_EXCEPTIONS = {
+    -1: errors.InvalidArgument,
+    -2: errors.SegmentNotFound,
+    -3: errors.SegmentExists,
+    -4: errors.PermissionDenied,
+    -5: errors.NotAZctipcSegment,
+    -6: errors.IncompatibleVersion,
+    -7: errors.CorruptHeader,
+    -8: errors.OutOfSharedMemory,
+    -9: errors.UnsupportedDtype,
+    -10: errors.HandleClosed,
+    -11: errors.InvalidArgument,
+    -20: errors.ZctipcOSError,
+    -98: errors.LibraryPoisoned,
+    -99: errors.LibraryPoisoned,
+}
+
+# The errno an OSError subclass carries when the native side gave none.
+_DEFAULT_ERRNO = {
+    errors.SegmentNotFound: _errno.ENOENT,
+    errors.SegmentExists: _errno.EEXIST,
+    errors.PermissionDenied: _errno.EACCES,
+}
+
+
+def error(status):
+    """Return the exception for a failed call's status, with the message the
+    library kept for this thread."""
+    message = _ffi.string(_lib.zct_last_error()).decode("utf-8", "replace")
+    cls = _EXCEPTIONS.get(status, errors.ZctipcError)
+    if issubclass(cls, OSError):
+        code = _lib.zct_last_errno() or _DEFAULT_ERRNO.get(cls, 0)
+        return cls(code, message)
+    return cls(message)
+
+
+def check(status):
+    """Raise the exception for ``status`` unless it is 0."""
+    if status != 0:
+        raise error(status)

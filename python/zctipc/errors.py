@@ -1,0 +1,88 @@
+"""Exceptions raised by zctipc.
+
+Every exception derives from :class:`ZctipcError` and also from the builtin
+that matches it, so ``except FileNotFoundError`` or ``except MemoryError``
+works as it would for the same failure elsewhere in Python.
+"""
+
+__all__ = [
+    "ZctipcError",
+    "InvalidArgument",
+    "SegmentNotFound",
+    "SegmentExists",
+    "PermissionDenied",
+    "NotAZctipcSegment",
+    "IncompatibleVersion",
+    "CorruptHeader",
+    "OutOfSharedMemory",
+    "UnsupportedDtype",
+    "HandleClosed",
+    "ForkedProcessError",
+    "LibraryPoisoned",
+    "ZctipcOSError",
+]
+
+
+class ZctipcError(Exception):
+    """Base class of every zctipc error."""
+
+
+class InvalidArgument(ZctipcError, ValueError):
+    """A bad argument: a segment name, shape, or a segment of the wrong kind."""
+
+
+class SegmentNotFound(ZctipcError, FileNotFoundError):
+    """No segment has that name, or it is being removed."""
+
+
+class SegmentExists(ZctipcError, FileExistsError):
+    """A segment of that name already exists; it was left untouched."""
+
+
+class PermissionDenied(ZctipcError, PermissionError):
+    """The segment belongs to another user, is not mode 0600, or is not a plain file."""
+
+
+class NotAZctipcSegment(ZctipcError, ValueError):
+    """The file does not start with the zctipc magic number."""
+
+
+class IncompatibleVersion(ZctipcError, ValueError):
+    """The segment's layout version is not one this library reads."""
+
+
+class CorruptHeader(ZctipcError, ValueError):
+    """The segment header fails validation (checksum, bounds, truncation)."""
+
+
+class OutOfSharedMemory(ZctipcError, MemoryError):
+    """The shared-memory file system (/dev/shm) cannot hold the segment.
+
+    The message says how many bytes were asked, how many are free, and how to
+    make room (``docker run --shm-size=...``).
+    """
+
+
+class UnsupportedDtype(ZctipcError, TypeError):
+    """The element type cannot live in shared memory (object, structured,
+    non-native byte order, strings, ...), or the header names an unknown one."""
+
+
+class HandleClosed(ZctipcError, ValueError):
+    """The object was closed."""
+
+
+class ForkedProcessError(ZctipcError, RuntimeError):
+    """This process was forked after the Go library was loaded.
+
+    A Go runtime does not survive ``fork()``; start processes with
+    ``zctipc.get_context()`` (forkserver or spawn) instead.
+    """
+
+
+class LibraryPoisoned(ZctipcError, RuntimeError):
+    """The native library caught an internal error and refuses further calls."""
+
+
+class ZctipcOSError(ZctipcError, OSError):
+    """Another operating-system error, with its ``errno``."""

@@ -1,0 +1,56 @@
+"""Build zctipc: the Go core (libzctipc.so), then the cffi extension that binds it.
+
+Building needs Go (https://go.dev) and a C compiler. The wheel carries
+libzctipc.so, the cffi extension and zctipc.h inside the ``zctipc`` package.
+"""
+
+import os
+import re
+import shutil
+import subprocess
+
+from setuptools import setup
+from setuptools.command.build_ext import build_ext
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+LIB_DIR = os.path.join(ROOT, "build", "lib")
+HEADER = os.path.join(ROOT, "go", "capi", "zctipc.h")
+GO_LDFLAGS = "-s -w -extldflags=-Wl,-soname,libzctipc.so"
+
+
+def version():
+    with open(os.path.join(ROOT, "go", "zctipc", "version.go")) as f:
+        return re.search(r'const Version = "([^"]+)"', f.read()).group(1)
+
+
+def build_go_library(out_dir):
+    """go build -buildmode=c-shared the export layer into out_dir."""
+    os.makedirs(out_dir, exist_ok=True)
+    target = os.path.join(out_dir, "libzctipc.so")
+    subprocess.check_call(
+        ["go", "build", "-buildmode=c-shared", "-trimpath", f"-ldflags={GO_LDFLAGS}", "-o", target, "./go/capi"],
+        cwd=ROOT,
+    )
+    # go also writes a generated libzctipc.h; the hand-written zctipc.h is the API.
+    os.remove(os.path.join(out_dir, "libzctipc.h"))
+    return target
+
+
+class BuildGoThenExtensions(build_ext):
+    """Build libzctipc.so first, link the cffi extension against it, and put
+    both (and zctipc.h) in the package."""
+
+    def run(self):
+        library = build_go_library(LIB_DIR)
+        super().run()
+        package_dir = os.path.join("python", "zctipc") if self.inplace else os.path.join(self.build_lib, "zctipc")
+        os.makedirs(package_dir, exist_ok=True)
+        shutil.copy2(library, os.path.join(package_dir, "libzctipc.so"))
+        shutil.copy2(HEADER, os.path.join(package_dir, "zctipc.h"))
+
+
+setup(
+    version=version(),
+    cffi_modules=["python/build_ffi.py:ffibuilder"],
+    cmdclass={"build_ext": BuildGoThenExtensions},
+)

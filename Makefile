@@ -44,7 +44,7 @@ demo: install
 	$(PY) benchmarks/demo.py
 
 bench: install
-	$(PY) benchmarks/bench_handoff.py
+	$(PY) benchmarks/bench_handoff.py --readme README.md
 
 # Fuzz the header decoder, seeded from the golden vectors.
 fuzz:

@@ -7,6 +7,7 @@
 package main
 
 /*
+#include <stdlib.h>
 #include "zctipc.h"
 #include "lasterror.h"
 
@@ -20,6 +21,7 @@ import "C"
 
 import (
 	"fmt"
+	"os"
 	"strings"
 	"unsafe"
 
@@ -34,6 +36,23 @@ func main() {}
 
 func init() {
 	C.zct_version_string = C.CString(zctipc.Version) // lives as long as the library
+	// Go copied the environment when the process started; a host such as
+	// Python may have set zctipc's variables since, before loading us.
+	for _, name := range []string{shm.DirEnv, shm.MapCacheEnv} {
+		cname := C.CString(name)
+		value := C.getenv(cname)
+		C.free(unsafe.Pointer(cname))
+		var err error
+		if value != nil {
+			err = os.Setenv(name, C.GoString(value))
+		} else {
+			err = os.Unsetenv(name)
+		}
+		if err != nil {
+			panic(err) // only for a name with '=' or NUL, which these are not
+		}
+	}
+	shm.SetMapCache(os.Getenv(shm.MapCacheEnv) != "0")
 }
 
 var segments = newTable[*shm.Segment]()

@@ -6,7 +6,9 @@
 //
 // Every process that holds a segment counts once in the refcount of its
 // header, however many times it attached it: a process maps each file once
-// and counts its own handles locally. The creator starts the count at one;
+// and counts its own handles locally. (It may keep a mapping for a while
+// after its last handle closed, holding no count; see the note on the
+// mapping cache.) The creator starts the count at one;
 // Attach adds one for a process's first handle, and closing a process's last
 // handle takes it away again. Whoever takes the count to zero unlinks the
 // file. Zero is final: Attach never revives a segment whose count reached
@@ -28,8 +30,6 @@ package shm
 import (
 	"errors"
 	"fmt"
-	"math"
-	"sync"
 	"sync/atomic"
 	"time"
 	"unsafe"
@@ -48,31 +48,6 @@ var (
 	// free, and wraps unix.ENOSPC or unix.ENOMEM.
 	ErrOutOfSharedMemory = errors.New("out of shared memory")
 )
-
-// fileKey identifies a file independently of its name, which may be unlinked
-// and reused.
-type fileKey struct{ dev, ino uint64 }
-
-// file is one segment file mapped in this process, shared by all handles.
-type file struct {
-	key      fileKey
-	name     string
-	path     string
-	hdr      header.Header
-	rw       []byte // read-write mapping of the segment, or nil
-	ro       []byte // read-only mapping of the segment, or nil
-	ctl      []byte // read-write mapping of the fixed header, when rw is nil
-	rc       *int64 // the shared refcount, in rw or ctl; set with the first mapping
-	handles  int    // open Segments on this file; guarded by registry.mu
-	released bool   // this process's count was already dropped (ReleaseAll)
-}
-
-// registry holds every file this process has mapped, so that each counts
-// once in its segment's refcount.
-var registry = struct {
-	mu    sync.Mutex
-	files map[fileKey]*file
-}{files: map[fileKey]*file{}}
 
 // Segment is one handle on a mapped segment. It is safe for concurrent use;
 // Close must not race with the use of Data.
@@ -154,10 +129,10 @@ func create(name string, hdr header.Header) (seg *Segment, err error) {
 	}
 	hdr.CreatedNS = time.Now().UnixNano()
 	hdr.Encode(mem)
-	f := &file{key: fileKey{st.Dev, st.Ino}, name: name, path: path, hdr: hdr, rw: mem, handles: 1}
+	f := &file{key: fileKey{st.Dev, st.Ino}, name: name, path: path, hdr: hdr, rw: mem, handles: 1, counted: true}
 	f.rc = (*int64)(unsafe.Pointer(&mem[header.RefcountOffset]))
 	registry.mu.Lock()
-	registry.files[f.key] = f
+	register(f)
 	registry.mu.Unlock()
 	return &Segment{f: f, data: f.region(false)}, nil
 }
@@ -203,6 +178,9 @@ func Attach(name string, kind header.Kind, readOnly bool) (*Segment, error) {
 		return nil, err
 	}
 	path := Dir() + "/" + full
+	if seg := attachMapped(path, kind, readOnly); seg != nil {
+		return seg, nil
+	}
 	fd, err := unix.Open(path, unix.O_RDWR|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, openError(full, err)
@@ -220,9 +198,6 @@ func Attach(name string, kind header.Kind, readOnly bool) (*Segment, error) {
 	registry.mu.Lock()
 	defer registry.mu.Unlock()
 	f := registry.files[key]
-	if f != nil && f.released {
-		return nil, fmt.Errorf("segment %q was released by this process (release_all): %w", full, unix.ENOENT)
-	}
 	fresh := f == nil
 	if fresh {
 		f = &file{key: key, name: full, path: path, hdr: hdr}
@@ -234,14 +209,37 @@ func Attach(name string, kind header.Kind, readOnly bool) (*Segment, error) {
 		}
 		return nil, err
 	}
-	if fresh {
-		if _, err := f.addRef(); err != nil {
-			return nil, errors.Join(err, f.unmap())
+	if err := f.hold(); err != nil {
+		if fresh {
+			err = errors.Join(err, f.unmap())
 		}
-		registry.files[key] = f
+		return nil, err
 	}
-	f.handles++
+	if fresh {
+		register(f)
+	}
 	return &Segment{f: f, data: f.region(readOnly), readOnly: readOnly}, nil
+}
+
+// attachMapped returns a new handle on a file this process maps already, or
+// keeps in its mapping cache, when path still names that file and its owner
+// and mode still pass: one lstat instead of opening, reading and mapping it
+// again. Otherwise it returns nil and Attach takes the long way.
+func attachMapped(path string, kind header.Kind, readOnly bool) *Segment {
+	registry.mu.Lock()
+	defer registry.mu.Unlock()
+	f := registry.byPath[path]
+	if f == nil || kind != 0 && f.hdr.Kind != kind || !f.hasMapping(readOnly) {
+		return nil
+	}
+	var st unix.Stat_t
+	if unix.Lstat(path, &st) != nil || (fileKey{st.Dev, st.Ino}) != f.key || checkStat(&st, f.name) != nil {
+		return nil
+	}
+	if f.hold() != nil {
+		return nil // the segment is being removed: the long way says so
+	}
+	return &Segment{f: f, data: f.region(readOnly), readOnly: readOnly}
 }
 
 func openError(name string, err error) error {
@@ -261,14 +259,8 @@ func readHeader(fd int, name string) (unix.Stat_t, header.Header, error) {
 	if err := unix.Fstat(fd, &st); err != nil {
 		return st, header.Header{}, fmt.Errorf("fstat segment %q: %w", name, err)
 	}
-	if st.Mode&unix.S_IFMT != unix.S_IFREG {
-		return st, header.Header{}, fmt.Errorf("segment %q is not a regular file: %w", name, unix.EACCES)
-	}
-	if euid := uint32(unix.Geteuid()); st.Uid != euid {
-		return st, header.Header{}, fmt.Errorf("segment %q belongs to uid %d, not to this user (uid %d): %w", name, st.Uid, euid, unix.EACCES)
-	}
-	if st.Mode&0o077 != 0 {
-		return st, header.Header{}, fmt.Errorf("segment %q has mode %#o, which lets group or others in (zctipc segments are 0600): %w", name, st.Mode&0o777, unix.EACCES)
+	if err := checkStat(&st, name); err != nil {
+		return st, header.Header{}, err
 	}
 	buf := make([]byte, min(st.Size, header.MaxSize))
 	n, err := unix.Pread(fd, buf, 0)
@@ -282,108 +274,17 @@ func readHeader(fd int, name string) (unix.Stat_t, header.Header, error) {
 	return st, hdr, nil
 }
 
-// mapFor makes sure f has the mapping a handle with readOnly needs. The caller
-// holds registry.mu.
-func (f *file) mapFor(fd int, readOnly bool) error {
-	size := f.hdr.SegmentSize()
-	var err error
-	switch {
-	case !readOnly && f.rw == nil:
-		f.rw, err = mmap(fd, size, true)
-	case readOnly && f.ro == nil:
-		f.ro, err = mmap(fd, size, false)
+// checkStat refuses a file that is not a regular file, belongs to another
+// user, or lets group or others in.
+func checkStat(st *unix.Stat_t, name string) error {
+	if st.Mode&unix.S_IFMT != unix.S_IFREG {
+		return fmt.Errorf("segment %q is not a regular file: %w", name, unix.EACCES)
 	}
-	if err == nil && f.rc == nil {
-		ctl := f.rw
-		if ctl == nil {
-			if f.ctl, err = mmap(fd, header.FixedSize, true); err != nil {
-				return err
-			}
-			ctl = f.ctl
-		}
-		f.rc = (*int64)(unsafe.Pointer(&ctl[header.RefcountOffset]))
+	if euid := uint32(unix.Geteuid()); st.Uid != euid {
+		return fmt.Errorf("segment %q belongs to uid %d, not to this user (uid %d): %w", name, st.Uid, euid, unix.EACCES)
 	}
-	return err
-}
-
-// region returns the data region of the mapping a handle with readOnly uses.
-// The caller holds registry.mu or owns f alone.
-func (f *file) region(readOnly bool) []byte {
-	m := f.rw
-	if readOnly {
-		m = f.ro
-	}
-	h := &f.hdr
-	return m[h.DataOffset : h.DataOffset+h.NBytes : h.DataOffset+h.NBytes]
-}
-
-func mmap(fd int, size uint64, writable bool) ([]byte, error) {
-	if size > math.MaxInt {
-		return nil, unix.EFBIG
-	}
-	prot := unix.PROT_READ
-	if writable {
-		prot |= unix.PROT_WRITE
-	}
-	return unix.Mmap(fd, 0, int(size), prot, unix.MAP_SHARED)
-}
-
-func (f *file) unmap() error {
-	var errs []error
-	for _, m := range []*[]byte{&f.rw, &f.ro, &f.ctl} {
-		if *m != nil {
-			if err := unix.Munmap(*m); err != nil {
-				errs = append(errs, fmt.Errorf("unmap segment %q: %w", f.name, err))
-			}
-			*m = nil
-		}
-	}
-	f.rc = nil
-	return errors.Join(errs...)
-}
-
-// addRef adds one to the shared count unless it already reached zero.
-func (f *file) addRef() (int64, error) {
-	rc := f.rc
-	for {
-		n := atomic.LoadInt64(rc)
-		if n <= 0 {
-			return n, fmt.Errorf("segment %q is being removed (refcount %d): %w", f.name, n, unix.ENOENT)
-		}
-		if atomic.CompareAndSwapInt64(rc, n, n+1) {
-			return n + 1, nil
-		}
-	}
-}
-
-// dropRef takes one from the shared count and unlinks the file when the
-// count reaches zero.
-func (f *file) dropRef() (int64, error) {
-	n := atomic.AddInt64(f.rc, -1)
-	switch {
-	case n == 0:
-		return 0, f.unlinkIfSame()
-	case n < 0:
-		return n, fmt.Errorf("segment %q: refcount fell to %d: %w", f.name, n, header.ErrCorrupt)
-	}
-	return n, nil
-}
-
-// unlinkIfSame removes the file's name unless it was already removed or now
-// names a different file.
-func (f *file) unlinkIfSame() error {
-	var st unix.Stat_t
-	if err := unix.Lstat(f.path, &st); err != nil {
-		if errors.Is(err, unix.ENOENT) {
-			return nil
-		}
-		return fmt.Errorf("stat segment %q: %w", f.name, err)
-	}
-	if (fileKey{st.Dev, st.Ino}) != f.key {
-		return nil
-	}
-	if err := unix.Unlink(f.path); err != nil && !errors.Is(err, unix.ENOENT) {
-		return fmt.Errorf("unlink segment %q: %w", f.name, err)
+	if st.Mode&0o077 != 0 {
+		return fmt.Errorf("segment %q has mode %#o, which lets group or others in (zctipc segments are 0600): %w", name, st.Mode&0o777, unix.EACCES)
 	}
 	return nil
 }
@@ -429,41 +330,32 @@ func (s *Segment) DropRef() (int64, error) {
 }
 
 // Close closes the handle. When it was this process's last handle on the
-// segment, the segment is unmapped and this process's count is dropped,
-// unlinking the segment if no one else holds it. The data must not be used
-// after the last handle is closed.
+// segment, this process's count is dropped, unlinking the segment if no one
+// else holds it, and the mapping goes (or waits in the mapping cache). The
+// data must not be used after the last handle is closed.
 func (s *Segment) Close() error {
 	if s.closed.Swap(true) {
 		return ErrClosed
 	}
 	registry.mu.Lock()
 	defer registry.mu.Unlock()
-	f := s.f
-	if f.handles--; f.handles > 0 {
-		return nil
-	}
-	delete(registry.files, f.key)
-	var err error
-	if !f.released {
-		_, err = f.dropRef()
-	}
-	return errors.Join(err, f.unmap())
+	return s.f.letGo()
 }
 
 // ReleaseAll drops this process's count on every segment it holds, as if
 // every handle were closed, but leaves the memory mapped so that views that
 // are still in use stay valid (the process is about to exit). It returns how
-// many segments it released. Later Closes only unmap.
+// many segments it released. Closing the handles later drops nothing more.
 func ReleaseAll() (int, error) {
 	registry.mu.Lock()
 	defer registry.mu.Unlock()
 	var errs []error
 	n := 0
 	for _, f := range registry.files {
-		if f.released {
+		if !f.counted {
 			continue
 		}
-		f.released = true
+		f.counted = false
 		n++
 		if _, err := f.dropRef(); err != nil {
 			errs = append(errs, err)

@@ -29,7 +29,10 @@ NAMES = {
 }
 CODES = {name: code for code, name in NAMES.items()}
 BFLOAT16 = CODES["bfloat16"]
-ITEMSIZE = {code: (2 if code == BFLOAT16 else np.dtype(name).itemsize) for code, name in NAMES.items()}
+# NumPy dtypes by code, and the storage dtype of each (uint16 for bfloat16).
+_NUMPY = {code: np.dtype(name) for code, name in NAMES.items() if code != BFLOAT16}
+_STORAGE = {**_NUMPY, BFLOAT16: np.dtype(np.uint16)}
+ITEMSIZE = {code: dt.itemsize for code, dt in _STORAGE.items()}
 
 
 def _ml_bfloat16():
@@ -79,7 +82,9 @@ def code_of_numpy(dt):
 
 def numpy_dtype(code):
     """Return the NumPy dtype of ``code``; bfloat16 needs ml_dtypes."""
-    name = _name(code)
+    dt = _NUMPY.get(code)
+    if dt is not None:
+        return dt
     if code == BFLOAT16:
         dt = _ml_bfloat16()
         if dt is None:
@@ -87,13 +92,16 @@ def numpy_dtype(code):
                 "NumPy has no bfloat16: use .torch(), or install ml_dtypes for NumPy bfloat16 views"
             )
         return dt
-    return np.dtype(name)
+    raise UnsupportedDtype(f"unknown dtype code {code}")
 
 
 def storage_dtype(code):
     """Return a NumPy dtype of the same size that can hold ``code``'s bits
     (uint16 for bfloat16), for building views that torch reinterprets."""
-    return np.dtype(np.uint16) if code == BFLOAT16 else np.dtype(_name(code))
+    try:
+        return _STORAGE[code]
+    except KeyError:
+        raise UnsupportedDtype(f"unknown dtype code {code}") from None
 
 
 def torch_dtype(code):

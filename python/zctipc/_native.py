@@ -103,17 +103,24 @@ def _load():
 
 def _refuse_in_fork_server():
     """Never load the Go runtime inside a multiprocessing fork server, whose
-    children are forked: that happens when __main__ calls zctipc at import
-    time and the fork server preloads __main__."""
+    children are forked: that happens when a module the fork server preloads
+    (set_forkserver_preload, or __main__) calls zctipc at import time. The
+    fork server's children run below the same frames, under _serve_one, and
+    may load it."""
+    in_server = False
     frame = sys._getframe()
     while frame is not None:
-        if frame.f_code.co_name == "main" and frame.f_globals.get("__name__") == "multiprocessing.forkserver":
-            raise errors.ForkedProcessError(
-                "zctipc was called while the multiprocessing fork server imported __main__; its children "
-                "would be forked with a Go runtime that cannot survive fork(). Move the call under "
-                "`if __name__ == '__main__':`"
-            )
+        if frame.f_globals.get("__name__") == "multiprocessing.forkserver":
+            if frame.f_code.co_name == "_serve_one":
+                return
+            in_server = in_server or frame.f_code.co_name == "main"
         frame = frame.f_back
+    if in_server:
+        raise errors.ForkedProcessError(
+            "zctipc was called while the multiprocessing fork server imported its preloaded modules; "
+            "its children would be forked with a Go runtime that cannot survive fork(). Call zctipc "
+            "from functions, or under `if __name__ == '__main__':`, not at import time"
+        )
 
 
 def _register_exit():

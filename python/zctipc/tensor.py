@@ -62,7 +62,7 @@ class SharedTensor:
         self._readonly = bool(info.readonly)
         # The handle closes when this pointer is collected: it is held by the
         # SharedTensor and, through the buffers, by every view.
-        self._memory = ffi.gc(ffi.cast("char *", info.data), lambda _, h=handle: _native.close_handle(h), size=info.nbytes)
+        self._memory = ffi.gc(ffi.cast("char *", info.data), lambda _, h=handle: _native.close_handle(h))
         return self
 
     # -- description ------------------------------------------------------
@@ -197,13 +197,18 @@ class SharedTensor:
 def _ndarray(memory, nbytes, dtype, shape, strides, readonly):
     buffer = _native.ffi().buffer(memory, nbytes)
     if readonly:
-        buffer = memoryview(buffer).toreadonly()
+        # np.ndarray(buffer=...) would keep the writable object beneath a
+        # read-only memoryview as its base, and let writeable be set back to
+        # True; a uint8 array over the memoryview keeps the refusal.
+        buffer = np.frombuffer(memoryview(buffer).toreadonly(), dtype=np.uint8)
     return np.ndarray(shape, dtype=dtype, buffer=buffer, strides=strides)
 
 
 def _cname(name):
     if not isinstance(name, str):
         raise InvalidArgument(f"a segment name is a str, not {type(name).__name__}")
+    if not name:
+        raise InvalidArgument("segment name is empty; pass name=None for a random name")
     if "\0" in name:
         raise InvalidArgument(f"segment name {name!r} contains a NUL character")
     return name.encode()

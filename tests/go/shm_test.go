@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 	"github.com/zctipc/zctipc/go/dtype"
@@ -482,5 +483,106 @@ func TestHandOnAfterCreatorExits(t *testing.T) {
 	require.Equal(t, want, c.readLine(t), "C reads what A wrote")
 	c.wait(t)
 	require.NoError(t, b.Close())
+	require.False(t, exists(name))
+}
+
+func TestAttachOfAMappedNameChecksItStillNamesTheSameFile(t *testing.T) {
+	name := uniqueName(t)
+	old := mustCreate(t, name, dtype.Uint8, 1<<16)
+	defer old.Close()
+	require.NoError(t, shm.Unlink(name))
+	other := startHelper(t, "create-and-wait", name) // a new file under the same name
+	require.Equal(t, "created", other.readLine(t))
+	seg, err := shm.Attach(name, header.KindTensor, false)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, seg.Data()[1], "the new file's data, not the old mapping's")
+	rc, err := seg.Refcount()
+	require.NoError(t, err)
+	require.EqualValues(t, 2, rc, "this process now holds the new file too")
+	require.NoError(t, seg.Close())
+	other.send(t, "exit")
+	other.wait(t)
+	require.False(t, exists(name))
+
+	mapped := mustCreate(t, uniqueName(t), dtype.Uint8, 1)
+	defer mapped.Close()
+	require.NoError(t, os.Chmod(segmentPath(mapped.Name()), 0o644))
+	_, err = shm.Attach(mapped.Name(), 0, false)
+	require.ErrorIs(t, err, unix.EACCES, "a mapped segment whose mode was loosened is refused too")
+}
+
+// mapped reports whether this process maps a file whose path contains name.
+func mapped(t *testing.T, name string) bool {
+	maps, err := os.ReadFile("/proc/self/maps")
+	require.NoError(t, err)
+	return strings.Contains(string(maps), name)
+}
+
+func TestMapCacheReusesTheMappingOfALiveSegment(t *testing.T) {
+	name := uniqueName(t)
+	owner := startHelper(t, "create-and-wait", name)
+	require.Equal(t, "created", owner.readLine(t))
+
+	first, err := shm.Attach(name, header.KindTensor, false)
+	require.NoError(t, err)
+	addr := &first.Data()[0]
+	require.NoError(t, first.Close())
+	rc, err := shm.Stat(name)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, rc.Header.Refcount, "a cached mapping holds no count")
+	require.True(t, mapped(t, name), "the mapping waits in the cache")
+
+	again, err := shm.Attach(name, header.KindTensor, false)
+	require.NoError(t, err)
+	require.Same(t, addr, &again.Data()[0], "the cached mapping is reused")
+	n, err := again.Refcount()
+	require.NoError(t, err)
+	require.EqualValues(t, 2, n, "reattaching counts this process again")
+	require.NoError(t, again.Close())
+
+	// The owner lets go: the segment is unlinked at once, and the cached
+	// mapping goes within a sweep.
+	owner.send(t, "exit")
+	owner.wait(t)
+	require.False(t, exists(name))
+	_, err = shm.Attach(name, header.KindTensor, false)
+	require.ErrorIs(t, err, unix.ENOENT)
+	require.Eventually(t, func() bool { return !mapped(t, name) }, 5*time.Second, 20*time.Millisecond,
+		"a cached mapping of a dead segment is unmapped")
+}
+
+func TestMapCacheOff(t *testing.T) {
+	was := shm.SetMapCache(false)
+	defer shm.SetMapCache(was)
+	name := uniqueName(t)
+	owner := startHelper(t, "create-and-wait", name)
+	require.Equal(t, "created", owner.readLine(t))
+	seg, err := shm.Attach(name, header.KindTensor, true)
+	require.NoError(t, err)
+	require.NoError(t, seg.Close())
+	require.False(t, mapped(t, name), "without the cache the last close unmaps")
+	owner.send(t, "exit")
+	owner.wait(t)
+}
+
+func TestMapCacheNeverServesAReplacedFile(t *testing.T) {
+	name := uniqueName(t)
+	a := startHelper(t, "create-and-wait", name)
+	require.Equal(t, "created", a.readLine(t))
+	seg, err := shm.Attach(name, header.KindTensor, false)
+	require.NoError(t, err)
+	seg.Data()[0] = 99
+	require.NoError(t, seg.Close()) // cached, holding no count
+	a.send(t, "exit")
+	a.wait(t)
+
+	b := startHelper(t, "create-and-wait", name) // a new file, same name
+	require.Equal(t, "created", b.readLine(t))
+	seg, err = shm.Attach(name, header.KindTensor, false)
+	require.NoError(t, err)
+	require.EqualValues(t, 0, seg.Data()[0], "the new file, not the cached old one")
+	require.NoError(t, seg.Close())
+	b.send(t, "exit")
+	b.wait(t)
 	require.False(t, exists(name))
 }

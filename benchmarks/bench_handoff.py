@@ -1,0 +1,329 @@
+"""Hand-off latency: from the producer's put to a readable array in another
+process, for float32 tensors of 1 MiB, 100 MiB and 1 GiB, with every peer in
+one run on one machine.
+
+Peers:
+  zctipc                      the tensor is already in a zctipc segment; its
+                              name crosses a multiprocessing Pipe, the consumer
+                              attaches it (zctipc.Queue takes over this job in
+                              a later release)
+  multiprocessing.Queue       the array is pickled through the queue's pipe
+  shared_memory by hand       multiprocessing.shared_memory, name over a Pipe
+  torch.mp file_descriptor    a share_memory_() tensor sent over a Pipe with
+  torch.mp file_system        torch.multiprocessing's reducers, per strategy
+
+Also measured: the attach alone (open, validate, map, make the array), in a
+loop in the consumer, for zctipc and shared_memory by hand; for zctipc both
+for a segment the process never mapped and for one it mapped before (the
+mapping cache). Prints Markdown
+tables with ratios to zctipc and writes JSON.
+
+    python benchmarks/bench_handoff.py [--rounds 20] [--sizes 1M,100M,1G] [--json PATH] [--readme README.md]
+    python benchmarks/bench_handoff.py --render PATH.json --readme README.md   # no new run
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+import zctipc
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _common import (fmt_bytes, fmt_ratio, fmt_us, machine, machine_line, markdown_table, now,  # noqa: E402
+                     summarize, versions)
+
+STRIDE = 4096
+SIZES = {"1M": 1 << 20, "100M": 100 << 20, "1G": 1 << 30}
+
+
+def fill(a):
+    a[::STRIDE] = np.arange(len(a[::STRIDE]), dtype=a.dtype)
+
+
+def check(a):
+    n = len(a[::STRIDE])
+    return bool(np.array_equal(np.asarray(a[::STRIDE]), np.arange(n, dtype=np.float32)))
+
+
+class Zctipc:
+    name = "zctipc"
+    transport = "name over a Pipe"
+
+    def __init__(self, ctx, nbytes):
+        self.tensor = zctipc.create_shared_tensor(shape=(nbytes // 4,), dtype=np.float32)
+        fill(self.tensor.numpy())
+        self.recv_end, self.send_end = ctx.Pipe(duplex=False)
+
+    def put(self):
+        self.send_end.send(self.tensor.name)
+
+    @staticmethod
+    def get(chan):
+        return Zctipc.attach(chan.recv())
+
+    @staticmethod
+    def attach(name):
+        tensor = zctipc.attach_shared_tensor(name)
+        return tensor.numpy(), tensor.close
+
+    def descriptor(self):
+        return self.tensor.name
+
+    def consumer_end(self):
+        return self.recv_end
+
+    def close(self):
+        self.tensor.close()
+
+
+class PickleQueue:
+    name = "multiprocessing.Queue"
+    transport = "pickled through the queue"
+
+    def __init__(self, ctx, nbytes):
+        self.array = np.empty(nbytes // 4, dtype=np.float32)
+        fill(self.array)
+        self.queue = ctx.Queue()
+
+    def put(self):
+        self.queue.put(self.array)
+
+    @staticmethod
+    def get(chan):
+        return chan.get(), lambda: None
+
+    def consumer_end(self):
+        return self.queue
+
+    def close(self):
+        self.queue.close()
+
+
+class SharedMemoryByHand:
+    name = "shared_memory by hand"
+    transport = "name over a Pipe"
+
+    def __init__(self, ctx, nbytes):
+        from multiprocessing import shared_memory
+
+        self.shm = shared_memory.SharedMemory(create=True, size=nbytes)
+        fill(np.ndarray((nbytes // 4,), np.float32, buffer=self.shm.buf))
+        self.recv_end, self.send_end = ctx.Pipe(duplex=False)
+        self.count = nbytes // 4
+
+    def put(self):
+        self.send_end.send((self.shm.name, self.count))
+
+    @staticmethod
+    def get(chan):
+        return SharedMemoryByHand.attach(chan.recv())
+
+    @staticmethod
+    def attach(descriptor):
+        from multiprocessing import shared_memory
+
+        name, count = descriptor
+        # The consumer shares the producer's resource tracker, which already
+        # knows the name: registering it again changes nothing.
+        shm = shared_memory.SharedMemory(name)
+        return np.ndarray((count,), np.float32, buffer=shm.buf), shm.close
+
+    def descriptor(self):
+        return (self.shm.name, self.count)
+
+    def consumer_end(self):
+        return self.recv_end
+
+    def close(self):
+        self.shm.close()
+        self.shm.unlink()
+
+
+class TorchMP:
+    transport = "tensor over a Pipe"
+
+    def __init__(self, ctx, nbytes):
+        import torch
+        import torch.multiprocessing as tmp
+
+        tmp.set_sharing_strategy(self.strategy)
+        self.tensor = torch.empty(nbytes // 4, dtype=torch.float32)
+        fill(self.tensor.numpy())
+        self.tensor.share_memory_()
+        self.recv_end, self.send_end = ctx.Pipe(duplex=False)
+
+    def put(self):
+        self.send_end.send(self.tensor)
+
+    @classmethod
+    def get(cls, chan):
+        import torch.multiprocessing as tmp
+
+        tmp.set_sharing_strategy(cls.strategy)
+        return chan.recv(), lambda: None
+
+    def consumer_end(self):
+        return self.recv_end
+
+    def close(self):
+        del self.tensor
+
+
+class TorchFD(TorchMP):
+    name = "torch.mp file_descriptor"
+    strategy = "file_descriptor"
+
+
+class TorchFS(TorchMP):
+    name = "torch.mp file_system"
+    strategy = "file_system"
+
+
+PEERS = [Zctipc, PickleQueue, SharedMemoryByHand, TorchFD, TorchFS]
+
+
+def consumer(peer, chan, ctl):
+    """Take one hand-off per round; report when the array was readable."""
+    if issubclass(peer, TorchMP):
+        import torch.multiprocessing  # noqa: F401  registers torch's reducers
+    while ctl.recv() == "go":
+        a, release = peer.get(chan)
+        done = time.perf_counter_ns()
+        ok = check(a)
+        del a
+        release()  # before answering, so the next round finds this process idle
+        ctl.send((done, ok))
+
+
+def attach_loop(peer, descriptor, rounds, cache, ctl):
+    """Attach, make the array and let go, rounds times in a row; report the
+    time of each attach with its array. Without the cache, zctipc maps the
+    segment afresh every time, as for a segment this process never saw."""
+    if not cache:
+        os.environ["ZCTIPC_MAP_CACHE"] = "0"  # read when the library loads, below
+    times = []
+    for _ in range(rounds):
+        start = time.perf_counter_ns()
+        a, release = peer.attach(descriptor)
+        times.append(time.perf_counter_ns() - start)
+        del a
+        release()
+    ctl.send(times)
+
+
+def measure(ctx, peer, nbytes, rounds, warmup=2):
+    producer = peer(ctx, nbytes)
+    ctl, ctl_there = ctx.Pipe()
+    proc = ctx.Process(target=consumer, args=(peer, producer.consumer_end(), ctl_there))
+    proc.start()
+    handoff = []
+    try:
+        for i in range(warmup + rounds):
+            ctl.send("go")
+            start = time.perf_counter_ns()
+            producer.put()
+            done, ok = ctl.recv()
+            if not ok:
+                raise RuntimeError(f"{peer.name}: the consumer did not see the producer's data")
+            if i >= warmup:
+                handoff.append(done - start)
+        ctl.send("stop")
+        proc.join(60)
+        result = {"peer": peer.name, "transport": peer.transport, "bytes": nbytes, **summarize(handoff)}
+        for cache in (False, True) if peer is Zctipc else (False,) if hasattr(peer, "attach") else ():
+            proc = ctx.Process(target=attach_loop, args=(peer, producer.descriptor(), 10 * rounds + 10, cache, ctl_there))
+            proc.start()
+            result["attach_cached" if cache else "attach"] = summarize(ctl.recv()[10:])
+            proc.join(60)
+    finally:
+        if proc.is_alive():
+            proc.kill()
+        producer.close()
+    return result
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--sizes", default="1M,100M,1G")
+    parser.add_argument("--json", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "handoff.json"))
+    parser.add_argument("--readme", help="replace this file's hand-off section with the report")
+    parser.add_argument("--render", metavar="JSON", help="report a saved run instead of running")
+    args = parser.parse_args(argv)
+    if args.render:
+        with open(args.render) as f:
+            report = json.load(f)
+        print(render(report))
+        if args.readme:
+            update_readme(args.readme, render(report))
+        return
+
+    ctx = zctipc.get_context()
+    sizes = [SIZES[s] for s in args.sizes.split(",")]
+    report = {"benchmark": "handoff", "date": now(), "machine": machine(),
+              "versions": versions("zctipc", "numpy", "torch"), "results": []}
+    for nbytes in sizes:
+        for peer in PEERS:
+            print(f"{fmt_bytes(nbytes):>8}  {peer.name:<26}", end="", flush=True)
+            r = measure(ctx, peer, nbytes, args.rounds)
+            report["results"].append(r)
+            print(f" median {fmt_us(r['median_us'])}, p99 {fmt_us(r['p99_us'])}", flush=True)
+
+    os.makedirs(os.path.dirname(args.json), exist_ok=True)
+    with open(args.json, "w") as f:
+        json.dump(report, f, indent=2)
+    print()
+    print(render(report))
+    print(f"\nJSON: {args.json}")
+    if args.readme:
+        update_readme(args.readme, render(report))
+
+
+BEGIN, END = "<!-- BEGIN bench_handoff -->", "<!-- END bench_handoff -->"
+
+
+def update_readme(path, text):
+    """Put text between the bench_handoff markers of the file at path."""
+    with open(path) as f:
+        readme = f.read()
+    start, end = readme.index(BEGIN) + len(BEGIN), readme.index(END)
+    with open(path, "w") as f:
+        f.write(readme[:start] + "\n<!-- generated by benchmarks/bench_handoff.py --readme; do not edit -->\n\n"
+                + text + "\n\n" + readme[end:])
+    print(f"updated {path}")
+
+
+def render(report):
+    """The Markdown tables of a hand-off report."""
+    results = report["results"]
+    rows = []
+    for r in results:
+        base = next(x for x in results if x["bytes"] == r["bytes"] and x["peer"] == "zctipc")
+        rows.append([fmt_bytes(r["bytes"]), r["peer"], r["transport"], fmt_us(r["median_us"]), fmt_us(r["p99_us"]),
+                     fmt_ratio(r["median_us"] / base["median_us"])])
+    attach_rows = []
+    for r in results:
+        for key, what in (("attach", "not mapped before"), ("attach_cached", "mapped before (cache)")):
+            if key in r:
+                attach_rows.append([fmt_bytes(r["bytes"]), r["peer"], what, fmt_us(r[key]["median_us"]), fmt_us(r[key]["p99_us"])])
+    v = report["versions"]
+    return "\n".join([
+        f"Hand-off, put to readable array in another process ({results[0]['rounds']} rounds each), "
+        f"{report['date']}, on {machine_line(report['machine'])}; "
+        f"zctipc {v['zctipc']}, numpy {v['numpy']}, torch {v['torch']}.",
+        "",
+        markdown_table(["size", "peer", "transport", "median", "p99", "median vs zctipc"], rows),
+        "",
+        "Attach alone, in a loop in the consumer (open, validate, map, make the array; "
+        f"{results[0]['attach']['rounds']} rounds):",
+        "",
+        markdown_table(["size", "peer", "segment", "median", "p99"], attach_rows),
+    ])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,307 @@
+package shm
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"github.com/zctipc/zctipc/go/header"
+	"golang.org/x/sys/unix"
+)
+
+// Note on the mapping cache.
+//
+// When a process closes its last handle on a segment it drops its count at
+// once, so the segment is unlinked on time, but it may keep the mapping for a
+// while. A consumer that is handed the same segment again (a producer reusing
+// its buffers, a model's weights sent to every step) then attaches it with
+// one lstat and a compare-and-swap: no mmap, no page fault on the header, and
+// no munmap, whose teardown of a large mapping costs milliseconds and slows
+// what runs next. A cached mapping holds no count. It is unmapped when its
+// segment has no holder left (checked every sweepEvery, so the memory of a
+// dead segment is not pinned for longer), when it has been idle for cacheTTL,
+// or when more than maxCached mappings are idle. ZCTIPC_MAP_CACHE=0 turns the
+// cache off.
+
+const (
+	cacheTTL   = time.Second
+	sweepEvery = 100 * time.Millisecond
+	maxCached  = 64
+)
+
+// MapCacheEnv names the environment variable that turns the mapping cache off
+// when set to "0".
+const MapCacheEnv = "ZCTIPC_MAP_CACHE"
+
+var mapCache atomic.Bool
+
+func init() { mapCache.Store(os.Getenv(MapCacheEnv) != "0") }
+
+// SetMapCache turns the mapping cache on or off and returns the previous
+// setting. Turning it off unmaps what it holds.
+func SetMapCache(on bool) bool {
+	was := mapCache.Swap(on)
+	if !on {
+		registry.mu.Lock()
+		evictIdle(time.Now(), true)
+		registry.mu.Unlock()
+	}
+	return was
+}
+
+// fileKey identifies a file independently of its name, which may be unlinked
+// and reused.
+type fileKey struct{ dev, ino uint64 }
+
+// file is one segment file mapped in this process, shared by all handles.
+// Its fields after hdr are guarded by registry.mu.
+type file struct {
+	key     fileKey
+	name    string
+	path    string
+	hdr     header.Header
+	rw      []byte    // read-write mapping of the segment, or nil
+	ro      []byte    // read-only mapping of the segment, or nil
+	ctl     []byte    // read-write mapping of the fixed header, when rw is nil
+	rc      *int64    // the shared refcount, in rw or ctl; set with the first mapping
+	handles int       // open Segments on this file
+	counted bool      // this process holds one count of the segment
+	idle    time.Time // when the last handle closed, for a cached mapping
+}
+
+// registry holds every file this process maps, so that each counts once in
+// its segment's refcount, and the idle mappings of the cache.
+var registry = struct {
+	mu       sync.Mutex
+	files    map[fileKey]*file
+	byPath   map[string]*file // the file last mapped under each path
+	cached   int              // files with no handle, kept mapped
+	sweeping bool             // a sweeper goroutine runs
+}{files: map[fileKey]*file{}, byPath: map[string]*file{}}
+
+// register adds f to the registry. The caller holds registry.mu.
+func register(f *file) {
+	registry.files[f.key] = f
+	registry.byPath[f.path] = f
+}
+
+// forget removes f from the registry and unmaps it. The caller holds
+// registry.mu.
+func forget(f *file) error {
+	delete(registry.files, f.key)
+	if registry.byPath[f.path] == f {
+		delete(registry.byPath, f.path)
+	}
+	return f.unmap()
+}
+
+// hold opens one more handle on f, counting this process as a holder first
+// if it is not one. The caller holds registry.mu.
+func (f *file) hold() error {
+	if !f.counted {
+		if _, err := f.addRef(); err != nil {
+			return err
+		}
+		f.counted = true
+	}
+	if f.handles == 0 && !f.idle.IsZero() {
+		registry.cached--
+		f.idle = time.Time{}
+	}
+	f.handles++
+	return nil
+}
+
+// letGo closes one handle on f. The last one drops this process's count and
+// then caches the mapping, or unmaps it when the segment has no holder left
+// or the cache is off. The caller holds registry.mu.
+func (f *file) letGo() error {
+	if f.handles--; f.handles > 0 {
+		return nil
+	}
+	var err error
+	if f.counted {
+		f.counted = false
+		_, err = f.dropRef()
+	}
+	if !mapCache.Load() || atomic.LoadInt64(f.rc) <= 0 {
+		return errors.Join(err, forget(f))
+	}
+	f.idle = time.Now()
+	registry.cached++
+	if registry.cached > maxCached {
+		err = errors.Join(err, evictOldest())
+	}
+	if !registry.sweeping {
+		registry.sweeping = true
+		go sweep()
+	}
+	return err
+}
+
+// sweep unmaps cached mappings whose segment died or that idled too long,
+// and ends when the cache is empty. It runs only while something is cached.
+func sweep() {
+	for {
+		time.Sleep(sweepEvery)
+		registry.mu.Lock()
+		evictIdle(time.Now(), false)
+		done := registry.cached == 0
+		if done {
+			registry.sweeping = false
+		}
+		registry.mu.Unlock()
+		if done {
+			return
+		}
+	}
+}
+
+// evictIdle unmaps the cached files whose segment has no holder left, that
+// idled past cacheTTL, or all of them. The caller holds registry.mu.
+func evictIdle(now time.Time, all bool) {
+	for _, f := range registry.files {
+		if f.handles == 0 && (all || atomic.LoadInt64(f.rc) <= 0 || now.Sub(f.idle) > cacheTTL) {
+			registry.cached--
+			if err := forget(f); err != nil {
+				// munmap fails only for a bad range, which these are not.
+				fmt.Fprintln(os.Stderr, "zctipc:", err)
+			}
+		}
+	}
+}
+
+// evictOldest unmaps the cached file that idled longest. The caller holds
+// registry.mu.
+func evictOldest() error {
+	var oldest *file
+	for _, f := range registry.files {
+		if f.handles == 0 && (oldest == nil || f.idle.Before(oldest.idle)) {
+			oldest = f
+		}
+	}
+	if oldest == nil {
+		return nil
+	}
+	registry.cached--
+	return forget(oldest)
+}
+
+// mapFor makes sure f has the mapping a handle with readOnly needs. The caller
+// holds registry.mu or owns f alone.
+func (f *file) mapFor(fd int, readOnly bool) error {
+	size := f.hdr.SegmentSize()
+	var err error
+	switch {
+	case !readOnly && f.rw == nil:
+		f.rw, err = mmap(fd, size, true)
+	case readOnly && f.ro == nil:
+		f.ro, err = mmap(fd, size, false)
+	}
+	if err == nil && f.rc == nil {
+		ctl := f.rw
+		if ctl == nil {
+			if f.ctl, err = mmap(fd, header.FixedSize, true); err != nil {
+				return err
+			}
+			ctl = f.ctl
+		}
+		f.rc = (*int64)(unsafe.Pointer(&ctl[header.RefcountOffset]))
+	}
+	return err
+}
+
+// hasMapping reports whether f has the mapping a handle with readOnly needs.
+func (f *file) hasMapping(readOnly bool) bool {
+	if readOnly {
+		return f.ro != nil
+	}
+	return f.rw != nil
+}
+
+// region returns the data region of the mapping a handle with readOnly uses.
+// The caller holds registry.mu or owns f alone.
+func (f *file) region(readOnly bool) []byte {
+	m := f.rw
+	if readOnly {
+		m = f.ro
+	}
+	h := &f.hdr
+	return m[h.DataOffset : h.DataOffset+h.NBytes : h.DataOffset+h.NBytes]
+}
+
+func mmap(fd int, size uint64, writable bool) ([]byte, error) {
+	if size > math.MaxInt {
+		return nil, unix.EFBIG
+	}
+	prot := unix.PROT_READ
+	if writable {
+		prot |= unix.PROT_WRITE
+	}
+	return unix.Mmap(fd, 0, int(size), prot, unix.MAP_SHARED)
+}
+
+func (f *file) unmap() error {
+	var errs []error
+	for _, m := range []*[]byte{&f.rw, &f.ro, &f.ctl} {
+		if *m != nil {
+			if err := unix.Munmap(*m); err != nil {
+				errs = append(errs, fmt.Errorf("unmap segment %q: %w", f.name, err))
+			}
+			*m = nil
+		}
+	}
+	f.rc = nil
+	return errors.Join(errs...)
+}
+
+// addRef adds one to the shared count unless it already reached zero.
+func (f *file) addRef() (int64, error) {
+	rc := f.rc
+	for {
+		n := atomic.LoadInt64(rc)
+		if n <= 0 {
+			return n, fmt.Errorf("segment %q is being removed (refcount %d): %w", f.name, n, unix.ENOENT)
+		}
+		if atomic.CompareAndSwapInt64(rc, n, n+1) {
+			return n + 1, nil
+		}
+	}
+}
+
+// dropRef takes one from the shared count and unlinks the file when the
+// count reaches zero.
+func (f *file) dropRef() (int64, error) {
+	n := atomic.AddInt64(f.rc, -1)
+	switch {
+	case n == 0:
+		return 0, f.unlinkIfSame()
+	case n < 0:
+		return n, fmt.Errorf("segment %q: refcount fell to %d: %w", f.name, n, header.ErrCorrupt)
+	}
+	return n, nil
+}
+
+// unlinkIfSame removes the file's name unless it was already removed or now
+// names a different file.
+func (f *file) unlinkIfSame() error {
+	var st unix.Stat_t
+	if err := unix.Lstat(f.path, &st); err != nil {
+		if errors.Is(err, unix.ENOENT) {
+			return nil
+		}
+		return fmt.Errorf("stat segment %q: %w", f.name, err)
+	}
+	if (fileKey{st.Dev, st.Ino}) != f.key {
+		return nil
+	}
+	if err := unix.Unlink(f.path); err != nil && !errors.Is(err, unix.ENOENT) {
+		return fmt.Errorf("unlink segment %q: %w", f.name, err)
+	}
+	return nil
+}

@@ -1,0 +1,69 @@
+"""Fixtures shared by the Python tests.
+
+The session fixture ``no_leaked_segments`` runs once around the whole suite
+and fails the run if any segment with the library prefix is left in
+/dev/shm that was not there before.
+"""
+
+import os
+import uuid
+
+import pytest
+
+import zctipc
+
+SHM = "/dev/shm"
+PREFIX = "zctipc_"
+
+
+def library_files():
+    return {name for name in os.listdir(SHM) if name.startswith(PREFIX)}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_leaked_segments():
+    before = library_files()
+    yield
+    left = sorted(library_files() - before)
+    if left:
+        pytest.fail(f"the test suite left {len(left)} zctipc segments in {SHM}: {left[:10]}", pytrace=False)
+
+
+@pytest.fixture
+def segname(request):
+    """A segment name no other test uses."""
+    return f"pytest_{request.node.name[:40]}_{uuid.uuid4().hex[:12]}".replace("[", "_").replace("]", "_").replace("-", "_")
+
+
+@pytest.fixture
+def shm_file(request):
+    """Write raw bytes into /dev/shm under a fresh library name, as a hostile
+    or broken peer could; the file is removed after the test."""
+    made = []
+
+    def write(content, mode=0o600, name=None):
+        name = name or f"{PREFIX}pytest_raw_{uuid.uuid4().hex[:12]}"
+        path = os.path.join(SHM, name)
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, mode)
+        try:
+            os.write(fd, content)
+            os.fchmod(fd, mode)
+        finally:
+            os.close(fd)
+        made.append(path)
+        return name
+
+    yield write
+    for path in made:
+        if os.path.lexists(path):
+            os.unlink(path)
+
+
+@pytest.fixture(params=["spawn", "forkserver"])
+def ctx(request):
+    """A multiprocessing context of each start method zctipc supports."""
+    return zctipc.get_context(request.param)
+
+
+def segment_exists(name):
+    return os.path.lexists(os.path.join(SHM, name if name.startswith(PREFIX) else PREFIX + name))

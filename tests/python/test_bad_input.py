@@ -1,0 +1,192 @@
+"""Bad input gets a clear, specific exception, and nothing is lost or left behind."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import zctipc
+
+from conftest import SHM, segment_exists
+
+GOLDEN = os.path.join(os.path.dirname(__file__), "..", "golden")
+EXCEPTIONS = {
+    "not_zctipc": zctipc.NotAZctipcSegment,
+    "version": zctipc.IncompatibleVersion,
+    "corrupt": zctipc.CorruptHeader,
+    "dtype": zctipc.UnsupportedDtype,
+}
+with open(os.path.join(GOLDEN, "header_v1.json")) as f:
+    BAD = [v for v in json.load(f)["vectors"] if "error" in v]
+
+
+def golden_bytes(name):
+    with open(os.path.join(GOLDEN, name + ".bin"), "rb") as f:
+        return f.read()
+
+
+def test_missing_segment():
+    with pytest.raises(zctipc.SegmentNotFound, match="does not exist") as err:
+        zctipc.attach_shared_tensor("no_such_segment_anywhere")
+    assert isinstance(err.value, FileNotFoundError) and err.value.errno == 2
+
+
+@pytest.mark.parametrize("vector", BAD, ids=[v["name"] for v in BAD])
+def test_broken_segment_files_are_refused(shm_file, vector):
+    name = shm_file(golden_bytes(vector["name"]))
+    with pytest.raises(EXCEPTIONS[vector["error"]]):
+        zctipc.attach_shared_tensor(name)
+    assert segment_exists(name), "a refused file is left alone"
+
+
+@pytest.mark.parametrize("case,exc,match", [
+    ("not_zctipc", zctipc.NotAZctipcSegment, "not a zctipc segment"),
+    ("truncated_data", zctipc.CorruptHeader, "truncated"),
+    ("flipped_checksum_byte", zctipc.CorruptHeader, "checksum mismatch"),
+    ("ndim_33", zctipc.CorruptHeader, "ndim 33 exceeds the limit of 32"),
+    ("shape_overflows_int64", zctipc.CorruptHeader, "overflows int64"),
+    ("data_past_file_end", zctipc.CorruptHeader, "the file has"),
+])
+def test_refusals_say_what_is_wrong(shm_file, case, exc, match):
+    name = shm_file(golden_bytes(case))
+    with pytest.raises(exc, match=match):
+        zctipc.attach_shared_tensor(name)
+
+
+def test_broken_segments_are_also_value_errors(shm_file):
+    name = shm_file(golden_bytes("flipped_checksum_byte"))
+    with pytest.raises(ValueError):
+        zctipc.attach_shared_tensor(name)
+
+
+def test_loose_mode_is_refused(shm_file):
+    name = shm_file(golden_bytes("float32_2x3"), mode=0o666)
+    with pytest.raises(zctipc.PermissionDenied, match="mode 0666") as err:
+        zctipc.attach_shared_tensor(name)
+    assert isinstance(err.value, PermissionError)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a file to another uid needs root")
+def test_another_owner_is_refused(shm_file):
+    name = shm_file(golden_bytes("float32_2x3"))
+    os.chown(os.path.join(SHM, name), 65534, 65534)
+    with pytest.raises(zctipc.PermissionDenied, match="uid 65534"):
+        zctipc.attach_shared_tensor(name)
+
+
+def test_symlink_is_never_followed(shm_file, segname):
+    target = shm_file(golden_bytes("float32_2x3"))
+    link = os.path.join(SHM, "zctipc_" + segname)
+    os.symlink(os.path.join(SHM, target), link)
+    try:
+        with pytest.raises(zctipc.PermissionDenied, match="symbolic link"):
+            zctipc.attach_shared_tensor(segname)
+        with pytest.raises(zctipc.SegmentExists):
+            zctipc.create_shared_tensor(segname, shape=1)
+    finally:
+        os.unlink(link)
+
+
+def test_existing_name_is_never_adopted(segname):
+    with zctipc.create_shared_tensor(segname, data=np.arange(5)) as first:
+        with pytest.raises(zctipc.SegmentExists, match="already exists") as err:
+            zctipc.create_shared_tensor(segname, data=np.zeros(100))
+        assert isinstance(err.value, FileExistsError)
+        assert first.numpy().tolist() == [0, 1, 2, 3, 4]
+        with zctipc.attach_shared_tensor(segname) as again:
+            assert again.shape == (5,)
+
+
+def test_existing_foreign_file_is_not_adopted(shm_file):
+    name = shm_file(b"someone else's bytes")
+    with pytest.raises(zctipc.SegmentExists):
+        zctipc.create_shared_tensor(name, shape=1)
+    with open(os.path.join(SHM, name), "rb") as f:
+        assert f.read() == b"someone else's bytes"
+
+
+def test_out_of_shared_memory(segname):
+    before = set(os.listdir(SHM))
+    with pytest.raises(zctipc.OutOfSharedMemory) as err:
+        zctipc.create_shared_tensor(segname, shape=(1 << 45,), dtype=np.float64)
+    message = str(err.value)
+    assert "--shm-size" in message and str((8 << 45) + 192) in message and "free" in message
+    assert isinstance(err.value, MemoryError)
+    assert not segment_exists(segname), "nothing half-created is left"
+    assert {n for n in os.listdir(SHM) if n.startswith("zctipc_")} <= before
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root")
+def test_small_dev_shm_gives_out_of_shared_memory_not_sigbus(tmp_path):
+    """A Docker-sized /dev/shm, mounted for the test: creation fails cleanly,
+    and a segment that fits can be written to its last byte (pages reserved,
+    so no SIGBUS)."""
+    mount = tmp_path / "shm"
+    mount.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m,mode=0700", "tmpfs", str(mount)], check=True)
+    try:
+        code = textwrap.dedent("""
+            import numpy as np, os, zctipc
+            fits = zctipc.create_shared_tensor(shape=(5 << 20,), dtype=np.uint8)
+            a = fits.numpy(); a[:] = 1; a[-1] = 2
+            try:
+                zctipc.create_shared_tensor(shape=(4 << 20,), dtype=np.uint8)
+            except zctipc.OutOfSharedMemory as e:
+                print("OOM", "--shm-size" in str(e), len(os.listdir(os.environ["ZCTIPC_SHM_DIR"])))
+            print("held", len(os.listdir(os.environ["ZCTIPC_SHM_DIR"])))
+            fits.close()
+            del a
+            print("left", len(os.listdir(os.environ["ZCTIPC_SHM_DIR"])))
+        """)
+        env = dict(os.environ, ZCTIPC_SHM_DIR=str(mount))
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.split() == ["OOM", "True", "1", "held", "1", "left", "0"]
+    finally:
+        subprocess.run(["umount", str(mount)], check=True)
+
+
+@pytest.mark.parametrize("dtype", [object, np.dtype([("a", "i4"), ("b", "f8")]), ">f4", "U3", "S2", "datetime64[s]", np.longdouble])
+def test_unsupported_dtypes(dtype):
+    with pytest.raises(zctipc.UnsupportedDtype) as err:
+        zctipc.create_shared_tensor(shape=(2,), dtype=dtype)
+    assert isinstance(err.value, TypeError)
+
+
+def test_object_array_data_is_refused():
+    with pytest.raises(zctipc.UnsupportedDtype, match="object"):
+        zctipc.share(np.array([{}, []], dtype=object))
+    with pytest.raises(zctipc.UnsupportedDtype, match="native byte order"):
+        zctipc.share(np.arange(3, dtype=">i4"))
+
+
+@pytest.mark.parametrize("name", ["a/b", "..", "x/../y", "a" * 201, "sp ace", "nul\0byte", "", "zctipc_"])
+def test_bad_names(name):
+    with pytest.raises(zctipc.InvalidArgument) as err:
+        zctipc.create_shared_tensor(name, shape=1)
+    assert isinstance(err.value, ValueError)
+    with pytest.raises(zctipc.InvalidArgument):
+        zctipc.attach_shared_tensor(name)
+
+
+def test_name_must_be_a_string():
+    with pytest.raises(zctipc.InvalidArgument, match="str"):
+        zctipc.attach_shared_tensor(b"bytes")
+
+
+def test_longest_name_is_accepted():
+    name = "n" * 200
+    with zctipc.create_shared_tensor(name, shape=1) as t:
+        assert t.name == "zctipc_" + name
+
+
+def test_tensor_outside_host_memory_is_refused_clearly():
+    import torch
+
+    meta = torch.empty(2, device="meta")
+    with pytest.raises(zctipc.InvalidArgument, match="not in host memory"):
+        zctipc.share(meta)

@@ -1,0 +1,118 @@
+"""The native library's loading, its guards and its error reporting."""
+
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import threading
+
+import pytest
+
+import zctipc
+from zctipc import _native
+
+
+def run_python(code, env=None, timeout=60):
+    out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                         timeout=timeout, env=env)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def test_import_loads_no_go_until_first_use():
+    out = run_python("""
+        def mapped():
+            with open("/proc/self/maps") as f:
+                return "libzctipc.so" in f.read()
+        import zctipc
+        print(mapped())
+        zctipc.empty(1)
+        print(mapped())
+    """)
+    assert out.split() == ["False", "True"]
+
+
+def test_environment_names_another_library(tmp_path):
+    packaged = os.path.join(os.path.dirname(zctipc.__file__), "libzctipc.so")
+    copy = tmp_path / "libzctipc.so"
+    shutil.copy(packaged, copy)
+    out = run_python("""
+        import zctipc
+        zctipc.empty(1)
+        with open("/proc/self/maps") as f:
+            print(sorted({line.split()[-1] for line in f if "libzctipc" in line}))
+    """, env=dict(os.environ, ZCTIPC_LIBRARY=str(copy)))
+    assert out.strip() == repr([str(copy)])
+
+
+def test_a_library_of_another_abi_is_refused():
+    out = run_python("""
+        from zctipc import _native
+        _native.ABI_VERSION = 999
+        try:
+            _native.lib()
+        except ImportError as e:
+            print(e)
+    """)
+    assert "C ABI version 1, this package needs 999" in out
+
+
+def test_version_and_abi():
+    lib, ffi = _native.lib(), _native.ffi()
+    assert lib.zct_abi_version() == _native.ABI_VERSION
+    assert ffi.string(lib.zct_version()).decode() == zctipc.__version__
+
+
+def test_exceptions_inherit_builtins():
+    assert issubclass(zctipc.SegmentNotFound, FileNotFoundError)
+    assert issubclass(zctipc.SegmentExists, FileExistsError)
+    assert issubclass(zctipc.PermissionDenied, PermissionError)
+    assert issubclass(zctipc.OutOfSharedMemory, MemoryError)
+    assert issubclass(zctipc.UnsupportedDtype, TypeError)
+    for cls in (zctipc.NotAZctipcSegment, zctipc.CorruptHeader, zctipc.IncompatibleVersion, zctipc.InvalidArgument):
+        assert issubclass(cls, ValueError)
+    for name in zctipc.errors.__all__:
+        assert issubclass(getattr(zctipc, name), zctipc.ZctipcError)
+
+
+def test_each_thread_keeps_its_own_last_error():
+    """Many threads fail at once with different messages; each reads its own."""
+    errors = {}
+    barrier = threading.Barrier(8)
+
+    def fail(i):
+        barrier.wait()
+        for _ in range(200):
+            try:
+                zctipc.attach_shared_tensor(f"missing_{i}")
+            except zctipc.SegmentNotFound as e:
+                if f"missing_{i}" not in str(e):
+                    errors[i] = str(e)
+                    return
+
+    threads = [threading.Thread(target=fail, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == {}
+
+
+def test_a_closed_handle_is_refused():
+    with pytest.raises(zctipc.HandleClosed, match="invalid or closed handle"):
+        _native.check(_native.lib().zct_segment_close(2**63))
+
+
+def test_environment_set_in_python_before_first_use_is_honoured(tmp_path):
+    """Go copies the environment at process start; zctipc re-reads its own
+    variables when the library loads, so os.environ works before first use."""
+    out = run_python(f"""
+        import os
+        os.environ["ZCTIPC_SHM_DIR"] = {str(tmp_path)!r}
+        import zctipc
+        t = zctipc.empty(3)
+        print(len(os.listdir({str(tmp_path)!r})))
+    """)
+    assert out.strip() == "1"
+    assert os.listdir(tmp_path) == [], "released at exit"

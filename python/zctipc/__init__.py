@@ -12,33 +12,11 @@ descriptors of shared memory instead of pickled copies::
 Importing zctipc loads no native code: the Go library is loaded on first use.
 """
 
+from . import errors, tensor
 from .context import get_context
-from .errors import (
-    CorruptHeader,
-    ForkedProcessError,
-    HandleClosed,
-    IncompatibleVersion,
-    InvalidArgument,
-    LibraryPoisoned,
-    NotAZctipcSegment,
-    OutOfSharedMemory,
-    PermissionDenied,
-    SegmentExists,
-    SegmentNotFound,
-    UnsupportedDtype,
-    ZctipcError,
-    ZctipcOSError,
-)
-from .tensor import (
-    SegmentInfo,
-    SharedTensor,
-    attach_shared_tensor,
-    cleanup_all_segments,
-    create_shared_tensor,
-    empty,
-    list_segments,
-    share,
-)
+from .errors import *  # noqa: F401,F403  (each name is in errors.__all__)
+from .tensor import *  # noqa: F401,F403  (each name is in tensor.__all__)
+from .tensor import list_segments
 
 try:
     from importlib.metadata import PackageNotFoundError, version as _version
@@ -50,29 +28,4 @@ except PackageNotFoundError:  # running from a source tree that was never instal
 #: The name zero-copy-tensor-ipc used for list_segments.
 list_active_segments = list_segments
 
-__all__ = [
-    "SharedTensor",
-    "SegmentInfo",
-    "create_shared_tensor",
-    "attach_shared_tensor",
-    "empty",
-    "share",
-    "list_segments",
-    "list_active_segments",
-    "cleanup_all_segments",
-    "get_context",
-    "ZctipcError",
-    "InvalidArgument",
-    "SegmentNotFound",
-    "SegmentExists",
-    "PermissionDenied",
-    "NotAZctipcSegment",
-    "IncompatibleVersion",
-    "CorruptHeader",
-    "OutOfSharedMemory",
-    "UnsupportedDtype",
-    "HandleClosed",
-    "ForkedProcessError",
-    "LibraryPoisoned",
-    "ZctipcOSError",
-]
+__all__ = tensor.__all__ + ["list_active_segments", "get_context"] + errors.__all__

@@ -66,13 +66,21 @@ func TestHeaderMatchesExports(t *testing.T) {
 	require.Equal(t, []string{"libzctipc.so"}, soname)
 }
 
+// runC compiles testdata/program.c against zctipc.h and lib, runs it with
+// args, and requires that it prints "ok".
+func runC(t *testing.T, lib, program string, args ...string) {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), program)
+	out, err := exec.Command("gcc", "-std=c11", "-Wall", "-Werror", "-pthread", "-I", filepath.Dir(headerPath),
+		"testdata/"+program+".c", "-o", bin, "-L", filepath.Dir(lib), "-lzctipc", "-Wl,-rpath,"+filepath.Dir(lib)).CombinedOutput()
+	require.NoError(t, err, "gcc: %s", out)
+	out, err = exec.Command(bin, args...).Output()
+	require.NoError(t, err, "%s: %s", program, out)
+	require.Equal(t, "ok\n", string(out))
+}
+
 func TestCProgramUsesTheABI(t *testing.T) {
 	lib := buildLibrary(t)
-	bin := filepath.Join(t.TempDir(), "abi_smoke")
-	out, err := exec.Command("gcc", "-std=c11", "-Wall", "-Werror", "-pthread", "-I", filepath.Dir(headerPath),
-		"testdata/abi_smoke.c", "-o", bin, "-L", filepath.Dir(lib), "-lzctipc", "-Wl,-rpath,"+filepath.Dir(lib)).CombinedOutput()
-	require.NoError(t, err, "gcc: %s", out)
-	out, err = exec.Command(bin, uniqueName(t)).CombinedOutput()
-	require.NoError(t, err, "abi_smoke: %s", out)
-	require.Equal(t, "ok\n", string(out))
+	runC(t, lib, "abi_smoke", uniqueName(t))
+	runC(t, lib, "abi_poison")
 }

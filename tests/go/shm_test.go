@@ -404,6 +404,8 @@ func init() {
 		}
 		return seg.Close()
 	}
+	// create-and-wait creates a segment, fills it, says "created", and
+	// closes it when it reads a line (see startOwner).
 	helpers["create-and-wait"] = func(args []string) error {
 		seg, err := shm.Create(args[0], header.KindTensor, dtype.Uint8, []int64{1 << 16})
 		if err != nil {
@@ -424,6 +426,22 @@ func init() {
 		fmt.Println(digest(seg.Data()))
 		return seg.Close()
 	}
+}
+
+// startOwner runs a process that creates segment name and holds it until
+// told to exit.
+func startOwner(t *testing.T, name string) *helper {
+	t.Helper()
+	h := startHelper(t, "create-and-wait", name)
+	require.Equal(t, "created", h.readLine(t))
+	return h
+}
+
+// exit tells an owner to let go of its segment and waits for it to exit.
+func (h *helper) exit(t *testing.T) {
+	t.Helper()
+	h.send(t, "exit")
+	h.wait(t)
 }
 
 func TestRefcountAcrossProcesses(t *testing.T) {
@@ -470,13 +488,11 @@ func TestWritesCrossProcesses(t *testing.T) {
 
 func TestHandOnAfterCreatorExits(t *testing.T) {
 	name := uniqueName(t)
-	a := startHelper(t, "create-and-wait", name)
-	require.Equal(t, "created", a.readLine(t))
+	a := startOwner(t, name)
 	b, err := shm.Attach(name, header.KindTensor, false)
 	require.NoError(t, err)
 	want := digest(b.Data())
-	a.send(t, "exit")
-	a.wait(t)
+	a.exit(t)
 	require.True(t, exists(name), "B still holds it after its creator A exited")
 
 	c := startHelper(t, "attach-and-digest", name)
@@ -491,8 +507,7 @@ func TestAttachOfAMappedNameChecksItStillNamesTheSameFile(t *testing.T) {
 	old := mustCreate(t, name, dtype.Uint8, 1<<16)
 	defer old.Close()
 	require.NoError(t, shm.Unlink(name))
-	other := startHelper(t, "create-and-wait", name) // a new file under the same name
-	require.Equal(t, "created", other.readLine(t))
+	other := startOwner(t, name) // a new file under the same name
 	seg, err := shm.Attach(name, header.KindTensor, false)
 	require.NoError(t, err)
 	require.EqualValues(t, 1, seg.Data()[1], "the new file's data, not the old mapping's")
@@ -500,8 +515,7 @@ func TestAttachOfAMappedNameChecksItStillNamesTheSameFile(t *testing.T) {
 	require.NoError(t, err)
 	require.EqualValues(t, 2, rc, "this process now holds the new file too")
 	require.NoError(t, seg.Close())
-	other.send(t, "exit")
-	other.wait(t)
+	other.exit(t)
 	require.False(t, exists(name))
 
 	mapped := mustCreate(t, uniqueName(t), dtype.Uint8, 1)
@@ -520,8 +534,7 @@ func mapped(t *testing.T, name string) bool {
 
 func TestMapCacheReusesTheMappingOfALiveSegment(t *testing.T) {
 	name := uniqueName(t)
-	owner := startHelper(t, "create-and-wait", name)
-	require.Equal(t, "created", owner.readLine(t))
+	owner := startOwner(t, name)
 
 	first, err := shm.Attach(name, header.KindTensor, false)
 	require.NoError(t, err)
@@ -542,8 +555,7 @@ func TestMapCacheReusesTheMappingOfALiveSegment(t *testing.T) {
 
 	// The owner lets go: the segment is unlinked at once, and the cached
 	// mapping goes within a sweep.
-	owner.send(t, "exit")
-	owner.wait(t)
+	owner.exit(t)
 	require.False(t, exists(name))
 	_, err = shm.Attach(name, header.KindTensor, false)
 	require.ErrorIs(t, err, unix.ENOENT)
@@ -555,34 +567,28 @@ func TestMapCacheOff(t *testing.T) {
 	was := shm.SetMapCache(false)
 	defer shm.SetMapCache(was)
 	name := uniqueName(t)
-	owner := startHelper(t, "create-and-wait", name)
-	require.Equal(t, "created", owner.readLine(t))
+	owner := startOwner(t, name)
 	seg, err := shm.Attach(name, header.KindTensor, true)
 	require.NoError(t, err)
 	require.NoError(t, seg.Close())
 	require.False(t, mapped(t, name), "without the cache the last close unmaps")
-	owner.send(t, "exit")
-	owner.wait(t)
+	owner.exit(t)
 }
 
 func TestMapCacheNeverServesAReplacedFile(t *testing.T) {
 	name := uniqueName(t)
-	a := startHelper(t, "create-and-wait", name)
-	require.Equal(t, "created", a.readLine(t))
+	a := startOwner(t, name)
 	seg, err := shm.Attach(name, header.KindTensor, false)
 	require.NoError(t, err)
 	seg.Data()[0] = 99
 	require.NoError(t, seg.Close()) // cached, holding no count
-	a.send(t, "exit")
-	a.wait(t)
+	a.exit(t)
 
-	b := startHelper(t, "create-and-wait", name) // a new file, same name
-	require.Equal(t, "created", b.readLine(t))
+	b := startOwner(t, name) // a new file, same name
 	seg, err = shm.Attach(name, header.KindTensor, false)
 	require.NoError(t, err)
 	require.EqualValues(t, 0, seg.Data()[0], "the new file, not the cached old one")
 	require.NoError(t, seg.Close())
-	b.send(t, "exit")
-	b.wait(t)
+	b.exit(t)
 	require.False(t, exists(name))
 }

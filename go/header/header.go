@@ -102,7 +102,7 @@ func New(kind Kind, dt dtype.DType, shape []int64) (Header, error) {
 			return Header{}, fmt.Errorf("shape[%d] = %d is negative: %w", i, n, unix.EINVAL)
 		}
 	}
-	nbytes, ok := byteCount(shape, dt.Size())
+	nbytes, ok := ByteCount(shape, dt.Size())
 	if !ok {
 		return Header{}, fmt.Errorf("shape %v of %s overflows int64 bytes: %w", shape, dt, unix.EINVAL)
 	}
@@ -234,10 +234,10 @@ func Decode(buf []byte, fileSize uint64) (Header, error) {
 			return Header{}, fmt.Errorf("%w: negative shape or stride in dimension %d", ErrCorrupt, i)
 		}
 	}
-	if _, ok := byteCount(h.Shape, h.DType.Size()); !ok {
+	if _, ok := ByteCount(h.Shape, h.DType.Size()); !ok {
 		return Header{}, fmt.Errorf("%w: shape %v of %s overflows int64 bytes", ErrCorrupt, h.Shape, h.DType)
 	}
-	extent, ok := extent(h.Shape, h.Strides, h.DType.Size())
+	extent, ok := Extent(h.Shape, h.Strides, h.DType.Size())
 	if !ok || extent > h.NBytes {
 		return Header{}, fmt.Errorf("%w: shape %v with strides %v reaches past the %d data bytes", ErrCorrupt, h.Shape, h.Strides, h.NBytes)
 	}
@@ -251,11 +251,11 @@ func Decode(buf []byte, fileSize uint64) (Header, error) {
 	return h, nil
 }
 
-// byteCount returns itemsize times the product of shape, and false if the
+// ByteCount returns itemsize times the product of shape, and false if the
 // product of the non-zero dimensions overflows int64: an array with a zero
 // dimension holds nothing, but its other dimensions must still be sane
 // (NumPy refuses them otherwise).
-func byteCount(shape []int64, itemsize int) (uint64, bool) {
+func ByteCount(shape []int64, itemsize int) (uint64, bool) {
 	n, empty := uint64(itemsize), false
 	for _, d := range shape {
 		if d == 0 {
@@ -274,9 +274,10 @@ func byteCount(shape []int64, itemsize int) (uint64, bool) {
 	return n, true
 }
 
-// extent returns one past the last byte an array with these strides touches,
-// 0 for an array with no elements, and false on overflow.
-func extent(shape, strides []int64, itemsize int) (uint64, bool) {
+// Extent returns one past the last byte an array with these shape and
+// non-negative byte strides touches, 0 for an array with no elements, and
+// false on overflow.
+func Extent(shape, strides []int64, itemsize int) (uint64, bool) {
 	last := uint64(0)
 	for i, d := range shape {
 		if d == 0 {

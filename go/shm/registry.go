@@ -101,9 +101,18 @@ func forget(f *file) error {
 }
 
 // hold opens one more handle on f, counting this process as a holder first
-// if it is not one. The caller holds registry.mu.
-func (f *file) hold() error {
-	if !f.counted {
+// if it is not one. With adopt, the caller brings a count of its own, which
+// becomes this process's, or is dropped when the process already has one.
+// The caller holds registry.mu.
+func (f *file) hold(adopt bool) error {
+	switch {
+	case adopt && f.counted:
+		if _, err := f.dropRef(); err != nil {
+			return err
+		}
+	case adopt:
+		f.counted = true
+	case !f.counted:
 		if _, err := f.addRef(); err != nil {
 			return err
 		}
@@ -256,7 +265,9 @@ func (f *file) unmap() error {
 			*m = nil
 		}
 	}
-	f.rc = nil
+	// f.rc is left dangling rather than cleared: a release racing to its
+	// last atomic op may still read the field (the count says when the
+	// memory may go, and the race detector cannot see atomics on it).
 	return errors.Join(errs...)
 }
 
@@ -280,7 +291,11 @@ func (f *file) dropRef() (int64, error) {
 	n := atomic.AddInt64(f.rc, -1)
 	switch {
 	case n == 0:
-		return 0, f.unlinkIfSame()
+		var err error
+		if fn := finalizers[f.hdr.Kind]; fn != nil {
+			err = fn(f.region(f.rw == nil)) // may run under registry.mu: it must not take it
+		}
+		return 0, errors.Join(err, f.unlinkIfSame())
 	case n < 0:
 		return n, fmt.Errorf("segment %q: refcount fell to %d: %w", f.name, n, header.ErrCorrupt)
 	}

@@ -173,12 +173,24 @@ func formatBytes(n uint64) string {
 // wrong, unix.EINVAL when it has another kind, and the header package's
 // errors when its header is not valid.
 func Attach(name string, kind header.Kind, readOnly bool) (*Segment, error) {
+	return attach(name, kind, readOnly, false)
+}
+
+// Adopt attaches segment name read-write as Attach does, but takes over a
+// count that was added for the caller (by a message in flight) instead of
+// adding one; when this process already counts as a holder, that count is
+// dropped instead.
+func Adopt(name string, kind header.Kind) (*Segment, error) {
+	return attach(name, kind, false, true)
+}
+
+func attach(name string, kind header.Kind, readOnly, adopt bool) (*Segment, error) {
 	full, err := FullName(name)
 	if err != nil {
 		return nil, err
 	}
 	path := Dir() + "/" + full
-	if seg := attachMapped(path, kind, readOnly); seg != nil {
+	if seg := attachMapped(path, kind, readOnly, adopt); seg != nil {
 		return seg, nil
 	}
 	fd, err := unix.Open(path, unix.O_RDWR|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
@@ -209,7 +221,7 @@ func Attach(name string, kind header.Kind, readOnly bool) (*Segment, error) {
 		}
 		return nil, err
 	}
-	if err := f.hold(); err != nil {
+	if err := f.hold(adopt); err != nil {
 		if fresh {
 			err = errors.Join(err, f.unmap())
 		}
@@ -225,7 +237,7 @@ func Attach(name string, kind header.Kind, readOnly bool) (*Segment, error) {
 // keeps in its mapping cache, when path still names that file and its owner
 // and mode still pass: one lstat instead of opening, reading and mapping it
 // again. Otherwise it returns nil and Attach takes the long way.
-func attachMapped(path string, kind header.Kind, readOnly bool) *Segment {
+func attachMapped(path string, kind header.Kind, readOnly, adopt bool) *Segment {
 	registry.mu.Lock()
 	defer registry.mu.Unlock()
 	f := registry.byPath[path]
@@ -236,7 +248,7 @@ func attachMapped(path string, kind header.Kind, readOnly bool) *Segment {
 	if unix.Lstat(path, &st) != nil || (fileKey{st.Dev, st.Ino}) != f.key || checkStat(&st, f.name) != nil {
 		return nil
 	}
-	if f.hold() != nil {
+	if f.hold(adopt) != nil {
 		return nil // the segment is being removed: the long way says so
 	}
 	return &Segment{f: f, data: f.region(readOnly), readOnly: readOnly}
@@ -342,6 +354,22 @@ func (s *Segment) Close() error {
 	return s.f.letGo()
 }
 
+// Release drops this process's count on the segment now, as Close of the
+// last handle would, but keeps the mapping until the handles are closed.
+func (s *Segment) Release() error {
+	if s.closed.Load() {
+		return ErrClosed
+	}
+	registry.mu.Lock()
+	defer registry.mu.Unlock()
+	if !s.f.counted {
+		return nil
+	}
+	s.f.counted = false
+	_, err := s.f.dropRef()
+	return err
+}
+
 // ReleaseAll drops this process's count on every segment it holds, as if
 // every handle were closed, but leaves the memory mapped so that views that
 // are still in use stay valid (the process is about to exit). It returns how
@@ -404,4 +432,111 @@ func Stat(name string) (Info, error) {
 		return Info{}, err
 	}
 	return Info{Name: full, Size: st.Size, Header: hdr}, nil
+}
+
+// Mapping is a segment mapped read-write without counting this process as a
+// holder, for memory whose life other counts keep (the slots of a pool
+// arena pin their arena). Its owner unmaps it once the count reached zero.
+type Mapping struct{ f *file }
+
+// Map maps segment name, which must be of the given kind, without counting
+// this process as a holder. It checks the file and its header as Attach
+// does, and refuses a segment whose count already reached zero.
+func Map(name string, kind header.Kind) (*Mapping, error) {
+	full, err := FullName(name)
+	if err != nil {
+		return nil, err
+	}
+	path := Dir() + "/" + full
+	fd, err := unix.Open(path, unix.O_RDWR|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, openError(full, err)
+	}
+	defer unix.Close(fd)
+	st, hdr, err := readHeader(fd, full)
+	if err != nil {
+		return nil, err
+	}
+	if hdr.Kind != kind {
+		return nil, fmt.Errorf("segment %q holds a %s, not a %s: %w", full, hdr.Kind, kind, unix.EINVAL)
+	}
+	f := &file{key: fileKey{st.Dev, st.Ino}, name: full, path: path, hdr: hdr}
+	if err := f.mapFor(fd, false); err != nil {
+		return nil, errors.Join(fmt.Errorf("map segment %q: %w", full, err), f.unmap())
+	}
+	if atomic.LoadInt64(f.rc) <= 0 {
+		return nil, errors.Join(fmt.Errorf("segment %q is being removed: %w", full, unix.ENOENT), f.unmap())
+	}
+	return &Mapping{f: f}, nil
+}
+
+// Name returns the full name of the segment.
+func (m *Mapping) Name() string { return m.f.name }
+
+// Data returns the data region.
+func (m *Mapping) Data() []byte { return m.f.region(false) }
+
+// Refcount returns the current value of the shared count.
+func (m *Mapping) Refcount() int64 { return atomic.LoadInt64(m.f.rc) }
+
+// AddRef adds one to the shared count unless it reached zero.
+func (m *Mapping) AddRef() (int64, error) { return m.f.addRef() }
+
+// DropRef takes one from the shared count, unlinking the segment at zero.
+func (m *Mapping) DropRef() (int64, error) { return m.f.dropRef() }
+
+// Unmap unmaps the segment; its data must not be used afterwards.
+func (m *Mapping) Unmap() error { return m.f.unmap() }
+
+// Find returns a new handle on the tensor segment whose data holds the n
+// bytes at addr, with their offset in the data region, when this process has
+// it open. The handle holds no count of its own (the process already
+// counts); AddRef adds one to hand on.
+func Find(addr uintptr, n uint64) (*Segment, uint64, bool) {
+	registry.mu.Lock()
+	defer registry.mu.Unlock()
+	for _, f := range registry.files {
+		if f.handles == 0 || f.hdr.Kind != header.KindTensor {
+			continue
+		}
+		for _, readOnly := range []bool{false, true} {
+			if !f.hasMapping(readOnly) {
+				continue
+			}
+			data := f.region(readOnly)
+			if len(data) == 0 {
+				continue
+			}
+			base := uintptr(unsafe.Pointer(&data[0]))
+			if addr >= base && uint64(addr-base)+n <= uint64(len(data)) {
+				f.handles++
+				return &Segment{f: f, data: data, readOnly: readOnly}, uint64(addr - base), true
+			}
+		}
+	}
+	return nil, 0, false
+}
+
+// finalizers run when a segment of their kind loses its last count, while
+// it is still mapped, before it is unlinked.
+var finalizers [8]func(data []byte) error
+
+// OnLastRelease registers fn to run, in whichever process takes the count of
+// a segment of kind to zero, on its data before the segment is unlinked (a
+// queue releases what its messages still hold).
+func OnLastRelease(kind header.Kind, fn func(data []byte) error) {
+	finalizers[kind] = fn
+}
+
+// DropRef takes away one count of segment name that was added for the
+// caller (by a message in flight) without attaching it: for messages that
+// are thrown away. It takes no lock of this package, so a finalizer may
+// call it.
+func DropRef(name string, kind header.Kind) error {
+	m, err := Map(name, kind)
+	if err != nil {
+		return err
+	}
+	_, err = m.DropRef()
+	return errors.Join(err, m.Unmap())
 }

@@ -1,0 +1,152 @@
+// Package buffer connects message descriptors to the counts they carry: it
+// finds the zctipc memory behind an address, turns a count on it into a
+// descriptor, and turns a received descriptor back into memory.
+package buffer
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/zctipc/zctipc/go/dtype"
+	"github.com/zctipc/zctipc/go/header"
+	"github.com/zctipc/zctipc/go/message"
+	"github.com/zctipc/zctipc/go/pool"
+	"github.com/zctipc/zctipc/go/shm"
+	"golang.org/x/sys/unix"
+)
+
+// Ref is a count on a region of zctipc memory (the data of a tensor segment,
+// or a pool slot) together with the mapping that makes it readable here.
+// Release gives the count up; Describe hands it on inside a descriptor.
+type Ref struct {
+	seg   *shm.Segment // a tensor segment, open in this process
+	extra bool         // seg: the ref holds a count besides this process's
+	slot  pool.Slot    // a slot, when seg is nil
+}
+
+// NewSlotRef returns a Ref that owns the count s.
+func NewSlotRef(s pool.Slot) *Ref { return &Ref{slot: s} }
+
+// Kind returns message.RefSegment or message.RefSlot.
+func (r *Ref) Kind() uint8 {
+	if r.seg != nil {
+		return message.RefSegment
+	}
+	return message.RefSlot
+}
+
+// Data returns the whole region: the segment's data, or the slot.
+func (r *Ref) Data() []byte {
+	if r.seg != nil {
+		return r.seg.Data()
+	}
+	return r.slot.Data()
+}
+
+// Segment returns the segment handle of a segment ref, or nil.
+func (r *Ref) Segment() *shm.Segment { return r.seg }
+
+// Find returns a new count on the zctipc memory that holds the n bytes at
+// addr, and the offset of addr in it, when this process maps it.
+func Find(addr uintptr, n uint64) (*Ref, uint64, bool, error) {
+	if s, off, ok := pool.Find(addr, n); ok {
+		return &Ref{slot: s}, off, true, nil
+	}
+	seg, off, ok := shm.Find(addr, n)
+	if !ok {
+		return nil, 0, false, nil
+	}
+	if _, err := seg.AddRef(); err != nil {
+		return nil, 0, false, errors.Join(err, seg.Close())
+	}
+	return &Ref{seg: seg, extra: true}, off, true, nil
+}
+
+// Release gives up the ref's count.
+func (r *Ref) Release() error {
+	if r.seg == nil {
+		return r.slot.Release()
+	}
+	var err error
+	if r.extra {
+		_, err = r.seg.DropRef()
+	}
+	return errors.Join(err, r.seg.Close())
+}
+
+// Describe returns a descriptor of the array laid over the ref's region at
+// offset, which carries the ref's count: once the descriptor is on its way,
+// call Sent (and not Release).
+func (r *Ref) Describe(offset uint64, dt dtype.DType, shape, strides []int64, flags uint8) (message.Descriptor, error) {
+	d := message.Descriptor{Kind: r.Kind(), Flags: flags, DType: dt, Shape: shape, Strides: strides, Offset: offset}
+	region := uint64(len(r.Data()))
+	if offset > region {
+		return d, fmt.Errorf("offset %d is past the %d-byte region: %w", offset, region, unix.EINVAL)
+	}
+	extent, ok := header.Extent(shape, strides, dt.Size())
+	if !ok || offset+extent > region {
+		return d, fmt.Errorf("an array of shape %v and strides %v at offset %d does not fit in %d bytes: %w",
+			shape, strides, offset, region, unix.EINVAL)
+	}
+	d.NBytes = extent
+	if r.seg != nil {
+		d.Name = r.seg.Name()
+	} else {
+		d.Name = r.slot.Arena().Name()
+		d.Slot, d.Generation = r.slot.Index, r.slot.Generation
+	}
+	return d, d.Check()
+}
+
+// Sent closes a ref whose count went out in a descriptor.
+func (r *Ref) Sent() error {
+	if r.seg != nil {
+		return r.seg.Close()
+	}
+	return nil
+}
+
+// Adopt turns a received descriptor into a Ref that owns the count it
+// carried, and returns the array's bytes (from its offset).
+func Adopt(d *message.Descriptor) (*Ref, []byte, error) {
+	if err := d.Check(); err != nil {
+		return nil, nil, err
+	}
+	var r *Ref
+	switch d.Kind {
+	case message.RefSegment:
+		seg, err := shm.Adopt(d.Name, header.KindTensor)
+		if err != nil {
+			return nil, nil, err
+		}
+		r = &Ref{seg: seg}
+	default:
+		s, err := pool.Adopt(d.Name, d.Slot, d.Generation)
+		if err != nil {
+			return nil, nil, err
+		}
+		r = &Ref{slot: s}
+	}
+	data := r.Data()
+	if d.Offset+d.NBytes > uint64(len(data)) {
+		return nil, nil, errors.Join(fmt.Errorf("descriptor reaches past its %d-byte region: %w", len(data), message.ErrMalformed), r.Release())
+	}
+	return r, data[d.Offset : d.Offset+d.NBytes : d.Offset+d.NBytes], nil
+}
+
+// Drop gives up the count a received descriptor carried, for a message
+// whose buffers are not wanted. It maps nothing for long and takes no lock
+// of package shm, so a segment finalizer may call it.
+func Drop(d *message.Descriptor) error {
+	if err := d.Check(); err != nil {
+		return err
+	}
+	if d.Kind == message.RefSegment {
+		return shm.DropRef(d.Name, header.KindTensor)
+	}
+	s, err := pool.Adopt(d.Name, d.Slot, d.Generation)
+	if err != nil {
+		return err
+	}
+	return s.Release()
+}

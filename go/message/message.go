@@ -1,0 +1,236 @@
+// Package message encodes and decodes the records of a zctipc queue and the
+// buffer descriptors they carry (docs/format.md, "Queue messages").
+//
+// A descriptor names memory in another segment (a tensor segment of its own,
+// or a slot of a pool arena) and the array laid over it. It carries one count
+// on that memory: whoever takes the record from the queue owns the count.
+// Records are read from a ring that other processes write, so decoding works
+// on a private copy and checks every length and bound.
+package message
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math/bits"
+
+	"github.com/zctipc/zctipc/go/dtype"
+	"github.com/zctipc/zctipc/go/header"
+)
+
+// Record types.
+const (
+	TypePickle = 1 // a pickle (protocol 5) that refers to its descriptors by index
+	TypeTensor = 2 // one descriptor and no payload: a bare array
+	TypeBytes  = 3 // raw bytes and no descriptor
+)
+
+// Descriptor kinds: what the memory of a descriptor is.
+const (
+	RefSegment = 1 // the data region of a tensor segment
+	RefSlot    = 2 // a slot of a pool arena
+)
+
+// Layout constants.
+const (
+	RecordHeaderSize = 16
+	// WrapMarker in a record's size field means the rest of the ring, up to
+	// its end, holds no record.
+	WrapMarker     = 0xFFFFFFFF
+	descriptorBase = 32
+	// MaxDescriptors bounds the descriptors of one record.
+	MaxDescriptors = 0xFFFF
+	maxNameLen     = 255
+)
+
+// ErrMalformed is wrapped by every decoding error.
+var ErrMalformed = errors.New("malformed message")
+
+var le = binary.LittleEndian
+
+// Descriptor is one buffer of a record.
+type Descriptor struct {
+	Kind       uint8
+	Flags      uint8 // bits 0-1: the Python type to rebuild (0 NumPy, 1 torch, 2 SharedTensor)
+	DType      dtype.DType
+	Shape      []int64
+	Strides    []int64 // bytes
+	Name       string  // the segment, or the arena of the slot
+	Offset     uint64  // where the array starts in the segment's data region
+	NBytes     uint64  // bytes from Offset that the array may touch
+	Slot       uint32  // the slot index (RefSlot)
+	Generation uint32  // the slot's generation when it was handed out (RefSlot)
+}
+
+// Size returns the encoded size of d, a multiple of 8.
+func (d *Descriptor) Size() int {
+	return align8(descriptorBase + 16*len(d.Shape) + len(d.Name))
+}
+
+// Check validates d's fields: its kind, type, dimensions, name length, and
+// that the array fits in NBytes.
+func (d *Descriptor) Check() error {
+	switch {
+	case d.Kind != RefSegment && d.Kind != RefSlot:
+		return fmt.Errorf("%w: descriptor kind %d", ErrMalformed, d.Kind)
+	case d.Flags&^3 != 0:
+		return fmt.Errorf("%w: descriptor flags %#x", ErrMalformed, d.Flags)
+	case len(d.Shape) > header.MaxNDim || len(d.Strides) != len(d.Shape):
+		return fmt.Errorf("%w: descriptor ndim %d", ErrMalformed, len(d.Shape))
+	case len(d.Name) == 0 || len(d.Name) > maxNameLen:
+		return fmt.Errorf("%w: descriptor name of %d bytes", ErrMalformed, len(d.Name))
+	}
+	if err := d.DType.Check(); err != nil {
+		return fmt.Errorf("%w: %w", ErrMalformed, err)
+	}
+	for i := range d.Shape {
+		if d.Shape[i] < 0 || d.Strides[i] < 0 {
+			return fmt.Errorf("%w: negative shape or stride in descriptor", ErrMalformed)
+		}
+	}
+	if _, ok := header.ByteCount(d.Shape, d.DType.Size()); !ok {
+		return fmt.Errorf("%w: descriptor shape %v overflows", ErrMalformed, d.Shape)
+	}
+	extent, ok := header.Extent(d.Shape, d.Strides, d.DType.Size())
+	if _, carry := bits.Add64(d.Offset, d.NBytes, 0); !ok || extent > d.NBytes || carry != 0 {
+		return fmt.Errorf("%w: descriptor array reaches past its %d bytes", ErrMalformed, d.NBytes)
+	}
+	return nil
+}
+
+// Encode writes d into dst, which holds at least d.Size() bytes, and returns
+// the bytes written.
+func (d *Descriptor) Encode(dst []byte) int {
+	n := d.Size()
+	ndim := len(d.Shape)
+	clear(dst[:n])
+	le.PutUint16(dst[0:], uint16(n))
+	dst[2] = d.Kind
+	dst[3] = d.Flags
+	le.PutUint16(dst[4:], uint16(d.DType))
+	dst[6] = uint8(ndim)
+	dst[7] = uint8(len(d.Name))
+	le.PutUint64(dst[8:], d.Offset)
+	le.PutUint64(dst[16:], d.NBytes)
+	le.PutUint32(dst[24:], d.Slot)
+	le.PutUint32(dst[28:], d.Generation)
+	for i := range ndim {
+		le.PutUint64(dst[descriptorBase+8*i:], uint64(d.Shape[i]))
+		le.PutUint64(dst[descriptorBase+8*(ndim+i):], uint64(d.Strides[i]))
+	}
+	copy(dst[descriptorBase+16*ndim:], d.Name)
+	return n
+}
+
+// DecodeDescriptor decodes and checks the descriptor at the start of src and
+// returns it with its encoded size.
+func DecodeDescriptor(src []byte) (Descriptor, int, error) {
+	if len(src) < descriptorBase {
+		return Descriptor{}, 0, fmt.Errorf("%w: descriptor truncated", ErrMalformed)
+	}
+	n := int(le.Uint16(src))
+	ndim := int(src[6])
+	nameLen := int(src[7])
+	if ndim > header.MaxNDim || n != align8(descriptorBase+16*ndim+nameLen) || n > len(src) {
+		return Descriptor{}, 0, fmt.Errorf("%w: descriptor of %d bytes with ndim %d and a %d-byte name", ErrMalformed, n, ndim, nameLen)
+	}
+	d := Descriptor{
+		Kind:       src[2],
+		Flags:      src[3],
+		DType:      dtype.DType(le.Uint16(src[4:])),
+		Shape:      make([]int64, ndim),
+		Strides:    make([]int64, ndim),
+		Offset:     le.Uint64(src[8:]),
+		NBytes:     le.Uint64(src[16:]),
+		Slot:       le.Uint32(src[24:]),
+		Generation: le.Uint32(src[28:]),
+	}
+	for i := range ndim {
+		d.Shape[i] = int64(le.Uint64(src[descriptorBase+8*i:]))
+		d.Strides[i] = int64(le.Uint64(src[descriptorBase+8*(ndim+i):]))
+	}
+	d.Name = string(src[descriptorBase+16*ndim : descriptorBase+16*ndim+nameLen])
+	if err := d.Check(); err != nil {
+		return Descriptor{}, 0, err
+	}
+	return d, n, nil
+}
+
+// Record is one message of a queue.
+type Record struct {
+	Type        uint8
+	Descriptors []Descriptor
+	Payload     []byte
+}
+
+// Size returns the encoded size of r, a multiple of 8.
+func (r *Record) Size() int {
+	n := RecordHeaderSize + len(r.Payload)
+	for i := range r.Descriptors {
+		n += r.Descriptors[i].Size()
+	}
+	return align8(n)
+}
+
+// Check validates r's type against its descriptors and payload.
+func (r *Record) Check() error {
+	switch {
+	case len(r.Descriptors) > MaxDescriptors:
+		return fmt.Errorf("%w: %d descriptors", ErrMalformed, len(r.Descriptors))
+	case r.Type == TypeTensor && (len(r.Descriptors) != 1 || len(r.Payload) != 0):
+		return fmt.Errorf("%w: a tensor record holds one descriptor and no payload", ErrMalformed)
+	case r.Type == TypeBytes && len(r.Descriptors) != 0:
+		return fmt.Errorf("%w: a bytes record holds no descriptor", ErrMalformed)
+	case r.Type != TypePickle && r.Type != TypeTensor && r.Type != TypeBytes:
+		return fmt.Errorf("%w: record type %d", ErrMalformed, r.Type)
+	}
+	for i := range r.Descriptors {
+		if err := r.Descriptors[i].Check(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Encode writes r into dst, which holds at least r.Size() bytes.
+func (r *Record) Encode(dst []byte) {
+	size := r.Size()
+	le.PutUint32(dst[0:], uint32(size))
+	dst[4] = r.Type
+	dst[5] = 0
+	le.PutUint16(dst[6:], uint16(len(r.Descriptors)))
+	le.PutUint32(dst[8:], uint32(len(r.Payload)))
+	le.PutUint32(dst[12:], 0)
+	at := RecordHeaderSize
+	for i := range r.Descriptors {
+		at += r.Descriptors[i].Encode(dst[at:])
+	}
+	at += copy(dst[at:], r.Payload)
+	clear(dst[at:size])
+}
+
+// DecodeRecord decodes and checks the record that is exactly src (a private
+// copy). The payload aliases src.
+func DecodeRecord(src []byte) (Record, error) {
+	if len(src) < RecordHeaderSize || len(src)%8 != 0 || int(le.Uint32(src)) != len(src) {
+		return Record{}, fmt.Errorf("%w: record of %d bytes", ErrMalformed, len(src))
+	}
+	r := Record{Type: src[4], Descriptors: make([]Descriptor, le.Uint16(src[6:]))}
+	payload := int(le.Uint32(src[8:]))
+	at := RecordHeaderSize
+	for i := range r.Descriptors {
+		d, n, err := DecodeDescriptor(src[at:])
+		if err != nil {
+			return Record{}, err
+		}
+		r.Descriptors[i] = d
+		at += n
+	}
+	if payload > len(src)-at || align8(at+payload) != len(src) {
+		return Record{}, fmt.Errorf("%w: payload of %d bytes in a %d-byte record", ErrMalformed, payload, len(src))
+	}
+	r.Payload = src[at : at+payload]
+	return r, r.Check()
+}
+
+func align8(n int) int { return (n + 7) &^ 7 }

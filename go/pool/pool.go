@@ -1,0 +1,527 @@
+// Package pool allocates tensor buffers from arenas of shared memory, so that
+// allocating and freeing a buffer in the steady state makes no system call
+// and touches no new page.
+//
+// A Pool belongs to one process, which alone allocates from it. Its arenas
+// are segments of kind arena, each cut into slots of one size class (quarter
+// steps between powers of two, from 64 bytes to 3.5 GiB). Slots are handed
+// out from a lock-free free stack in the arena; any process may free one,
+// when the slot's cross-process refcount reaches zero, by pushing it back.
+//
+// Lifetime: the owner holds a count on each of its arenas, and every slot
+// that is out of the free stack pins its arena with one more, so an arena
+// outlives its owner as long as one of its slots is in use anywhere. Other
+// processes map an arena once, without a count, when they first receive one
+// of its slots, keep it mapped, and unmap it when its count reaches zero.
+//
+// The pool grows by adding arenas, up to a limit in bytes; at the limit it
+// frees arenas with no slot in use, and an allocation waits or fails.
+package pool
+
+import (
+	"errors"
+	"fmt"
+	"math/bits"
+	"os"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"github.com/zctipc/zctipc/go/dtype"
+	"github.com/zctipc/zctipc/go/futex"
+	"github.com/zctipc/zctipc/go/header"
+	"github.com/zctipc/zctipc/go/shm"
+	"golang.org/x/sys/unix"
+)
+
+// Size classes.
+const (
+	minShift = 6
+	maxShift = 31
+	// NumClasses is the number of size classes.
+	NumClasses = (maxShift - minShift + 1) * 4
+)
+
+// ClassSize returns the slot size of class c: 2^k times 1, 1.25, 1.5 or 1.75.
+func ClassSize(c int) uint64 {
+	return uint64(4+c%4) << (minShift + c/4) >> 2
+}
+
+// MaxSize is the size of the largest class; larger buffers need a segment of
+// their own.
+var MaxSize = ClassSize(NumClasses - 1)
+
+// ClassOf returns the smallest class whose slots hold n bytes, and false when
+// n is larger than MaxSize.
+func ClassOf(n uint64) (int, bool) {
+	if n <= 1<<minShift {
+		return 0, true
+	}
+	if n > MaxSize {
+		return 0, false
+	}
+	// n is in (2^(k-1), 2^k]: the classes of 2^(k-1) cover it.
+	k := bits.Len64(n - 1)
+	for c := (k - 1 - minShift) * 4; ; c++ {
+		if ClassSize(c) >= n {
+			return c, true
+		}
+	}
+}
+
+// Errors an allocation returns.
+var (
+	// ErrFull means the pool is at its limit (or the shared-memory file
+	// system is full) and no slot of the class was freed in time.
+	ErrFull = fmt.Errorf("pool is full: %w", shm.ErrOutOfSharedMemory)
+	// ErrTooLarge means the buffer is larger than the largest class.
+	ErrTooLarge = errors.New("buffer is larger than the largest pool class")
+	// ErrStale means a slot was freed, or handed out again, since the
+	// reference to it was made.
+	ErrStale = errors.New("stale slot reference")
+)
+
+// LimitEnv names the environment variable that sets the default limit of a
+// pool, in bytes.
+const LimitEnv = "ZCTIPC_POOL_LIMIT"
+
+// Layout of an arena's data region.
+const (
+	offSlotSize  = 0   // u64 bytes per slot
+	offNSlots    = 8   // u32 slots
+	offClass     = 12  // u32 size class
+	offSlotsAt   = 16  // u64 where the slots start
+	offFreeHead  = 64  // u64: generation << 32 | (index + 1) of the first free slot
+	offFreeSeq   = 128 // u32 futex word, bumped on every free
+	offWaiters   = 132 // u32 owners waiting for a free slot
+	offFreeCount = 136 // i64 slots in the free stack
+	offSlotTable = 192 // nslots × slotMeta bytes
+	slotMeta     = 16  // i64 refcount, u32 next free (index + 1, 0 for none), u32 generation
+	maxSlots     = 1 << 20
+	arenaBytes   = 4 << 20  // the first arena of a class holds about this much
+	arenaMax     = 64 << 20 // later ones double up to this
+	// fallbackLimit is the pool limit when the file system cannot be asked.
+	fallbackLimit = 4 << 30
+)
+
+// memory is an arena's segment: counted (the owner's) or only mapped.
+type memory interface {
+	Name() string
+	Data() []byte
+	AddRef() (int64, error)
+	DropRef() (int64, error)
+	Count() int64 // the segment's refcount now
+	Unmap() error // gives up the mapping (and a count this process held)
+}
+
+// owned is an arena segment this process created and counts on.
+type owned struct{ *shm.Segment }
+
+func (o owned) Count() int64 {
+	n, err := o.Refcount()
+	if err != nil {
+		return 0
+	}
+	return n
+}
+
+func (o owned) Unmap() error { return o.Close() }
+
+// Arena is one arena segment mapped in this process.
+type Arena struct {
+	mem      memory
+	data     []byte
+	base     uintptr // address of data[0]
+	slotSize uint64
+	nslots   uint32
+	class    int
+	slotsAt  uint64
+	owned    bool
+	closed   bool // out of the index, about to be unmapped; guarded by index
+}
+
+func (a *Arena) u64(off uint64) *uint64 { return (*uint64)(unsafe.Pointer(&a.data[off])) }
+func (a *Arena) u32(off uint64) *uint32 { return (*uint32)(unsafe.Pointer(&a.data[off])) }
+func (a *Arena) i64(off uint64) *int64  { return (*int64)(unsafe.Pointer(&a.data[off])) }
+
+func (a *Arena) refcount(i uint32) *int64 { return a.i64(offSlotTable + uint64(i)*slotMeta) }
+func (a *Arena) next(i uint32) *uint32    { return a.u32(offSlotTable + uint64(i)*slotMeta + 8) }
+func (a *Arena) gen(i uint32) *uint32     { return a.u32(offSlotTable + uint64(i)*slotMeta + 12) }
+
+// Name returns the name of the arena's segment.
+func (a *Arena) Name() string { return a.mem.Name() }
+
+// SlotData returns the bytes of slot i.
+func (a *Arena) SlotData(i uint32) []byte {
+	at := a.slotsAt + uint64(i)*a.slotSize
+	return a.data[at : at+a.slotSize : at+a.slotSize]
+}
+
+// pop takes a slot off the free stack.
+func (a *Arena) pop() (uint32, bool) {
+	head := a.u64(offFreeHead)
+	for {
+		h := atomic.LoadUint64(head)
+		top := uint32(h)
+		if top == 0 || top > a.nslots {
+			return 0, false // empty (or garbage, which is treated as empty)
+		}
+		next := atomic.LoadUint32(a.next(top - 1))
+		if atomic.CompareAndSwapUint64(head, h, (h>>32+1)<<32|uint64(next)) {
+			atomic.AddInt64(a.i64(offFreeCount), -1)
+			return top - 1, true
+		}
+	}
+}
+
+// push puts slot i back on the free stack and wakes a waiting owner.
+func (a *Arena) push(i uint32) error {
+	head := a.u64(offFreeHead)
+	for {
+		h := atomic.LoadUint64(head)
+		atomic.StoreUint32(a.next(i), uint32(h))
+		if atomic.CompareAndSwapUint64(head, h, (h>>32+1)<<32|uint64(i+1)) {
+			break
+		}
+	}
+	atomic.AddInt64(a.i64(offFreeCount), 1)
+	atomic.AddUint32(a.u32(offFreeSeq), 1)
+	if atomic.LoadUint32(a.u32(offWaiters)) > 0 {
+		if _, err := futex.Wake(a.u32(offFreeSeq), 1<<30); err != nil {
+			return fmt.Errorf("wake pool waiters: %w", err)
+		}
+	}
+	return nil
+}
+
+// take allocates a slot: off the free stack, a new generation, a count of
+// one, and a pin on the arena.
+func (a *Arena) take() (Slot, bool, error) {
+	i, ok := a.pop()
+	if !ok {
+		return Slot{}, false, nil
+	}
+	g := atomic.AddUint32(a.gen(i), 1)
+	atomic.StoreInt64(a.refcount(i), 1)
+	if _, err := a.mem.AddRef(); err != nil {
+		return Slot{}, false, errors.Join(err, a.push(i))
+	}
+	return Slot{arena: a, Index: i, Generation: g}, true, nil
+}
+
+// inUse returns the number of slots out of the free stack.
+func (a *Arena) inUse() int64 {
+	return int64(a.nslots) - atomic.LoadInt64(a.i64(offFreeCount))
+}
+
+// Slot is one count on a slot of an arena: the holder releases it, or hands
+// it on, once.
+type Slot struct {
+	arena      *Arena
+	Index      uint32
+	Generation uint32
+}
+
+// Arena returns the arena of s.
+func (s Slot) Arena() *Arena { return s.arena }
+
+// Data returns the bytes of the slot.
+func (s Slot) Data() []byte { return s.arena.SlotData(s.Index) }
+
+// AddRef adds a count to the slot, which must still be the generation s was
+// made for, and returns a Slot for the new count.
+func (s Slot) AddRef() (Slot, error) {
+	rc := s.arena.refcount(s.Index)
+	for {
+		n := atomic.LoadInt64(rc)
+		if n <= 0 || atomic.LoadUint32(s.arena.gen(s.Index)) != s.Generation {
+			return Slot{}, fmt.Errorf("slot %d of arena %q: %w", s.Index, s.arena.Name(), ErrStale)
+		}
+		if atomic.CompareAndSwapInt64(rc, n, n+1) {
+			return s, nil
+		}
+	}
+}
+
+// Release gives up the count. The last one frees the slot and unpins its
+// arena, which is removed when nothing else holds it.
+func (s Slot) Release() error {
+	a := s.arena
+	rc := a.refcount(s.Index)
+	for {
+		n := atomic.LoadInt64(rc)
+		if n <= 0 {
+			return fmt.Errorf("slot %d of arena %q released more often than held: %w", s.Index, a.Name(), ErrStale)
+		}
+		if atomic.CompareAndSwapInt64(rc, n, n-1) {
+			if n > 1 {
+				return nil
+			}
+			break
+		}
+	}
+	err := a.push(s.Index)
+	_, derr := a.mem.DropRef()
+	return errors.Join(err, derr)
+}
+
+// Pool is the allocator of one process.
+type Pool struct {
+	mu       sync.Mutex
+	arenas   [NumClasses][]*Arena
+	limit    uint64
+	reserved uint64
+}
+
+var (
+	defaultPool     *Pool
+	defaultPoolOnce sync.Once
+)
+
+// New returns an empty pool that may hold limit bytes of arenas.
+func New(limit uint64) *Pool { return &Pool{limit: limit} }
+
+// Default returns the process's pool, limited by $ZCTIPC_POOL_LIMIT or to
+// half of the shared-memory file system.
+func Default() *Pool {
+	defaultPoolOnce.Do(func() {
+		limit := uint64(fallbackLimit)
+		var fs unix.Statfs_t
+		if v, err := strconv.ParseUint(os.Getenv(LimitEnv), 10, 64); err == nil {
+			limit = v
+		} else if unix.Statfs(shm.Dir(), &fs) == nil {
+			limit = fs.Blocks * uint64(fs.Bsize) / 2
+		}
+		defaultPool = New(limit)
+	})
+	return defaultPool
+}
+
+// Close gives up the pool's arenas: each goes when the last of its slots in
+// use (here or anywhere) is released. Until then this process keeps them
+// mapped, as it keeps other processes' arenas. The pool must not allocate
+// afterwards.
+func (p *Pool) Close() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var errs []error
+	for c := range p.arenas {
+		for _, a := range p.arenas[c] {
+			if err := a.mem.(owned).Release(); err != nil {
+				errs = append(errs, err)
+			}
+			retire(a)
+		}
+		p.arenas[c] = nil
+	}
+	p.reserved = 0
+	return errors.Join(errs...)
+}
+
+// SetLimit sets the most bytes of arenas the pool may hold.
+func (p *Pool) SetLimit(limit uint64) {
+	p.mu.Lock()
+	p.limit = limit
+	p.mu.Unlock()
+}
+
+// Stats describes a pool.
+type Stats struct {
+	Arenas      int
+	Reserved    uint64 // bytes of arena segments
+	Limit       uint64
+	SlotsInUse  int64 // slots out of the free stacks: held here or anywhere
+	BytesInUse  uint64
+	SlotsByName map[string]int64 // arena name to slots in use
+}
+
+// Stats returns a snapshot of the pool.
+func (p *Pool) Stats() Stats {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	st := Stats{Limit: p.limit, Reserved: p.reserved, SlotsByName: map[string]int64{}}
+	for c := range p.arenas {
+		for _, a := range p.arenas[c] {
+			n := a.inUse()
+			st.Arenas++
+			st.SlotsInUse += n
+			st.BytesInUse += uint64(n) * a.slotSize
+			st.SlotsByName[a.Name()] = n
+		}
+	}
+	return st
+}
+
+// Alloc returns a slot of at least n bytes, with a count of one. When the
+// pool is full it waits for a slot of the class to be freed until deadline
+// (not at all when deadline is in the past; forever when it is zero). The
+// slot keeps the bytes it had: it is not zeroed.
+func (p *Pool) Alloc(n uint64, deadline time.Time) (Slot, error) {
+	c, ok := ClassOf(n)
+	if !ok {
+		return Slot{}, fmt.Errorf("%d bytes: %w", n, ErrTooLarge)
+	}
+	for {
+		s, waitOn, err := p.tryAlloc(c)
+		if err == nil || !errors.Is(err, ErrFull) {
+			return s, err
+		}
+		wait := 10 * time.Millisecond
+		if !deadline.IsZero() {
+			left := time.Until(deadline)
+			if left <= 0 {
+				return Slot{}, err
+			}
+			wait = min(wait, left)
+		}
+		if waitOn == nil {
+			time.Sleep(wait)
+			continue
+		}
+		seq := waitOn.u32(offFreeSeq)
+		seen := atomic.LoadUint32(seq)
+		atomic.AddUint32(waitOn.u32(offWaiters), 1)
+		if !waitOn.hasFree() {
+			if werr := futex.Wait(seq, seen, wait); werr != nil && !errors.Is(werr, futex.ErrTimeout) && !errors.Is(werr, futex.ErrInterrupted) {
+				atomic.AddUint32(waitOn.u32(offWaiters), ^uint32(0))
+				return Slot{}, werr
+			}
+		}
+		atomic.AddUint32(waitOn.u32(offWaiters), ^uint32(0))
+	}
+}
+
+// hasFree reports whether the free stack holds a slot.
+func (a *Arena) hasFree() bool {
+	return uint32(atomic.LoadUint64(a.u64(offFreeHead))) != 0
+}
+
+// tryAlloc takes a slot of class c from an arena, or a new arena. When the
+// pool is full it returns ErrFull and the arena whose frees to wait for.
+func (p *Pool) tryAlloc(c int) (Slot, *Arena, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	arenas := p.arenas[c]
+	for i := len(arenas) - 1; i >= 0; i-- {
+		s, ok, err := arenas[i].take()
+		if ok || err != nil {
+			return s, nil, err
+		}
+	}
+	a, err := p.grow(c)
+	if err != nil {
+		var last *Arena
+		if len(arenas) > 0 {
+			last = arenas[len(arenas)-1]
+		}
+		return Slot{}, last, err
+	}
+	s, _, err := a.take()
+	return s, nil, err
+}
+
+// grow adds an arena for class c, freeing idle arenas of other classes to
+// stay under the limit. The caller holds p.mu.
+func (p *Pool) grow(c int) (*Arena, error) {
+	size := ClassSize(c)
+	target := min(uint64(arenaBytes)<<len(p.arenas[c]), arenaMax)
+	nslots := max(1, min(target/size, maxSlots))
+	need := arenaSize(size, nslots)
+	if p.reserved+need > p.limit {
+		if err := p.trim(need); err != nil {
+			return nil, err
+		}
+		for nslots > 1 && p.reserved+arenaSize(size, nslots) > p.limit {
+			nslots /= 2
+		}
+		need = arenaSize(size, nslots)
+		if p.reserved+need > p.limit {
+			return nil, fmt.Errorf("%w: %s of arenas in use, the limit is %s (%s)", ErrFull,
+				formatBytes(p.reserved), formatBytes(p.limit), LimitEnv)
+		}
+	}
+	a, err := newArena(c, size, uint32(nslots))
+	if err != nil {
+		if errors.Is(err, shm.ErrOutOfSharedMemory) {
+			return nil, fmt.Errorf("%w: %w", ErrFull, err)
+		}
+		return nil, err
+	}
+	p.arenas[c] = append(p.arenas[c], a)
+	p.reserved += need
+	addToIndex(a)
+	return a, nil
+}
+
+// trim frees arenas with no slot in use until need more bytes fit under the
+// limit, or none is left to free. The caller holds p.mu.
+func (p *Pool) trim(need uint64) error {
+	var errs []error
+	for c := range p.arenas {
+		p.arenas[c] = slices.DeleteFunc(p.arenas[c], func(a *Arena) bool {
+			if p.reserved+need <= p.limit {
+				return false
+			}
+			// Idle means no pin besides the owner's count, rather than a full
+			// free stack: a release pushes its slot before it unpins. Only the
+			// owner pins, under p.mu, so it stays idle while we hold it.
+			if a.mem.Count() != 1 {
+				return false
+			}
+			// Dropping the owner's count removes it; other processes unmap
+			// their mappings when they see the count at zero.
+			p.reserved -= arenaSize(a.slotSize, uint64(a.nslots))
+			removeFromIndex(a)
+			if err := a.mem.Unmap(); err != nil {
+				errs = append(errs, err)
+			}
+			return true
+		})
+	}
+	return errors.Join(errs...)
+}
+
+func arenaSize(slotSize, nslots uint64) uint64 {
+	return slotsOffset(slotSize, nslots) + slotSize*nslots
+}
+
+func slotsOffset(slotSize, nslots uint64) uint64 {
+	align := uint64(64)
+	if slotSize >= 4096 {
+		align = 4096
+	}
+	return (offSlotTable + nslots*slotMeta + align - 1) &^ (align - 1)
+}
+
+// newArena creates an arena segment for class c with all its slots free.
+func newArena(c int, size uint64, nslots uint32) (*Arena, error) {
+	dataSize := arenaSize(size, uint64(nslots))
+	seg, err := shm.Create("", header.KindArena, dtype.Uint8, []int64{int64(dataSize)})
+	if err != nil {
+		return nil, err
+	}
+	a := &Arena{mem: owned{seg}, data: seg.Data(), slotSize: size, nslots: nslots, class: c,
+		slotsAt: slotsOffset(size, uint64(nslots)), owned: true}
+	a.base = uintptr(unsafe.Pointer(&a.data[0]))
+	le64(a.data[offSlotSize:], size)
+	le32(a.data[offNSlots:], nslots)
+	le32(a.data[offClass:], uint32(c))
+	le64(a.data[offSlotsAt:], a.slotsAt)
+	for i := range nslots - 1 {
+		*a.next(i) = i + 2
+	}
+	*a.next(nslots - 1) = 0
+	*a.i64(offFreeCount) = int64(nslots)
+	atomic.StoreUint64(a.u64(offFreeHead), 1)
+	return a, nil
+}
+
+func le64(b []byte, v uint64) { *(*uint64)(unsafe.Pointer(&b[0])) = v }
+func le32(b []byte, v uint32) { *(*uint32)(unsafe.Pointer(&b[0])) = v }
+
+func formatBytes(n uint64) string {
+	return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
+}

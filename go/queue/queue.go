@@ -1,0 +1,400 @@
+// Package queue is a many-producer, many-consumer queue of messages in a
+// shared segment: a ring of variable-sized records (package message).
+//
+// # Crash safety
+//
+// Producers take one lock and consumers another (package lock), and a lock
+// whose holder was killed is taken over. Every change is committed with a
+// single 64-bit store that moves both a byte position and a message count:
+// (puts << 32 | tail) for producers, (gets << 32 | head) for consumers. A
+// producer killed before its commit leaves nothing behind; a consumer killed
+// before its commit leaves the message for the next consumer, and one killed
+// after it has taken the message with it. No other message is lost or
+// duplicated, and no count drifts.
+//
+// # Waiting
+//
+// A full queue or an empty one is waited on with futexes on sequence words
+// that every put (or get) bumps, after the waiter registered itself; a
+// signal interrupts the wait so that the caller's host can run its handler.
+package queue
+
+import (
+	"errors"
+	"fmt"
+	"math/bits"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"github.com/zctipc/zctipc/go/buffer"
+	"github.com/zctipc/zctipc/go/dtype"
+	"github.com/zctipc/zctipc/go/futex"
+	"github.com/zctipc/zctipc/go/header"
+	"github.com/zctipc/zctipc/go/lock"
+	"github.com/zctipc/zctipc/go/message"
+	"github.com/zctipc/zctipc/go/shm"
+	"golang.org/x/sys/unix"
+)
+
+// Errors of queue operations.
+var (
+	ErrFull  = errors.New("queue is full")
+	ErrEmpty = errors.New("queue is empty")
+	// ErrInterrupted means a signal arrived while waiting.
+	ErrInterrupted = futex.ErrInterrupted
+	// ErrTooLarge means a message does not fit in the queue at all.
+	ErrTooLarge = fmt.Errorf("message is larger than the queue: %w", unix.EINVAL)
+	// ErrTaskDone means task_done was called more often than there were
+	// messages.
+	ErrTaskDone = fmt.Errorf("task_done() called too many times: %w", unix.EINVAL)
+)
+
+// RangeError says that a record did not fit the caller's buffer; it was
+// left in the queue.
+type RangeError struct{ Need int }
+
+func (e *RangeError) Error() string {
+	return fmt.Sprintf("the next message needs a %d-byte buffer", e.Need)
+}
+
+// Limits of the ring.
+const (
+	MinCapacity = 4 << 10
+	MaxCapacity = 1 << 30
+)
+
+// Layout of a queue segment's data region (docs/format.md).
+const (
+	offCapacity     = 0   // u64 ring bytes, a power of two
+	offMaxItems     = 8   // u64 most messages at once, 0 for no limit
+	offPutLock      = 64  // lock.Size bytes
+	offTail         = 96  // u64 puts << 32 | tail
+	offGetLock      = 128 // lock.Size bytes
+	offHead         = 160 // u64 gets << 32 | head
+	offDone         = 192 // u32 task_done calls
+	offDataSeq      = 256 // u32 bumped on every put
+	offDataWaiters  = 260 // u32
+	offSpaceSeq     = 320 // u32 bumped on every get
+	offSpaceWaiters = 324 // u32
+	offJoinSeq      = 384 // u32 bumped when unfinished tasks reach zero
+	offJoinWaiters  = 388 // u32
+	ringAt          = 512
+)
+
+// Queue is a queue segment attached in this process.
+type Queue struct {
+	seg      *shm.Segment
+	data     []byte
+	ring     []byte
+	capacity uint32
+	mask     uint32
+	maxItems uint32
+	putLock  lock.Mutex
+	getLock  lock.Mutex
+}
+
+// Create makes a queue segment whose ring holds capacity bytes (rounded up
+// to a power of two) and at most maxItems messages (0: no limit). An empty
+// name makes a random one.
+func Create(name string, capacity, maxItems uint64) (*Queue, error) {
+	if capacity > MaxCapacity || maxItems > 1<<30 {
+		return nil, fmt.Errorf("queue of %d bytes and %d messages: the limits are %d and %d: %w",
+			capacity, maxItems, MaxCapacity, 1<<30, unix.EINVAL)
+	}
+	capacity = max(MinCapacity, uint64(1)<<bits.Len64(capacity-1))
+	seg, err := shm.Create(name, header.KindQueue, dtype.Uint8, []int64{int64(ringAt + capacity)})
+	if err != nil {
+		return nil, err
+	}
+	d := seg.Data()
+	*(*uint64)(unsafe.Pointer(&d[offCapacity])) = capacity
+	*(*uint64)(unsafe.Pointer(&d[offMaxItems])) = maxItems
+	return open(seg)
+}
+
+// Attach attaches the queue segment name; Adopt does so with a count that
+// a message in flight carried (see shm.Adopt).
+func Attach(name string) (*Queue, error) {
+	seg, err := shm.Attach(name, header.KindQueue, false)
+	if err != nil {
+		return nil, err
+	}
+	return openOrClose(seg)
+}
+
+// Adopt attaches the queue segment name, taking over a count that a
+// message in flight carried.
+func Adopt(name string) (*Queue, error) {
+	seg, err := shm.Adopt(name, header.KindQueue)
+	if err != nil {
+		return nil, err
+	}
+	return openOrClose(seg)
+}
+
+func openOrClose(seg *shm.Segment) (*Queue, error) {
+	q, err := open(seg)
+	if err != nil {
+		return nil, errors.Join(err, seg.Close())
+	}
+	return q, nil
+}
+
+// open checks the layout that the creator wrote.
+func open(seg *shm.Segment) (*Queue, error) {
+	d := seg.Data()
+	if len(d) < ringAt {
+		return nil, fmt.Errorf("queue %q: %w: %d bytes", seg.Name(), header.ErrCorrupt, len(d))
+	}
+	capacity := *(*uint64)(unsafe.Pointer(&d[offCapacity]))
+	maxItems := *(*uint64)(unsafe.Pointer(&d[offMaxItems]))
+	if capacity < MinCapacity || capacity > MaxCapacity || capacity&(capacity-1) != 0 || uint64(len(d)) != ringAt+capacity || maxItems > 1<<30 {
+		return nil, fmt.Errorf("queue %q: %w: a %d-byte ring in %d bytes", seg.Name(), header.ErrCorrupt, capacity, len(d))
+	}
+	return &Queue{
+		seg: seg, data: d, ring: d[ringAt:],
+		capacity: uint32(capacity), mask: uint32(capacity - 1), maxItems: uint32(maxItems),
+		putLock: lock.At(unsafe.Pointer(&d[offPutLock])),
+		getLock: lock.At(unsafe.Pointer(&d[offGetLock])),
+	}, nil
+}
+
+func (q *Queue) u64(off int) *uint64 { return (*uint64)(unsafe.Pointer(&q.data[off])) }
+func (q *Queue) u32(off int) *uint32 { return (*uint32)(unsafe.Pointer(&q.data[off])) }
+
+// Segment returns the queue's segment.
+func (q *Queue) Segment() *shm.Segment { return q.seg }
+
+// Capacity returns the ring's size: the largest record is this big.
+func (q *Queue) Capacity() int { return int(q.capacity) }
+
+// MaxItems returns the most messages the queue holds at once (0: no limit).
+func (q *Queue) MaxItems() int { return int(q.maxItems) }
+
+func split(word uint64) (count, pos uint32) { return uint32(word >> 32), uint32(word) }
+
+// Len returns the number of messages in the queue now.
+func (q *Queue) Len() int {
+	puts, _ := split(atomic.LoadUint64(q.u64(offTail)))
+	gets, _ := split(atomic.LoadUint64(q.u64(offHead)))
+	return int(int32(puts - gets))
+}
+
+// Unfinished returns the messages put and not yet marked done.
+func (q *Queue) Unfinished() int {
+	puts, _ := split(atomic.LoadUint64(q.u64(offTail)))
+	return int(int32(puts - atomic.LoadUint32(q.u32(offDone))))
+}
+
+// Put appends the record, waiting for room until deadline (forever when it
+// is zero; not at all when it has passed). It returns ErrFull when there is
+// no room by then, and ErrTooLarge when the record can never fit.
+func (q *Queue) Put(rec *message.Record, deadline time.Time) error {
+	size := uint32(rec.Size())
+	if uint64(rec.Size()) > uint64(q.capacity) {
+		return fmt.Errorf("a message of %d bytes in a queue of %d: %w", rec.Size(), q.capacity, ErrTooLarge)
+	}
+	if err := q.lock(q.putLock, deadline, ErrFull); err != nil {
+		return err
+	}
+	var puts, tail, waste uint32
+	for {
+		seen := atomic.LoadUint32(q.u32(offSpaceSeq))
+		puts, tail = split(atomic.LoadUint64(q.u64(offTail)))
+		gets, head := split(atomic.LoadUint64(q.u64(offHead)))
+		waste = 0
+		if pos := tail & q.mask; pos+size > q.capacity {
+			waste = q.capacity - pos
+		}
+		room := tail-head+waste+size <= q.capacity && (q.maxItems == 0 || puts-gets < q.maxItems)
+		if room {
+			break
+		}
+		if err := q.wait(q.putLock, offSpaceSeq, offSpaceWaiters, seen, deadline, ErrFull); err != nil {
+			return err
+		}
+	}
+	if waste > 0 {
+		*(*uint32)(unsafe.Pointer(&q.ring[tail&q.mask])) = message.WrapMarker
+		tail += waste
+	}
+	pos := tail & q.mask
+	rec.Encode(q.ring[pos : pos+size])
+	atomic.StoreUint64(q.u64(offTail), uint64(puts+1)<<32|uint64(tail+size)) // commit
+	if err := q.putLock.Unlock(); err != nil {
+		return err
+	}
+	return q.signal(offDataSeq, offDataWaiters, 1)
+}
+
+// Get takes the next record into buf and returns its size, waiting until
+// deadline as Put does (ErrEmpty). A record larger than buf is left in the
+// queue and reported as a *RangeError.
+func (q *Queue) Get(buf []byte, deadline time.Time) (int, error) {
+	if err := q.lock(q.getLock, deadline, ErrEmpty); err != nil {
+		return 0, err
+	}
+	var gets, head, size uint32
+	for {
+		seen := atomic.LoadUint32(q.u32(offDataSeq))
+		gets, head = split(atomic.LoadUint64(q.u64(offHead)))
+		_, tail := split(atomic.LoadUint64(q.u64(offTail)))
+		if head != tail {
+			pos := head & q.mask
+			size = *(*uint32)(unsafe.Pointer(&q.ring[pos]))
+			if size == message.WrapMarker {
+				head += q.capacity - pos
+				size = *(*uint32)(unsafe.Pointer(&q.ring[0]))
+			}
+			if size < message.RecordHeaderSize || size%8 != 0 || size > tail-head || (head&q.mask)+size > q.capacity {
+				// A record that cannot be one: drop everything up to the
+				// tail rather than read out of bounds.
+				atomic.StoreUint64(q.u64(offHead), uint64(gets)<<32|uint64(tail))
+				return 0, errors.Join(fmt.Errorf("queue %q: %w: a record of %d bytes", q.seg.Name(), header.ErrCorrupt, size), q.getLock.Unlock())
+			}
+			break
+		}
+		if err := q.wait(q.getLock, offDataSeq, offDataWaiters, seen, deadline, ErrEmpty); err != nil {
+			return 0, err
+		}
+	}
+	if int(size) > len(buf) {
+		return 0, errors.Join(&RangeError{Need: int(size)}, q.getLock.Unlock())
+	}
+	pos := head & q.mask
+	copy(buf, q.ring[pos:pos+size])
+	atomic.StoreUint64(q.u64(offHead), uint64(gets+1)<<32|uint64(head+size)) // commit
+	if err := q.getLock.Unlock(); err != nil {
+		return 0, err
+	}
+	return int(size), q.signal(offSpaceSeq, offSpaceWaiters, 1)
+}
+
+// TaskDone marks one message done, for Join.
+func (q *Queue) TaskDone() error {
+	done := q.u32(offDone)
+	for {
+		puts, _ := split(atomic.LoadUint64(q.u64(offTail)))
+		d := atomic.LoadUint32(done)
+		if puts == d {
+			return ErrTaskDone
+		}
+		if atomic.CompareAndSwapUint32(done, d, d+1) {
+			if puts == d+1 {
+				return q.signal(offJoinSeq, offJoinWaiters, 1<<30)
+			}
+			return nil
+		}
+	}
+}
+
+// Join waits until every message put was marked done, until deadline
+// (ErrFull when it passed).
+func (q *Queue) Join(deadline time.Time) error {
+	for {
+		seen := atomic.LoadUint32(q.u32(offJoinSeq))
+		if q.Unfinished() == 0 {
+			return nil
+		}
+		if err := q.sleep(offJoinSeq, offJoinWaiters, seen, deadline, ErrFull); err != nil {
+			return err
+		}
+	}
+}
+
+// lock takes m until deadline; a timeout is reported as timeoutErr.
+func (q *Queue) lock(m lock.Mutex, deadline time.Time, timeoutErr error) error {
+	if !deadline.IsZero() && !time.Now().Before(deadline) {
+		deadline = time.Now().Add(time.Millisecond) // a non-blocking call still waits out a brief lock
+	}
+	if _, err := m.Lock(deadline); err != nil {
+		if errors.Is(err, lock.ErrTimeout) {
+			return timeoutErr
+		}
+		return err
+	}
+	return nil
+}
+
+// wait releases m, sleeps on the sequence word at seqOff until it moves
+// from seen or deadline passes, and takes m again.
+func (q *Queue) wait(m lock.Mutex, seqOff, waitersOff int, seen uint32, deadline time.Time, timeoutErr error) error {
+	if err := m.Unlock(); err != nil {
+		return err
+	}
+	if err := q.sleep(seqOff, waitersOff, seen, deadline, timeoutErr); err != nil {
+		return err
+	}
+	return q.lock(m, deadline, timeoutErr)
+}
+
+// sleep waits for the sequence word at seqOff to move from seen.
+func (q *Queue) sleep(seqOff, waitersOff int, seen uint32, deadline time.Time, timeoutErr error) error {
+	timeout := time.Duration(-1)
+	if !deadline.IsZero() {
+		if timeout = time.Until(deadline); timeout <= 0 {
+			return timeoutErr
+		}
+	}
+	atomic.AddUint32(q.u32(waitersOff), 1)
+	err := futex.Wait(q.u32(seqOff), seen, timeout)
+	atomic.AddUint32(q.u32(waitersOff), ^uint32(0))
+	if errors.Is(err, futex.ErrTimeout) {
+		return timeoutErr
+	}
+	return err
+}
+
+// signal bumps the sequence word at seqOff and wakes up to n waiters.
+func (q *Queue) signal(seqOff, waitersOff int, n int) error {
+	atomic.AddUint32(q.u32(seqOff), 1)
+	if atomic.LoadUint32(q.u32(waitersOff)) == 0 {
+		return nil
+	}
+	_, err := futex.Wake(q.u32(seqOff), n)
+	return err
+}
+
+// Close closes this process's handle on the queue.
+func (q *Queue) Close() error { return q.seg.Close() }
+
+func init() { shm.OnLastRelease(header.KindQueue, drain) }
+
+// drain gives up the counts that the messages still in a queue carry, when
+// the last holder of the queue lets it go.
+func drain(data []byte) error {
+	if len(data) < ringAt {
+		return nil
+	}
+	capacity := *(*uint64)(unsafe.Pointer(&data[offCapacity]))
+	if capacity < MinCapacity || capacity > MaxCapacity || capacity&(capacity-1) != 0 || uint64(len(data)) != ringAt+capacity {
+		return nil // not a queue we can read; nothing to release
+	}
+	ring, mask := data[ringAt:], uint32(capacity-1)
+	_, head := split(atomic.LoadUint64((*uint64)(unsafe.Pointer(&data[offHead]))))
+	_, tail := split(atomic.LoadUint64((*uint64)(unsafe.Pointer(&data[offTail]))))
+	var errs []error
+	for head != tail && tail-head <= uint32(capacity) {
+		pos := head & mask
+		size := *(*uint32)(unsafe.Pointer(&ring[pos]))
+		if size == message.WrapMarker {
+			head += uint32(capacity) - pos
+			continue
+		}
+		if size < message.RecordHeaderSize || size%8 != 0 || pos+size > uint32(capacity) || size > tail-head {
+			return errors.Join(append(errs, fmt.Errorf("%w: a record of %d bytes in a queue being removed", header.ErrCorrupt, size))...)
+		}
+		rec, err := message.DecodeRecord(append([]byte(nil), ring[pos:pos+size]...))
+		if err != nil {
+			errs = append(errs, err)
+		}
+		for i := range rec.Descriptors {
+			if err := buffer.Drop(&rec.Descriptors[i]); err != nil {
+				errs = append(errs, err)
+			}
+		}
+		head += size
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,174 @@
+package gotests
+
+import (
+	"fmt"
+	"strconv"
+	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/stretchr/testify/require"
+	"github.com/zctipc/zctipc/go/pool"
+	"github.com/zctipc/zctipc/go/shm"
+)
+
+func TestPoolClasses(t *testing.T) {
+	require.EqualValues(t, 64, pool.ClassSize(0))
+	require.EqualValues(t, 80, pool.ClassSize(1))
+	require.EqualValues(t, 128, pool.ClassSize(4))
+	prev := uint64(0)
+	for c := range pool.NumClasses {
+		size := pool.ClassSize(c)
+		require.Greater(t, size, prev, "class sizes grow")
+		require.Zero(t, size%16)
+		prev = size
+	}
+	for _, n := range []uint64{0, 1, 64, 65, 100, 4096, 4097, 1 << 20, 1<<30 + 1, pool.MaxSize} {
+		c, ok := pool.ClassOf(n)
+		require.True(t, ok, "ClassOf(%d)", n)
+		require.GreaterOrEqual(t, pool.ClassSize(c), n)
+		if c > 0 {
+			require.Less(t, pool.ClassSize(c-1), n, "ClassOf(%d) is the smallest that fits", n)
+		}
+	}
+	_, ok := pool.ClassOf(pool.MaxSize + 1)
+	require.False(t, ok)
+}
+
+func TestPoolReusesFreedSlots(t *testing.T) {
+	p := pool.New(64 << 20)
+	defer p.Close()
+	s, err := p.Alloc(1000, time.Time{})
+	require.NoError(t, err)
+	require.Len(t, s.Data(), 1024)
+	s.Data()[0] = 42
+	require.NoError(t, s.Release())
+	require.Error(t, s.Release(), "a count is given up once")
+	again, err := p.Alloc(1000, time.Time{})
+	require.NoError(t, err)
+	require.Equal(t, s.Index, again.Index, "the freed slot is reused")
+	require.Equal(t, s.Generation+1, again.Generation)
+	require.EqualValues(t, 42, again.Data()[0], "warm memory, not re-zeroed")
+	_, err = s.AddRef()
+	require.ErrorIs(t, err, pool.ErrStale, "a count on an older generation is refused")
+	st := p.Stats()
+	require.Equal(t, 1, st.Arenas)
+	require.EqualValues(t, 1, st.SlotsInUse)
+	require.NoError(t, again.Release())
+	require.EqualValues(t, 0, p.Stats().SlotsInUse)
+}
+
+func TestPoolFullWaitsOrFails(t *testing.T) {
+	const size = 1 << 20
+	p := pool.New(3 << 20) // room for the arenas of a few 1 MiB slots
+	defer p.Close()
+	var held []pool.Slot
+	for {
+		s, err := p.Alloc(size, time.Now())
+		if err != nil {
+			require.ErrorIs(t, err, pool.ErrFull)
+			require.ErrorIs(t, err, shm.ErrOutOfSharedMemory, "a full pool is out of shared memory to its callers")
+			require.Contains(t, err.Error(), pool.LimitEnv)
+			break
+		}
+		held = append(held, s)
+	}
+	require.NotEmpty(t, held)
+	released := make(chan error)
+	go func() {
+		time.Sleep(50 * time.Millisecond)
+		released <- held[0].Release()
+	}()
+	s, err := p.Alloc(size, time.Now().Add(5*time.Second))
+	require.NoError(t, err, "a slot freed while waiting is taken")
+	require.NoError(t, <-released)
+	for _, h := range append(held[1:], s) {
+		require.NoError(t, h.Release())
+	}
+	// Idle arenas of one class make room for another at the limit.
+	big, err := p.Alloc(2<<20, time.Now())
+	require.NoError(t, err)
+	require.NoError(t, big.Release())
+}
+
+func TestPoolTooLarge(t *testing.T) {
+	p := pool.New(1 << 30)
+	defer p.Close()
+	_, err := p.Alloc(pool.MaxSize+1, time.Time{})
+	require.ErrorIs(t, err, pool.ErrTooLarge)
+}
+
+func TestPoolFind(t *testing.T) {
+	p := pool.New(64 << 20)
+	defer p.Close()
+	s, err := p.Alloc(256, time.Time{})
+	require.NoError(t, err)
+	addr := uintptr(unsafe.Pointer(&s.Data()[16]))
+	found, off, ok := pool.Find(addr, 32)
+	require.True(t, ok)
+	require.EqualValues(t, 16, off)
+	require.Equal(t, s.Index, found.Index)
+	_, _, ok = pool.Find(addr, 1024)
+	require.False(t, ok, "a range past the slot is not in it")
+	require.NoError(t, found.Release())
+	require.NoError(t, s.Release())
+	_, _, ok = pool.Find(addr, 8)
+	require.False(t, ok, "a free slot holds nothing to find")
+}
+
+func init() {
+	helpers["slot-adopt"] = func(args []string) error {
+		index, _ := strconv.ParseUint(args[1], 10, 32)
+		gen, _ := strconv.ParseUint(args[2], 10, 32)
+		s, err := pool.Adopt(args[0], uint32(index), uint32(gen))
+		if err != nil {
+			return err
+		}
+		fmt.Println(s.Data()[3])
+		s.Data()[4] = 99
+		return s.Release()
+	}
+	helpers["slot-owner"] = func(args []string) error {
+		p := pool.New(64 << 20)
+		s, err := p.Alloc(100, time.Time{})
+		if err != nil {
+			return err
+		}
+		s.Data()[0] = 7
+		fmt.Println(s.Arena().Name(), s.Index, s.Generation)
+		_, err = shm.ReleaseAll() // exits as a process does: its counts go, its slot stays pinned
+		return err
+	}
+}
+
+func TestPoolSlotCrossesProcesses(t *testing.T) {
+	p := pool.New(64 << 20)
+	defer p.Close()
+	s, err := p.Alloc(64, time.Time{})
+	require.NoError(t, err)
+	s.Data()[3] = 11
+	sent, err := s.AddRef() // the count the message carries
+	require.NoError(t, err)
+	h := startHelper(t, "slot-adopt", sent.Arena().Name(), strconv.Itoa(int(sent.Index)), strconv.Itoa(int(sent.Generation)))
+	require.Equal(t, "11", h.readLine(t))
+	h.wait(t)
+	require.EqualValues(t, 99, s.Data()[4], "writes in the other process are seen here")
+	require.EqualValues(t, 1, p.Stats().SlotsInUse, "the receiver gave up the count it adopted")
+	require.NoError(t, s.Release())
+	require.EqualValues(t, 0, p.Stats().SlotsInUse)
+}
+
+func TestPoolArenaOutlivesItsOwner(t *testing.T) {
+	h := startHelper(t, "slot-owner")
+	var name string
+	var index, gen uint32
+	_, err := fmt.Sscan(h.readLine(t), &name, &index, &gen)
+	require.NoError(t, err)
+	h.wait(t)
+	require.True(t, exists(name), "a slot in use pins its arena after the owner left")
+	s, err := pool.Adopt(name, index, gen)
+	require.NoError(t, err)
+	require.EqualValues(t, 7, s.Data()[0])
+	require.NoError(t, s.Release())
+	require.False(t, exists(name), "the last slot released removes the arena")
+}

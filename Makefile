@@ -18,7 +18,7 @@ install: $(VENV)/.zctipc
 $(VENV)/.deps: constraints.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
-	$(PIP) install --quiet -c constraints.txt setuptools wheel cffi numpy pytest torch pyarrow
+	$(PIP) install --quiet -c constraints.txt setuptools wheel cffi numpy pytest pytest-timeout torch pyarrow
 	touch $@
 
 # The package, installed editable from python/: setup.py builds
@@ -36,15 +36,18 @@ gotest:
 	$(GO) test -race -count=1 ./...
 
 pytest: install
-	$(PY) -m pytest -q tests/python
+	$(PY) -m pytest -q --timeout=600 tests/python
 
 test: install vet gotest pytest
 
 demo: install
 	$(PY) benchmarks/demo.py
 
+# Benchmarks, with the peers that are installed for them only.
 bench: install
+	$(PIP) install --quiet -c constraints.txt faster-fifo
 	$(PY) benchmarks/bench_handoff.py --readme README.md
+	$(PY) benchmarks/bench_queue.py --readme README.md
 
 # Fuzz the header decoder, seeded from the golden vectors.
 fuzz:

@@ -8,18 +8,12 @@ package main
 
 /*
 #include <stdlib.h>
-#include "zctipc.h"
-#include "lasterror.h"
-
-// Const-qualified spellings, so that the prototypes cgo generates match the
-// hand-written ones in zctipc.h exactly.
-typedef const char zct_cchar;
-typedef const void zct_cvoid;
-typedef const int64_t zct_cint64;
+#include "internal.h"
 */
 import "C"
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"strings"
@@ -238,7 +232,9 @@ func zct_release_all(count *C.int64_t) (status C.int) {
 	if status, ok := enter(); !ok {
 		return status
 	}
+	rerr := releaseRefs() // first: slots pin arenas that ReleaseAll lets go
 	n, err := shm.ReleaseAll()
+	err = errors.Join(rerr, err)
 	if count != nil {
 		*count = C.int64_t(n)
 	}

@@ -47,3 +47,15 @@ func (t *table[T]) take(h uint64) (T, error) {
 	}
 	return v, nil
 }
+
+// drain empties the table and returns what it held.
+func (t *table[T]) drain() []T {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	out := make([]T, 0, len(t.m))
+	for h, v := range t.m {
+		out = append(out, v)
+		delete(t.m, h)
+	}
+	return out
+}

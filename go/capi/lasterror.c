@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "zctipc.h"
-#include "lasterror.h"
+#include "internal.h"
 
 #define MESSAGE_CAP 2048
 

@@ -2,7 +2,7 @@ package main
 
 /*
 #include "zctipc.h"
-#include "lasterror.h"
+#include "internal.h"
 */
 import "C"
 
@@ -15,7 +15,11 @@ import (
 	"unsafe"
 
 	"github.com/zctipc/zctipc/go/dtype"
+	"github.com/zctipc/zctipc/go/futex"
 	"github.com/zctipc/zctipc/go/header"
+	"github.com/zctipc/zctipc/go/message"
+	"github.com/zctipc/zctipc/go/pool"
+	"github.com/zctipc/zctipc/go/queue"
 	"github.com/zctipc/zctipc/go/shm"
 	"golang.org/x/sys/unix"
 )
@@ -28,6 +32,11 @@ var statuses = []struct {
 }{
 	{errBadHandle, C.ZCT_E_CLOSED},
 	{errRange, C.ZCT_E_RANGE},
+	{queue.ErrFull, C.ZCT_E_FULL},
+	{queue.ErrEmpty, C.ZCT_E_EMPTY},
+	{futex.ErrInterrupted, C.ZCT_E_INTERRUPTED},
+	{message.ErrMalformed, C.ZCT_E_CORRUPT},
+	{pool.ErrStale, C.ZCT_E_CORRUPT},
 	{shm.ErrClosed, C.ZCT_E_CLOSED},
 	{shm.ErrOutOfSharedMemory, C.ZCT_E_NO_SPACE},
 	{header.ErrNotZctipc, C.ZCT_E_NOT_ZCTIPC},

@@ -49,6 +49,9 @@ typedef enum zct_status {
     ZCT_E_DTYPE = -9,        /* an unknown dtype code */
     ZCT_E_CLOSED = -10,      /* the handle is closed or was never valid */
     ZCT_E_RANGE = -11,       /* an output buffer is too small; the needed size was written */
+    ZCT_E_FULL = -12,        /* a queue or the pool is full, and the timeout passed */
+    ZCT_E_EMPTY = -13,       /* a queue is empty, and the timeout passed */
+    ZCT_E_INTERRUPTED = -14, /* a signal arrived while waiting: run its handler, then call again */
     ZCT_E_OS = -20,          /* another operating-system error; see zct_last_errno() */
     ZCT_E_INTERNAL = -98,    /* a bug was caught; the library is now poisoned */
     ZCT_E_POISONED = -99     /* an earlier call failed with ZCT_E_INTERNAL */
@@ -83,6 +86,19 @@ typedef enum zct_dtype {
     ZCT_COMPLEX128 = 15
 } zct_dtype;
 
+/* What a ref's memory is. */
+typedef enum zct_ref_kind {
+    ZCT_REF_SEGMENT = 1,     /* the data of a tensor segment */
+    ZCT_REF_SLOT = 2         /* a slot of a pool arena */
+} zct_ref_kind;
+
+/* Queue record types. */
+typedef enum zct_record_type {
+    ZCT_RECORD_PICKLE = 1,   /* a pickle that refers to its views by index */
+    ZCT_RECORD_TENSOR = 2,   /* one view and no payload */
+    ZCT_RECORD_BYTES = 3     /* raw bytes and no view */
+} zct_record_type;
+
 typedef uint64_t zct_handle;
 
 /* What a segment header says, and where its data is mapped in this process. */
@@ -103,6 +119,30 @@ typedef struct zct_info {
     int32_t readonly;                /* 1 when data is mapped read-only */
     char name[ZCT_NAME_CAP];         /* full name, NUL-terminated */
 } zct_info;
+
+/* An array laid over a ref's memory. On put, ref, offset and the layout are
+   read; on get, every field is written. */
+typedef struct zct_view {
+    zct_handle ref;                  /* the count that holds the memory */
+    void *data;                      /* get: the array's first byte */
+    uint64_t offset;                 /* bytes from the start of the ref's memory */
+    uint64_t nbytes;                 /* get: bytes the array may touch */
+    int64_t shape[ZCT_MAX_NDIM];
+    int64_t strides[ZCT_MAX_NDIM];   /* in bytes, not negative */
+    int32_t dtype;
+    int32_t ndim;
+    int32_t kind;                    /* get: a zct_ref_kind */
+    int32_t flags;                   /* bits 0-1: the Python type to rebuild (0 NumPy, 1 torch, 2 SharedTensor) */
+} zct_view;
+
+/* The state of this process's pool. */
+typedef struct zct_pool_stats {
+    uint64_t arenas;
+    uint64_t reserved;               /* bytes of arena segments */
+    uint64_t limit;
+    uint64_t slots_in_use;           /* slots out of the free stacks, held here or anywhere */
+    uint64_t bytes_in_use;
+} zct_pool_stats;
 
 /* Library identity. */
 int zct_abi_version(void);           /* ZCT_ABI_VERSION of the library */
@@ -139,13 +179,79 @@ int zct_segment_stat(const char *name, zct_info *info);
    into buf. *len receives the length without the NUL; when cap is too
    small the call returns ZCT_E_RANGE and only *len is written. */
 int zct_segment_list(char *buf, uint64_t cap, uint64_t *len);
-/* Drop this process's count on every segment it holds, leaving mappings in
-   place (for process exit). *count receives how many were released. */
+/* Release every ref this process holds and drop its count on every segment
+   it holds, leaving mappings in place (for process exit). *count receives
+   how many segments were released. */
 int zct_release_all(int64_t *count);
 
 /* Validate a header held in memory, as zct_segment_attach validates the one
    it reads. file_size is the size of the file it came from. */
 int zct_header_decode(const void *buf, uint64_t len, uint64_t file_size, zct_info *info);
+
+/* Refs: counts on zctipc memory, the data of a tensor segment or a pool slot.
+   A ref is made by zct_ref_find or zct_pool_alloc and handed on by a put or
+   zct_ref_encode, or made by a get or zct_ref_decode; whoever has it either
+   hands it on or releases it, once. */
+
+/* If the nbytes at addr lie in zctipc memory this process maps, make a ref
+   with one more count on it; *offset receives addr's offset in the ref's
+   memory. Otherwise ZCT_E_NOT_FOUND. */
+int zct_ref_find(const void *addr, uint64_t nbytes, zct_handle *ref, uint64_t *offset);
+int zct_ref_release(zct_handle ref);
+/* Turn a segment ref into a segment handle (for SharedTensor); the ref is gone. */
+int zct_ref_segment(zct_handle ref, zct_handle *segment, zct_info *info);
+/* Encode a view of a ref as a descriptor (docs/format.md) into buf. On
+   success the ref's count travels in the bytes, and the ref is gone. */
+int zct_ref_encode(const zct_view *view, void *buf, uint64_t cap, uint64_t *len);
+/* Decode a descriptor made by zct_ref_encode, taking over its count. */
+int zct_ref_decode(const void *buf, uint64_t len, zct_view *view);
+
+/* The pool. timeout_ms: -1 waits for ever, 0 not at all. */
+/* A slot of at least nbytes, with one count, its bytes not zeroed; *size
+   receives its size. ZCT_E_INVALID above the largest size class. */
+int zct_pool_alloc(uint64_t nbytes, int64_t timeout_ms, zct_handle *ref, void **data, uint64_t *size);
+int zct_pool_stats_get(zct_pool_stats *stats);
+int zct_pool_set_limit(uint64_t bytes);
+
+/* Queues. */
+int zct_queue_create(const char *name, uint64_t capacity, uint64_t maxsize, zct_handle *queue);
+/* Attach a queue; with adopt, take over a count a message in flight carried. */
+int zct_queue_attach(const char *name, int32_t adopt, zct_handle *queue);
+/* The queue's name, ring bytes and most messages (0: no limit). */
+int zct_queue_describe(zct_handle queue, char *name, uint64_t cap, uint64_t *capacity, uint64_t *maxsize);
+/* Add one count to the queue for a message in flight (pickled handles). */
+int zct_queue_addref(zct_handle queue);
+int zct_queue_close(zct_handle queue);
+/* Append a record. On success the views' refs travel with it and are gone;
+   on failure they are left to the caller. */
+int zct_queue_put(zct_handle queue, int32_t type, const void *payload, uint64_t len,
+                  const zct_view *views, int32_t nviews, int64_t timeout_ms);
+/* Take the next record into buf: its type, where its payload lies in buf,
+   and its views, each holding a new ref. A record larger than cap or with
+   more than views_cap views stays in the queue: ZCT_E_RANGE, with the
+   needed sizes in *payload_len (record bytes) and *nviews. */
+int zct_queue_get(zct_handle queue, void *buf, uint64_t cap, int64_t timeout_ms,
+                  int32_t *type, uint64_t *payload_offset, uint64_t *payload_len,
+                  zct_view *views, int32_t views_cap, int32_t *nviews);
+/* Append count records of one type without views, their payloads laid end
+   to end in data, payload i ending at ends[i]: the first when it fits
+   (waiting as zct_queue_put does), then as many more as fit at once.
+   *written receives how many were appended. */
+int zct_queue_put_many(zct_handle queue, int32_t type, const void *data, const uint64_t *ends,
+                       int32_t count, int64_t timeout_ms, int32_t *written);
+/* Take up to max_records records into buf, end to end as they lie in the
+   queue (docs/format.md): the first when there is one (waiting as
+   zct_queue_get does), then those that follow while they fit in buf and
+   their views in views. *records and *filled receive how many records and
+   bytes; views the views of all their descriptors, in order, each holding a
+   new ref. A first record that does not fit: ZCT_E_RANGE, as for
+   zct_queue_get. */
+int zct_queue_get_many(zct_handle queue, void *buf, uint64_t cap, int32_t max_records, int64_t timeout_ms,
+                       int32_t *records, uint64_t *filled, zct_view *views, int32_t views_cap, int32_t *nviews);
+int zct_queue_len(zct_handle queue, int64_t *items, int64_t *unfinished);
+int zct_queue_task_done(zct_handle queue);
+/* Wait until every message put was marked done; ZCT_E_FULL at the timeout. */
+int zct_queue_join(zct_handle queue, int64_t timeout_ms);
 
 /* END CDEF */
 

@@ -78,7 +78,7 @@ var (
 	// system is full) and no slot of the class was freed in time.
 	ErrFull = fmt.Errorf("pool is full: %w", shm.ErrOutOfSharedMemory)
 	// ErrTooLarge means the buffer is larger than the largest class.
-	ErrTooLarge = errors.New("buffer is larger than the largest pool class")
+	ErrTooLarge = fmt.Errorf("buffer is larger than the largest pool class: %w", unix.EINVAL)
 	// ErrStale means a slot was freed, or handed out again, since the
 	// reference to it was made.
 	ErrStale = errors.New("stale slot reference")

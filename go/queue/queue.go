@@ -50,18 +50,28 @@ var (
 	ErrTaskDone = fmt.Errorf("task_done() called too many times: %w", unix.EINVAL)
 )
 
-// RangeError says that a record did not fit the caller's buffer; it was
-// left in the queue.
-type RangeError struct{ Need int }
+// RangeError says that a record did not fit the caller's buffer, or had
+// more descriptors than the caller takes; it was left in the queue.
+type RangeError struct{ Need, Descriptors int }
 
 func (e *RangeError) Error() string {
-	return fmt.Sprintf("the next message needs a %d-byte buffer", e.Need)
+	return fmt.Sprintf("the next message needs a %d-byte buffer and room for %d descriptors", e.Need, e.Descriptors)
 }
 
 // Limits of the ring.
 const (
 	MinCapacity = 4 << 10
 	MaxCapacity = 1 << 30
+)
+
+const (
+	// spinFor is how long a waiter keeps looking before it sleeps: a
+	// message that comes within it is taken without a wake-up call, which
+	// costs the sender a system call and the receiver a trip through the
+	// scheduler.
+	spinFor = 50 * time.Microsecond
+	// recheckEvery bounds one sleep of a waiter.
+	recheckEvery = time.Second
 )
 
 // Layout of a queue segment's data region (docs/format.md).
@@ -92,7 +102,16 @@ type Queue struct {
 	maxItems uint32
 	putLock  lock.Mutex
 	getLock  lock.Mutex
+	// interruptible makes a wait return ErrInterrupted on a signal, for
+	// hosts (Python) that must run their signal handlers; otherwise a
+	// signal (the Go runtime's own preemption signals, say) is waited out.
+	interruptible bool
 }
+
+// SetInterruptible says whether a signal during a wait ends the call with
+// ErrInterrupted (for a host that must run its handlers) or is waited out
+// (the default).
+func (q *Queue) SetInterruptible(on bool) { q.interruptible = on }
 
 // Create makes a queue segment whose ring holds capacity bytes (rounded up
 // to a power of two) and at most maxItems messages (0: no limit). An empty
@@ -191,84 +210,152 @@ func (q *Queue) Unfinished() int {
 // is zero; not at all when it has passed). It returns ErrFull when there is
 // no room by then, and ErrTooLarge when the record can never fit.
 func (q *Queue) Put(rec *message.Record, deadline time.Time) error {
-	size := uint32(rec.Size())
-	if uint64(rec.Size()) > uint64(q.capacity) {
-		return fmt.Errorf("a message of %d bytes in a queue of %d: %w", rec.Size(), q.capacity, ErrTooLarge)
+	_, err := q.PutMany([]*message.Record{rec}, deadline)
+	return err
+}
+
+// PutMany appends records in order: it waits, as Put does, for room for the
+// first, then appends as many of the others as fit at once, commits them
+// with one store, and returns how many it appended.
+func (q *Queue) PutMany(recs []*message.Record, deadline time.Time) (int, error) {
+	if len(recs) == 0 {
+		return 0, nil
+	}
+	for _, rec := range recs {
+		if uint64(rec.Size()) > uint64(q.capacity) {
+			return 0, fmt.Errorf("a message of %d bytes in a queue of %d: %w", rec.Size(), q.capacity, ErrTooLarge)
+		}
 	}
 	if err := q.lock(q.putLock, deadline, ErrFull); err != nil {
-		return err
+		return 0, err
 	}
-	var puts, tail, waste uint32
+	var puts, tail, gets, head uint32
 	for {
 		seen := atomic.LoadUint32(q.u32(offSpaceSeq))
 		puts, tail = split(atomic.LoadUint64(q.u64(offTail)))
-		gets, head := split(atomic.LoadUint64(q.u64(offHead)))
-		waste = 0
-		if pos := tail & q.mask; pos+size > q.capacity {
-			waste = q.capacity - pos
-		}
-		room := tail-head+waste+size <= q.capacity && (q.maxItems == 0 || puts-gets < q.maxItems)
-		if room {
+		gets, head = split(atomic.LoadUint64(q.u64(offHead)))
+		if _, ok := q.room(tail, head, puts-gets, uint32(recs[0].Size())); ok {
 			break
 		}
 		if err := q.wait(q.putLock, offSpaceSeq, offSpaceWaiters, seen, deadline, ErrFull); err != nil {
-			return err
-		}
-	}
-	if waste > 0 {
-		*(*uint32)(unsafe.Pointer(&q.ring[tail&q.mask])) = message.WrapMarker
-		tail += waste
-	}
-	pos := tail & q.mask
-	rec.Encode(q.ring[pos : pos+size])
-	atomic.StoreUint64(q.u64(offTail), uint64(puts+1)<<32|uint64(tail+size)) // commit
-	if err := q.putLock.Unlock(); err != nil {
-		return err
-	}
-	return q.signal(offDataSeq, offDataWaiters, 1)
-}
-
-// Get takes the next record into buf and returns its size, waiting until
-// deadline as Put does (ErrEmpty). A record larger than buf is left in the
-// queue and reported as a *RangeError.
-func (q *Queue) Get(buf []byte, deadline time.Time) (int, error) {
-	if err := q.lock(q.getLock, deadline, ErrEmpty); err != nil {
-		return 0, err
-	}
-	var gets, head, size uint32
-	for {
-		seen := atomic.LoadUint32(q.u32(offDataSeq))
-		gets, head = split(atomic.LoadUint64(q.u64(offHead)))
-		_, tail := split(atomic.LoadUint64(q.u64(offTail)))
-		if head != tail {
-			pos := head & q.mask
-			size = *(*uint32)(unsafe.Pointer(&q.ring[pos]))
-			if size == message.WrapMarker {
-				head += q.capacity - pos
-				size = *(*uint32)(unsafe.Pointer(&q.ring[0]))
-			}
-			if size < message.RecordHeaderSize || size%8 != 0 || size > tail-head || (head&q.mask)+size > q.capacity {
-				// A record that cannot be one: drop everything up to the
-				// tail rather than read out of bounds.
-				atomic.StoreUint64(q.u64(offHead), uint64(gets)<<32|uint64(tail))
-				return 0, errors.Join(fmt.Errorf("queue %q: %w: a record of %d bytes", q.seg.Name(), header.ErrCorrupt, size), q.getLock.Unlock())
-			}
-			break
-		}
-		if err := q.wait(q.getLock, offDataSeq, offDataWaiters, seen, deadline, ErrEmpty); err != nil {
 			return 0, err
 		}
 	}
-	if int(size) > len(buf) {
-		return 0, errors.Join(&RangeError{Need: int(size)}, q.getLock.Unlock())
+	n := 0
+	for n < len(recs) {
+		size := uint32(recs[n].Size())
+		waste, ok := q.room(tail, head, puts+uint32(n)-gets, size)
+		if !ok {
+			break
+		}
+		if waste > 0 {
+			*(*uint32)(unsafe.Pointer(&q.ring[tail&q.mask])) = message.WrapMarker
+			tail += waste
+		}
+		pos := tail & q.mask
+		recs[n].Encode(q.ring[pos : pos+size])
+		tail += size
+		n++
 	}
-	pos := head & q.mask
-	copy(buf, q.ring[pos:pos+size])
-	atomic.StoreUint64(q.u64(offHead), uint64(gets+1)<<32|uint64(head+size)) // commit
-	if err := q.getLock.Unlock(); err != nil {
+	atomic.StoreUint64(q.u64(offTail), uint64(puts+uint32(n))<<32|uint64(tail)) // commit
+	if err := q.putLock.Unlock(); err != nil {
+		return n, err
+	}
+	// Wake a consumer when the queue was empty; one that then leaves
+	// messages behind wakes the next (see GetMany), so a busy queue makes
+	// no wake-up call per message. gets may have moved since: waking when
+	// it need not is harmless.
+	if gets, _ := split(atomic.LoadUint64(q.u64(offHead))); gets == puts {
+		return n, q.signal(offDataSeq, offDataWaiters, 1)
+	}
+	atomic.AddUint32(q.u32(offDataSeq), 1)
+	return n, nil
+}
+
+// room reports whether a record of size fits after tail, with items
+// messages in the queue, and the bytes it wastes by wrapping around.
+func (q *Queue) room(tail, head, items, size uint32) (uint32, bool) {
+	waste := uint32(0)
+	if pos := tail & q.mask; pos+size > q.capacity {
+		waste = q.capacity - pos
+	}
+	return waste, tail-head+waste+size <= q.capacity && (q.maxItems == 0 || items < q.maxItems)
+}
+
+// Get takes the next record into buf and returns its size, waiting until
+// deadline as Put does (ErrEmpty). A record larger than buf, or with more
+// than maxDescriptors descriptors, is left in the queue and reported as a
+// *RangeError.
+func (q *Queue) Get(buf []byte, maxDescriptors int, deadline time.Time) (int, error) {
+	n, size, err := q.GetMany(buf, 1, maxDescriptors, deadline)
+	if n == 0 {
 		return 0, err
 	}
-	return int(size), q.signal(offSpaceSeq, offSpaceWaiters, 1)
+	return size, err
+}
+
+// GetMany takes records into buf, one after another: it waits, as Get does,
+// for the first, then takes up to maxRecords in all while they fit in buf
+// and hold maxDescriptors descriptors in all, and commits them with one
+// store. It returns how many records it took and the bytes they fill. A
+// first record that does not fit is left and reported as a *RangeError.
+func (q *Queue) GetMany(buf []byte, maxRecords, maxDescriptors int, deadline time.Time) (int, int, error) {
+	if err := q.lock(q.getLock, deadline, ErrEmpty); err != nil {
+		return 0, 0, err
+	}
+	var gets, head, tail uint32
+	for {
+		seen := atomic.LoadUint32(q.u32(offDataSeq))
+		gets, head = split(atomic.LoadUint64(q.u64(offHead)))
+		_, tail = split(atomic.LoadUint64(q.u64(offTail)))
+		if head != tail {
+			break
+		}
+		if err := q.wait(q.getLock, offDataSeq, offDataWaiters, seen, deadline, ErrEmpty); err != nil {
+			return 0, 0, err
+		}
+	}
+	n, filled, descriptors := 0, 0, 0
+	for n < maxRecords && head != tail {
+		pos := head & q.mask
+		size := *(*uint32)(unsafe.Pointer(&q.ring[pos]))
+		wrapped := head
+		if size == message.WrapMarker {
+			wrapped += q.capacity - pos
+			pos = 0
+			size = *(*uint32)(unsafe.Pointer(&q.ring[0]))
+		}
+		if size < message.RecordHeaderSize || size%8 != 0 || size > tail-wrapped || pos+size > q.capacity {
+			// A record that cannot be one: drop everything up to the tail
+			// rather than read out of bounds.
+			atomic.StoreUint64(q.u64(offHead), uint64(gets+uint32(n))<<32|uint64(tail))
+			return n, filled, errors.Join(fmt.Errorf("queue %q: %w: a record of %d bytes", q.seg.Name(), header.ErrCorrupt, size), q.getLock.Unlock())
+		}
+		ndesc := int(*(*uint16)(unsafe.Pointer(&q.ring[pos+6])))
+		if filled+int(size) > len(buf) || descriptors+ndesc > maxDescriptors {
+			if n == 0 {
+				return 0, 0, errors.Join(&RangeError{Need: int(size), Descriptors: ndesc}, q.getLock.Unlock())
+			}
+			break
+		}
+		copy(buf[filled:], q.ring[pos:pos+size])
+		filled += int(size)
+		descriptors += ndesc
+		head = wrapped + size
+		n++
+	}
+	atomic.StoreUint64(q.u64(offHead), uint64(gets+uint32(n))<<32|uint64(head)) // commit
+	if err := q.getLock.Unlock(); err != nil {
+		return n, filled, err
+	}
+	// Messages left behind: wake the next waiting consumer (the cascade of
+	// PutMany's single wake-up).
+	if puts, _ := split(atomic.LoadUint64(q.u64(offTail))); puts != gets+uint32(n) {
+		if err := q.signal(offDataSeq, offDataWaiters, 1); err != nil {
+			return n, filled, err
+		}
+	}
+	return n, filled, q.signal(offSpaceSeq, offSpaceWaiters, 1)
 }
 
 // TaskDone marks one message done, for Join.
@@ -329,19 +416,38 @@ func (q *Queue) wait(m lock.Mutex, seqOff, waitersOff int, seen uint32, deadline
 	return q.lock(m, deadline, timeoutErr)
 }
 
-// sleep waits for the sequence word at seqOff to move from seen.
+// sleep waits for the sequence word at seqOff to move from seen, after a
+// short spin, and for at most recheckEvery: a wake-up meant for a consumer
+// that was killed before passing it on is then made up for.
 func (q *Queue) sleep(seqOff, waitersOff int, seen uint32, deadline time.Time, timeoutErr error) error {
-	timeout := time.Duration(-1)
+	spinUntil := time.Now().Add(spinFor)
+	for i := 0; ; i++ {
+		if atomic.LoadUint32(q.u32(seqOff)) != seen {
+			return nil
+		}
+		if i%64 == 63 && time.Now().After(spinUntil) {
+			break
+		}
+	}
+	timeout := recheckEvery
 	if !deadline.IsZero() {
-		if timeout = time.Until(deadline); timeout <= 0 {
+		left := time.Until(deadline)
+		if left <= 0 {
 			return timeoutErr
 		}
+		timeout = min(timeout, left)
 	}
 	atomic.AddUint32(q.u32(waitersOff), 1)
 	err := futex.Wait(q.u32(seqOff), seen, timeout)
 	atomic.AddUint32(q.u32(waitersOff), ^uint32(0))
-	if errors.Is(err, futex.ErrTimeout) {
-		return timeoutErr
+	switch {
+	case errors.Is(err, futex.ErrTimeout):
+		if !deadline.IsZero() && !time.Now().Before(deadline) {
+			return timeoutErr
+		}
+		return nil // re-check the queue
+	case errors.Is(err, futex.ErrInterrupted) && !q.interruptible:
+		return nil
 	}
 	return err
 }

@@ -9,14 +9,32 @@ descriptors of shared memory instead of pickled copies::
     # in another process:
     a = zctipc.attach_shared_tensor("frames").numpy()   # a view, no copy
 
+Queues move whole objects, with the arrays and tensors inside them as
+descriptors::
+
+    q = zctipc.Queue()                       # multiprocessing.Queue's API
+    q.put({"frame": np.zeros((1080, 1920, 3), np.uint8), "id": 7})
+
+zctipc also stands in for multiprocessing (``import zctipc as
+multiprocessing``), with forkserver as its start method.
+
 Importing zctipc loads no native code: the Go library is loaded on first use.
 """
 
-from . import errors, tensor
-from .context import get_context
+from . import context, errors, pool, queues, reductions, tensor
 from .errors import *  # noqa: F401,F403  (each name is in errors.__all__)
+from .pool import *  # noqa: F401,F403
+from .queues import DEFAULT_MAX_BYTES
+from .reductions import *  # noqa: F401,F403
 from .tensor import *  # noqa: F401,F403  (each name is in tensor.__all__)
 from .tensor import list_segments
+
+# The multiprocessing names, for ``import zctipc as multiprocessing``:
+# Process, Queue, SimpleQueue, JoinableQueue, Pool, Pipe, Lock, Event, ...
+# (context.MULTIPROCESSING_NAMES lists them all).
+globals().update(context.namespace())
+
+reductions.init_reductions()
 
 try:
     from importlib.metadata import PackageNotFoundError, version as _version
@@ -28,4 +46,5 @@ except PackageNotFoundError:  # running from a source tree that was never instal
 #: The name zero-copy-tensor-ipc used for list_segments.
 list_active_segments = list_segments
 
-__all__ = tensor.__all__ + ["list_active_segments", "get_context"] + errors.__all__
+__all__ = (tensor.__all__ + pool.__all__ + reductions.__all__ + ["list_active_segments", "DEFAULT_MAX_BYTES"]
+           + context.MULTIPROCESSING_NAMES + errors.__all__)

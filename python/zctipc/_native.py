@@ -14,6 +14,8 @@ another build to use instead.
 import atexit
 import errno as _errno
 import os
+import queue as _queue
+import signal
 import sys
 import threading
 
@@ -90,7 +92,7 @@ def _load():
                 f"zctipc's native library is not built or not found ({exc}); build it with `make install`, "
                 f"or point {LIBRARY_ENV} at a libzctipc.so"
             ) from exc
-        library = _zctipc_cffi.lib
+        library = _FastLib(_zctipc_cffi.ffi, _zctipc_cffi.lib)
         got = library.zct_abi_version()
         if got != ABI_VERSION:
             raise ImportError(
@@ -123,13 +125,50 @@ def _refuse_in_fork_server():
         )
 
 
+class _FastLib:
+    """The library's functions and constants as plain attributes: looking a
+    name up on the cffi module costs more than many of the calls do."""
+
+    def __init__(self, ffi, lib):
+        for name in dir(lib):
+            setattr(self, name, getattr(lib, name))
+        self.NULL_VIEWS = ffi.cast("zct_view *", 0)
+
+
+class _ExitHook:
+    """Re-registers release_all with multiprocessing after a child process
+    starts: Process._bootstrap clears the finalizers that unpickling its
+    arguments (which may load the library) registered."""
+
+
+_exit_hook = _ExitHook()
+
+
 def _register_exit():
     # atexit covers the main process and spawn children; forkserver children
     # leave through os._exit, so multiprocessing's finalizers cover them.
     atexit.register(release_all)
     from multiprocessing import util
 
-    util.Finalize(None, release_all, exitpriority=-100)
+    def finalize(_=None):
+        util.Finalize(None, release_all, exitpriority=-100)
+
+    finalize()
+    util.register_after_fork(_exit_hook, finalize)
+    # SIGTERM (Pool.terminate, a scheduler's stop) kills without running any
+    # of that: let go first, then die of it as before. Only where nobody
+    # handles SIGTERM yet, and only from the main thread, which Python
+    # requires. SIGKILL is the cleanup daemon's to repair.
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _release_and_die)
+
+
+def _release_and_die(signum, frame):
+    try:
+        release_all()
+    finally:
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
 
 
 def release_all():
@@ -151,12 +190,35 @@ def close_handle(handle):
         return
     status = library.zct_segment_close(handle)
     if status != 0:
-        exc = error(status)
-        sys.stderr.write(f"zctipc: closing a segment handle failed: {exc}\n")
+        report_finalizer_error("closing a segment handle", status)
 
+
+E_CLOSED = -10
+
+
+def report_finalizer_error(what, status):
+    """Say on stderr that a finalizer failed: it cannot raise. A handle that
+    release_all already gave up (at exit, or cleanup_all_segments) is not a
+    failure."""
+    if status != E_CLOSED:
+        sys.stderr.write(f"zctipc: {what} failed: {error(status)}\n")
+
+
+# Status codes of zctipc.h that callers branch on (tests check them against
+# the library's enum).
+OK = 0
+E_INVALID = -1
+E_NOT_FOUND = -2
+E_NO_SPACE = -8
+E_RANGE = -11
+E_FULL = -12
+E_EMPTY = -13
+E_INTERRUPTED = -14
 
 # Status codes of zctipc.h and the exceptions they become.
 _EXCEPTIONS = {
+    E_FULL: _queue.Full,
+    E_EMPTY: _queue.Empty,
     -1: errors.InvalidArgument,
     -2: errors.SegmentNotFound,
     -3: errors.SegmentExists,
@@ -186,6 +248,8 @@ def error(status):
     library kept for this thread."""
     message = _ffi.string(_lib.zct_last_error()).decode("utf-8", "replace")
     cls = _EXCEPTIONS.get(status, errors.ZctipcError)
+    if status == E_INTERRUPTED:
+        return InterruptedError(message)
     if issubclass(cls, OSError):
         code = _lib.zct_last_errno() or _DEFAULT_ERRNO.get(cls, 0)
         return cls(code, message)

@@ -8,12 +8,11 @@ process to let go unlinks it from /dev/shm.
 """
 
 import operator
-import warnings
 from typing import NamedTuple, Optional, Tuple
 
 import numpy as np
 
-from . import _dtypes, _native
+from . import _dtypes, _native, _views
 from .errors import HandleClosed, InvalidArgument, SegmentNotFound
 
 __all__ = [
@@ -21,7 +20,6 @@ __all__ = [
     "SegmentInfo",
     "create_shared_tensor",
     "attach_shared_tensor",
-    "empty",
     "share",
     "list_segments",
     "cleanup_all_segments",
@@ -62,7 +60,7 @@ class SharedTensor:
         self._readonly = bool(info.readonly)
         # The handle closes when this pointer is collected: it is held by the
         # SharedTensor and, through the buffers, by every view.
-        self._memory = ffi.gc(ffi.cast("char *", info.data), lambda _, h=handle: _native.close_handle(h))
+        self._memory = _views.owner(info.data, _native.close_handle, handle)
         return self
 
     # -- description ------------------------------------------------------
@@ -128,24 +126,12 @@ class SharedTensor:
 
     def numpy(self) -> np.ndarray:
         """A NumPy array that is a view of the shared memory (no copy)."""
-        return _ndarray(self._live(), self._nbytes, _dtypes.numpy_dtype(self._code), self._shape, self._strides, self._readonly)
+        return _views.ndarray(self._live(), self._nbytes, _dtypes.numpy_dtype(self._code), self._shape, self._strides, self._readonly)
 
     def torch(self):
         """A CPU torch tensor that is a view of the shared memory (no copy)."""
-        import torch
-
-        arr = _ndarray(self._live(), self._nbytes, _dtypes.storage_dtype(self._code), self._shape, self._strides, self._readonly)
-        if self._readonly:
-            # torch has no read-only tensors and warns; the mapping itself
-            # is PROT_READ, so a write through the tensor faults.
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", UserWarning)
-                tensor = torch.from_numpy(arr)
-        else:
-            tensor = torch.from_numpy(arr)
-        if self._code == _dtypes.BFLOAT16:
-            tensor = tensor.view(torch.bfloat16)
-        return tensor
+        arr = _views.ndarray(self._live(), self._nbytes, _dtypes.storage_dtype(self._code), self._shape, self._strides, self._readonly)
+        return _views.tensor(arr, self._code, self._readonly)
 
     def __array__(self, dtype=None, copy=None):
         arr = self.numpy()
@@ -192,16 +178,6 @@ class SharedTensor:
         if memory is None:
             raise HandleClosed(f"SharedTensor {self._name!r} is closed")
         return memory
-
-
-def _ndarray(memory, nbytes, dtype, shape, strides, readonly):
-    buffer = _native.ffi().buffer(memory, nbytes)
-    if readonly:
-        # np.ndarray(buffer=...) would keep the writable object beneath a
-        # read-only memoryview as its base, and let writeable be set back to
-        # True; a uint8 array over the memoryview keeps the refusal.
-        buffer = np.frombuffer(memoryview(buffer).toreadonly(), dtype=np.uint8)
-    return np.ndarray(shape, dtype=dtype, buffer=buffer, strides=strides)
 
 
 def _cname(name):
@@ -303,14 +279,6 @@ def attach_shared_tensor(name, readonly=False) -> SharedTensor:
     info = ffi.new("zct_info *")
     _native.check(lib.zct_segment_attach(_cname(name), _KIND_TENSOR, 1 if readonly else 0, handle, info))
     return SharedTensor._wrap(handle[0], info)
-
-
-def empty(shape, dtype=np.float32):
-    """A new zeroed array in shared memory: a NumPy array, or a torch tensor
-    when ``dtype`` is a torch dtype. The array holds its segment."""
-    code = _dtypes.code_of(dtype)
-    tensor = _create(None, code, _shape_tuple(shape))
-    return tensor.torch() if type(dtype).__module__ == "torch" else tensor.numpy()
 
 
 def share(array):

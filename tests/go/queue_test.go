@@ -27,7 +27,7 @@ func bytesRecord(payload []byte) *message.Record {
 func get(t *testing.T, q *queue.Queue, deadline time.Time) ([]byte, error) {
 	t.Helper()
 	buf := make([]byte, q.Capacity())
-	n, err := q.Get(buf, deadline)
+	n, err := q.Get(buf, message.MaxDescriptors, deadline)
 	if err != nil {
 		return nil, err
 	}
@@ -81,7 +81,7 @@ func TestQueueFullAndEmpty(t *testing.T) {
 	require.ErrorIs(t, q.Put(bytesRecord(big), time.Now()), queue.ErrTooLarge)
 
 	small := make([]byte, 8)
-	_, err = q.Get(small, time.Now())
+	_, err = q.Get(small, 0, time.Now())
 	var re *queue.RangeError
 	require.ErrorAs(t, err, &re)
 	require.Equal(t, 24, re.Need)
@@ -93,7 +93,7 @@ func TestQueueBlockedGetWakesOnPut(t *testing.T) {
 	got := make(chan []byte)
 	go func() {
 		buf := make([]byte, 4096)
-		n, err := q.Get(buf, time.Time{})
+		n, err := q.Get(buf, 0, time.Time{})
 		if err != nil {
 			got <- nil
 			return
@@ -160,7 +160,7 @@ func init() {
 		}
 		buf := make([]byte, q.Capacity())
 		for {
-			n, err := q.Get(buf, time.Time{})
+			n, err := q.Get(buf, 0, time.Time{})
 			if err != nil {
 				return err
 			}
@@ -203,7 +203,7 @@ func init() {
 			return err
 		}
 		fmt.Println("waiting")
-		_, err = q.Get(make([]byte, 4096), time.Time{})
+		_, err = q.Get(make([]byte, 4096), 0, time.Time{})
 		return err
 	}
 }
@@ -301,4 +301,45 @@ func TestQueueRefusesBadSizes(t *testing.T) {
 	require.True(t, errors.Is(err, syscall.EINVAL))
 	q := mustQueue(t, 100, 0)
 	require.Equal(t, queue.MinCapacity, q.Capacity(), "rounded up to the minimum")
+}
+
+func TestQueueBatches(t *testing.T) {
+	q := mustQueue(t, 4096, 0)
+	var recs []*message.Record
+	for i := range 200 {
+		recs = append(recs, bytesRecord([]byte{byte(i), 1, 2, 3, 4, 5, 6, 7, 8}))
+	}
+	n, err := q.PutMany(recs, time.Time{})
+	require.NoError(t, err)
+	require.Less(t, n, 200, "a 4 KiB ring does not hold 200 records of 32 bytes")
+	require.Positive(t, n)
+	require.Equal(t, n, q.Len())
+
+	buf := make([]byte, 4096)
+	got, filled, err := q.GetMany(buf, 10, 0, time.Time{})
+	require.NoError(t, err)
+	require.Equal(t, 10, got)
+	at := 0
+	for i := range got {
+		size := int(binary.LittleEndian.Uint32(buf[at:]))
+		rec, err := message.DecodeRecord(buf[at : at+size])
+		require.NoError(t, err)
+		require.EqualValues(t, i, rec.Payload[0])
+		at += size
+	}
+	require.Equal(t, filled, at)
+
+	rest, _, err := q.GetMany(buf, 1000, 0, time.Now())
+	require.NoError(t, err)
+	require.Equal(t, n-10, rest)
+	_, _, err = q.GetMany(buf, 1000, 0, time.Now())
+	require.ErrorIs(t, err, queue.ErrEmpty)
+
+	// The rest goes in once there is room again, in order.
+	m, err := q.PutMany(recs[n:], time.Time{})
+	require.NoError(t, err)
+	payload, err := get(t, q, time.Time{})
+	require.NoError(t, err)
+	require.EqualValues(t, n, payload[0])
+	require.Positive(t, m)
 }

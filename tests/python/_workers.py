@@ -83,3 +83,140 @@ def attach_twice(name):
     refcount = second.refcount
     second.close()
     return address == again, refcount
+
+
+def produce(q, producer, n):
+    """Put (producer, i) for i in range(n)."""
+    for i in range(n):
+        q.put((producer, i))
+
+
+def consume_until_none(q, producers):
+    """Take messages until None; check that each producer's come in order;
+    return how many of each producer's were taken."""
+    last = [-1] * producers
+    counts = [0] * producers
+    while (m := q.get()) is not None:
+        p, i = m
+        if i <= last[p]:
+            raise AssertionError(f"producer {p}: message {i} after {last[p]}")
+        last[p] = i
+        counts[p] += 1
+    return counts
+
+
+def echo(inq, outq, n):
+    """Take n objects and put each back."""
+    for _ in range(n):
+        outq.put(inq.get())
+
+
+def modify_tensor(q, done):
+    """Take a tensor and a plain array, and write into both."""
+    t, a = q.get()
+    t += 100
+    a[0] = -1
+    done.put((type(t).__name__, bool(__import__("zctipc").is_shared(t))))
+
+
+def getter_pid(q):
+    """Say our pid, then take messages one by one, writing each id to
+    stdout as soon as it is taken (the parent kills us at random)."""
+    import sys
+
+    print("ready", flush=True)
+    while True:
+        m = q.get()
+        sys.stdout.write(f"{m['id']}\n")
+        sys.stdout.flush()
+
+
+def put_arrays(q, n, nbytes):
+    """Put n messages, each a dict with an id and an array of nbytes."""
+    import numpy as np
+
+    for i in range(n):
+        q.put({"id": i, "data": np.full(nbytes, i % 251, dtype=np.uint8)})
+
+
+def pool_in_use():
+    import zctipc
+
+    return zctipc.pool_stats().slots_in_use
+
+
+def return_shared(n):
+    """A Pool task: an array in zctipc memory as the result."""
+    import zctipc
+
+    a = zctipc.empty(n, "int64")
+    a[:] = 3
+    return a
+
+
+def sum_and_is_shared(a):
+    import zctipc
+
+    return int(a.sum()), bool(zctipc.is_shared(a))
+
+
+def read_from_pipe(conn):
+    """Take an array from a Pipe, say whether it is shared, and write 9 into it."""
+    import zctipc
+
+    a = conn.recv()
+    shared = zctipc.is_shared(a)
+    a[0] = 9
+    conn.send(shared)
+
+
+def killed_consumers_scenario(total=300, kills=12, seed=7):
+    """Consumers are SIGKILLed at random moments while they take messages
+    holding arrays. Prints a JSON report: what was lost, what came twice,
+    whether the queue still works, and the leak report."""
+    import json
+    import pickle
+    import queue
+    import random
+    import signal
+    import subprocess
+    import sys
+    import time
+    from multiprocessing import context as mpc
+
+    import zctipc
+
+    q = zctipc.Queue()
+    put_arrays(q, total, 5000)
+    seen, rng = set(), random.Random(seed)
+    code = "import sys, pickle, _workers; _workers.getter_pid(pickle.loads(bytes.fromhex(sys.argv[1])))"
+    for _ in range(kills):
+        mpc.set_spawning_popen(object())  # hand the queue over as to a spawned child
+        try:
+            payload = pickle.dumps(q).hex()
+        finally:
+            mpc.set_spawning_popen(None)
+        child = subprocess.Popen([sys.executable, "-c", code, payload], stdout=subprocess.PIPE, text=True)
+        assert child.stdout.readline().strip() == "ready"
+        time.sleep(rng.uniform(0.001, 0.02))
+        child.send_signal(signal.SIGKILL)
+        out, _ = child.communicate()
+        seen.update(int(line) for line in out.split())
+    rest = []
+    while True:
+        try:
+            rest.append(q.get(timeout=0.5)["id"])
+        except queue.Empty:
+            break
+    q.put("alive")
+    alive = q.get(timeout=5) == "alive"
+    import gc
+
+    gc.collect()
+    print(json.dumps({
+        "lost": sorted(set(range(total)) - seen - set(rest)),
+        "twice": sorted(seen & set(rest)) + [i for i in set(rest) if rest.count(i) > 1],
+        "alive": alive,
+        "leaked_slots": zctipc.pool_stats().slots_in_use,
+        "queue": q._name,
+    }))

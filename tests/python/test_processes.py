@@ -2,6 +2,7 @@
 
 import multiprocessing
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -162,3 +163,25 @@ def test_a_consumer_reuses_its_mapping_of_a_segment_it_sees_again(ctx, segname):
         assert refcount == 2
         assert t.refcount == 1, "a cached mapping holds no count"
     assert not segment_exists(segname), "and does not keep the segment alive"
+
+
+def test_sigterm_lets_go_before_dying():
+    """Pool.terminate() and schedulers stop processes with SIGTERM: a
+    process that uses zctipc lets go of what it holds, then dies of it."""
+    code = textwrap.dedent("""
+        import os, signal, time, zctipc, numpy as np
+        q = zctipc.Queue()
+        kept = zctipc.empty(1000)
+        t = zctipc.create_shared_tensor(data=np.arange(3))
+        q.put(np.ones(10))           # a pool slot in flight in the queue
+        print(q._name, t.name, flush=True)
+        time.sleep(60)
+    """)
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    names = child.stdout.readline().split()
+    assert all(segment_exists(n) for n in names)
+    child.send_signal(signal.SIGTERM)
+    child.wait(30)
+    assert child.returncode == -signal.SIGTERM, "it still dies of SIGTERM"
+    assert not any(segment_exists(n) for n in names)
+    assert not [s for s in zctipc.list_segments() if s.creator_pid == child.pid]

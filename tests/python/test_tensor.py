@@ -159,9 +159,10 @@ def test_create_from_shape_is_zeroed_and_defaults_to_float32():
 
 def test_empty_and_share():
     a = zctipc.empty((3, 2), np.int32)
-    assert isinstance(a, np.ndarray) and a.shape == (3, 2) and not a.any()
+    assert isinstance(a, np.ndarray) and a.shape == (3, 2) and a.dtype == np.int32
+    a[:] = 7
     b = zctipc.empty(4, torch.bfloat16)
-    assert isinstance(b, torch.Tensor) and b.dtype == torch.bfloat16
+    assert isinstance(b, torch.Tensor) and b.dtype == torch.bfloat16 and b.shape == (4,)
     src = np.arange(12, dtype=np.float32).reshape(3, 4).T  # not contiguous
     shared = zctipc.share(src)
     assert shared.flags.c_contiguous
@@ -169,10 +170,12 @@ def test_empty_and_share():
     src_t = torch.arange(6.0).reshape(2, 3)[:, 1:]
     shared_t = zctipc.share(src_t)
     assert isinstance(shared_t, torch.Tensor) and torch.equal(shared_t, src_t) and shared_t.is_contiguous()
+    in_use = zctipc.pool_stats().slots_in_use
     names = {s.name for s in zctipc.list_segments()}
     del a, b, shared, shared_t
     gc.collect()
-    assert len(names - {s.name for s in zctipc.list_segments()}) >= 4
+    assert zctipc.pool_stats().slots_in_use == in_use - 2, "empty() buffers go back to the pool"
+    assert len(names - {s.name for s in zctipc.list_segments()}) >= 2, "share() segments are removed"
 
 
 def test_create_checks_its_arguments():

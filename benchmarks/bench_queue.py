@@ -1,0 +1,329 @@
+"""Queue benchmarks, every peer in one run on one machine.
+
+  rate       small messages (a 5-tuple of ints), 1 producer / 1 consumer and
+             4 / 4: messages per second for zctipc.Queue, multiprocessing.Queue
+             and faster-fifo (when installed)
+  big        a 1 GiB tensor already in shared memory: put to a usable tensor in
+             the consumer, vs torch.multiprocessing's Queue and a pickling
+             multiprocessing.Queue
+  copy-in    a 1 GiB plain NumPy array (not shared): the cost of put, against
+             one np.copyto of 1 GiB in the same run
+  alloc      zctipc.empty((256, 1024), float32) and release, from the pool vs
+             a fresh segment each time, per second
+
+    python benchmarks/bench_queue.py [--only rate,big,copy-in,alloc] [--quick] [--json PATH] [--readme README.md]
+"""
+
+import argparse
+import json
+import multiprocessing
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+
+import zctipc
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _common import (fmt_bytes, fmt_ratio, fmt_us, machine, machine_line, markdown_table, now,  # noqa: E402
+                     summarize, update_readme, versions)
+
+MSG = (1, 2, 3, 4, 5)
+GIB = 1 << 30
+
+
+# -- rate ------------------------------------------------------------------
+
+
+BATCH = 100
+
+
+def _producer(q, n, go, batched):
+    go.wait()
+    if batched:
+        batch = [MSG] * BATCH
+        for _ in range(n // BATCH):
+            q.put_many(batch)
+        return
+    put = q.put
+    for _ in range(n):
+        put(MSG)
+
+
+def _consumer(q, n, go, done, batched):
+    go.wait()
+    if batched:
+        got = 0
+        while got < n:
+            got += len(q.get_many(max_items=min(BATCH, n - got)) if hasattr(q, "get_nowait") and not _is_ff(q)
+                       else q.get_many(max_messages_to_get=min(BATCH, n - got)))
+    else:
+        get = q.get
+        for _ in range(n):
+            get()
+    done.put(time.perf_counter())
+
+
+def _is_ff(q):
+    return type(q).__module__ == "faster_fifo"
+
+
+def _make_queue(peer):
+    if peer == "zctipc.Queue":
+        return zctipc.Queue(), zctipc.get_context()
+    ctx = multiprocessing.get_context("forkserver")
+    if peer == "multiprocessing.Queue":
+        return ctx.Queue(), ctx
+    import faster_fifo
+    import faster_fifo_reduction  # noqa: F401  lets a faster_fifo.Queue be passed to children
+
+    return faster_fifo.Queue(max_size_bytes=100 << 20), ctx
+
+
+def rate(peer, producers, consumers, total, batched=False):
+    """Messages per second through one queue with all processes started
+    before the clock starts; batched uses put_many and get_many."""
+    q, ctx = _make_queue(peer)
+    std = multiprocessing.get_context("forkserver")
+    go, done = std.Event(), std.SimpleQueue()
+    per_p = total // producers // BATCH * BATCH
+    total = per_p * producers
+    per_c = [total // consumers + (1 if i < total % consumers else 0) for i in range(consumers)]
+    procs = [ctx.Process(target=_consumer, args=(q, n, go, done, batched)) for n in per_c]
+    procs += [ctx.Process(target=_producer, args=(q, per_p, go, batched)) for _ in range(producers)]
+    for p in procs:
+        p.start()
+    time.sleep(1.0)  # let every process reach go.wait()
+    start = time.perf_counter()
+    go.set()
+    end = max(done.get() for _ in range(consumers))
+    for p in procs:
+        p.join(60)
+    if hasattr(q, "close"):
+        q.close()
+    return total / (end - start)
+
+
+# (peer, batched): multiprocessing.Queue has no batch API; its put hands
+# messages to a feeder thread, which batches them itself.
+RATE_PEERS = [("zctipc.Queue", False), ("multiprocessing.Queue", False), ("faster-fifo", False),
+              ("zctipc.Queue", True), ("faster-fifo", True)]
+
+
+def suite_rate(quick, report):
+    total = 50_000 if quick else 400_000
+    rows = []
+    for producers, consumers in ((1, 1), (4, 4)):
+        results = {}
+        for peer, batched in RATE_PEERS:
+            if peer == "faster-fifo" and not _installed("faster_fifo"):
+                if not batched:
+                    report["skipped"].append({"peer": peer, "reason": "faster-fifo is not installed (pip install faster-fifo)"})
+                continue
+            label = f"{peer} {'put_many/get_many' if batched else 'put/get'}"
+            print(f"  rate {producers}/{consumers} {label:<40}", end="", flush=True)
+            results[label] = rate(peer, producers, consumers, total, batched)
+            print(f" {results[label] / 1e3:,.0f} K msg/s", flush=True)
+        best = max(v for k, v in results.items() if k.startswith("zctipc"))
+        single = results["zctipc.Queue put/get"]
+        for label, r in results.items():
+            report["rate"].append({"peer": label, "producers": producers, "consumers": consumers, "messages": total,
+                                   "per_second": r})
+            rows.append([f"{producers}/{consumers}", label, f"{r / 1e3:,.0f} K/s",
+                         fmt_ratio(single / r), fmt_ratio(best / r)])
+    return rows
+
+
+# -- big -------------------------------------------------------------------
+
+
+def _big_consumer(q, rounds, ctl, torch_mp):
+    if torch_mp:
+        import torch.multiprocessing  # noqa: F401
+    for _ in range(rounds):
+        t = q.get()
+        done = time.perf_counter_ns()
+        ok = float(t[-1]) == 42.0
+        del t
+        ctl.send((done, ok))
+
+
+def big(peer, rounds):
+    """put of a 1 GiB tensor already in shared memory to a usable tensor in
+    the consumer: a list of nanoseconds."""
+    import torch
+
+    n = GIB // 4
+    torch_mp = peer.startswith("torch")
+    if peer == "zctipc.Queue":
+        q, ctx = zctipc.Queue(), zctipc.get_context()
+        t = zctipc.empty(n, torch.float32)
+    elif torch_mp:
+        import torch.multiprocessing as tmp
+
+        ctx = tmp.get_context("forkserver")
+        q = ctx.Queue()
+        t = torch.empty(n, dtype=torch.float32).share_memory_()
+    else:
+        # A NumPy array: torch.multiprocessing's reducers, once imported,
+        # would share a tensor instead of pickling it.
+        ctx = multiprocessing.get_context("forkserver")
+        q = ctx.Queue()
+        t = np.full(n, 0.5, dtype=np.float32)
+    t[-1] = 42.0
+    here, there = multiprocessing.get_context("forkserver").Pipe()
+    p = ctx.Process(target=_big_consumer, args=(q, rounds + 2, there, torch_mp))
+    p.start()
+    times = []
+    for i in range(rounds + 2):
+        start = time.perf_counter_ns()
+        q.put(t)
+        done, ok = here.recv()
+        if not ok:
+            raise RuntimeError(f"{peer}: the consumer did not see the data")
+        if i >= 2:
+            times.append(done - start)
+    p.join(120)
+    if hasattr(q, "close"):
+        q.close()
+    return times
+
+
+def suite_big(quick, report):
+    rounds = 5 if quick else 20
+    results = {}
+    for peer in ("zctipc.Queue", "torch.multiprocessing.Queue", "multiprocessing.Queue (pickling)"):
+        r = rounds if not peer.startswith("multiprocessing") else max(3, rounds // 4)
+        print(f"  big {peer:<34}", end="", flush=True)
+        results[peer] = summarize(big(peer, r))
+        print(f" median {fmt_us(results[peer]['median_us'])}", flush=True)
+    base = results["zctipc.Queue"]["median_us"]
+    rows = []
+    for peer, r in results.items():
+        report["big"].append({"peer": peer, "bytes": GIB, **r})
+        rows.append([peer, fmt_us(r["median_us"]), fmt_us(r["p99_us"]), r["rounds"], fmt_ratio(r["median_us"] / base)])
+    return rows
+
+
+# -- copy-in -----------------------------------------------------------------
+
+
+def _drain(q, rounds, ctl):
+    for _ in range(rounds):
+        a = q.get()
+        del a
+        ctl.send(True)
+
+
+def suite_copy_in(quick, report):
+    """put of a plain 1 GiB array into warm pool pages, against np.copyto."""
+    nbytes = (64 << 20) if quick else GIB
+    rounds = 3 if quick else 8
+    src = np.random.default_rng(0).integers(0, 255, nbytes, dtype=np.uint8)
+    dst = np.empty_like(src)
+    np.copyto(dst, src)
+    copyto = []
+    for _ in range(rounds):
+        start = time.perf_counter_ns()
+        np.copyto(dst, src)
+        copyto.append(time.perf_counter_ns() - start)
+    del dst
+    q, ctx = zctipc.Queue(), zctipc.get_context()
+    here, there = multiprocessing.get_context("forkserver").Pipe()
+    p = ctx.Process(target=_drain, args=(q, rounds + 2, there))
+    p.start()
+    puts = []
+    for i in range(rounds + 2):  # the first puts warm the pool's pages
+        start = time.perf_counter_ns()
+        q.put(src)
+        elapsed = time.perf_counter_ns() - start
+        here.recv()  # the consumer let go of the slot: the next put reuses it
+        if i >= 2:
+            puts.append(elapsed)
+    p.join(60)
+    q.close()
+    c, z = summarize(copyto), summarize(puts)
+    report["copy_in"] = {"bytes": nbytes, "copyto": c, "put": z}
+    print(f"  copy-in put {fmt_us(z['median_us'])}, np.copyto {fmt_us(c['median_us'])}", flush=True)
+    return [[fmt_bytes(nbytes), "np.copyto", fmt_us(c["median_us"]), "1.0x"],
+            [fmt_bytes(nbytes), "zctipc.Queue.put (one copy into the pool)", fmt_us(z["median_us"]),
+             fmt_ratio(z["median_us"] / c["median_us"])]]
+
+
+# -- alloc ---------------------------------------------------------------------
+
+
+def suite_alloc(quick, report):
+    seconds = 0.5 if quick else 2.0
+    results = {}
+    for peer in ("zctipc.empty (pool)", "create_shared_tensor (a segment each time)"):
+        make = (lambda: zctipc.empty((256, 1024), np.float32)) if "pool" in peer else \
+            (lambda: zctipc.create_shared_tensor(shape=(256, 1024), dtype=np.float32))
+        for _ in range(10):
+            make()
+        n, start = 0, time.perf_counter()
+        while time.perf_counter() - start < seconds:
+            x = make()
+            del x
+            n += 1
+        results[peer] = n / (time.perf_counter() - start)
+        print(f"  alloc {peer:<44} {results[peer]:,.0f}/s", flush=True)
+    base = results["zctipc.empty (pool)"]
+    report["alloc"] = [{"peer": k, "per_second": v} for k, v in results.items()]
+    return [[k, f"{v:,.0f}/s", fmt_ratio(base / v)] for k, v in results.items()]
+
+
+def _installed(module):
+    try:
+        __import__(module)
+        return True
+    except ImportError:
+        return False
+
+
+SUITES = {"rate": suite_rate, "big": suite_big, "copy-in": suite_copy_in, "alloc": suite_alloc}
+HEADERS = {
+    "rate": ["producers/consumers", "peer and API", "messages per second", "zctipc put/get is", "zctipc at best is"],
+    "big": ["1 GiB tensor, put to usable tensor", "median", "p99", "rounds", "vs zctipc"],
+    "copy-in": ["plain array", "operation", "median", "vs np.copyto"],
+    "alloc": ["allocation of a 1 MiB float32 array and release", "rate", "zctipc pool is"],
+}
+
+
+def render(report):
+    v = report["versions"]
+    out = [f"Queues, {report['date']}, on {machine_line(report['machine'])}; "
+           + ", ".join(f"{k} {val}" for k, val in v.items() if val) + "."]
+    for name, rows in report["tables"].items():
+        out += ["", markdown_table(HEADERS[name], rows)]
+    for s in report["skipped"]:
+        out += ["", f"Skipped {s['peer']}: {s['reason']}."]
+    return "\n".join(out)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", default=",".join(SUITES))
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--json", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "queue.json"))
+    parser.add_argument("--readme")
+    args = parser.parse_args(argv)
+    report = {"benchmark": "queue", "date": now(), "machine": machine(),
+              "versions": versions("zctipc", "numpy", "torch", "faster-fifo"),
+              "rate": [], "big": [], "skipped": [], "tables": {}}
+    for name in args.only.split(","):
+        report["tables"][name] = SUITES[name](args.quick, report)
+    os.makedirs(os.path.dirname(args.json), exist_ok=True)
+    with open(args.json, "w") as f:
+        json.dump(report, f, indent=2)
+    text = render(report)
+    print()
+    print(text)
+    if args.readme:
+        update_readme(args.readme, "bench_queue", text)
+
+
+if __name__ == "__main__":
+    main()

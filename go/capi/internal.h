@@ -1,0 +1,20 @@
+// What the export layer shares between its files; not part of the public ABI.
+#ifndef ZCTIPC_INTERNAL_H
+#define ZCTIPC_INTERNAL_H
+#include <stddef.h>
+#include "zctipc.h"
+
+#define ZCT_HIDDEN __attribute__((visibility("hidden")))
+
+extern ZCT_HIDDEN const char *zct_version_string;
+ZCT_HIDDEN void zct_set_last_error(const char *msg, size_t len, int errnum);
+
+// Const-qualified spellings, so that the prototypes cgo generates for the
+// exports match the hand-written ones in zctipc.h exactly.
+typedef const char zct_cchar;
+typedef const void zct_cvoid;
+typedef const int64_t zct_cint64;
+typedef const uint64_t zct_cuint64;
+typedef const zct_view zct_cview;
+
+#endif

@@ -1,0 +1,78 @@
+"""NumPy arrays and torch tensors over native memory that keep it alive.
+
+Every view is built over an *owner*: a cffi pointer whose destructor gives
+the memory back (closes a segment handle, or releases a ref). The owner is
+held by the buffer the array is made from, so the memory lasts as long as
+any view of it, and goes when the last one does.
+"""
+
+import warnings
+
+import numpy as np
+
+from . import _dtypes, _native
+
+# Python types a descriptor asks to rebuild (its flags, bits 0-1).
+NUMPY, TORCH, SHARED_TENSOR = 0, 1, 2
+
+
+def owner(address, release, handle):
+    """A pointer to address whose collection calls release(handle)."""
+    ffi = _native.ffi()
+    return ffi.gc(ffi.cast("char *", address), lambda _, h=handle: release(h))
+
+
+def ndarray(memory, nbytes, dtype, shape, strides, readonly=False):
+    """A NumPy array over nbytes of memory (an owner or a view of one)."""
+    buffer = _native.ffi().buffer(memory, nbytes)
+    if readonly:
+        # np.ndarray(buffer=...) would keep the writable object beneath a
+        # read-only memoryview as its base, and let writeable be set back to
+        # True; a uint8 array over the memoryview keeps the refusal.
+        buffer = np.frombuffer(memoryview(buffer).toreadonly(), dtype=np.uint8)
+    return np.ndarray(shape, dtype=dtype, buffer=buffer, strides=strides)
+
+
+def tensor(arr, code, readonly=False):
+    """A torch tensor sharing the memory of arr, an array of the storage
+    dtype of code (uint16 bits for bfloat16)."""
+    import torch
+
+    from .reductions import init_torch_reductions
+
+    init_torch_reductions()  # torch tensors of zctipc memory pickle by descriptor
+    if readonly:
+        # torch has no read-only tensors and warns; the mapping itself is
+        # PROT_READ, so a write through the tensor faults.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            t = torch.from_numpy(arr)
+    else:
+        t = torch.from_numpy(arr)
+    if code == _dtypes.BFLOAT16:
+        t = t.view(torch.bfloat16)
+    return t
+
+
+def release_ref(ref):
+    """Release a ref from a finalizer: never raises, a no-op after fork."""
+    library = _native.lib() if _native.loaded() else None
+    if library is None:
+        return
+    status = library.zct_ref_release(ref)
+    if status != 0:
+        _native.report_finalizer_error("releasing a buffer", status)
+
+
+def from_view(view, pytype=None):
+    """The NumPy array (or torch tensor) a received zct_view describes; it
+    holds the view's ref until it is collected."""
+    code = view.dtype
+    ndim = view.ndim
+    shape = tuple(view.shape[0:ndim])
+    strides = tuple(view.strides[0:ndim])
+    memory = owner(view.data, release_ref, view.ref)
+    kind = view.flags & 3 if pytype is None else pytype
+    if kind == TORCH:
+        return tensor(ndarray(memory, view.nbytes, _dtypes.storage_dtype(code), shape, strides), code)
+    return ndarray(memory, view.nbytes, _dtypes.numpy_dtype(code), shape, strides)

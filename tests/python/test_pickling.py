@@ -1,0 +1,115 @@
+"""The pickling hooks: zctipc memory crosses any standard multiprocessing
+channel (multiprocessing.Queue, Pipe, Pool arguments and results) as a
+descriptor; everything else pickles as before."""
+
+import gc
+import multiprocessing
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import torch
+
+import zctipc
+
+import _workers
+
+
+def mp_context(ctx):
+    return multiprocessing.get_context(ctx.get_start_method())
+
+
+def test_through_a_multiprocessing_pipe(ctx):
+    here, there = ctx.Pipe()
+    a = zctipc.empty(4, "int32")
+    a[:] = 1
+    p = ctx.Process(target=_workers.read_from_pipe, args=(there,))
+    p.start()
+    here.send(a)
+    assert here.poll(60) and here.recv() is True, "the child got zctipc memory"
+    p.join(60)
+    assert p.exitcode == 0
+    assert a[0] == 9, "the child wrote into the same memory"
+
+
+def test_through_a_multiprocessing_queue(ctx):
+    std = mp_context(ctx)
+    q, done = std.Queue(), std.Queue()
+    t = zctipc.empty(3, torch.float32)
+    t[:] = 1
+    a = zctipc.empty(2, "float64")
+    p = std.Process(target=_workers.modify_tensor, args=(q, done))
+    p.start()
+    q.put((t, a))
+    assert done.get(timeout=60) == ("Tensor", True)
+    p.join(60)
+    assert t.tolist() == [101.0, 101.0, 101.0] and a[0] == -1
+
+
+def test_pool_arguments_and_results(ctx):
+    a = zctipc.empty(5, "int64")
+    a[:] = 2
+    with mp_context(ctx).Pool(1) as pool:
+        assert pool.apply(_workers.sum_and_is_shared, (a,)) == (10, True)
+        result = pool.apply(_workers.return_shared, (4,))
+    assert zctipc.is_shared(result), "a result in zctipc memory comes back by descriptor"
+    assert result.tolist() == [3, 3, 3, 3]
+
+
+def test_plain_objects_pickle_as_before(ctx):
+    plain = np.arange(6.0)
+    assert not zctipc.is_shared(plain)
+    with mp_context(ctx).Pool(1) as pool:
+        assert pool.apply(_workers.sum_and_is_shared, (plain,)) == (15, False)
+        assert pool.apply(_workers.sum_and_is_shared, (np.array([1, 2], dtype=">i4"),)) == (3, False)
+
+
+def test_shared_tensor_through_a_pipe():
+    a, b = multiprocessing.Pipe()
+    st = zctipc.create_shared_tensor(data=np.arange(3.0))
+    a.send(st)
+    got = b.recv()
+    assert isinstance(got, zctipc.SharedTensor) and got.name == st.name
+    assert st.refcount == 1, "a process counts once"
+    got.close()
+    st.close()
+
+
+def test_counts_in_flight_come_back():
+    a, b = multiprocessing.Pipe()
+    before = zctipc.pool_stats().slots_in_use
+    x = zctipc.empty(100)
+    a.send(x)
+    y = b.recv()
+    assert zctipc.pool_stats().slots_in_use == before + 1
+    del x, y
+    gc.collect()
+    assert zctipc.pool_stats().slots_in_use == before
+
+
+def test_torch_multiprocessing_imported_later_keeps_both_ways():
+    code = textwrap.dedent("""
+        import multiprocessing as mp, zctipc, torch
+        import torch.multiprocessing  # registers torch's reducers over ours
+        a, b = mp.Pipe()
+        t = zctipc.share(torch.ones(4))  # zctipc meets torch again: ours come back on top
+        a.send(t)
+        got = b.recv()
+        print(zctipc.is_shared(got))
+        plain = torch.zeros(3)
+        a.send(plain)
+        got = b.recv()
+        print(zctipc.is_shared(got), got.is_shared())  # torch's own sharing
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["True", "False", "True"]
+
+
+def test_is_shared_refuses_other_types():
+    import pytest
+
+    with pytest.raises(TypeError):
+        zctipc.is_shared([1, 2])

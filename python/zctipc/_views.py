@@ -33,14 +33,24 @@ def ndarray(memory, nbytes, dtype, shape, strides, readonly=False):
     return np.ndarray(shape, dtype=dtype, buffer=buffer, strides=strides)
 
 
-def tensor(arr, code, readonly=False):
-    """A torch tensor sharing the memory of arr, an array of the storage
-    dtype of code (uint16 bits for bfloat16)."""
+_torch = None
+
+
+def _torch_module():
+    global _torch
     import torch
 
     from .reductions import init_torch_reductions
 
     init_torch_reductions()  # torch tensors of zctipc memory pickle by descriptor
+    _torch = torch
+    return torch
+
+
+def tensor(arr, code, readonly=False):
+    """A torch tensor sharing the memory of arr, an array of the storage
+    dtype of code (uint16 bits for bfloat16)."""
+    torch = _torch or _torch_module()
     if readonly:
         # torch has no read-only tensors and warns; the mapping itself is
         # PROT_READ, so a write through the tensor faults.

@@ -55,6 +55,7 @@ class _Scratch(threading.local):
         self.off = ffi.new("uint64_t *")
         self.plen = ffi.new("uint64_t *")
         self.nviews = ffi.new("int32_t *")
+        self.put_view = ffi.new("zct_view *")
         self.resize(64 << 10, 16)
 
     def resize(self, cap, vcap):
@@ -130,8 +131,12 @@ class Queue:
         else raise queue.Full."""
         if self._closed:
             self._check_open()
-        if type(obj) is bytes:
+        t = type(obj)
+        if t is bytes:
             payload, exports, typ = obj, [], _RECORD_BYTES
+        elif t in reductions.BARE and (e := reductions.export_bare(obj, block, timeout)) is not None:
+            # A bare array or tensor: a tensor record, no pickle either way.
+            payload, exports, typ = b"", [e], _RECORD_TENSOR
         else:
             payload, exports = self._dumps(obj, block, timeout)
             typ = _RECORD_PICKLE
@@ -204,6 +209,12 @@ class Queue:
     def _put(self, typ, payload, exports, block, timeout):
         ffi, lib = _native.ffi(), _native.lib()
         n = len(exports)
+        if n == 1 and len(payload) + _HEADER + 1024 <= self._capacity:
+            # Fast path for one buffer (a bare array): one try without waiting.
+            view = self._scratch.put_view
+            exports[0].fill(view)
+            if lib.zct_queue_put(self._handle, typ, payload, len(payload), view, 1, 0) == 0:
+                return
         if len(payload) + _HEADER > self._capacity:
             self._release(exports)
             raise ValueError(

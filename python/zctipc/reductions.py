@@ -66,18 +66,27 @@ def _extent(shape, strides, itemsize):
     return sum((d - 1) * s for d, s in zip(shape, strides)) + itemsize
 
 
+class _FindOut(threading.local):
+    def __init__(self):
+        ffi = _native.ffi()
+        self.ref = ffi.new("zct_handle *")
+        self.offset = ffi.new("uint64_t *")
+
+
+_find_out = None
+
+
 def _find(address, nbytes):
     """A ref with one more count on the zctipc memory at address, or None."""
+    global _find_out
     if not _native.loaded():
         return None  # nothing of zctipc lives in this process
-    ffi, lib = _native.ffi(), _native.lib()
-    ref = ffi.new("zct_handle *")
-    offset = ffi.new("uint64_t *")
-    status = lib.zct_ref_find(ffi.cast("void *", address), nbytes, ref, offset)
+    out = _find_out or (_find_out := _FindOut())
+    status = _native.lib().zct_ref_find(_native.ffi().cast("void *", address), nbytes, out.ref, out.offset)
     if status == _native.E_NOT_FOUND:
         return None
     _native.check(status)
-    return ref[0], offset[0]
+    return out.ref[0], out.offset[0]
 
 
 def _slot_for(shape, code, block, timeout):
@@ -162,6 +171,23 @@ def export_tensor(t, block=True, timeout=None, copy=True):
         _native.check(_native.lib().zct_ref_release(ref))
         raise
     return Export(ref, 0, code, shape, c_strides, _views.TORCH)
+
+
+#: Types a queue sends as a bare tensor record (torch.Tensor joins once
+#: zctipc has met torch).
+BARE = {np.ndarray}
+
+
+def export_bare(obj, block=True, timeout=None):
+    """An Export for obj when it is a plain NumPy array or a plain torch
+    tensor without grad that can go out of band, else None (it is pickled
+    instead)."""
+    t = type(obj)
+    if t is np.ndarray:
+        return export_array(obj, block, timeout)
+    if t.__module__ == "torch" and t.__name__ == "Tensor" and not obj.requires_grad:
+        return export_tensor(obj, block, timeout)
+    return None
 
 
 def export_shared_tensor(st):
@@ -421,6 +447,7 @@ def init_torch_reductions():
     global _torch_fallback
     torch = sys.modules.get("torch")
     if torch is not None:
+        BARE.add(torch.Tensor)
         current = ForkingPickler._extra_reducers.get(torch.Tensor)
         if current is not _fp_reduce_tensor:
             _torch_fallback = current

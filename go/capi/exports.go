@@ -1,9 +1,10 @@
 // Command capi is the export layer of libzctipc.so: the functions of
 // zctipc.h, each a thin translation between C arguments and the Go packages.
 //
-// Build it with go build -buildmode=c-shared. Every export defers
-// recoverPanic, calls enter, and reports failures through fail; Go objects
-// cross the boundary only as handles.
+// Build it with go build -buildmode=c-shared. Every export runs its body
+// through run, which refuses calls once the library is poisoned, recovers
+// panics and turns errors into statuses; Go objects cross the boundary only
+// as handles.
 package main
 
 /*
@@ -55,212 +56,186 @@ var segments = newTable[*shm.Segment]()
 func zct_abi_version() C.int { return C.ZCT_ABI_VERSION }
 
 //export zct_segment_create
-func zct_segment_create(name *C.zct_cchar, dt C.int32_t, ndim C.int32_t, shape *C.zct_cint64, out *C.zct_handle, info *C.zct_info) (status C.int) {
-	defer recoverPanic(&status)
-	if status, ok := enter(); !ok {
-		return status
-	}
-	if out == nil || info == nil || ndim > 0 && shape == nil {
-		return fail(errNilArg)
-	}
-	if ndim < 0 || ndim > header.MaxNDim {
-		return fail(fmt.Errorf("ndim %d is outside 0..%d: %w", ndim, header.MaxNDim, unix.EINVAL))
-	}
-	dims := make([]int64, ndim)
-	if ndim > 0 {
-		for i, d := range unsafe.Slice((*C.int64_t)(unsafe.Pointer(shape)), ndim) {
-			dims[i] = int64(d)
+func zct_segment_create(name *C.zct_cchar, dt C.int32_t, ndim C.int32_t, shape *C.zct_cint64, out *C.zct_handle, info *C.zct_info) C.int {
+	return run(func() error {
+		if out == nil || info == nil || ndim > 0 && shape == nil {
+			return errNilArg
 		}
-	}
-	seg, err := shm.Create(goString(name), header.KindTensor, dtype.DType(dt), dims)
-	if err != nil {
-		return fail(err)
-	}
-	*out = C.zct_handle(segments.put(seg))
-	fillInfo(info, seg.Name(), seg.Header(), seg.Data(), false, seg.Header().SegmentSize())
-	return C.ZCT_OK
+		if ndim < 0 || ndim > header.MaxNDim {
+			return fmt.Errorf("ndim %d is outside 0..%d: %w", ndim, header.MaxNDim, unix.EINVAL)
+		}
+		dims := make([]int64, ndim)
+		if ndim > 0 {
+			for i, d := range unsafe.Slice((*C.int64_t)(unsafe.Pointer(shape)), ndim) {
+				dims[i] = int64(d)
+			}
+		}
+		seg, err := shm.Create(goString(name), header.KindTensor, dtype.DType(dt), dims)
+		if err != nil {
+			return err
+		}
+		*out = C.zct_handle(segments.put(seg))
+		fillInfo(info, seg.Name(), seg.Header(), seg.Data(), false, seg.Header().SegmentSize())
+		return nil
+	})
 }
 
 //export zct_segment_attach
-func zct_segment_attach(name *C.zct_cchar, kind C.int32_t, readonly C.int32_t, out *C.zct_handle, info *C.zct_info) (status C.int) {
-	defer recoverPanic(&status)
-	if status, ok := enter(); !ok {
-		return status
-	}
-	if name == nil || out == nil || info == nil {
-		return fail(errNilArg)
-	}
-	seg, err := shm.Attach(goString(name), header.Kind(kind), readonly != 0)
-	if err != nil {
-		return fail(err)
-	}
-	*out = C.zct_handle(segments.put(seg))
-	fillInfo(info, seg.Name(), seg.Header(), seg.Data(), seg.ReadOnly(), seg.Header().SegmentSize())
-	return C.ZCT_OK
+func zct_segment_attach(name *C.zct_cchar, kind C.int32_t, readonly C.int32_t, out *C.zct_handle, info *C.zct_info) C.int {
+	return run(func() error {
+		if name == nil || out == nil || info == nil {
+			return errNilArg
+		}
+		seg, err := shm.Attach(goString(name), header.Kind(kind), readonly != 0)
+		if err != nil {
+			return err
+		}
+		*out = C.zct_handle(segments.put(seg))
+		fillInfo(info, seg.Name(), seg.Header(), seg.Data(), seg.ReadOnly(), seg.Header().SegmentSize())
+		return nil
+	})
 }
 
 //export zct_segment_info
-func zct_segment_info(h C.zct_handle, info *C.zct_info) (status C.int) {
-	defer recoverPanic(&status)
-	if status, ok := enter(); !ok {
-		return status
-	}
-	if info == nil {
-		return fail(errNilArg)
-	}
-	seg, err := segments.get(uint64(h))
-	if err != nil {
-		return fail(err)
-	}
-	hdr := seg.Header()
-	if hdr.Refcount, err = seg.Refcount(); err != nil {
-		return fail(err)
-	}
-	fillInfo(info, seg.Name(), hdr, seg.Data(), seg.ReadOnly(), hdr.SegmentSize())
-	return C.ZCT_OK
+func zct_segment_info(h C.zct_handle, info *C.zct_info) C.int {
+	return run(func() error {
+		if info == nil {
+			return errNilArg
+		}
+		seg, err := segments.get(uint64(h))
+		if err != nil {
+			return err
+		}
+		hdr := seg.Header()
+		if hdr.Refcount, err = seg.Refcount(); err != nil {
+			return err
+		}
+		fillInfo(info, seg.Name(), hdr, seg.Data(), seg.ReadOnly(), hdr.SegmentSize())
+		return nil
+	})
 }
 
 //export zct_segment_refcount
-func zct_segment_refcount(h C.zct_handle, out *C.int64_t) (status C.int) {
+func zct_segment_refcount(h C.zct_handle, out *C.int64_t) C.int {
 	return segmentCount(h, out, (*shm.Segment).Refcount)
 }
 
 //export zct_segment_addref
-func zct_segment_addref(h C.zct_handle, out *C.int64_t) (status C.int) {
+func zct_segment_addref(h C.zct_handle, out *C.int64_t) C.int {
 	return segmentCount(h, out, (*shm.Segment).AddRef)
 }
 
 //export zct_segment_dropref
-func zct_segment_dropref(h C.zct_handle, out *C.int64_t) (status C.int) {
+func zct_segment_dropref(h C.zct_handle, out *C.int64_t) C.int {
 	return segmentCount(h, out, (*shm.Segment).DropRef)
 }
 
 // segmentCount runs one of the refcount methods on the segment behind h.
-func segmentCount(h C.zct_handle, out *C.int64_t, op func(*shm.Segment) (int64, error)) (status C.int) {
-	defer recoverPanic(&status)
-	if status, ok := enter(); !ok {
-		return status
-	}
-	seg, err := segments.get(uint64(h))
-	if err != nil {
-		return fail(err)
-	}
-	n, err := op(seg)
-	if err != nil {
-		return fail(err)
-	}
-	if out != nil {
-		*out = C.int64_t(n)
-	}
-	return C.ZCT_OK
+func segmentCount(h C.zct_handle, out *C.int64_t, op func(*shm.Segment) (int64, error)) C.int {
+	return run(func() error {
+		seg, err := segments.get(uint64(h))
+		if err != nil {
+			return err
+		}
+		n, err := op(seg)
+		if err != nil {
+			return err
+		}
+		if out != nil {
+			*out = C.int64_t(n)
+		}
+		return nil
+	})
 }
 
 //export zct_segment_close
-func zct_segment_close(h C.zct_handle) (status C.int) {
-	defer recoverPanic(&status)
-	if status, ok := enter(); !ok {
-		return status
-	}
-	seg, err := segments.take(uint64(h))
-	if err != nil {
-		return fail(err)
-	}
-	if err := seg.Close(); err != nil {
-		return fail(err)
-	}
-	return C.ZCT_OK
+func zct_segment_close(h C.zct_handle) C.int {
+	return run(func() error {
+		seg, err := segments.take(uint64(h))
+		if err != nil {
+			return err
+		}
+		return seg.Close()
+	})
 }
 
 //export zct_segment_unlink
-func zct_segment_unlink(name *C.zct_cchar) (status C.int) {
-	defer recoverPanic(&status)
-	if status, ok := enter(); !ok {
-		return status
-	}
-	if name == nil {
-		return fail(errNilArg)
-	}
-	if err := shm.Unlink(goString(name)); err != nil {
-		return fail(err)
-	}
-	return C.ZCT_OK
+func zct_segment_unlink(name *C.zct_cchar) C.int {
+	return run(func() error {
+		if name == nil {
+			return errNilArg
+		}
+		return shm.Unlink(goString(name))
+	})
 }
 
 //export zct_segment_stat
-func zct_segment_stat(name *C.zct_cchar, info *C.zct_info) (status C.int) {
-	defer recoverPanic(&status)
-	if status, ok := enter(); !ok {
-		return status
-	}
-	if name == nil || info == nil {
-		return fail(errNilArg)
-	}
-	st, err := shm.Stat(goString(name))
-	if err != nil {
-		return fail(err)
-	}
-	fillInfo(info, st.Name, st.Header, nil, false, uint64(st.Size))
-	return C.ZCT_OK
+func zct_segment_stat(name *C.zct_cchar, info *C.zct_info) C.int {
+	return run(func() error {
+		if name == nil || info == nil {
+			return errNilArg
+		}
+		st, err := shm.Stat(goString(name))
+		if err != nil {
+			return err
+		}
+		fillInfo(info, st.Name, st.Header, nil, false, uint64(st.Size))
+		return nil
+	})
 }
 
 //export zct_segment_list
-func zct_segment_list(buf *C.char, capacity C.uint64_t, length *C.uint64_t) (status C.int) {
-	defer recoverPanic(&status)
-	if status, ok := enter(); !ok {
-		return status
-	}
-	if length == nil || capacity > 0 && buf == nil {
-		return fail(errNilArg)
-	}
-	names, err := shm.List()
-	if err != nil {
-		return fail(err)
-	}
-	joined := strings.Join(names, "\n")
-	*length = C.uint64_t(len(joined))
-	if uint64(capacity) <= uint64(len(joined)) {
-		return fail(errRange)
-	}
-	dst := unsafe.Slice((*byte)(unsafe.Pointer(buf)), capacity)
-	dst[copy(dst, joined)] = 0
-	return C.ZCT_OK
+func zct_segment_list(buf *C.char, capacity C.uint64_t, length *C.uint64_t) C.int {
+	return run(func() error {
+		if length == nil || capacity > 0 && buf == nil {
+			return errNilArg
+		}
+		names, err := shm.List()
+		if err != nil {
+			return err
+		}
+		joined := strings.Join(names, "\n")
+		*length = C.uint64_t(len(joined))
+		if uint64(capacity) <= uint64(len(joined)) {
+			return errRange
+		}
+		dst := unsafe.Slice((*byte)(unsafe.Pointer(buf)), capacity)
+		dst[copy(dst, joined)] = 0
+		return nil
+	})
 }
 
 //export zct_release_all
-func zct_release_all(count *C.int64_t) (status C.int) {
-	defer recoverPanic(&status)
-	if status, ok := enter(); !ok {
-		return status
-	}
-	rerr := releaseRefs() // first: slots pin arenas that ReleaseAll lets go
-	n, err := shm.ReleaseAll()
-	err = errors.Join(rerr, err)
-	if count != nil {
-		*count = C.int64_t(n)
-	}
-	if err != nil {
-		return fail(err)
-	}
-	return C.ZCT_OK
+func zct_release_all(count *C.int64_t) C.int {
+	return run(func() error {
+		rerr := releaseRefs() // first: slots pin arenas that ReleaseAll lets go
+		n, err := shm.ReleaseAll()
+		err = errors.Join(rerr, err)
+		if count != nil {
+			*count = C.int64_t(n)
+		}
+		if err != nil {
+			return err
+		}
+		return nil
+	})
 }
 
 //export zct_header_decode
-func zct_header_decode(buf *C.zct_cvoid, length C.uint64_t, fileSize C.uint64_t, info *C.zct_info) (status C.int) {
-	defer recoverPanic(&status)
-	if status, ok := enter(); !ok {
-		return status
-	}
-	if info == nil || length > 0 && buf == nil {
-		return fail(errNilArg)
-	}
-	// A private copy: the bytes may belong to another process.
-	raw := C.GoBytes(unsafe.Pointer(buf), C.int(min(uint64(length), header.MaxSize)))
-	hdr, err := header.Decode(raw, uint64(fileSize))
-	if err != nil {
-		return fail(err)
-	}
-	fillInfo(info, "", hdr, nil, false, uint64(fileSize))
-	return C.ZCT_OK
+func zct_header_decode(buf *C.zct_cvoid, length C.uint64_t, fileSize C.uint64_t, info *C.zct_info) C.int {
+	return run(func() error {
+		if info == nil || length > 0 && buf == nil {
+			return errNilArg
+		}
+		// A private copy: the bytes may belong to another process.
+		raw := C.GoBytes(unsafe.Pointer(buf), C.int(min(uint64(length), header.MaxSize)))
+		hdr, err := header.Decode(raw, uint64(fileSize))
+		if err != nil {
+			return err
+		}
+		fillInfo(info, "", hdr, nil, false, uint64(fileSize))
+		return nil
+	})
 }
 
 // fillInfo writes a header, a name and where the data is mapped into info.

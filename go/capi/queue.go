@@ -94,496 +94,416 @@ func adopt(descs []message.Descriptor, views []C.zct_view) error {
 }
 
 //export zct_ref_find
-func zct_ref_find(addr *C.zct_cvoid, nbytes C.uint64_t, ref *C.zct_handle, offset *C.uint64_t) (status C.int) {
-	defer recoverPanic(&status)
-	if status, ok := enter(); !ok {
-		return status
-	}
-	if ref == nil || offset == nil {
-		return fail(errNilArg)
-	}
-	r, off, ok, err := buffer.Find(uintptr(unsafe.Pointer(addr)), uint64(nbytes))
-	if err != nil {
-		return fail(err)
-	}
-	if !ok {
-		return fail(fmt.Errorf("the %d bytes at %p are not zctipc memory: %w", nbytes, addr, unix.ENOENT))
-	}
-	*ref = C.zct_handle(refs.put(r))
-	*offset = C.uint64_t(off)
-	return C.ZCT_OK
+func zct_ref_find(addr *C.zct_cvoid, nbytes C.uint64_t, ref *C.zct_handle, offset *C.uint64_t) C.int {
+	return run(func() error {
+		if ref == nil || offset == nil {
+			return errNilArg
+		}
+		r, off, ok, err := buffer.Find(uintptr(unsafe.Pointer(addr)), uint64(nbytes))
+		if err != nil {
+			return err
+		}
+		if !ok {
+			return fmt.Errorf("the %d bytes at %p are not zctipc memory: %w", nbytes, addr, unix.ENOENT)
+		}
+		*ref = C.zct_handle(refs.put(r))
+		*offset = C.uint64_t(off)
+		return nil
+	})
 }
 
 //export zct_ref_release
-func zct_ref_release(ref C.zct_handle) (status C.int) {
-	defer recoverPanic(&status)
-	if status, ok := enter(); !ok {
-		return status
-	}
-	r, err := refs.take(uint64(ref))
-	if err != nil {
-		return fail(err)
-	}
-	if err := r.Release(); err != nil {
-		return fail(err)
-	}
-	return C.ZCT_OK
+func zct_ref_release(ref C.zct_handle) C.int {
+	return run(func() error {
+		r, err := refs.take(uint64(ref))
+		if err != nil {
+			return err
+		}
+		return r.Release()
+	})
 }
 
 //export zct_ref_segment
-func zct_ref_segment(ref C.zct_handle, segment *C.zct_handle, info *C.zct_info) (status C.int) {
-	defer recoverPanic(&status)
-	if status, ok := enter(); !ok {
-		return status
-	}
-	if segment == nil || info == nil {
-		return fail(errNilArg)
-	}
-	r, err := refs.get(uint64(ref))
-	if err != nil {
-		return fail(err)
-	}
-	seg := r.Segment()
-	if seg == nil {
-		return fail(fmt.Errorf("a pool slot is not a segment of its own: %w", unix.EINVAL))
-	}
-	if _, err := refs.take(uint64(ref)); err != nil {
-		return fail(err)
-	}
-	*segment = C.zct_handle(segments.put(seg))
-	fillInfo(info, seg.Name(), seg.Header(), seg.Data(), seg.ReadOnly(), seg.Header().SegmentSize())
-	return C.ZCT_OK
+func zct_ref_segment(ref C.zct_handle, segment *C.zct_handle, info *C.zct_info) C.int {
+	return run(func() error {
+		if segment == nil || info == nil {
+			return errNilArg
+		}
+		r, err := refs.get(uint64(ref))
+		if err != nil {
+			return err
+		}
+		seg := r.Segment()
+		if seg == nil {
+			return fmt.Errorf("a pool slot is not a segment of its own: %w", unix.EINVAL)
+		}
+		if _, err := refs.take(uint64(ref)); err != nil {
+			return err
+		}
+		*segment = C.zct_handle(segments.put(seg))
+		fillInfo(info, seg.Name(), seg.Header(), seg.Data(), seg.ReadOnly(), seg.Header().SegmentSize())
+		return nil
+	})
 }
 
 //export zct_ref_encode
-func zct_ref_encode(view *C.zct_cview, buf unsafe.Pointer, capacity C.uint64_t, length *C.uint64_t) (status C.int) {
-	defer recoverPanic(&status)
-	if status, ok := enter(); !ok {
-		return status
-	}
-	if view == nil || length == nil || capacity > 0 && buf == nil {
-		return fail(errNilArg)
-	}
-	v := (*C.zct_view)(unsafe.Pointer(view))
-	d, r, err := describe(v)
-	if err != nil {
-		return fail(err)
-	}
-	*length = C.uint64_t(d.Size())
-	if uint64(capacity) < uint64(d.Size()) {
-		return fail(errRange)
-	}
-	d.Encode(unsafe.Slice((*byte)(buf), capacity))
-	if _, err := refs.take(uint64(v.ref)); err != nil {
-		return fail(err)
-	}
-	if err := r.Sent(); err != nil {
-		return fail(err)
-	}
-	return C.ZCT_OK
+func zct_ref_encode(view *C.zct_cview, buf unsafe.Pointer, capacity C.uint64_t, length *C.uint64_t) C.int {
+	return run(func() error {
+		if view == nil || length == nil || capacity > 0 && buf == nil {
+			return errNilArg
+		}
+		v := (*C.zct_view)(unsafe.Pointer(view))
+		d, r, err := describe(v)
+		if err != nil {
+			return err
+		}
+		*length = C.uint64_t(d.Size())
+		if uint64(capacity) < uint64(d.Size()) {
+			return errRange
+		}
+		d.Encode(unsafe.Slice((*byte)(buf), capacity))
+		if _, err := refs.take(uint64(v.ref)); err != nil {
+			return err
+		}
+		return r.Sent()
+	})
 }
 
 //export zct_ref_decode
-func zct_ref_decode(buf *C.zct_cvoid, length C.uint64_t, view *C.zct_view) (status C.int) {
-	defer recoverPanic(&status)
-	if status, ok := enter(); !ok {
-		return status
-	}
-	if view == nil || length > 0 && buf == nil {
-		return fail(errNilArg)
-	}
-	raw := C.GoBytes(unsafe.Pointer(buf), C.int(min(uint64(length), 1<<16)))
-	d, n, err := message.DecodeDescriptor(raw)
-	if err != nil {
-		return fail(err)
-	}
-	if n != len(raw) {
-		return fail(fmt.Errorf("%w: %d bytes after the descriptor", message.ErrMalformed, len(raw)-n))
-	}
-	views := unsafe.Slice(view, 1)
-	if err := adopt([]message.Descriptor{d}, views); err != nil {
-		return fail(err)
-	}
-	return C.ZCT_OK
+func zct_ref_decode(buf *C.zct_cvoid, length C.uint64_t, view *C.zct_view) C.int {
+	return run(func() error {
+		if view == nil || length > 0 && buf == nil {
+			return errNilArg
+		}
+		raw := C.GoBytes(unsafe.Pointer(buf), C.int(min(uint64(length), 1<<16)))
+		d, n, err := message.DecodeDescriptor(raw)
+		if err != nil {
+			return err
+		}
+		if n != len(raw) {
+			return fmt.Errorf("%w: %d bytes after the descriptor", message.ErrMalformed, len(raw)-n)
+		}
+		views := unsafe.Slice(view, 1)
+		return adopt([]message.Descriptor{d}, views)
+	})
 }
 
 //export zct_pool_alloc
-func zct_pool_alloc(nbytes C.uint64_t, timeoutMS C.int64_t, ref *C.zct_handle, data *unsafe.Pointer, size *C.uint64_t) (status C.int) {
-	defer recoverPanic(&status)
-	if status, ok := enter(); !ok {
-		return status
-	}
-	if ref == nil || data == nil || size == nil {
-		return fail(errNilArg)
-	}
-	s, err := pool.Default().Alloc(uint64(nbytes), deadline(timeoutMS))
-	if err != nil {
-		return fail(err)
-	}
-	*ref = C.zct_handle(refs.put(buffer.NewSlotRef(s)))
-	*data = unsafe.Pointer(unsafe.SliceData(s.Data()))
-	*size = C.uint64_t(len(s.Data()))
-	return C.ZCT_OK
+func zct_pool_alloc(nbytes C.uint64_t, timeoutMS C.int64_t, ref *C.zct_handle, data *unsafe.Pointer, size *C.uint64_t) C.int {
+	return run(func() error {
+		if ref == nil || data == nil || size == nil {
+			return errNilArg
+		}
+		s, err := pool.Default().Alloc(uint64(nbytes), deadline(timeoutMS))
+		if err != nil {
+			return err
+		}
+		*ref = C.zct_handle(refs.put(buffer.NewSlotRef(s)))
+		*data = unsafe.Pointer(unsafe.SliceData(s.Data()))
+		*size = C.uint64_t(len(s.Data()))
+		return nil
+	})
 }
 
 //export zct_pool_stats_get
-func zct_pool_stats_get(stats *C.zct_pool_stats) (status C.int) {
-	defer recoverPanic(&status)
-	if status, ok := enter(); !ok {
-		return status
-	}
-	if stats == nil {
-		return fail(errNilArg)
-	}
-	st := pool.Default().Stats()
-	*stats = C.zct_pool_stats{
-		arenas:       C.uint64_t(st.Arenas),
-		reserved:     C.uint64_t(st.Reserved),
-		limit:        C.uint64_t(st.Limit),
-		slots_in_use: C.uint64_t(st.SlotsInUse),
-		bytes_in_use: C.uint64_t(st.BytesInUse),
-	}
-	return C.ZCT_OK
+func zct_pool_stats_get(stats *C.zct_pool_stats) C.int {
+	return run(func() error {
+		if stats == nil {
+			return errNilArg
+		}
+		st := pool.Default().Stats()
+		*stats = C.zct_pool_stats{
+			arenas:       C.uint64_t(st.Arenas),
+			reserved:     C.uint64_t(st.Reserved),
+			limit:        C.uint64_t(st.Limit),
+			slots_in_use: C.uint64_t(st.SlotsInUse),
+			bytes_in_use: C.uint64_t(st.BytesInUse),
+		}
+		return nil
+	})
 }
 
 //export zct_pool_set_limit
-func zct_pool_set_limit(limit C.uint64_t) (status C.int) {
-	defer recoverPanic(&status)
-	if status, ok := enter(); !ok {
-		return status
-	}
-	pool.Default().SetLimit(uint64(limit))
-	return C.ZCT_OK
+func zct_pool_set_limit(limit C.uint64_t) C.int {
+	return run(func() error {
+		pool.Default().SetLimit(uint64(limit))
+		return nil
+	})
 }
 
 //export zct_queue_create
-func zct_queue_create(name *C.zct_cchar, capacity C.uint64_t, maxsize C.uint64_t, out *C.zct_handle) (status C.int) {
-	defer recoverPanic(&status)
-	if status, ok := enter(); !ok {
-		return status
-	}
-	if out == nil {
-		return fail(errNilArg)
-	}
-	q, err := queue.Create(goString(name), uint64(capacity), uint64(maxsize))
-	if err != nil {
-		return fail(err)
-	}
-	q.SetInterruptible(true) // Python runs its signal handlers between calls
-	*out = C.zct_handle(queues.put(q))
-	return C.ZCT_OK
+func zct_queue_create(name *C.zct_cchar, capacity C.uint64_t, maxsize C.uint64_t, out *C.zct_handle) C.int {
+	return run(func() error {
+		if out == nil {
+			return errNilArg
+		}
+		q, err := queue.Create(goString(name), uint64(capacity), uint64(maxsize))
+		if err != nil {
+			return err
+		}
+		q.SetInterruptible(true) // Python runs its signal handlers between calls
+		*out = C.zct_handle(queues.put(q))
+		return nil
+	})
 }
 
 //export zct_queue_attach
-func zct_queue_attach(name *C.zct_cchar, adopt C.int32_t, out *C.zct_handle) (status C.int) {
-	defer recoverPanic(&status)
-	if status, ok := enter(); !ok {
-		return status
-	}
-	if name == nil || out == nil {
-		return fail(errNilArg)
-	}
-	attach := queue.Attach
-	if adopt != 0 {
-		attach = queue.Adopt
-	}
-	q, err := attach(goString(name))
-	if err != nil {
-		return fail(err)
-	}
-	q.SetInterruptible(true)
-	*out = C.zct_handle(queues.put(q))
-	return C.ZCT_OK
+func zct_queue_attach(name *C.zct_cchar, adopt C.int32_t, out *C.zct_handle) C.int {
+	return run(func() error {
+		if name == nil || out == nil {
+			return errNilArg
+		}
+		attach := queue.Attach
+		if adopt != 0 {
+			attach = queue.Adopt
+		}
+		q, err := attach(goString(name))
+		if err != nil {
+			return err
+		}
+		q.SetInterruptible(true)
+		*out = C.zct_handle(queues.put(q))
+		return nil
+	})
 }
 
 //export zct_queue_describe
-func zct_queue_describe(h C.zct_handle, name *C.char, capacity C.uint64_t, size *C.uint64_t, maxsize *C.uint64_t) (status C.int) {
-	defer recoverPanic(&status)
-	if status, ok := enter(); !ok {
-		return status
-	}
-	if name == nil || size == nil || maxsize == nil {
-		return fail(errNilArg)
-	}
-	q, err := queues.get(uint64(h))
-	if err != nil {
-		return fail(err)
-	}
-	full := q.Segment().Name()
-	if uint64(capacity) <= uint64(len(full)) {
-		return fail(errRange)
-	}
-	dst := unsafe.Slice((*byte)(unsafe.Pointer(name)), capacity)
-	dst[copy(dst, full)] = 0
-	*size = C.uint64_t(q.Capacity())
-	*maxsize = C.uint64_t(q.MaxItems())
-	return C.ZCT_OK
+func zct_queue_describe(h C.zct_handle, name *C.char, capacity C.uint64_t, size *C.uint64_t, maxsize *C.uint64_t) C.int {
+	return run(func() error {
+		if name == nil || size == nil || maxsize == nil {
+			return errNilArg
+		}
+		q, err := queues.get(uint64(h))
+		if err != nil {
+			return err
+		}
+		full := q.Segment().Name()
+		if uint64(capacity) <= uint64(len(full)) {
+			return errRange
+		}
+		dst := unsafe.Slice((*byte)(unsafe.Pointer(name)), capacity)
+		dst[copy(dst, full)] = 0
+		*size = C.uint64_t(q.Capacity())
+		*maxsize = C.uint64_t(q.MaxItems())
+		return nil
+	})
 }
 
 //export zct_queue_addref
-func zct_queue_addref(h C.zct_handle) (status C.int) {
-	defer recoverPanic(&status)
-	if status, ok := enter(); !ok {
-		return status
-	}
-	q, err := queues.get(uint64(h))
-	if err != nil {
-		return fail(err)
-	}
-	if _, err := q.Segment().AddRef(); err != nil {
-		return fail(err)
-	}
-	return C.ZCT_OK
+func zct_queue_addref(h C.zct_handle) C.int {
+	return withQueue(h, func(q *queue.Queue) error {
+		if _, err := q.Segment().AddRef(); err != nil {
+			return err
+		}
+		return nil
+	})
 }
 
 //export zct_queue_close
-func zct_queue_close(h C.zct_handle) (status C.int) {
-	defer recoverPanic(&status)
-	if status, ok := enter(); !ok {
-		return status
-	}
-	q, err := queues.take(uint64(h))
-	if err != nil {
-		return fail(err)
-	}
-	if err := q.Close(); err != nil {
-		return fail(err)
-	}
-	return C.ZCT_OK
+func zct_queue_close(h C.zct_handle) C.int {
+	return run(func() error {
+		q, err := queues.take(uint64(h))
+		if err != nil {
+			return err
+		}
+		return q.Close()
+	})
 }
 
 //export zct_queue_put
-func zct_queue_put(h C.zct_handle, typ C.int32_t, payload *C.zct_cvoid, length C.uint64_t, views *C.zct_cview, nviews C.int32_t, timeoutMS C.int64_t) (status C.int) {
-	defer recoverPanic(&status)
-	if status, ok := enter(); !ok {
-		return status
-	}
-	if length > 0 && payload == nil || nviews > 0 && views == nil || nviews < 0 || nviews > message.MaxDescriptors {
-		return fail(errNilArg)
-	}
-	q, err := queues.get(uint64(h))
-	if err != nil {
-		return fail(err)
-	}
-	rec := message.Record{Type: uint8(typ), Descriptors: make([]message.Descriptor, nviews)}
-	if length > 0 {
-		rec.Payload = unsafe.Slice((*byte)(unsafe.Pointer(payload)), length)
-	}
-	vs := unsafe.Slice((*C.zct_view)(unsafe.Pointer(views)), nviews)
-	sending := make([]*buffer.Ref, nviews)
-	seen := make(map[C.zct_handle]bool, nviews)
-	for i := range vs {
-		if seen[vs[i].ref] {
-			return fail(fmt.Errorf("ref %d appears twice in one message: %w", vs[i].ref, unix.EINVAL))
+func zct_queue_put(h C.zct_handle, typ C.int32_t, payload *C.zct_cvoid, length C.uint64_t, views *C.zct_cview, nviews C.int32_t, timeoutMS C.int64_t) C.int {
+	return run(func() error {
+		if length > 0 && payload == nil || nviews > 0 && views == nil || nviews < 0 || nviews > message.MaxDescriptors {
+			return errNilArg
 		}
-		seen[vs[i].ref] = true
-		if rec.Descriptors[i], sending[i], err = describe(&vs[i]); err != nil {
-			return fail(err)
+		q, err := queues.get(uint64(h))
+		if err != nil {
+			return err
 		}
-	}
-	if err := rec.Check(); err != nil {
-		return fail(err)
-	}
-	if err := q.Put(&rec, deadline(timeoutMS)); err != nil {
-		return fail(err)
-	}
-	var errs []error
-	for i, r := range sending {
-		if _, err := refs.take(uint64(vs[i].ref)); err != nil {
-			errs = append(errs, err)
+		rec := message.Record{Type: uint8(typ), Descriptors: make([]message.Descriptor, nviews)}
+		if length > 0 {
+			rec.Payload = unsafe.Slice((*byte)(unsafe.Pointer(payload)), length)
 		}
-		errs = append(errs, r.Sent())
-	}
-	if err := errors.Join(errs...); err != nil {
-		return fail(err)
-	}
-	return C.ZCT_OK
+		vs := unsafe.Slice((*C.zct_view)(unsafe.Pointer(views)), nviews)
+		sending := make([]*buffer.Ref, nviews)
+		seen := make(map[C.zct_handle]bool, nviews)
+		for i := range vs {
+			if seen[vs[i].ref] {
+				return fmt.Errorf("ref %d appears twice in one message: %w", vs[i].ref, unix.EINVAL)
+			}
+			seen[vs[i].ref] = true
+			if rec.Descriptors[i], sending[i], err = describe(&vs[i]); err != nil {
+				return err
+			}
+		}
+		if err := rec.Check(); err != nil {
+			return err
+		}
+		if err := q.Put(&rec, deadline(timeoutMS)); err != nil {
+			return err
+		}
+		var errs []error
+		for i, r := range sending {
+			if _, err := refs.take(uint64(vs[i].ref)); err != nil {
+				errs = append(errs, err)
+			}
+			errs = append(errs, r.Sent())
+		}
+		return errors.Join(errs...)
+	})
 }
 
 //export zct_queue_get
-func zct_queue_get(h C.zct_handle, buf unsafe.Pointer, capacity C.uint64_t, timeoutMS C.int64_t, typ *C.int32_t, payloadOffset *C.uint64_t, payloadLen *C.uint64_t, views *C.zct_view, viewsCap C.int32_t, nviews *C.int32_t) (status C.int) {
-	defer recoverPanic(&status)
-	if status, ok := enter(); !ok {
-		return status
-	}
-	if buf == nil || typ == nil || payloadOffset == nil || payloadLen == nil || nviews == nil || viewsCap > 0 && views == nil || viewsCap < 0 {
-		return fail(errNilArg)
-	}
-	q, err := queues.get(uint64(h))
-	if err != nil {
-		return fail(err)
-	}
-	raw := unsafe.Slice((*byte)(buf), capacity)
-	n, err := q.Get(raw, int(viewsCap), deadline(timeoutMS))
-	var re *queue.RangeError
-	if errors.As(err, &re) {
-		*payloadLen = C.uint64_t(re.Need)
-		*nviews = C.int32_t(re.Descriptors)
-		return fail(fmt.Errorf("%w: %w", errRange, err))
-	}
-	if err != nil {
-		return fail(err)
-	}
-	rec, err := message.DecodeRecord(raw[:n])
-	if err != nil {
-		return fail(err)
-	}
-	if err := adopt(rec.Descriptors, unsafe.Slice(views, len(rec.Descriptors))); err != nil {
-		return fail(err)
-	}
-	*typ = C.int32_t(rec.Type)
-	*payloadOffset = 0
-	if len(rec.Payload) > 0 {
-		*payloadOffset = C.uint64_t(uintptr(unsafe.Pointer(&rec.Payload[0])) - uintptr(buf))
-	}
-	*payloadLen = C.uint64_t(len(rec.Payload))
-	*nviews = C.int32_t(len(rec.Descriptors))
-	return C.ZCT_OK
+func zct_queue_get(h C.zct_handle, buf unsafe.Pointer, capacity C.uint64_t, timeoutMS C.int64_t, typ *C.int32_t, payloadOffset *C.uint64_t, payloadLen *C.uint64_t, views *C.zct_view, viewsCap C.int32_t, nviews *C.int32_t) C.int {
+	return run(func() error {
+		if buf == nil || typ == nil || payloadOffset == nil || payloadLen == nil || nviews == nil || viewsCap > 0 && views == nil || viewsCap < 0 {
+			return errNilArg
+		}
+		q, err := queues.get(uint64(h))
+		if err != nil {
+			return err
+		}
+		raw := unsafe.Slice((*byte)(buf), capacity)
+		n, err := q.Get(raw, int(viewsCap), deadline(timeoutMS))
+		var re *queue.RangeError
+		if errors.As(err, &re) {
+			*payloadLen = C.uint64_t(re.Need)
+			*nviews = C.int32_t(re.Descriptors)
+			return fmt.Errorf("%w: %w", errRange, err)
+		}
+		if err != nil {
+			return err
+		}
+		rec, err := message.DecodeRecord(raw[:n])
+		if err != nil {
+			return err
+		}
+		if err := adopt(rec.Descriptors, unsafe.Slice(views, len(rec.Descriptors))); err != nil {
+			return err
+		}
+		*typ = C.int32_t(rec.Type)
+		*payloadOffset = 0
+		if len(rec.Payload) > 0 {
+			*payloadOffset = C.uint64_t(uintptr(unsafe.Pointer(&rec.Payload[0])) - uintptr(buf))
+		}
+		*payloadLen = C.uint64_t(len(rec.Payload))
+		*nviews = C.int32_t(len(rec.Descriptors))
+		return nil
+	})
 }
 
 //export zct_queue_put_many
-func zct_queue_put_many(h C.zct_handle, typ C.int32_t, data *C.zct_cvoid, ends *C.zct_cuint64, count C.int32_t, timeoutMS C.int64_t, written *C.int32_t) (status C.int) {
-	defer recoverPanic(&status)
-	if status, ok := enter(); !ok {
-		return status
-	}
-	if written == nil || count < 0 || count > 0 && ends == nil {
-		return fail(errNilArg)
-	}
-	q, err := queues.get(uint64(h))
-	if err != nil {
-		return fail(err)
-	}
-	bounds := unsafe.Slice((*C.uint64_t)(unsafe.Pointer(ends)), count)
-	total := uint64(0)
-	if count > 0 {
-		total = uint64(bounds[count-1])
-	}
-	if total > 0 && data == nil {
-		return fail(errNilArg)
-	}
-	payloads := unsafe.Slice((*byte)(unsafe.Pointer(data)), total)
-	recs := make([]message.Record, count)
-	ptrs := make([]*message.Record, count)
-	at := uint64(0)
-	for i, end := range bounds {
-		if uint64(end) < at || uint64(end) > total {
-			return fail(fmt.Errorf("payload ends out of order at %d: %w", i, unix.EINVAL))
+func zct_queue_put_many(h C.zct_handle, typ C.int32_t, data *C.zct_cvoid, ends *C.zct_cuint64, count C.int32_t, timeoutMS C.int64_t, written *C.int32_t) C.int {
+	return run(func() error {
+		if written == nil || count < 0 || count > 0 && ends == nil {
+			return errNilArg
 		}
-		recs[i] = message.Record{Type: uint8(typ), Payload: payloads[at:end]}
-		if err := recs[i].Check(); err != nil {
-			return fail(err)
+		q, err := queues.get(uint64(h))
+		if err != nil {
+			return err
 		}
-		ptrs[i] = &recs[i]
-		at = uint64(end)
-	}
-	n, err := q.PutMany(ptrs, deadline(timeoutMS))
-	*written = C.int32_t(n)
-	if err != nil {
-		return fail(err)
-	}
-	return C.ZCT_OK
+		bounds := unsafe.Slice((*C.uint64_t)(unsafe.Pointer(ends)), count)
+		total := uint64(0)
+		if count > 0 {
+			total = uint64(bounds[count-1])
+		}
+		if total > 0 && data == nil {
+			return errNilArg
+		}
+		payloads := unsafe.Slice((*byte)(unsafe.Pointer(data)), total)
+		recs := make([]message.Record, count)
+		ptrs := make([]*message.Record, count)
+		at := uint64(0)
+		for i, end := range bounds {
+			if uint64(end) < at || uint64(end) > total {
+				return fmt.Errorf("payload ends out of order at %d: %w", i, unix.EINVAL)
+			}
+			recs[i] = message.Record{Type: uint8(typ), Payload: payloads[at:end]}
+			if err := recs[i].Check(); err != nil {
+				return err
+			}
+			ptrs[i] = &recs[i]
+			at = uint64(end)
+		}
+		n, err := q.PutMany(ptrs, deadline(timeoutMS))
+		*written = C.int32_t(n)
+		if err != nil {
+			return err
+		}
+		return nil
+	})
 }
 
 //export zct_queue_get_many
-func zct_queue_get_many(h C.zct_handle, buf unsafe.Pointer, capacity C.uint64_t, maxRecords C.int32_t, timeoutMS C.int64_t, records *C.int32_t, filled *C.uint64_t, views *C.zct_view, viewsCap C.int32_t, nviews *C.int32_t) (status C.int) {
-	defer recoverPanic(&status)
-	if status, ok := enter(); !ok {
-		return status
-	}
-	if buf == nil || records == nil || filled == nil || nviews == nil || viewsCap < 0 || viewsCap > 0 && views == nil || maxRecords < 1 {
-		return fail(errNilArg)
-	}
-	q, err := queues.get(uint64(h))
-	if err != nil {
-		return fail(err)
-	}
-	raw := unsafe.Slice((*byte)(buf), capacity)
-	n, size, err := q.GetMany(raw, int(maxRecords), int(viewsCap), deadline(timeoutMS))
-	var re *queue.RangeError
-	if errors.As(err, &re) {
-		*filled = C.uint64_t(re.Need)
-		*nviews = C.int32_t(re.Descriptors)
-		return fail(fmt.Errorf("%w: %w", errRange, err))
-	}
-	if err != nil && n == 0 {
-		return fail(err)
-	}
-	// Adopt every record's descriptors; a record that fails to decode has
-	// no views to give, and the error is reported after the others.
-	var descs []message.Descriptor
-	var errs []error
-	for at := 0; at < size; {
-		rsize := int(*(*uint32)(unsafe.Pointer(&raw[at])))
-		rec, derr := message.DecodeRecord(raw[at : at+rsize])
-		if derr != nil {
-			errs = append(errs, derr)
+func zct_queue_get_many(h C.zct_handle, buf unsafe.Pointer, capacity C.uint64_t, maxRecords C.int32_t, timeoutMS C.int64_t, records *C.int32_t, filled *C.uint64_t, views *C.zct_view, viewsCap C.int32_t, nviews *C.int32_t) C.int {
+	return run(func() error {
+		if buf == nil || records == nil || filled == nil || nviews == nil || viewsCap < 0 || viewsCap > 0 && views == nil || maxRecords < 1 {
+			return errNilArg
 		}
-		descs = append(descs, rec.Descriptors...)
-		at += rsize
-	}
-	if aerr := adopt(descs, unsafe.Slice(views, len(descs))); aerr != nil {
-		errs = append(errs, aerr)
-		descs = nil
-	}
-	*records = C.int32_t(n)
-	*filled = C.uint64_t(size)
-	*nviews = C.int32_t(len(descs))
-	if err := errors.Join(append(errs, err)...); err != nil {
-		return fail(err)
-	}
-	return C.ZCT_OK
+		q, err := queues.get(uint64(h))
+		if err != nil {
+			return err
+		}
+		raw := unsafe.Slice((*byte)(buf), capacity)
+		n, size, err := q.GetMany(raw, int(maxRecords), int(viewsCap), deadline(timeoutMS))
+		var re *queue.RangeError
+		if errors.As(err, &re) {
+			*filled = C.uint64_t(re.Need)
+			*nviews = C.int32_t(re.Descriptors)
+			return fmt.Errorf("%w: %w", errRange, err)
+		}
+		if err != nil && n == 0 {
+			return err
+		}
+		// Adopt every record's descriptors; a record that fails to decode has
+		// no views to give, and the error is reported after the others.
+		var descs []message.Descriptor
+		var errs []error
+		for at := 0; at < size; {
+			rsize := int(*(*uint32)(unsafe.Pointer(&raw[at])))
+			rec, derr := message.DecodeRecord(raw[at : at+rsize])
+			if derr != nil {
+				errs = append(errs, derr)
+			}
+			descs = append(descs, rec.Descriptors...)
+			at += rsize
+		}
+		if aerr := adopt(descs, unsafe.Slice(views, len(descs))); aerr != nil {
+			errs = append(errs, aerr)
+			descs = nil
+		}
+		*records = C.int32_t(n)
+		*filled = C.uint64_t(size)
+		*nviews = C.int32_t(len(descs))
+		return errors.Join(append(errs, err)...)
+	})
 }
 
 //export zct_queue_len
-func zct_queue_len(h C.zct_handle, items *C.int64_t, unfinished *C.int64_t) (status C.int) {
-	defer recoverPanic(&status)
-	if status, ok := enter(); !ok {
-		return status
-	}
-	q, err := queues.get(uint64(h))
-	if err != nil {
-		return fail(err)
-	}
-	if items != nil {
-		*items = C.int64_t(max(0, q.Len()))
-	}
-	if unfinished != nil {
-		*unfinished = C.int64_t(max(0, q.Unfinished()))
-	}
-	return C.ZCT_OK
+func zct_queue_len(h C.zct_handle, items *C.int64_t, unfinished *C.int64_t) C.int {
+	return withQueue(h, func(q *queue.Queue) error {
+		if items != nil {
+			*items = C.int64_t(max(0, q.Len()))
+		}
+		if unfinished != nil {
+			*unfinished = C.int64_t(max(0, q.Unfinished()))
+		}
+		return nil
+	})
 }
 
 //export zct_queue_task_done
-func zct_queue_task_done(h C.zct_handle) (status C.int) {
-	defer recoverPanic(&status)
-	if status, ok := enter(); !ok {
-		return status
-	}
-	q, err := queues.get(uint64(h))
-	if err != nil {
-		return fail(err)
-	}
-	if err := q.TaskDone(); err != nil {
-		return fail(err)
-	}
-	return C.ZCT_OK
+func zct_queue_task_done(h C.zct_handle) C.int {
+	return withQueue(h, func(q *queue.Queue) error {
+		return q.TaskDone()
+	})
 }
 
 //export zct_queue_join
-func zct_queue_join(h C.zct_handle, timeoutMS C.int64_t) (status C.int) {
-	defer recoverPanic(&status)
-	if status, ok := enter(); !ok {
-		return status
-	}
-	q, err := queues.get(uint64(h))
-	if err != nil {
-		return fail(err)
-	}
-	if err := q.Join(deadline(timeoutMS)); err != nil {
-		return fail(err)
-	}
-	return C.ZCT_OK
+func zct_queue_join(h C.zct_handle, timeoutMS C.int64_t) C.int {
+	return withQueue(h, func(q *queue.Queue) error {
+		return q.Join(deadline(timeoutMS))
+	})
 }
 
 // releaseRefs releases every ref this process still has, at exit.
@@ -593,4 +513,15 @@ func releaseRefs() error {
 		errs = append(errs, r.Release())
 	}
 	return errors.Join(errs...)
+}
+
+// withQueue runs op, as run does, on the queue behind h.
+func withQueue(h C.zct_handle, op func(*queue.Queue) error) C.int {
+	return run(func() error {
+		q, err := queues.get(uint64(h))
+		if err != nil {
+			return err
+		}
+		return op(q)
+	})
 }

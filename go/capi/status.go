@@ -79,8 +79,7 @@ func setLastError(msg string, errno int) {
 	C.zct_set_last_error((*C.char)(unsafe.Pointer(unsafe.StringData(msg))), C.size_t(len(msg)), C.int(errno))
 }
 
-// enter returns a failing status when the library is poisoned. Every export
-// calls it first, after deferring recoverPanic.
+// enter returns a failing status when the library is poisoned.
 func enter() (C.int, bool) {
 	if poisoned.Load() {
 		setLastError("libzctipc is poisoned by an earlier internal error; restart the process", 0)
@@ -99,4 +98,18 @@ func recoverPanic(status *C.int) {
 		setLastError(fmt.Sprintf("libzctipc internal error: %v (the library is now poisoned; the stack was printed to stderr)", r), 0)
 		*status = C.ZCT_E_INTERNAL
 	}
+}
+
+// run runs the body of an export: it refuses the call once the library is
+// poisoned, turns a panic into ZCT_E_INTERNAL (and poisons the library), and
+// an error into its status and the thread's last error.
+func run(body func() error) (status C.int) {
+	defer recoverPanic(&status)
+	if status, ok := enter(); !ok {
+		return status
+	}
+	if err := body(); err != nil {
+		return fail(err)
+	}
+	return C.ZCT_OK
 }

@@ -193,18 +193,11 @@ func attach(name string, kind header.Kind, readOnly, adopt bool) (*Segment, erro
 	if seg := attachMapped(path, kind, readOnly, adopt); seg != nil {
 		return seg, nil
 	}
-	fd, err := unix.Open(path, unix.O_RDWR|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return nil, openError(full, err)
-	}
-	defer unix.Close(fd)
-	st, hdr, err := readHeader(fd, full)
+	fd, st, hdr, err := openChecked(full, path, kind)
 	if err != nil {
 		return nil, err
 	}
-	if kind != 0 && hdr.Kind != kind {
-		return nil, fmt.Errorf("segment %q holds a %s, not a %s: %w", full, hdr.Kind, kind, unix.EINVAL)
-	}
+	defer unix.Close(fd)
 	key := fileKey{st.Dev, st.Ino}
 
 	registry.mu.Lock()
@@ -252,6 +245,24 @@ func attachMapped(path string, kind header.Kind, readOnly, adopt bool) *Segment 
 		return nil // the segment is being removed: the long way says so
 	}
 	return &Segment{f: f, data: f.region(readOnly), readOnly: readOnly}
+}
+
+// openChecked opens segment full read-write and returns its fd, stat and
+// validated header, after checking that it is of kind (any kind when zero).
+// The caller closes the fd.
+func openChecked(full, path string, kind header.Kind) (int, unix.Stat_t, header.Header, error) {
+	fd, err := unix.Open(path, unix.O_RDWR|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, unix.Stat_t{}, header.Header{}, openError(full, err)
+	}
+	st, hdr, err := readHeader(fd, full)
+	if err == nil && kind != 0 && hdr.Kind != kind {
+		err = fmt.Errorf("segment %q holds a %s, not a %s: %w", full, hdr.Kind, kind, unix.EINVAL)
+	}
+	if err != nil {
+		return -1, st, hdr, errors.Join(err, unix.Close(fd))
+	}
+	return fd, st, hdr, nil
 }
 
 func openError(name string, err error) error {
@@ -448,18 +459,11 @@ func Map(name string, kind header.Kind) (*Mapping, error) {
 		return nil, err
 	}
 	path := Dir() + "/" + full
-	fd, err := unix.Open(path, unix.O_RDWR|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return nil, openError(full, err)
-	}
-	defer unix.Close(fd)
-	st, hdr, err := readHeader(fd, full)
+	fd, st, hdr, err := openChecked(full, path, kind)
 	if err != nil {
 		return nil, err
 	}
-	if hdr.Kind != kind {
-		return nil, fmt.Errorf("segment %q holds a %s, not a %s: %w", full, hdr.Kind, kind, unix.EINVAL)
-	}
+	defer unix.Close(fd)
 	f := &file{key: fileKey{st.Dev, st.Ino}, name: full, path: path, hdr: hdr}
 	if err := f.mapFor(fd, false); err != nil {
 		return nil, errors.Join(fmt.Errorf("map segment %q: %w", full, err), f.unmap())

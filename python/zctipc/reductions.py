@@ -100,6 +100,25 @@ def _slot_for(shape, code, block, timeout):
     return ref, _native.ffi().cast("char *", address), nbytes, _c_strides(shape, itemsize)
 
 
+def _export(address, code, shape, strides, pytype, fill, block, timeout, copy):
+    """An Export of the array at address: its own memory when that is zctipc
+    memory, else (with copy) a fresh buffer that fill(memory, nbytes,
+    c_strides) copies it into, in C order."""
+    if address is not None and min(strides, default=0) >= 0:
+        found = _find(address, _extent(shape, strides, _dtypes.ITEMSIZE[code]))
+        if found is not None:
+            return Export(found[0], found[1], code, shape, strides, pytype)
+    if not copy:
+        return None
+    ref, memory, nbytes, c_strides = _slot_for(shape, code, block, timeout)
+    try:
+        fill(memory, nbytes, c_strides)
+    except BaseException:
+        _native.check(_native.lib().zct_ref_release(ref))
+        raise
+    return Export(ref, 0, code, shape, c_strides, pytype)
+
+
 def export_array(arr, block=True, timeout=None, copy=True):
     """An Export for a NumPy array, or None when it cannot go out of band
     (object, structured, non-native dtypes) or, without copy, is not zctipc
@@ -108,20 +127,12 @@ def export_array(arr, block=True, timeout=None, copy=True):
         code = _dtypes.code_of_numpy(arr.dtype)
     except UnsupportedDtype:
         return None
-    shape, strides = arr.shape, arr.strides
-    if min(strides, default=0) >= 0:
-        found = _find(arr.__array_interface__["data"][0], _extent(shape, strides, arr.itemsize))
-        if found is not None:
-            return Export(found[0], found[1], code, shape, strides, _views.NUMPY)
-    if not copy:
-        return None
-    ref, memory, nbytes, c_strides = _slot_for(shape, code, block, timeout)
-    try:
-        np.copyto(_views.ndarray(memory, nbytes, arr.dtype, shape, c_strides), arr)
-    except BaseException:
-        _native.check(_native.lib().zct_ref_release(ref))
-        raise
-    return Export(ref, 0, code, shape, c_strides, _views.NUMPY)
+
+    def fill(memory, nbytes, c_strides):
+        np.copyto(_views.ndarray(memory, nbytes, arr.dtype, arr.shape, c_strides), arr)
+
+    return _export(arr.__array_interface__["data"][0], code, arr.shape, arr.strides, _views.NUMPY, fill,
+                   block, timeout, copy)
 
 
 _TORCH_CODES = {}  # torch dtype -> code, filled as dtypes are met
@@ -158,19 +169,13 @@ def export_tensor(t, block=True, timeout=None, copy=True):
     if layout is None:
         return None
     code, shape, strides = layout
-    found = _find(t.data_ptr(), _extent(shape, strides, _dtypes.ITEMSIZE[code])) if 0 not in shape else None
-    if found is not None:
-        return Export(found[0], found[1], code, shape, strides, _views.TORCH)
-    if not copy:
-        return None
-    ref, memory, nbytes, c_strides = _slot_for(shape, code, block, timeout)
-    try:
-        dst = _views.tensor(_views.ndarray(memory, nbytes, _dtypes.storage_dtype(code), shape, c_strides), code)
-        dst.copy_(t.detach())
-    except BaseException:
-        _native.check(_native.lib().zct_ref_release(ref))
-        raise
-    return Export(ref, 0, code, shape, c_strides, _views.TORCH)
+
+    def fill(memory, nbytes, c_strides):
+        storage = _views.ndarray(memory, nbytes, _dtypes.storage_dtype(code), shape, c_strides)
+        _views.tensor(storage, code).copy_(t.detach())
+
+    address = t.data_ptr() if 0 not in shape else None
+    return _export(address, code, shape, strides, _views.TORCH, fill, block, timeout, copy)
 
 
 #: Types a queue sends as a bare tensor record (torch.Tensor joins once

@@ -61,4 +61,4 @@ wheel: install
 	$(PIP) wheel --no-build-isolation --no-deps -w dist .
 
 clean:
-	rm -rf build dist python/zctipc/libzctipc.so python/zctipc/zctipc.h python/zctipc/_zctipc_cffi* python/*.egg-info
+	rm -rf build dist python/zctipc/libzctipc.so python/zctipc/zctipcd python/zctipc/zctipc.h python/zctipc/_zctipc_cffi* python/*.egg-info

@@ -1,7 +1,8 @@
 """Build zctipc: the Go core (libzctipc.so), then the cffi extension that binds it.
 
 Building needs Go (https://go.dev) and a C compiler. The wheel carries
-libzctipc.so, the cffi extension and zctipc.h inside the ``zctipc`` package.
+libzctipc.so, the cleanup daemon zctipcd, the cffi extension and zctipc.h
+inside the ``zctipc`` package.
 """
 
 import os
@@ -36,16 +37,28 @@ def build_go_library(out_dir):
     return target
 
 
+def build_go_daemon(out_dir):
+    """go build the cleanup daemon into out_dir."""
+    target = os.path.join(out_dir, "zctipcd")
+    subprocess.check_call(
+        ["go", "build", "-trimpath", "-ldflags=-s -w", "-o", target, "./go/cmd/zctipcd"],
+        cwd=ROOT,
+    )
+    return target
+
+
 class BuildGoThenExtensions(build_ext):
-    """Build libzctipc.so first, link the cffi extension against it, and put
-    both (and zctipc.h) in the package."""
+    """Build libzctipc.so and zctipcd first, link the cffi extension against
+    the library, and put them all (and zctipc.h) in the package."""
 
     def run(self):
         library = build_go_library(LIB_DIR)
+        daemon = build_go_daemon(LIB_DIR)
         super().run()
         package_dir = os.path.join("python", "zctipc") if self.inplace else os.path.join(self.build_lib, "zctipc")
         os.makedirs(package_dir, exist_ok=True)
         shutil.copy2(library, os.path.join(package_dir, "libzctipc.so"))
+        shutil.copy2(daemon, os.path.join(package_dir, "zctipcd"))
         shutil.copy2(HEADER, os.path.join(package_dir, "zctipc.h"))
 
 

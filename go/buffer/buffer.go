@@ -9,6 +9,7 @@ import (
 
 	"github.com/zctipc/zctipc/go/dtype"
 	"github.com/zctipc/zctipc/go/header"
+	"github.com/zctipc/zctipc/go/ledger"
 	"github.com/zctipc/zctipc/go/message"
 	"github.com/zctipc/zctipc/go/pool"
 	"github.com/zctipc/zctipc/go/shm"
@@ -18,14 +19,41 @@ import (
 // Ref is a count on a region of zctipc memory (the data of a tensor segment,
 // or a pool slot) together with the mapping that makes it readable here.
 // Release gives the count up; Describe hands it on inside a descriptor.
+//
+// The count a Ref owns, unless it is this process's own count on a segment
+// (which package shm records), is recorded in the process's ledger while
+// the Ref holds it.
 type Ref struct {
-	seg   *shm.Segment // a tensor segment, open in this process
-	extra bool         // seg: the ref holds a count besides this process's
-	slot  pool.Slot    // a slot, when seg is nil
+	seg   *shm.Segment   // a tensor segment, open in this process
+	extra bool           // seg: the ref holds a count besides this process's
+	slot  pool.Slot      // a slot, when seg is nil
+	led   *ledger.Ledger // where the count is recorded, or nil
+	entry int            // its record there, or shm.NoEntry
 }
 
 // NewSlotRef returns a Ref that owns the count s.
-func NewSlotRef(s pool.Slot) *Ref { return &Ref{slot: s} }
+func NewSlotRef(s pool.Slot) *Ref { return recorded(&Ref{slot: s}) }
+
+// recorded records the count r owns in the ledger and returns r.
+func recorded(r *Ref) *Ref {
+	r.led = ledger.Current()
+	switch {
+	case r.seg == nil:
+		r.entry = r.led.HoldSlot(r.slot.Arena().Name(), r.slot.Index, r.slot.Generation)
+	case r.extra:
+		r.entry = r.led.HoldSegment(r.seg.Name())
+	default:
+		r.entry = shm.NoEntry
+	}
+	return r
+}
+
+// unrecord clears the ledger's record of the count, before it is given up
+// or handed on.
+func (r *Ref) unrecord() {
+	r.led.Drop(r.entry)
+	r.led, r.entry = nil, shm.NoEntry
+}
 
 // Kind returns message.RefSegment or message.RefSlot.
 func (r *Ref) Kind() uint8 {
@@ -50,7 +78,7 @@ func (r *Ref) Segment() *shm.Segment { return r.seg }
 // addr, and the offset of addr in it, when this process maps it.
 func Find(addr uintptr, n uint64) (*Ref, uint64, bool, error) {
 	if s, off, ok := pool.Find(addr, n); ok {
-		return &Ref{slot: s}, off, true, nil
+		return recorded(&Ref{slot: s}), off, true, nil
 	}
 	seg, off, ok := shm.Find(addr, n)
 	if !ok {
@@ -59,11 +87,12 @@ func Find(addr uintptr, n uint64) (*Ref, uint64, bool, error) {
 	if _, err := seg.AddRef(); err != nil {
 		return nil, 0, false, errors.Join(err, seg.Close())
 	}
-	return &Ref{seg: seg, extra: true}, off, true, nil
+	return recorded(&Ref{seg: seg, extra: true}), off, true, nil
 }
 
 // Release gives up the ref's count.
 func (r *Ref) Release() error {
+	r.unrecord()
 	if r.seg == nil {
 		return r.slot.Release()
 	}
@@ -98,8 +127,18 @@ func (r *Ref) Describe(offset uint64, dt dtype.DType, shape, strides []int64, fl
 	return d, d.Check()
 }
 
+// Sending clears the ledger's record of the ref's count just before the
+// descriptor that carries it is published: from then on the message holds
+// the count. Unsent records it again when the message could not be sent.
+func (r *Ref) Sending() { r.unrecord() }
+
+// Unsent records the count of a ref again after Sending, when its message
+// was not sent after all.
+func (r *Ref) Unsent() { recorded(r) }
+
 // Sent closes a ref whose count went out in a descriptor.
 func (r *Ref) Sent() error {
+	r.unrecord()
 	if r.seg != nil {
 		return r.seg.Close()
 	}
@@ -119,13 +158,13 @@ func Adopt(d *message.Descriptor) (*Ref, []byte, error) {
 		if err != nil {
 			return nil, nil, err
 		}
-		r = &Ref{seg: seg}
+		r = &Ref{seg: seg, entry: shm.NoEntry}
 	default:
 		s, err := pool.Adopt(d.Name, d.Slot, d.Generation)
 		if err != nil {
 			return nil, nil, err
 		}
-		r = &Ref{slot: s}
+		r = recorded(&Ref{slot: s})
 	}
 	data := r.Data()
 	if d.Offset+d.NBytes > uint64(len(data)) {

@@ -20,6 +20,7 @@ import (
 	"strings"
 	"unsafe"
 
+	"github.com/zctipc/zctipc/go/daemon"
 	"github.com/zctipc/zctipc/go/dtype"
 	"github.com/zctipc/zctipc/go/header"
 	"github.com/zctipc/zctipc/go/shm"
@@ -33,7 +34,8 @@ func init() {
 	C.zct_version_string = C.CString(zctipc.Version) // lives as long as the library
 	// Go copied the environment when the process started; a host such as
 	// Python may have set zctipc's variables since, before loading us.
-	for _, name := range []string{shm.DirEnv, shm.MapCacheEnv} {
+	for _, name := range []string{shm.DirEnv, shm.MapCacheEnv, shm.StrategyEnv, shm.StallEnv,
+		daemon.RuntimeDirEnv, daemon.IdleEnv, "XDG_RUNTIME_DIR"} {
 		cname := C.CString(name)
 		value := C.getenv(cname)
 		C.free(unsafe.Pointer(cname))
@@ -48,6 +50,10 @@ func init() {
 		}
 	}
 	shm.SetMapCache(os.Getenv(shm.MapCacheEnv) != "0")
+	shm.InitStall()
+	if err := shm.InitStrategy(); err != nil {
+		fmt.Fprintln(os.Stderr, "zctipc:", err) // the default strategy stays
+	}
 }
 
 var segments = newTable[*shm.Segment]()
@@ -187,22 +193,27 @@ func zct_segment_stat(name *C.zct_cchar, info *C.zct_info) C.int {
 //export zct_segment_list
 func zct_segment_list(buf *C.char, capacity C.uint64_t, length *C.uint64_t) C.int {
 	return run(func() error {
-		if length == nil || capacity > 0 && buf == nil {
-			return errNilArg
-		}
 		names, err := shm.List()
 		if err != nil {
 			return err
 		}
-		joined := strings.Join(names, "\n")
-		*length = C.uint64_t(len(joined))
-		if uint64(capacity) <= uint64(len(joined)) {
-			return errRange
-		}
-		dst := unsafe.Slice((*byte)(unsafe.Pointer(buf)), capacity)
-		dst[copy(dst, joined)] = 0
-		return nil
+		return copyOut(strings.Join(names, "\n"), buf, capacity, length)
 	})
+}
+
+// copyOut writes s and a NUL into buf, and its length into *length; when
+// buf cannot hold it, only the length, and errRange.
+func copyOut(s string, buf *C.char, capacity C.uint64_t, length *C.uint64_t) error {
+	if length == nil || capacity > 0 && buf == nil {
+		return errNilArg
+	}
+	*length = C.uint64_t(len(s))
+	if uint64(capacity) <= uint64(len(s)) {
+		return errRange
+	}
+	dst := unsafe.Slice((*byte)(unsafe.Pointer(buf)), capacity)
+	dst[copy(dst, s)] = 0
+	return nil
 }
 
 //export zct_release_all

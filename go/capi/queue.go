@@ -339,7 +339,13 @@ func zct_queue_put(h C.zct_handle, typ C.int32_t, payload *C.zct_cvoid, length C
 		if err := rec.Check(); err != nil {
 			return err
 		}
+		for _, r := range sending {
+			r.Sending()
+		}
 		if err := q.Put(&rec, deadline(timeoutMS)); err != nil {
+			for _, r := range sending {
+				r.Unsent()
+			}
 			return err
 		}
 		var errs []error

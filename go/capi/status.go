@@ -14,6 +14,7 @@ import (
 	"sync/atomic"
 	"unsafe"
 
+	"github.com/zctipc/zctipc/go/daemon"
 	"github.com/zctipc/zctipc/go/dtype"
 	"github.com/zctipc/zctipc/go/futex"
 	"github.com/zctipc/zctipc/go/header"
@@ -32,6 +33,8 @@ var statuses = []struct {
 }{
 	{errBadHandle, C.ZCT_E_CLOSED},
 	{errRange, C.ZCT_E_RANGE},
+	{daemon.ErrUnavailable, C.ZCT_E_NO_DAEMON},
+	{shm.ErrNoBroker, C.ZCT_E_NO_DAEMON},
 	{queue.ErrFull, C.ZCT_E_FULL},
 	{queue.ErrEmpty, C.ZCT_E_EMPTY},
 	{futex.ErrInterrupted, C.ZCT_E_INTERRUPTED},

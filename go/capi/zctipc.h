@@ -32,7 +32,7 @@ extern "C" {
 
 /* BEGIN CDEF (python/zctipc/_ffi_build.py feeds from here to END CDEF to cffi) */
 
-#define ZCT_ABI_VERSION 1
+#define ZCT_ABI_VERSION 2
 #define ZCT_MAX_NDIM 32
 #define ZCT_NAME_CAP 256
 
@@ -52,6 +52,7 @@ typedef enum zct_status {
     ZCT_E_FULL = -12,        /* a queue or the pool is full, and the timeout passed */
     ZCT_E_EMPTY = -13,       /* a queue is empty, and the timeout passed */
     ZCT_E_INTERRUPTED = -14, /* a signal arrived while waiting: run its handler, then call again */
+    ZCT_E_NO_DAEMON = -15,   /* the cleanup daemon zctipcd cannot be reached (file_descriptor needs it) */
     ZCT_E_OS = -20,          /* another operating-system error; see zct_last_errno() */
     ZCT_E_INTERNAL = -98,    /* a bug was caught; the library is now poisoned */
     ZCT_E_POISONED = -99     /* an earlier call failed with ZCT_E_INTERNAL */
@@ -183,6 +184,30 @@ int zct_segment_list(char *buf, uint64_t cap, uint64_t *len);
    it holds, leaving mappings in place (for process exit). *count receives
    how many segments were released. */
 int zct_release_all(int64_t *count);
+
+/* Crash safety. A process records the counts it holds in a ledger, which
+   the per-user cleanup daemon zctipcd gives up when the process dies. */
+
+/* Sharing strategies: where new segments live. */
+#define ZCT_STRATEGY_FILE_SYSTEM 0     /* files in /dev/shm (or $ZCTIPC_SHM_DIR) */
+#define ZCT_STRATEGY_FILE_DESCRIPTOR 1 /* memfds, passed with SCM_RIGHTS by zctipcd */
+int zct_set_strategy(int32_t strategy);
+int zct_get_strategy(int32_t *strategy);
+/* Make this process's ledger and say hello to the user's daemon, starting
+   the program daemon_path when none runs (none when NULL). The ledger is
+   kept when the daemon cannot be reached (ZCT_E_NO_DAEMON): the next daemon
+   finds it. */
+int zct_cleanup_enable(const char *daemon_path);
+/* Remove the ledger and close the connection: after zct_release_all, at
+   exit. */
+int zct_cleanup_disable(void);
+/* Reports, as JSON written into buf as zct_segment_list writes: every
+   library segment with its holders (zct_census); what gc removed, or would
+   with dry_run (zct_gc: done by the daemon when one runs); and whether a
+   daemon runs, with its status (zct_daemon_status). */
+int zct_census(char *buf, uint64_t cap, uint64_t *len);
+int zct_gc(int32_t dry_run, char *buf, uint64_t cap, uint64_t *len);
+int zct_daemon_status(char *buf, uint64_t cap, uint64_t *len);
 
 /* Validate a header held in memory, as zct_segment_attach validates the one
    it reads. file_size is the size of the file it came from. */

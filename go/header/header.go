@@ -43,12 +43,17 @@ const (
 	KindQueue  Kind = 3 // a message queue (one uint8 dimension)
 	KindStream Kind = 4 // a multi-reader frame ring (one uint8 dimension)
 	KindTable  Kind = 5 // an Arrow IPC stream (one uint8 dimension)
-	maxKind         = KindTable
+	KindLedger Kind = 6 // the counts one process holds (one uint8 dimension)
+	maxKind         = KindLedger
 )
 
-const kindMask = 0xff
+const (
+	kindMask    = 0xff
+	flagTracked = 1 << 8
+	knownFlags  = kindMask | flagTracked
+)
 
-var kindNames = [...]string{KindTensor: "tensor", KindArena: "arena", KindQueue: "queue", KindStream: "stream", KindTable: "table"}
+var kindNames = [...]string{KindTensor: "tensor", KindArena: "arena", KindQueue: "queue", KindStream: "stream", KindTable: "table", KindLedger: "ledger"}
 
 // String returns the name of k ("tensor").
 func (k Kind) String() string {
@@ -79,6 +84,10 @@ type Header struct {
 	Creator    proc.Identity
 	CreatedNS  int64 // CLOCK_REALTIME nanoseconds at creation
 	Refcount   int64 // the value when the header was read; it changes afterwards
+	// Tracked says that the creator recorded its counts in a ledger, so that
+	// the cleanup daemon may remove the segment once no live process holds
+	// it.
+	Tracked bool
 }
 
 var le = binary.LittleEndian
@@ -148,7 +157,11 @@ func (h Header) Encode(buf []byte) {
 	le.PutUint32(buf[0:], Magic)
 	le.PutUint16(buf[4:], Version)
 	le.PutUint16(buf[6:], uint16(h.Len()))
-	le.PutUint32(buf[8:], uint32(h.Kind))
+	flags := uint32(h.Kind)
+	if h.Tracked {
+		flags |= flagTracked
+	}
+	le.PutUint32(buf[8:], flags)
 	le.PutUint16(buf[12:], uint16(h.DType))
 	le.PutUint16(buf[14:], uint16(ndim))
 	le.PutUint64(buf[16:], h.DataOffset)
@@ -217,9 +230,10 @@ func Decode(buf []byte, fileSize uint64) (Header, error) {
 		Creator:    proc.Identity{PID: int64(le.Uint64(buf[32:])), StartTime: le.Uint64(buf[40:])},
 		CreatedNS:  int64(le.Uint64(buf[48:])),
 		Refcount:   int64(le.Uint64(buf[RefcountOffset:])),
+		Tracked:    flags&flagTracked != 0,
 	}
-	if flags&^kindMask != 0 {
-		return Header{}, fmt.Errorf("%w: unknown flag bits %#x", ErrCorrupt, flags&^kindMask)
+	if flags&^knownFlags != 0 {
+		return Header{}, fmt.Errorf("%w: unknown flag bits %#x", ErrCorrupt, flags&^knownFlags)
 	}
 	if h.Kind == 0 || h.Kind > maxKind {
 		return Header{}, fmt.Errorf("%w: unknown segment kind %d", ErrCorrupt, h.Kind)

@@ -469,7 +469,13 @@ func init() { shm.OnLastRelease(header.KindQueue, drain) }
 
 // drain gives up the counts that the messages still in a queue carry, when
 // the last holder of the queue lets it go.
-func drain(data []byte) error {
+func drain(data []byte) error { return Descriptors(data, buffer.Drop) }
+
+// Descriptors calls fn on every descriptor of the messages in the queue
+// whose data region is data, oldest first: the counts those messages hold.
+// The queue must not change meanwhile, or the walk may see torn records,
+// which it reports as corrupt rather than follow.
+func Descriptors(data []byte, fn func(*message.Descriptor) error) error {
 	if len(data) < ringAt {
 		return nil
 	}
@@ -489,14 +495,14 @@ func drain(data []byte) error {
 			continue
 		}
 		if size < message.RecordHeaderSize || size%8 != 0 || pos+size > uint32(capacity) || size > tail-head {
-			return errors.Join(append(errs, fmt.Errorf("%w: a record of %d bytes in a queue being removed", header.ErrCorrupt, size))...)
+			return errors.Join(append(errs, fmt.Errorf("%w: a record of %d bytes in a queue", header.ErrCorrupt, size))...)
 		}
 		rec, err := message.DecodeRecord(append([]byte(nil), ring[pos:pos+size]...))
 		if err != nil {
 			errs = append(errs, err)
 		}
 		for i := range rec.Descriptors {
-			if err := buffer.Drop(&rec.Descriptors[i]); err != nil {
+			if err := fn(&rec.Descriptors[i]); err != nil {
 				errs = append(errs, err)
 			}
 		}

@@ -15,6 +15,15 @@ import (
 // files in /dev/shm can be told from everyone else's.
 const Prefix = "zctipc_"
 
+// FDPrefix starts the name of every memfd segment (the file_descriptor
+// strategy). It cannot start a name that FullName makes, so the two kinds of
+// names never meet.
+const FDPrefix = "zctipc-fd-"
+
+// TmpPrefix starts the temporary name a segment file has while it is being
+// created, before it is renamed to its own.
+const TmpPrefix = "zctipc-tmp-"
+
 // MaxNameLen is the longest name a caller may give, in bytes, not counting
 // the prefix.
 const MaxNameLen = 200
@@ -36,6 +45,12 @@ func Dir() string {
 // name: 1 to MaxNameLen bytes of letters, digits, '_', '-' and '.', with no
 // ".." in it. A bad name gives an error wrapping unix.EINVAL.
 func FullName(name string) (string, error) {
+	if strings.HasPrefix(name, FDPrefix) {
+		if !isHexName(name[len(FDPrefix):]) {
+			return "", fmt.Errorf("memfd segment name %q is not one zctipc made: %w", name, unix.EINVAL)
+		}
+		return name, nil
+	}
 	base := strings.TrimPrefix(name, Prefix)
 	switch {
 	case base == "":
@@ -57,15 +72,34 @@ func nameByte(c byte) bool {
 	return 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '_' || c == '-' || c == '.'
 }
 
-// RandomName returns a new name: the prefix and 128 random bits in hex.
-func RandomName() string {
-	var b [16]byte
-	rand.Read(b[:]) // never fails: crypto/rand crashes the program instead
-	return Prefix + hex.EncodeToString(b[:])
+// IsFDName reports whether name is that of a memfd segment.
+func IsFDName(name string) bool { return strings.HasPrefix(name, FDPrefix) }
+
+// IsTmpName reports whether name is a temporary name that Create makes.
+func IsTmpName(name string) bool {
+	return strings.HasPrefix(name, TmpPrefix) && isHexName(name[len(TmpPrefix):])
 }
 
-// List returns the names of every file with the library prefix in Dir(),
-// sorted, whether or not it holds a valid segment.
+func isHexName(s string) bool {
+	if len(s) != 32 {
+		return false
+	}
+	_, err := hex.DecodeString(s)
+	return err == nil
+}
+
+// RandomName returns a new name: the prefix and 128 random bits in hex.
+func RandomName() string { return randomName(Prefix) }
+
+func randomName(prefix string) string {
+	var b [16]byte
+	rand.Read(b[:]) // never fails: crypto/rand crashes the program instead
+	return prefix + hex.EncodeToString(b[:])
+}
+
+// List returns the names of every file of the library in Dir() (with the
+// prefix, or the temporary prefix of a segment being created), sorted,
+// whether or not it holds a valid segment.
 func List() ([]string, error) {
 	entries, err := os.ReadDir(Dir())
 	if err != nil {
@@ -73,7 +107,7 @@ func List() ([]string, error) {
 	}
 	var names []string
 	for _, e := range entries {
-		if strings.HasPrefix(e.Name(), Prefix) {
+		if strings.HasPrefix(e.Name(), Prefix) || strings.HasPrefix(e.Name(), TmpPrefix) {
 			names = append(names, e.Name())
 		}
 	}

@@ -71,6 +71,8 @@ type file struct {
 	rc      *int64    // the shared refcount, in rw or ctl; set with the first mapping
 	handles int       // open Segments on this file
 	counted bool      // this process holds one count of the segment
+	tracker Tracker   // where that count is recorded, or nil
+	entry   int       // its record there, or NoEntry
 	idle    time.Time // when the last handle closed, for a cached mapping
 }
 
@@ -79,23 +81,23 @@ type file struct {
 var registry = struct {
 	mu       sync.Mutex
 	files    map[fileKey]*file
-	byPath   map[string]*file // the file last mapped under each path
+	byName   map[string]*file // the file last mapped under each name
 	cached   int              // files with no handle, kept mapped
 	sweeping bool             // a sweeper goroutine runs
-}{files: map[fileKey]*file{}, byPath: map[string]*file{}}
+}{files: map[fileKey]*file{}, byName: map[string]*file{}}
 
 // register adds f to the registry. The caller holds registry.mu.
 func register(f *file) {
 	registry.files[f.key] = f
-	registry.byPath[f.path] = f
+	registry.byName[f.name] = f
 }
 
 // forget removes f from the registry and unmaps it. The caller holds
 // registry.mu.
 func forget(f *file) error {
 	delete(registry.files, f.key)
-	if registry.byPath[f.path] == f {
-		delete(registry.byPath, f.path)
+	if registry.byName[f.name] == f {
+		delete(registry.byName, f.name)
 	}
 	return f.unmap()
 }
@@ -111,12 +113,12 @@ func (f *file) hold(adopt bool) error {
 			return err
 		}
 	case adopt:
-		f.counted = true
+		f.count()
 	case !f.counted:
 		if _, err := f.addRef(); err != nil {
 			return err
 		}
-		f.counted = true
+		f.count()
 	}
 	if f.handles == 0 && !f.idle.IsZero() {
 		registry.cached--
@@ -135,8 +137,7 @@ func (f *file) letGo() error {
 	}
 	var err error
 	if f.counted {
-		f.counted = false
-		_, err = f.dropRef()
+		_, err = f.uncount()
 	}
 	if !mapCache.Load() || atomic.LoadInt64(f.rc) <= 0 {
 		return errors.Join(err, forget(f))
@@ -271,6 +272,27 @@ func (f *file) unmap() error {
 	return errors.Join(errs...)
 }
 
+// count makes this process a holder of f, with the count it just took,
+// and records that count with the tracker. The caller holds registry.mu.
+func (f *file) count() {
+	f.counted = true
+	f.tracker, f.entry = nil, NoEntry
+	if t := currentTracker(); t != nil && f.hdr.Kind != header.KindLedger {
+		f.tracker, f.entry = t, t.Holding(f.name)
+	}
+}
+
+// uncount gives up this process's count on f, clearing the tracker's record
+// of it first. The caller holds registry.mu.
+func (f *file) uncount() (int64, error) {
+	f.counted = false
+	if f.tracker != nil && f.entry != NoEntry {
+		f.tracker.Dropped(f.entry)
+	}
+	f.tracker, f.entry = nil, NoEntry
+	return f.dropRef()
+}
+
 // addRef adds one to the shared count unless it already reached zero.
 func (f *file) addRef() (int64, error) {
 	rc := f.rc
@@ -291,20 +313,33 @@ func (f *file) dropRef() (int64, error) {
 	n := atomic.AddInt64(f.rc, -1)
 	switch {
 	case n == 0:
-		var err error
-		if fn := finalizers[f.hdr.Kind]; fn != nil {
-			err = fn(f.region(f.rw == nil)) // may run under registry.mu: it must not take it
-		}
-		return 0, errors.Join(err, f.unlinkIfSame())
+		return 0, f.remove()
 	case n < 0:
 		return n, fmt.Errorf("segment %q: refcount fell to %d: %w", f.name, n, header.ErrCorrupt)
 	}
 	return n, nil
 }
 
+// remove runs the finalizer of f's kind on its data, then removes its name:
+// its count reached zero. It may run under registry.mu, so a finalizer must
+// not take it.
+func (f *file) remove() error {
+	var err error
+	if fn := finalizers[f.hdr.Kind]; fn != nil {
+		err = fn(f.region(f.rw == nil))
+	}
+	return errors.Join(err, f.unlinkIfSame())
+}
+
 // unlinkIfSame removes the file's name unless it was already removed or now
-// names a different file.
+// names a different file. A memfd has no name: the broker lets it go.
 func (f *file) unlinkIfSame() error {
+	if f.path == "" {
+		if b, err := currentBroker(); err == nil {
+			b.Drop(f.name)
+		}
+		return nil
+	}
 	var st unix.Stat_t
 	if err := unix.Lstat(f.path, &st); err != nil {
 		if errors.Is(err, unix.ENOENT) {

@@ -30,6 +30,7 @@ package shm
 import (
 	"errors"
 	"fmt"
+	"math"
 	"sync/atomic"
 	"time"
 	"unsafe"
@@ -64,77 +65,265 @@ type Segment struct {
 // existing file is never adopted: the error then wraps unix.EEXIST. When the
 // directory is too small, the error wraps ErrOutOfSharedMemory and nothing is
 // left behind.
+//
+// Under the FileDescriptor strategy the segment is a memfd handed to the
+// broker, and it cannot be given a name.
+//
+// A file segment is made under a temporary name and renamed to its own once
+// its header is written, so that no process ever attaches a half-made
+// segment, and so that the tracker can tell what a creator that died left.
 func Create(name string, kind header.Kind, dt dtype.DType, shape []int64) (*Segment, error) {
 	hdr, err := header.New(kind, dt, shape)
 	if err != nil {
 		return nil, err
 	}
+	seg, _, err := create(name, hdr, 0, false)
+	return seg, err
+}
+
+// CreateSparse makes a new unnamed segment of kind whose data region is size
+// bytes of uint8, like Create, but reserves only the first reserve bytes of
+// its data; Reserve reserves more. Reading or writing past the reserved bytes
+// is not allowed: it could fault when the file system is full. It returns the
+// segment's file descriptor too, which the caller closes. A memfd segment
+// made so is not handed to the broker: only the processes the caller sends
+// the descriptor to can map it.
+func CreateSparse(kind header.Kind, size, reserve uint64) (*Segment, int, error) {
+	if size > math.MaxInt64 {
+		return nil, -1, fmt.Errorf("a segment of %d bytes: %w", size, unix.EINVAL)
+	}
+	hdr, err := header.New(kind, dtype.Uint8, []int64{int64(size)})
+	if err != nil {
+		return nil, -1, err
+	}
+	return create("", hdr, hdr.DataOffset+min(reserve, size), true)
+}
+
+// create makes a segment of header hdr, reserving its first reserve bytes
+// (all of it when reserve is zero), and returns its fd too with keepFD.
+func create(name string, hdr header.Header, reserve uint64, keepFD bool) (*Segment, int, error) {
 	self, err := proc.Self()
 	if err != nil {
-		return nil, err
+		return nil, -1, err
 	}
 	hdr.Creator = self
 	hdr.Refcount = 1
-
+	var t Tracker
+	if hdr.Kind != header.KindLedger {
+		t = currentTracker()
+	}
+	hdr.Tracked = t != nil
+	if reserve == 0 {
+		reserve = hdr.SegmentSize()
+	}
+	if CurrentStrategy() == FileDescriptor {
+		if name != "" {
+			return nil, -1, fmt.Errorf("segment %q: under the file_descriptor strategy segments have no name; "+
+				"create it without one and send it, or use the file_system strategy: %w", name, unix.EINVAL)
+		}
+		return createFD(hdr, reserve, t, keepFD)
+	}
 	random := name == ""
 	for {
 		full := RandomName()
 		if !random {
 			if full, err = FullName(name); err != nil {
-				return nil, err
+				return nil, -1, err
 			}
 		}
-		seg, err := create(full, hdr)
+		seg, fd, err := createFile(full, hdr, reserve, t, keepFD)
 		if random && errors.Is(err, unix.EEXIST) {
 			continue // 128 random bits collided with an existing name
 		}
-		return seg, err
+		return seg, fd, err
 	}
 }
 
-func create(name string, hdr header.Header) (seg *Segment, err error) {
-	path := Dir() + "/" + name
-	fd, err := unix.Open(path, unix.O_RDWR|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
-	if err != nil {
-		if errors.Is(err, unix.EEXIST) {
-			return nil, fmt.Errorf("segment %q already exists: %w", name, err)
-		}
-		return nil, fmt.Errorf("create segment %q in %s: %w", name, Dir(), err)
+// closeUnlessKept closes *fd unless keep, when err is nil.
+func closeUnlessKept(fd *int, keep bool, err *error) {
+	if *err != nil || !keep {
+		unix.Close(*fd)
+		*fd = -1
 	}
-	defer unix.Close(fd)
+}
+
+// createFile makes file segment name: a temporary file, reserved, mapped and
+// written, then renamed.
+func createFile(name string, hdr header.Header, reserve uint64, t Tracker, keepFD bool) (seg *Segment, fd int, err error) {
+	tmp := randomName(TmpPrefix)
+	tmpPath := Dir() + "/" + tmp
+	entry := NoEntry
+	if t != nil {
+		entry = t.Creating(tmp, name)
+	}
+	fd, err = unix.Open(tmpPath, unix.O_RDWR|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		if t != nil {
+			t.Dropped(entry)
+		}
+		return nil, -1, fmt.Errorf("create segment %q in %s: %w", name, Dir(), err)
+	}
+	defer closeUnlessKept(&fd, keepFD, &err)
+	var mem []byte
 	defer func() {
-		if err != nil { // leave nothing half-created behind
-			if uerr := unix.Unlink(path); uerr != nil {
-				err = errors.Join(err, fmt.Errorf("remove half-created segment %q: %w", name, uerr))
-			}
+		if err == nil {
+			return
+		}
+		// Leave nothing half-created behind, then forget the entry.
+		if mem != nil {
+			err = errors.Join(err, unix.Munmap(mem))
+		}
+		if uerr := unix.Unlink(tmpPath); uerr != nil && !errors.Is(uerr, unix.ENOENT) {
+			err = errors.Join(err, fmt.Errorf("remove half-created segment %q: %w", name, uerr))
+		}
+		if t != nil {
+			t.Dropped(entry)
 		}
 	}()
+	var st unix.Stat_t
+	if err = unix.Fstat(fd, &st); err != nil {
+		return nil, fd, fmt.Errorf("fstat segment %q: %w", name, err)
+	}
+	if t != nil {
+		t.Opened(entry, st.Dev, st.Ino)
+	}
+	stall("create-open")
+	if mem, err = prepare(fd, name, &hdr, reserve); err != nil {
+		return nil, fd, err
+	}
+	path := Dir() + "/" + name
+	if err = rename(tmpPath, path); err != nil {
+		if errors.Is(err, unix.EEXIST) {
+			return nil, fd, fmt.Errorf("segment %q already exists: %w", name, err)
+		}
+		return nil, fd, fmt.Errorf("create segment %q in %s: %w", name, Dir(), err)
+	}
+	stall("create-rename")
+	if t != nil {
+		t.Created(entry)
+	}
+	return newFile(fileKey{st.Dev, st.Ino}, name, path, hdr, mem, t, entry), fd, nil
+}
+
+// createFD makes a memfd segment and hands it to the broker, unless the
+// caller keeps its fd.
+func createFD(hdr header.Header, reserve uint64, t Tracker, keepFD bool) (seg *Segment, fd int, err error) {
+	var b Broker
+	if !keepFD {
+		if b, err = currentBroker(); err != nil {
+			return nil, -1, err
+		}
+	}
+	name := randomName(FDPrefix)
+	if fd, err = createMemfd(name); err != nil {
+		return nil, -1, err
+	}
+	defer closeUnlessKept(&fd, keepFD, &err)
+	var mem []byte
+	defer func() {
+		if err != nil && mem != nil {
+			err = errors.Join(err, unix.Munmap(mem))
+		}
+	}()
+	if mem, err = prepare(fd, name, &hdr, reserve); err != nil {
+		return nil, fd, err
+	}
+	var st unix.Stat_t
+	if err = unix.Fstat(fd, &st); err != nil {
+		return nil, fd, fmt.Errorf("fstat segment %q: %w", name, err)
+	}
+	if err = seal(fd, name); err != nil {
+		return nil, fd, err
+	}
+	entry := NoEntry
+	if b != nil {
+		// Recorded before the broker has it: an entry for a name the broker
+		// never got is given up as nothing.
+		if t != nil {
+			entry = t.Holding(name)
+		}
+		if err = b.Put(name, fd); err != nil {
+			if t != nil {
+				t.Dropped(entry)
+			}
+			return nil, fd, fmt.Errorf("hand memfd segment %q to the cleanup daemon: %w", name, err)
+		}
+	}
+	return newFile(fileKey{st.Dev, st.Ino}, name, "", hdr, mem, t, entry), fd, nil
+}
+
+// prepare sizes and reserves the new file behind fd, maps it and writes
+// its header.
+func prepare(fd int, name string, hdr *header.Header, reserve uint64) ([]byte, error) {
 	if err := unix.Fchmod(fd, 0o600); err != nil {
 		return nil, fmt.Errorf("fchmod segment %q: %w", name, err)
 	}
 	size := hdr.SegmentSize()
-	if err := unix.Fallocate(fd, 0, 0, int64(size)); err != nil {
-		if errors.Is(err, unix.ENOSPC) || errors.Is(err, unix.ENOMEM) || errors.Is(err, unix.EFBIG) {
-			return nil, outOfMemory(name, size, err)
+	if reserve < size {
+		if err := unix.Ftruncate(fd, int64(size)); err != nil {
+			return nil, fmt.Errorf("size segment %q: %w", name, err)
 		}
-		return nil, fmt.Errorf("reserve %d bytes for segment %q: %w", size, name, err)
 	}
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
-		return nil, fmt.Errorf("fstat segment %q: %w", name, err)
+	if err := reserveRange(fd, name, 0, min(reserve, size)); err != nil {
+		return nil, err
 	}
+	stall("create-reserve")
 	mem, err := mmap(fd, size, true)
 	if err != nil {
 		return nil, fmt.Errorf("map segment %q: %w", name, err)
 	}
 	hdr.CreatedNS = time.Now().UnixNano()
 	hdr.Encode(mem)
-	f := &file{key: fileKey{st.Dev, st.Ino}, name: name, path: path, hdr: hdr, rw: mem, handles: 1, counted: true}
+	return mem, nil
+}
+
+// reserveRange allocates the pages of bytes [off, off+n) of the file behind
+// fd, so that touching them never faults for want of memory.
+func reserveRange(fd int, name string, off, n uint64) error {
+	if n == 0 {
+		return nil
+	}
+	if err := unix.Fallocate(fd, 0, int64(off), int64(n)); err != nil {
+		if errors.Is(err, unix.ENOSPC) || errors.Is(err, unix.ENOMEM) || errors.Is(err, unix.EFBIG) {
+			return outOfMemory(name, n, err)
+		}
+		return fmt.Errorf("reserve %d bytes for segment %q: %w", n, name, err)
+	}
+	return nil
+}
+
+// rename gives the file at from the name to, unless to exists.
+func rename(from, to string) error {
+	err := unix.Renameat2(unix.AT_FDCWD, from, unix.AT_FDCWD, to, unix.RENAME_NOREPLACE)
+	if !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOSYS) {
+		return err
+	}
+	// A file system without RENAME_NOREPLACE: link fails on an existing
+	// name as well.
+	if err := unix.Link(from, to); err != nil {
+		return err
+	}
+	return unix.Unlink(from)
+}
+
+// newFile registers a file this process just created, with the creator's
+// count and one handle, and returns that handle.
+func newFile(key fileKey, name, path string, hdr header.Header, mem []byte, t Tracker, entry int) *Segment {
+	f := &file{key: key, name: name, path: path, hdr: hdr, rw: mem, handles: 1, counted: true, tracker: t, entry: entry}
 	f.rc = (*int64)(unsafe.Pointer(&mem[header.RefcountOffset]))
 	registry.mu.Lock()
 	register(f)
 	registry.mu.Unlock()
-	return &Segment{f: f, data: f.region(false)}, nil
+	return &Segment{f: f, data: f.region(false)}
+}
+
+// Reserve reserves the pages of the segment's data up to byte n of it, for
+// a segment made with CreateSparse; fd is the one CreateSparse returned.
+func (s *Segment) Reserve(fd int, n uint64) error {
+	if s.closed.Load() {
+		return ErrClosed
+	}
+	return reserveRange(fd, s.f.name, s.f.hdr.DataOffset, min(n, s.f.hdr.NBytes))
 }
 
 func outOfMemory(name string, size uint64, cause error) error {
@@ -189,8 +378,8 @@ func attach(name string, kind header.Kind, readOnly, adopt bool) (*Segment, erro
 	if err != nil {
 		return nil, err
 	}
-	path := Dir() + "/" + full
-	if seg := attachMapped(path, kind, readOnly, adopt); seg != nil {
+	path := pathOf(full)
+	if seg := attachMapped(full, kind, readOnly, adopt); seg != nil {
 		return seg, nil
 	}
 	fd, st, hdr, err := openChecked(full, path, kind)
@@ -227,18 +416,19 @@ func attach(name string, kind header.Kind, readOnly, adopt bool) (*Segment, erro
 }
 
 // attachMapped returns a new handle on a file this process maps already, or
-// keeps in its mapping cache, when path still names that file and its owner
-// and mode still pass: one lstat instead of opening, reading and mapping it
-// again. Otherwise it returns nil and Attach takes the long way.
-func attachMapped(path string, kind header.Kind, readOnly, adopt bool) *Segment {
+// keeps in its mapping cache, when its name still names that file and its
+// owner and mode still pass: one lstat instead of opening, reading and
+// mapping it again (none for a memfd, whose name is never reused).
+// Otherwise it returns nil and Attach takes the long way.
+func attachMapped(name string, kind header.Kind, readOnly, adopt bool) *Segment {
 	registry.mu.Lock()
 	defer registry.mu.Unlock()
-	f := registry.byPath[path]
+	f := registry.byName[name]
 	if f == nil || kind != 0 && f.hdr.Kind != kind || !f.hasMapping(readOnly) {
 		return nil
 	}
 	var st unix.Stat_t
-	if unix.Lstat(path, &st) != nil || (fileKey{st.Dev, st.Ino}) != f.key || checkStat(&st, f.name) != nil {
+	if f.path != "" && (unix.Lstat(f.path, &st) != nil || (fileKey{st.Dev, st.Ino}) != f.key || checkStat(&st, f.name) != nil) {
 		return nil
 	}
 	if f.hold(adopt) != nil {
@@ -247,13 +437,45 @@ func attachMapped(path string, kind header.Kind, readOnly, adopt bool) *Segment 
 	return &Segment{f: f, data: f.region(readOnly), readOnly: readOnly}
 }
 
+// pathOf returns the path of segment full, or "" for a memfd segment.
+func pathOf(full string) string {
+	if IsFDName(full) {
+		return ""
+	}
+	return Dir() + "/" + full
+}
+
+// openFD opens segment full (at path) read-write: the file, or a descriptor
+// of the memfd from the broker.
+func openFD(full, path string) (int, error) {
+	if path == "" {
+		b, err := currentBroker()
+		if err != nil {
+			return -1, fmt.Errorf("segment %q: %w", full, err)
+		}
+		fd, err := b.Fetch(full)
+		if err != nil {
+			return -1, err
+		}
+		if err := CheckMemfd(fd, full); err != nil {
+			return -1, errors.Join(err, unix.Close(fd))
+		}
+		return fd, nil
+	}
+	fd, err := unix.Open(path, unix.O_RDWR|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, openError(full, err)
+	}
+	return fd, nil
+}
+
 // openChecked opens segment full read-write and returns its fd, stat and
 // validated header, after checking that it is of kind (any kind when zero).
 // The caller closes the fd.
 func openChecked(full, path string, kind header.Kind) (int, unix.Stat_t, header.Header, error) {
-	fd, err := unix.Open(path, unix.O_RDWR|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	fd, err := openFD(full, path)
 	if err != nil {
-		return -1, unix.Stat_t{}, header.Header{}, openError(full, err)
+		return -1, unix.Stat_t{}, header.Header{}, err
 	}
 	st, hdr, err := readHeader(fd, full)
 	if err == nil && kind != 0 && hdr.Kind != kind {
@@ -376,8 +598,7 @@ func (s *Segment) Release() error {
 	if !s.f.counted {
 		return nil
 	}
-	s.f.counted = false
-	_, err := s.f.dropRef()
+	_, err := s.f.uncount()
 	return err
 }
 
@@ -391,12 +612,11 @@ func ReleaseAll() (int, error) {
 	var errs []error
 	n := 0
 	for _, f := range registry.files {
-		if !f.counted {
-			continue
+		if !f.counted || f.hdr.Kind == header.KindLedger {
+			continue // a ledger goes last, with its own Close
 		}
-		f.counted = false
 		n++
-		if _, err := f.dropRef(); err != nil {
+		if _, err := f.uncount(); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -409,6 +629,9 @@ func Unlink(name string) error {
 	full, err := FullName(name)
 	if err != nil {
 		return err
+	}
+	if IsFDName(full) {
+		return fmt.Errorf("memfd segment %q has no name in a file system to remove: %w", full, unix.EINVAL)
 	}
 	if err := unix.Unlink(Dir() + "/" + full); err != nil {
 		if errors.Is(err, unix.ENOENT) {
@@ -433,9 +656,9 @@ func Stat(name string) (Info, error) {
 	if err != nil {
 		return Info{}, err
 	}
-	fd, err := unix.Open(Dir()+"/"+full, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	fd, err := openFD(full, pathOf(full))
 	if err != nil {
-		return Info{}, openError(full, err)
+		return Info{}, err
 	}
 	defer unix.Close(fd)
 	st, hdr, err := readHeader(fd, full)
@@ -458,12 +681,33 @@ func Map(name string, kind header.Kind) (*Mapping, error) {
 	if err != nil {
 		return nil, err
 	}
-	path := Dir() + "/" + full
+	path := pathOf(full)
 	fd, st, hdr, err := openChecked(full, path, kind)
 	if err != nil {
 		return nil, err
 	}
 	defer unix.Close(fd)
+	return mapChecked(fd, st, hdr, full, path)
+}
+
+// MapFD maps, as Map does, the memfd segment name of kind (any kind when
+// zero) behind fd, which stays the caller's, after checking the descriptor
+// as one received from another process.
+func MapFD(fd int, name string, kind header.Kind) (*Mapping, error) {
+	if err := CheckMemfd(fd, name); err != nil {
+		return nil, err
+	}
+	st, hdr, err := readHeader(fd, name)
+	if err == nil && kind != 0 && hdr.Kind != kind {
+		err = fmt.Errorf("segment %q holds a %s, not a %s: %w", name, hdr.Kind, kind, unix.EINVAL)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return mapChecked(fd, st, hdr, name, "")
+}
+
+func mapChecked(fd int, st unix.Stat_t, hdr header.Header, full, path string) (*Mapping, error) {
 	f := &file{key: fileKey{st.Dev, st.Ino}, name: full, path: path, hdr: hdr}
 	if err := f.mapFor(fd, false); err != nil {
 		return nil, errors.Join(fmt.Errorf("map segment %q: %w", full, err), f.unmap())
@@ -476,6 +720,9 @@ func Map(name string, kind header.Kind) (*Mapping, error) {
 
 // Name returns the full name of the segment.
 func (m *Mapping) Name() string { return m.f.name }
+
+// Header returns the segment's validated header.
+func (m *Mapping) Header() header.Header { return m.f.hdr }
 
 // Data returns the data region.
 func (m *Mapping) Data() []byte { return m.f.region(false) }
@@ -543,4 +790,40 @@ func DropRef(name string, kind header.Kind) error {
 	}
 	_, err = m.DropRef()
 	return errors.Join(err, m.Unmap())
+}
+
+// Reclaim removes segment name, which no live process holds although its
+// count says otherwise (its holders died without giving their counts up), if
+// it is still the file with inode ino and its count is still rc: the count
+// goes to zero in one compare-and-swap, so that nobody can attach it any
+// more, the segment's finalizer runs (a queue gives up what its messages
+// hold) and the name is removed. It reports whether it removed the segment.
+func Reclaim(name string, ino uint64, rc int64) (bool, error) {
+	full, err := FullName(name)
+	if err != nil {
+		return false, err
+	}
+	path := pathOf(full)
+	fd, st, hdr, err := openChecked(full, path, 0)
+	if err != nil {
+		return false, err
+	}
+	defer unix.Close(fd)
+	if st.Ino != ino {
+		return false, nil
+	}
+	f := &file{key: fileKey{st.Dev, st.Ino}, name: full, path: path, hdr: hdr}
+	if err := f.mapFor(fd, false); err != nil {
+		return false, errors.Join(fmt.Errorf("map segment %q: %w", full, err), f.unmap())
+	}
+	defer f.unmap()
+	switch n := atomic.LoadInt64(f.rc); {
+	case n <= 0 && rc <= 0:
+		// A release that took the count to zero died before it removed the
+		// name.
+		return true, f.unlinkIfSame()
+	case n != rc || !atomic.CompareAndSwapInt64(f.rc, rc, 0):
+		return false, nil
+	}
+	return true, f.remove()
 }

@@ -21,7 +21,8 @@ multiprocessing``), with forkserver as its start method.
 Importing zctipc loads no native code: the Go library is loaded on first use.
 """
 
-from . import context, errors, pool, queues, reductions, tensor
+from . import cleanup, context, errors, pool, queues, reductions, tensor
+from .cleanup import *  # noqa: F401,F403
 from .errors import *  # noqa: F401,F403  (each name is in errors.__all__)
 from .pool import *  # noqa: F401,F403
 from .queues import DEFAULT_MAX_BYTES
@@ -46,5 +47,5 @@ except PackageNotFoundError:  # running from a source tree that was never instal
 #: The name zero-copy-tensor-ipc used for list_segments.
 list_active_segments = list_segments
 
-__all__ = (tensor.__all__ + pool.__all__ + reductions.__all__ + ["list_active_segments", "DEFAULT_MAX_BYTES"]
+__all__ = (tensor.__all__ + pool.__all__ + reductions.__all__ + cleanup.__all__ + ["list_active_segments", "DEFAULT_MAX_BYTES"]
            + context.MULTIPROCESSING_NAMES + errors.__all__)

@@ -9,6 +9,11 @@ and :func:`check`.
 The library is the ``libzctipc.so`` shipped inside the package, next to the
 cffi extension that binds it. For development, ``ZCTIPC_LIBRARY`` names
 another build to use instead.
+
+On load, the process starts recording the counts it holds in a ledger and
+says hello to the user's cleanup daemon (``zctipcd``, shipped next to the
+library; ``ZCTIPC_DAEMON`` names another), which is started when none runs.
+``ZCTIPC_CLEANUP=0`` turns that off.
 """
 
 import atexit
@@ -18,11 +23,18 @@ import queue as _queue
 import signal
 import sys
 import threading
+import warnings
 
 from . import errors
 
-ABI_VERSION = 1
+ABI_VERSION = 2
 LIBRARY_ENV = "ZCTIPC_LIBRARY"
+DAEMON_ENV = "ZCTIPC_DAEMON"
+CLEANUP_ENV = "ZCTIPC_CLEANUP"
+
+# Whether loading the library enables crash cleanup; the command line turns
+# it off so that `zctipc doctor` does not start the daemon it reports on.
+auto_cleanup = True
 
 _lock = threading.Lock()
 _ffi = None
@@ -100,7 +112,22 @@ def _load():
             )
         _ffi, _lib, _loaded_in_pid = _zctipc_cffi.ffi, library, os.getpid()
         _register_exit()
+        if auto_cleanup and os.environ.get(CLEANUP_ENV) != "0":
+            _enable_cleanup(library)
         return library
+
+
+def daemon_path():
+    """The zctipcd program that a process starts when no daemon runs."""
+    return os.environ.get(DAEMON_ENV) or os.path.join(os.path.dirname(os.path.abspath(__file__)), "zctipcd")
+
+
+def _enable_cleanup(library):
+    status = library.zct_cleanup_enable(daemon_path().encode())
+    if status != 0:
+        # Not fatal under file_system: the ledger waits for the next daemon.
+        # Under file_descriptor, making a segment raises DaemonUnavailable.
+        warnings.warn(f"zctipc crash cleanup is not running: {error(status)}", RuntimeWarning, stacklevel=4)
 
 
 def _refuse_in_fork_server():
@@ -147,11 +174,11 @@ _exit_hook = _ExitHook()
 def _register_exit():
     # atexit covers the main process and spawn children; forkserver children
     # leave through os._exit, so multiprocessing's finalizers cover them.
-    atexit.register(release_all)
+    atexit.register(_at_exit)
     from multiprocessing import util
 
     def finalize(_=None):
-        util.Finalize(None, release_all, exitpriority=-100)
+        util.Finalize(None, _at_exit, exitpriority=-100)
 
     finalize()
     util.register_after_fork(_exit_hook, finalize)
@@ -163,9 +190,17 @@ def _register_exit():
         signal.signal(signal.SIGTERM, _release_and_die)
 
 
+def _at_exit():
+    """Let go of everything, then remove the ledger: nothing is left to
+    sweep."""
+    release_all()
+    if _lib is not None:
+        check(_lib.zct_cleanup_disable())
+
+
 def _release_and_die(signum, frame):
     try:
-        release_all()
+        _at_exit()
     finally:
         signal.signal(signum, signal.SIG_DFL)
         os.kill(os.getpid(), signum)
@@ -214,6 +249,7 @@ E_RANGE = -11
 E_FULL = -12
 E_EMPTY = -13
 E_INTERRUPTED = -14
+E_NO_DAEMON = -15
 
 # Status codes of zctipc.h and the exceptions they become.
 _EXCEPTIONS = {
@@ -230,6 +266,7 @@ _EXCEPTIONS = {
     -9: errors.UnsupportedDtype,
     -10: errors.HandleClosed,
     -11: errors.InvalidArgument,
+    E_NO_DAEMON: errors.DaemonUnavailable,
     -20: errors.ZctipcOSError,
     -98: errors.LibraryPoisoned,
     -99: errors.LibraryPoisoned,
@@ -254,6 +291,22 @@ def error(status):
         code = _lib.zct_last_errno() or _DEFAULT_ERRNO.get(cls, 0)
         return cls(code, message)
     return cls(message)
+
+
+def read_text(function, *args):
+    """Call a function of the library that writes text into a buffer (as
+    zct_segment_list does), growing the buffer until the text fits, and
+    return the text."""
+    size = _ffi.new("uint64_t *")
+    capacity = 4096
+    while True:
+        buf = _ffi.new("char[]", capacity)
+        status = function(*args, buf, capacity, size)
+        if status == E_RANGE:
+            capacity = size[0] + 1
+            continue
+        check(status)
+        return _ffi.string(buf).decode()
 
 
 def check(status):

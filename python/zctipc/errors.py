@@ -19,6 +19,7 @@ __all__ = [
     "HandleClosed",
     "ForkedProcessError",
     "LibraryPoisoned",
+    "DaemonUnavailable",
     "ZctipcOSError",
 ]
 
@@ -82,6 +83,15 @@ class ForkedProcessError(ZctipcError, RuntimeError):
 
 class LibraryPoisoned(ZctipcError, RuntimeError):
     """The native library caught an internal error and refuses further calls."""
+
+
+class DaemonUnavailable(ZctipcError, ConnectionError):
+    """The cleanup daemon ``zctipcd`` could not be started or reached.
+
+    The ``file_descriptor`` sharing strategy needs it to pass file
+    descriptors; under ``file_system`` only crash cleanup waits for the next
+    daemon (or ``zctipc gc``).
+    """
 
 
 class ZctipcOSError(ZctipcError, OSError):

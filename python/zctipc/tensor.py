@@ -13,7 +13,7 @@ from typing import NamedTuple, Optional, Tuple
 import numpy as np
 
 from . import _dtypes, _native, _views
-from .errors import HandleClosed, InvalidArgument, SegmentNotFound
+from .errors import HandleClosed, InvalidArgument
 
 __all__ = [
     "SharedTensor",
@@ -26,7 +26,6 @@ __all__ = [
 ]
 
 _KIND_TENSOR = 1
-_KIND_NAMES = {1: "tensor", 2: "arena", 3: "queue", 4: "stream", 5: "table"}
 
 
 class SharedTensor:
@@ -301,53 +300,40 @@ class SegmentInfo(NamedTuple):
     refcount: int
     created: float  # Unix time, seconds
     error: Optional[str]  # why the header is not valid, or None
-
-
-def _segment_names():
-    ffi, lib = _native.ffi(), _native.lib()
-    size = ffi.new("uint64_t *")
-    capacity = 4096
-    while True:
-        buf = ffi.new("char[]", capacity)
-        status = lib.zct_segment_list(buf, capacity, size)
-        if status == -11:  # ZCT_E_RANGE: grow and retry
-            capacity = size[0] + 1
-            continue
-        _native.check(status)
-        text = ffi.string(buf).decode()
-        return text.split("\n") if text else []
+    creator_alive: bool = False
+    holders: Tuple[int, ...] = ()  # pids of live processes whose ledgers hold it
+    messages: int = 0  # descriptors waiting in live queues that name it
+    tracked: bool = False  # its creator recorded its counts for the cleanup daemon
 
 
 def list_segments():
-    """Every zctipc segment of this user in /dev/shm, whoever holds it.
+    """Every zctipc segment of this user, whoever holds it: the files in
+    /dev/shm, and the memfd segments the cleanup daemon keeps.
 
-    A file with the library's prefix whose header is not valid is listed with
-    ``error`` saying why.
+    A file with the library's prefix whose header is not valid (or a segment
+    being made) is listed with ``error`` saying why.
     """
-    ffi, lib = _native.ffi(), _native.lib()
+    import json
+
+    lib = _native.lib()
     out = []
-    for name in _segment_names():
-        info = ffi.new("zct_info *")
-        status = lib.zct_segment_stat(name.encode(), info)
-        if status == 0:
-            ndim = info.ndim
-            out.append(SegmentInfo(
-                name=name,
-                kind=_KIND_NAMES.get(info.kind, str(info.kind)),
-                dtype=_dtypes.NAMES.get(info.dtype),
-                shape=tuple(info.shape[0:ndim]),
-                nbytes=info.nbytes,
-                file_size=info.file_size,
-                creator_pid=info.creator_pid,
-                refcount=info.refcount,
-                created=info.created_ns / 1e9,
-                error=None,
-            ))
-            continue
-        exc = _native.error(status)
-        if isinstance(exc, SegmentNotFound):
-            continue  # removed since it was listed
-        out.append(SegmentInfo(name, "unknown", None, None, 0, 0, 0, 0, 0.0, str(exc)))
+    for s in json.loads(_native.read_text(lib.zct_census)):
+        out.append(SegmentInfo(
+            name=s["name"],
+            kind=s["kind"] if "error" not in s else "unknown",
+            dtype=_dtypes.NAMES.get(s.get("dtype")),
+            shape=tuple(s["shape"] or ()) if "error" not in s else None,
+            nbytes=s.get("nbytes", 0),
+            file_size=s["size"],
+            creator_pid=s.get("creator_pid", 0),
+            refcount=s["refcount"],
+            created=s["created_ns"] / 1e9,
+            error=s.get("error"),
+            creator_alive=s["creator_alive"],
+            holders=tuple(s["holders"]),
+            messages=s["messages"],
+            tracked=s["tracked"],
+        ))
     return out
 
 

@@ -46,6 +46,7 @@ type goldenHeader struct {
 	CreatorStartTime uint64  `json:"creator_start_time"`
 	CreatedNS        int64   `json:"created_ns"`
 	Refcount         int64   `json:"refcount"`
+	Tracked          bool    `json:"tracked"`
 	Checksum         uint32  `json:"checksum"`
 }
 
@@ -54,8 +55,13 @@ var le = binary.LittleEndian
 // segmentBytes encodes a whole tensor segment with fixed identity fields and
 // data bytes i % 251, so that the vectors never change.
 func segmentBytes(t testing.TB, dt dtype.DType, shape []int64) (header.Header, []byte) {
+	return trackedBytes(t, dt, shape, false)
+}
+
+func trackedBytes(t testing.TB, dt dtype.DType, shape []int64, tracked bool) (header.Header, []byte) {
 	h, err := header.New(header.KindTensor, dt, shape)
 	require.NoError(t, err)
+	h.Tracked = tracked
 	h.Creator = proc.Identity{PID: 4242, StartTime: 987654}
 	h.CreatedNS = 1767225600123456789
 	h.Refcount = 1
@@ -80,14 +86,17 @@ func mutated(t testing.TB, dt dtype.DType, shape []int64, edit func(b []byte) []
 }
 
 func goldenVectors(t testing.TB) []goldenVector {
-	valid := func(name string, dt dtype.DType, shape []int64) goldenVector {
-		h, b := segmentBytes(t, dt, shape)
+	validTracked := func(name string, dt dtype.DType, shape []int64, tracked bool) goldenVector {
+		h, b := trackedBytes(t, dt, shape, tracked)
 		return goldenVector{Name: name, bytes: b, Header: &goldenHeader{
 			Kind: int(h.Kind), DType: dt.String(), DTypeCode: int(dt), Shape: h.Shape, Strides: h.Strides,
 			HeaderLen: h.Len(), DataOffset: h.DataOffset, NBytes: h.NBytes,
 			CreatorPID: h.Creator.PID, CreatorStartTime: h.Creator.StartTime, CreatedNS: h.CreatedNS,
-			Refcount: h.Refcount, Checksum: le.Uint32(b[56:]),
+			Refcount: h.Refcount, Tracked: h.Tracked, Checksum: le.Uint32(b[56:]),
 		}}
+	}
+	valid := func(name string, dt dtype.DType, shape []int64) goldenVector {
+		return validTracked(name, dt, shape, false)
 	}
 	bad := func(name, errClass string, b []byte) goldenVector {
 		return goldenVector{Name: name, Error: errClass, bytes: b}
@@ -100,6 +109,7 @@ func goldenVectors(t testing.TB) []goldenVector {
 		valid("bfloat16_4x1x2", dtype.BFloat16, []int64{4, 1, 2}),
 		valid("complex128_3", dtype.Complex128, []int64{3}),
 		valid("bool_5", dtype.Bool, []int64{5}),
+		validTracked("float32_2x3_tracked", dtype.Float32, f32, true),
 		bad("empty_file", "not_zctipc", []byte{}),
 		bad("not_zctipc", "not_zctipc", []byte("this is not a zctipc segment, only some text of the right length to look like one at first")),
 		bad("version_2", "version", mutated(t, dtype.Float32, f32, func(b []byte) []byte { le.PutUint16(b[4:], 2); return reseal(b) })),
@@ -208,6 +218,7 @@ func TestGoldenDecode(t *testing.T) {
 			require.Equal(t, proc.Identity{PID: want.CreatorPID, StartTime: want.CreatorStartTime}, h.Creator)
 			require.Equal(t, want.CreatedNS, h.CreatedNS)
 			require.Equal(t, want.Refcount, h.Refcount)
+			require.Equal(t, want.Tracked, h.Tracked)
 			require.Zero(t, h.DataOffset%header.DataAlign)
 		})
 	}

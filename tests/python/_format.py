@@ -11,7 +11,8 @@ FIXED = 128
 MAX_NDIM = 32
 INT64_MAX = 2**63 - 1
 ITEMSIZE = {1: 1, 2: 1, 3: 2, 4: 4, 5: 8, 6: 1, 7: 2, 8: 4, 9: 8, 10: 2, 11: 4, 12: 8, 13: 2, 14: 8, 15: 16}
-KINDS = {1, 2, 3, 4, 5}
+KINDS = {1, 2, 3, 4, 5, 6}
+FLAG_TRACKED = 1 << 8
 
 
 class FormatError(Exception):
@@ -41,7 +42,7 @@ def decode(data, file_size):
     crc = zlib.crc32(data[FIXED:header_len], zlib.crc32(data[:56]))
     if crc != checksum:
         raise FormatError("corrupt", "checksum")
-    if flags >> 8 or (flags & 0xFF) not in KINDS:
+    if flags & ~(0xFF | FLAG_TRACKED) or (flags & 0xFF) not in KINDS:
         raise FormatError("corrupt", "flags")
     if dtype not in ITEMSIZE:
         raise FormatError("dtype", "dtype")
@@ -64,6 +65,7 @@ def decode(data, file_size):
     (refcount,) = struct.unpack_from("<q", data, 64)
     return {
         "kind": flags & 0xFF,
+        "tracked": bool(flags & FLAG_TRACKED),
         "dtype_code": dtype,
         "shape": list(shape),
         "strides": list(strides),

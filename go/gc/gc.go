@@ -1,0 +1,387 @@
+// Package gc finds the library's segments, says who holds each, and removes
+// those that no live process holds: the engine of `zctipc ls`, `zctipc gc`
+// and the cleanup daemon's recovery.
+//
+// Who holds a segment is read from three places: the ledgers of live
+// processes (package ledger), the messages waiting in live queues, and the
+// creator, who counts as a holder while it lives. A segment held by none of
+// them is an orphan: its holders died without giving up their counts, in one
+// of the short windows that the ledger cannot cover, or they never recorded
+// them. Because a process may be between taking a count and recording it,
+// an orphan is removed only when two censuses some time apart agree on it,
+// with the same file and the same count.
+package gc
+
+import (
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/zctipc/zctipc/go/header"
+	"github.com/zctipc/zctipc/go/ledger"
+	"github.com/zctipc/zctipc/go/message"
+	"github.com/zctipc/zctipc/go/proc"
+	"github.com/zctipc/zctipc/go/queue"
+	"github.com/zctipc/zctipc/go/shm"
+	"golang.org/x/sys/unix"
+)
+
+// Ages below which a file is left alone even without a holder: a segment
+// being made has no valid header yet, and a temporary file lives while its
+// pages are reserved, which takes a while for a large one.
+const (
+	tmpAge     = 10 * time.Second
+	invalidAge = 60 * time.Second
+)
+
+// Segment is what a census learns of one library file.
+type Segment struct {
+	Name         string
+	Size         int64
+	Dev, Ino     uint64
+	ModTime      time.Time
+	Header       header.Header // valid when Err is nil
+	Err          error         // why the file is not a valid segment
+	CreatorAlive bool
+	Holders      []proc.Identity // live processes whose ledgers hold it
+	Messages     int             // descriptors in live queues that name it
+}
+
+// Ledger is a ledger that a census read.
+type Ledger struct {
+	Name    string
+	Owner   proc.Identity
+	Alive   bool
+	Entries []ledger.Entry
+	data    []byte
+}
+
+// Census is a snapshot of the library's files.
+type Census struct {
+	Segments []Segment
+	Ledgers  []Ledger
+	Taken    time.Time
+}
+
+// Source adds to a census what is not in the segment directory: the cleanup
+// daemon's memfd segments and the ledgers it was sent.
+type Source struct {
+	Names   []string                             // memfd segments to read through the broker
+	Ledgers func(func(name string, data []byte)) // calls fn on each ledger it holds
+}
+
+// Take reads the segment directory (and src) and returns what it holds.
+func Take(src Source) (*Census, error) {
+	names, err := shm.List()
+	if err != nil {
+		return nil, err
+	}
+	names = append(names, src.Names...)
+	c := &Census{Taken: time.Now()}
+	byName := map[string]int{}
+	for _, name := range names {
+		s, ok := stat(name)
+		if !ok {
+			continue // gone meanwhile
+		}
+		if s.Err == nil && s.Header.Kind == header.KindLedger {
+			if l, ok := readLedger(name, s.Header.Creator); ok {
+				c.Ledgers = append(c.Ledgers, l)
+			}
+		}
+		byName[s.Name] = len(c.Segments)
+		c.Segments = append(c.Segments, s)
+	}
+	if src.Ledgers != nil {
+		src.Ledgers(func(name string, data []byte) {
+			for _, l := range c.Ledgers {
+				if l.Name == name {
+					return
+				}
+			}
+			var owner proc.Identity
+			if i, ok := byName[name]; ok {
+				owner = c.Segments[i].Header.Creator
+			}
+			c.Ledgers = append(c.Ledgers, Ledger{Name: name, Owner: owner, Alive: proc.Alive(owner), Entries: ledger.Entries(data)})
+		})
+	}
+	// Holders: the entries of live ledgers.
+	for _, l := range c.Ledgers {
+		if !l.Alive {
+			continue
+		}
+		for _, e := range l.Entries {
+			// A Creating entry names the temporary file, held while it
+			// is made; a Slot entry names the arena.
+			if i, ok := byName[e.Name]; ok {
+				c.Segments[i].Holders = append(c.Segments[i].Holders, l.Owner)
+			}
+		}
+	}
+	// Messages: the descriptors waiting in queues that someone holds.
+	for _, s := range c.Segments {
+		if s.Err != nil || s.Header.Kind != header.KindQueue || s.Header.Refcount <= 0 {
+			continue
+		}
+		m, err := shm.Map(s.Name, header.KindQueue)
+		if err != nil {
+			continue
+		}
+		// The queue may change while it is read: a torn record only hides
+		// messages, which a second census sees.
+		_ = queue.Descriptors(m.Data(), func(d *message.Descriptor) error {
+			if i, ok := byName[d.Name]; ok {
+				c.Segments[i].Messages++
+			}
+			return nil
+		})
+		m.Unmap()
+	}
+	return c, nil
+}
+
+// stat reads one file of the census; false when it is gone.
+func stat(name string) (Segment, bool) {
+	s := Segment{Name: name}
+	if strings.HasPrefix(name, shm.TmpPrefix) {
+		s.Err = errors.New("a segment being made")
+		return s, statFile(&s)
+	}
+	info, err := shm.Stat(name)
+	if errors.Is(err, unix.ENOENT) {
+		return s, false
+	}
+	if !statFile(&s) && !shm.IsFDName(name) {
+		return s, false
+	}
+	if err != nil {
+		s.Err = err
+		return s, true
+	}
+	s.Size, s.Header = info.Size, info.Header
+	s.CreatorAlive = proc.Alive(info.Header.Creator)
+	if shm.IsFDName(name) {
+		s.ModTime = time.Unix(0, info.Header.CreatedNS)
+	}
+	return s, true
+}
+
+// statFile fills in the file's size, identity and time; false when it is
+// gone.
+func statFile(s *Segment) bool {
+	var st unix.Stat_t
+	if shm.IsFDName(s.Name) || unix.Lstat(shm.Dir()+"/"+s.Name, &st) != nil {
+		return false
+	}
+	s.Size, s.Dev, s.Ino = st.Size, st.Dev, st.Ino
+	s.ModTime = time.Unix(st.Mtim.Unix())
+	return true
+}
+
+// readLedger reads the entries of ledger name, created by owner.
+func readLedger(name string, owner proc.Identity) (Ledger, bool) {
+	m, err := shm.Map(name, header.KindLedger)
+	if err != nil {
+		return Ledger{}, false
+	}
+	defer m.Unmap()
+	return Ledger{Name: name, Owner: owner, Alive: proc.Alive(owner), Entries: ledger.Entries(m.Data())}, true
+}
+
+// Options say what Collect may remove.
+type Options struct {
+	// DryRun reports what would be removed and removes nothing.
+	DryRun bool
+	// TrackedOnly leaves alone the segments whose creator kept no ledger:
+	// processes that do not record their counts may still hold them.
+	TrackedOnly bool
+	// Confirm is the time between the two censuses that must agree on an
+	// orphan.
+	Confirm time.Duration
+	// Source adds the daemon's memfd segments and ledgers.
+	Source Source
+}
+
+// Removal is one file that Collect removed (or would remove).
+type Removal struct {
+	Name   string `json:"name"`
+	Kind   string `json:"kind"`
+	Size   int64  `json:"size"`
+	Reason string `json:"reason"`
+}
+
+// Report says what Collect did.
+type Report struct {
+	Swept   ledger.Result `json:"swept"`   // counts given up for dead processes
+	Ledgers []string      `json:"ledgers"` // ledgers of dead processes, swept and removed
+	Removed []Removal     `json:"removed"` // orphans and debris
+	Kept    int           `json:"kept"`    // segments left
+}
+
+// Collect sweeps the ledgers of dead processes, then removes the segments
+// that no live process holds and the debris of creations that died
+// half-way. self is the identity that claims ledgers.
+func Collect(self proc.Identity, opts Options) (Report, error) {
+	var rep Report
+	var errs []error
+	first, err := Take(opts.Source)
+	if err != nil {
+		return rep, err
+	}
+	for _, l := range first.Ledgers {
+		if l.Alive {
+			continue
+		}
+		rep.Ledgers = append(rep.Ledgers, l.Name)
+		if opts.DryRun {
+			continue
+		}
+		res, err := sweepFile(l.Name, self)
+		rep.Swept.Add(res)
+		errs = append(errs, err)
+	}
+	if !opts.DryRun && len(rep.Ledgers) > 0 {
+		if first, err = Take(opts.Source); err != nil {
+			return rep, errors.Join(append(errs, err)...)
+		}
+	}
+	candidates := orphans(first, opts)
+	if opts.Confirm > 0 && len(candidates) > 0 {
+		time.Sleep(opts.Confirm)
+		second, err := Take(opts.Source)
+		if err != nil {
+			return rep, errors.Join(append(errs, err)...)
+		}
+		again := map[string]candidate{}
+		for _, c := range orphans(second, opts) {
+			again[c.seg.Name] = c
+		}
+		confirmed := candidates[:0]
+		for _, c := range candidates {
+			if o, ok := again[c.seg.Name]; ok && o.seg.Ino == c.seg.Ino && o.seg.Header.Refcount == c.seg.Header.Refcount {
+				confirmed = append(confirmed, c)
+			}
+		}
+		candidates = confirmed
+	}
+	for _, c := range candidates {
+		kind := "file"
+		if c.seg.Err == nil {
+			kind = c.seg.Header.Kind.String()
+		}
+		r := Removal{Name: c.seg.Name, Kind: kind, Size: c.seg.Size, Reason: c.reason}
+		if opts.DryRun {
+			rep.Removed = append(rep.Removed, r)
+			continue
+		}
+		removed, err := remove(c.seg)
+		if removed {
+			rep.Removed = append(rep.Removed, r)
+		}
+		if err != nil && !errors.Is(err, unix.ENOENT) {
+			errs = append(errs, err)
+		}
+	}
+	rep.Kept = len(first.Segments) - len(first.Ledgers) - len(rep.Removed)
+	sort.Slice(rep.Removed, func(i, j int) bool { return rep.Removed[i].Name < rep.Removed[j].Name })
+	return rep, errors.Join(errs...)
+}
+
+type candidate struct {
+	seg    Segment
+	reason string
+}
+
+// orphans returns the files of census c that no live process holds, with
+// the reason.
+func orphans(c *Census, opts Options) []candidate {
+	var out []candidate
+	for _, s := range c.Segments {
+		if reason := orphanReason(c, s, opts); reason != "" {
+			out = append(out, candidate{s, reason})
+		}
+	}
+	return out
+}
+
+// orphanReason says why s may be removed, or "" when it may not.
+func orphanReason(c *Census, s Segment, opts Options) string {
+	age := c.Taken.Sub(s.ModTime)
+	switch {
+	case len(s.Holders) > 0:
+		return ""
+	case strings.HasPrefix(s.Name, shm.TmpPrefix):
+		if age < tmpAge {
+			return ""
+		}
+		return "a segment whose creator died while making it"
+	case s.Err != nil:
+		if age < invalidAge || shm.IsFDName(s.Name) {
+			return ""
+		}
+		return fmt.Sprintf("not a valid segment (%v)", s.Err)
+	case s.Header.Kind == header.KindLedger:
+		return "" // swept first, or alive
+	case s.Header.Refcount <= 0:
+		return "its count reached zero but it was not removed"
+	case s.CreatorAlive:
+		return ""
+	case s.Messages > 0:
+		return ""
+	case opts.TrackedOnly && !s.Header.Tracked:
+		return ""
+	}
+	return fmt.Sprintf("no live holder (creator pid %d exited, refcount %d)", s.Header.Creator.PID, s.Header.Refcount)
+}
+
+// remove removes an orphan, if it is still the file the census saw.
+func remove(s Segment) (bool, error) {
+	if s.Err != nil {
+		var st unix.Stat_t
+		path := shm.Dir() + "/" + s.Name
+		if unix.Lstat(path, &st) != nil || st.Ino != s.Ino {
+			return false, nil
+		}
+		if err := unix.Unlink(path); err != nil {
+			return false, fmt.Errorf("remove %q: %w", s.Name, err)
+		}
+		return true, nil
+	}
+	if shm.IsFDName(s.Name) {
+		return shm.Reclaim(s.Name, 0, s.Header.Refcount)
+	}
+	return shm.Reclaim(s.Name, s.Ino, s.Header.Refcount)
+}
+
+// sweepFile claims and sweeps the ledger file name of a dead process, then
+// removes it.
+func sweepFile(name string, self proc.Identity) (ledger.Result, error) {
+	m, err := shm.Map(name, header.KindLedger)
+	if errors.Is(err, unix.ENOENT) {
+		return ledger.Result{}, nil
+	}
+	if err != nil {
+		return ledger.Result{}, err
+	}
+	defer m.Unmap()
+	if proc.Alive(m.Header().Creator) || !ledger.Claim(m.Data(), self) {
+		return ledger.Result{}, nil
+	}
+	res, err := ledger.Sweep(m.Data())
+	if uerr := shm.Unlink(name); uerr != nil && !errors.Is(uerr, unix.ENOENT) {
+		err = errors.Join(err, uerr)
+	}
+	return res, err
+}
+
+// SweepLedger claims and sweeps the ledger of a dead process whose data the
+// caller maps (a memfd ledger sent to the daemon).
+func SweepLedger(data []byte, self proc.Identity) (ledger.Result, error) {
+	if !ledger.Claim(data, self) {
+		return ledger.Result{}, nil
+	}
+	return ledger.Sweep(data)
+}

@@ -1,0 +1,168 @@
+"""The command line: ``zctipc ls``, ``zctipc gc`` and ``zctipc doctor``
+(also ``python -m zctipc ...``)."""
+
+import argparse
+import json
+import os
+import resource
+import sys
+import time
+
+from . import _native, cleanup, tensor
+
+# Below this, /dev/shm is too small for real tensors (Docker's default is 64 MB).
+SMALL_SHM = 1 << 30
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="zctipc", description="Inspect and clean zctipc's shared memory.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    ls = sub.add_parser("ls", help="list every zctipc segment of this user, with who holds it")
+    ls.add_argument("--json", action="store_true", help="print JSON")
+    gc = sub.add_parser("gc", help="remove the segments that no live process holds")
+    gc.add_argument("--dry-run", action="store_true", help="only say what would be removed")
+    gc.add_argument("--json", action="store_true", help="print JSON")
+    doctor = sub.add_parser("doctor", help="check this machine's setup for zctipc")
+    doctor.add_argument("--json", action="store_true", help="print JSON")
+    args = parser.parse_args(argv)
+    # Looking must not start the daemon whose state it reports.
+    _native.auto_cleanup = False
+    return {"ls": _ls, "gc": _gc, "doctor": _doctor}[args.command](args)
+
+
+def _ls(args):
+    segments = tensor.list_segments()
+    if args.json:
+        print(json.dumps([s._asdict() for s in segments], indent=2))
+        return 0
+    now = time.time()
+    rows = [("NAME", "KIND", "SIZE", "DTYPE/SHAPE", "CREATOR", "REFS", "AGE", "HOLDERS")]
+    for s in segments:
+        if s.error:
+            rows.append((s.name, "?", _bytes(s.file_size), s.error[:60], "-", "-", _age(now - s.created), "-"))
+            continue
+        what = f"{s.dtype}{list(s.shape)}" if s.kind == "tensor" else "-"
+        creator = f"{s.creator_pid} ({'alive' if s.creator_alive else 'exited'})"
+        holders = ",".join(map(str, s.holders)) or "-"
+        if s.messages:
+            holders += f" +{s.messages} in queues"
+        rows.append((s.name, s.kind, _bytes(s.file_size), what, creator, str(s.refcount), _age(now - s.created), holders))
+    _table(rows)
+    print(f"{len(segments)} segments, {_bytes(sum(s.file_size for s in segments))}")
+    return 0
+
+
+def _gc(args):
+    report = cleanup.collect_garbage(dry_run=args.dry_run)
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 0
+    verb = "would remove" if args.dry_run else "removed"
+    for name in report["ledgers"]:
+        print(f"{'would sweep' if args.dry_run else 'swept'} the ledger of a dead process: {name}")
+    for r in report["removed"]:
+        print(f"{verb} {r['name']} ({r['kind']}, {_bytes(r['size'])}): {r['reason']}")
+    swept = report["swept"]
+    print(f"{verb} {len(report['removed'])} segments ({_bytes(sum(r['size'] for r in report['removed']))}); "
+          f"gave up {swept['segments']} segment and {swept['slots']} slot counts of dead processes")
+    return 0
+
+
+def _doctor(args):
+    checks = _diagnose()
+    if args.json:
+        print(json.dumps(checks, indent=2))
+        return 0
+    for key, value in checks.items():
+        if key != "warnings":
+            print(f"{key + ':':<22}{value}")
+    for w in checks["warnings"]:
+        print(f"WARNING: {w}")
+    return 0
+
+
+def _diagnose():
+    """What doctor reports, as a dict of readable strings (and a list of
+    warnings)."""
+    from . import __version__
+
+    lib = _native.lib()
+    ffi = _native.ffi()
+    warnings = []
+    out = {
+        "zctipc": __version__,
+        "libzctipc": f"{ffi.string(lib.zct_version()).decode()} (C ABI {lib.zct_abi_version()})",
+        "python": sys.version.split()[0],
+    }
+    shm_dir = os.environ.get("ZCTIPC_SHM_DIR") or "/dev/shm"
+    try:
+        st = os.statvfs(shm_dir)
+        total, free = st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize
+        out["shared memory"] = f"{shm_dir}: {_bytes(total)}, {_bytes(free)} free"
+        if total < SMALL_SHM:
+            warnings.append(
+                f"{shm_dir} holds only {_bytes(total)} (Docker's default is 64 MB): large tensors will not fit; "
+                "give containers more with docker run --shm-size=8g, or remount it larger")
+    except OSError as exc:
+        out["shared memory"] = f"{shm_dir}: {exc}"
+        warnings.append(f"{shm_dir} cannot be used: {exc}")
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    out["open files limit"] = f"soft {soft}, hard {hard} (RLIMIT_NOFILE)"
+    if soft < 4096:
+        warnings.append(f"the open-files limit is {soft}: the file_descriptor strategy needs one per segment "
+                        "a process receives at once; raise it with ulimit -n")
+    out["huge pages"] = _huge_pages()
+    status = cleanup.daemon_status()
+    if status["running"]:
+        s = status["status"]
+        out["cleanup daemon"] = (f"running, pid {s['pid']}, {len(s['clients'] or [])} processes watched, "
+                                 f"{len(s['memfd_segments'] or [])} memfd segments kept ({status['dir']})")
+    else:
+        out["cleanup daemon"] = f"not running ({status['dir']}); processes start it when they need it"
+    out["sharing strategy"] = status["strategy"]
+    out["warnings"] = warnings
+    return out
+
+
+def _huge_pages():
+    info = {}
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                info[key] = value.strip()
+    except OSError:
+        return "unknown"
+    text = f"{info.get('HugePages_Total', '0')} reserved, {info.get('HugePages_Free', '0')} free, " \
+           f"{info.get('Hugepagesize', '?')} each"
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/shmem_enabled") as f:
+            text += f"; transparent huge pages for shmem: {f.read().strip()}"
+    except OSError:
+        pass
+    return text
+
+
+def _bytes(n):
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+
+
+def _age(seconds):
+    seconds = max(0, seconds)
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.0f}{unit}"
+    return f"{seconds:.0f}s"
+
+
+def _table(rows):
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -114,11 +114,19 @@ func atLimit() string {
 	if unix.Getrlimit(unix.RLIMIT_NOFILE, &lim) != nil {
 		return ""
 	}
-	open := OpenFiles()
-	if open < 0 || uint64(open)+MaxFDs < lim.Cur {
+	// Counting needs a descriptor of its own: at the limit there is none.
+	open := "all"
+	if probe, err := unix.Open("/", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0); err == nil {
+		unix.Close(probe)
+		n := OpenFiles()
+		if n < 0 || uint64(n)+MaxFDs < lim.Cur {
+			return ""
+		}
+		open = fmt.Sprint(n)
+	} else if !errors.Is(err, unix.EMFILE) {
 		return ""
 	}
-	return fmt.Sprintf("this process has %d files open and its RLIMIT_NOFILE soft limit is %d (hard limit %d); "+
+	return fmt.Sprintf("this process has %s of the %d files its RLIMIT_NOFILE soft limit allows open (hard limit %d); "+
 		"raise it with ulimit -n or resource.setrlimit(resource.RLIMIT_NOFILE, ...)", open, lim.Cur, lim.Max)
 }
 

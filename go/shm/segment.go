@@ -187,7 +187,7 @@ func createFile(name string, hdr header.Header, reserve uint64, t Tracker, keepF
 	if t != nil {
 		t.Opened(entry, st.Dev, st.Ino)
 	}
-	stall("create-open")
+	stall(hdr.Kind, "create-open")
 	if mem, err = prepare(fd, name, &hdr, reserve); err != nil {
 		return nil, fd, err
 	}
@@ -198,7 +198,7 @@ func createFile(name string, hdr header.Header, reserve uint64, t Tracker, keepF
 		}
 		return nil, fd, fmt.Errorf("create segment %q in %s: %w", name, Dir(), err)
 	}
-	stall("create-rename")
+	stall(hdr.Kind, "create-rename")
 	if t != nil {
 		t.Created(entry)
 	}
@@ -267,7 +267,7 @@ func prepare(fd int, name string, hdr *header.Header, reserve uint64) ([]byte, e
 	if err := reserveRange(fd, name, 0, min(reserve, size)); err != nil {
 		return nil, err
 	}
-	stall("create-reserve")
+	stall(hdr.Kind, "create-reserve")
 	mem, err := mmap(fd, size, true)
 	if err != nil {
 		return nil, fmt.Errorf("map segment %q: %w", name, err)

@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/zctipc/zctipc/go/header"
 	"golang.org/x/sys/unix"
 )
 
@@ -165,14 +166,15 @@ func currentTracker() Tracker {
 
 // StallEnv names the environment variable of a fault-injection point: when
 // it names one of the points of Create ("create-open", "create-reserve",
-// "create-rename"), Create stops there forever, so that a crash test can
-// kill the process at that exact step.
+// "create-rename"), Create stops there forever (for any segment but the
+// process's ledger), so that a crash test can kill the process at that
+// exact step.
 const StallEnv = "ZCTIPC_TEST_STALL"
 
 var stallAt = os.Getenv(StallEnv)
 
-func stall(point string) {
-	if stallAt == point {
+func stall(kind header.Kind, point string) {
+	if stallAt == point && kind != header.KindLedger {
 		for {
 			time.Sleep(time.Hour)
 		}

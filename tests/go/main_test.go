@@ -16,6 +16,7 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+	"github.com/zctipc/zctipc/go/daemon"
 	"github.com/zctipc/zctipc/go/shm"
 )
 
@@ -35,7 +36,16 @@ func TestMain(m *testing.M) {
 		os.Exit(2)
 	}
 	os.Setenv(shm.DirEnv, dir)
+	runtimeDir, err := os.MkdirTemp("", "zctipc-gotest-run-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "make runtime directory:", err)
+		os.Exit(2)
+	}
+	os.Setenv(daemon.RuntimeDirEnv, runtimeDir)
 	code := m.Run()
+	stopDaemon(runtimeDir)
+	os.RemoveAll(runtimeDir)
+	removeDaemonBuild()
 	left, err := os.ReadDir(dir)
 	if err == nil && len(left) > 0 {
 		for _, e := range left {
@@ -75,6 +85,12 @@ func startHelper(t *testing.T, name string, args ...string) *helper {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), helperEnv+"="+name, helperEnv+"_ARGS="+strings.Join(args, "\x1f"))
+	return runHelperCmd(t, cmd)
+}
+
+// runHelperCmd starts cmd, a helper process, and connects to it.
+func runHelperCmd(t *testing.T, cmd *exec.Cmd) *helper {
+	t.Helper()
 	cmd.Stderr = os.Stderr
 	stdin, err := cmd.StdinPipe()
 	require.NoError(t, err)

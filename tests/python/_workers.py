@@ -220,3 +220,13 @@ def killed_consumers_scenario(total=300, kills=12, seed=7):
         "leaked_slots": zctipc.pool_stats().slots_in_use,
         "queue": q._name,
     }))
+
+
+def hold_received(q, ready):
+    """Take two messages, hold them, say so, and wait to be killed."""
+    import time
+
+    held = [q.get(timeout=60), q.get(timeout=60)]
+    ready.put("holding")
+    time.sleep(3600)
+    del held

@@ -35,6 +35,9 @@ def _ls(args):
     if args.json:
         print(json.dumps([s._asdict() for s in segments], indent=2))
         return 0
+    if not segments:
+        print(f"no zctipc segments in {_shm_dir()}")
+        return 0
     now = time.time()
     rows = [("NAME", "KIND", "SIZE", "DTYPE/SHAPE", "CREATOR", "REFS", "AGE", "HOLDERS")]
     for s in segments:
@@ -48,7 +51,7 @@ def _ls(args):
             holders += f" +{s.messages} in queues"
         rows.append((s.name, s.kind, _bytes(s.file_size), what, creator, str(s.refcount), _age(now - s.created), holders))
     _table(rows)
-    print(f"{len(segments)} segments, {_bytes(sum(s.file_size for s in segments))}")
+    print(f"{_count(len(segments), 'segment')}, {_bytes(sum(s.file_size for s in segments))}")
     return 0
 
 
@@ -63,7 +66,7 @@ def _gc(args):
     for r in report["removed"]:
         print(f"{verb} {r['name']} ({r['kind']}, {_bytes(r['size'])}): {r['reason']}")
     swept = report["swept"]
-    print(f"{verb} {len(report['removed'])} segments ({_bytes(sum(r['size'] for r in report['removed']))}); "
+    print(f"{verb} {_count(len(report['removed']), 'segment')} ({_bytes(sum(r['size'] for r in report['removed']))}); "
           f"gave up {swept['segments']} segment and {swept['slots']} slot counts of dead processes")
     return 0
 
@@ -94,7 +97,7 @@ def _diagnose():
         "libzctipc": f"{ffi.string(lib.zct_version()).decode()} (C ABI {lib.zct_abi_version()})",
         "python": sys.version.split()[0],
     }
-    shm_dir = os.environ.get("ZCTIPC_SHM_DIR") or "/dev/shm"
+    shm_dir = _shm_dir()
     try:
         st = os.statvfs(shm_dir)
         total, free = st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize
@@ -124,6 +127,11 @@ def _diagnose():
     return out
 
 
+def _shm_dir():
+    """Where segments live: /dev/shm, or ZCTIPC_SHM_DIR where it is set."""
+    return os.environ.get("ZCTIPC_SHM_DIR") or "/dev/shm"
+
+
 def _huge_pages():
     info = {}
     try:
@@ -141,6 +149,10 @@ def _huge_pages():
     except OSError:
         pass
     return text
+
+
+def _count(n, noun):
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def _bytes(n):

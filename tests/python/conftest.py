@@ -6,7 +6,10 @@ not there before (once the cleanup daemon has swept the processes the tests
 killed).
 """
 
+import fcntl
 import os
+import shutil
+import signal
 import time
 import uuid
 
@@ -14,6 +17,7 @@ import pytest
 
 import zctipc
 
+HERE = os.path.dirname(os.path.abspath(__file__))
 SHM = "/dev/shm"
 PREFIX = "zctipc_"
 # How long the cleanup daemon may take to sweep a killed process.
@@ -90,3 +94,35 @@ def ctx(request):
 
 def segment_exists(name):
     return os.path.lexists(os.path.join(SHM, name if name.startswith(PREFIX) else PREFIX + name))
+
+
+@pytest.fixture
+def isolated(tmp_path):
+    """A segment directory on /dev/shm and a runtime directory of its own,
+    as an environment for child processes. The daemon started for them is
+    killed and both directories removed afterwards."""
+    shm_dir = f"/dev/shm/zctipc-pytest-{uuid.uuid4().hex[:12]}"
+    os.mkdir(shm_dir, 0o700)
+    run_dir = str(tmp_path / "run")
+    env = dict(os.environ, ZCTIPC_SHM_DIR=shm_dir, ZCTIPC_RUNTIME_DIR=run_dir, ZCTIPC_DAEMON_IDLE="2",
+               PYTHONPATH=HERE)
+    env.pop("ZCTIPC_SHARING_STRATEGY", None)
+    yield env
+    pid = daemon_pid(run_dir)
+    if pid:
+        os.kill(pid, signal.SIGKILL)
+    shutil.rmtree(shm_dir, ignore_errors=True)
+
+
+def daemon_pid(run_dir):
+    """The pid of the daemon serving run_dir, or None (read from its lock
+    file, which it holds while it runs)."""
+    try:
+        with open(os.path.join(run_dir, "daemon.lock")) as f:
+            try:
+                fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                return None  # nobody holds it
+            except BlockingIOError:
+                return int(f.read().strip())
+    except FileNotFoundError:
+        return None

@@ -8,55 +8,19 @@ daemon of their own (``ZCTIPC_SHM_DIR`` on /dev/shm's tmpfs, and
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
 import time
-import uuid
 
 import numpy as np
 import pytest
 
 import zctipc
 from _format import decode
+from conftest import daemon_pid
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 SWEEP_TIMEOUT = 10  # seconds the daemon may take to leave nothing
-
-
-@pytest.fixture
-def isolated(tmp_path):
-    """A segment directory on /dev/shm and a runtime directory of its own,
-    as an environment for child processes. The daemon started for them is
-    killed and both directories removed afterwards."""
-    shm_dir = f"/dev/shm/zctipc-pytest-{uuid.uuid4().hex[:12]}"
-    os.mkdir(shm_dir, 0o700)
-    run_dir = str(tmp_path / "run")
-    env = dict(os.environ, ZCTIPC_SHM_DIR=shm_dir, ZCTIPC_RUNTIME_DIR=run_dir, ZCTIPC_DAEMON_IDLE="2",
-               PYTHONPATH=HERE)
-    env.pop("ZCTIPC_SHARING_STRATEGY", None)
-    yield env
-    pid = daemon_pid(run_dir)
-    if pid:
-        os.kill(pid, signal.SIGKILL)
-    shutil.rmtree(shm_dir, ignore_errors=True)
-
-
-def daemon_pid(run_dir):
-    """The pid of the daemon serving run_dir, or None (read from its lock
-    file, which it holds while it runs)."""
-    import fcntl
-
-    try:
-        with open(os.path.join(run_dir, "daemon.lock")) as f:
-            try:
-                fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
-                return None  # nobody holds it
-            except BlockingIOError:
-                return int(f.read().strip())
-    except FileNotFoundError:
-        return None
 
 
 def files(env):

@@ -4,6 +4,7 @@ package futex
 
 import (
 	"errors"
+	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -54,4 +55,66 @@ func Wake(addr *uint32, n int) (int, error) {
 		return 0, errno
 	}
 	return int(woken), nil
+}
+
+// A Seq is a sequence word that signallers bump and waiters sleep on, with
+// the count of its sleepers beside it so that a signal with nobody asleep
+// costs no system call.
+type Seq struct {
+	Word    *uint32 // bumped by every Signal
+	Waiters *uint32 // how many are asleep on Word, or about to be
+}
+
+// Load returns the sequence word's value, to be passed to Sleep once the
+// caller has found it must wait.
+func (s Seq) Load() uint32 { return atomic.LoadUint32(s.Word) }
+
+// Sleep waits for the word to move from seen. It spins for spin first (an
+// event that comes within it costs no wake-up), then sleeps for at most
+// recheck, and not past deadline (none when zero). It returns nil when the
+// word moved or the sleep ended early (callers re-check their condition:
+// a bounded sleep makes up for a wake-up lost with a killed process),
+// ErrTimeout once deadline has passed, and ErrInterrupted when a signal
+// arrived and interruptible is set (otherwise a signal is a spurious wake).
+func (s Seq) Sleep(seen uint32, spin time.Duration, deadline time.Time, recheck time.Duration, interruptible bool) error {
+	spinUntil := time.Now().Add(spin)
+	for i := 0; ; i++ {
+		if atomic.LoadUint32(s.Word) != seen {
+			return nil
+		}
+		if i%64 == 63 && time.Now().After(spinUntil) {
+			break
+		}
+	}
+	timeout := recheck
+	if !deadline.IsZero() {
+		left := time.Until(deadline)
+		if left <= 0 {
+			return ErrTimeout
+		}
+		timeout = min(timeout, left)
+	}
+	atomic.AddUint32(s.Waiters, 1)
+	err := Wait(s.Word, seen, timeout)
+	atomic.AddUint32(s.Waiters, ^uint32(0))
+	switch {
+	case errors.Is(err, ErrTimeout):
+		if !deadline.IsZero() && !time.Now().Before(deadline) {
+			return ErrTimeout
+		}
+		return nil
+	case errors.Is(err, ErrInterrupted) && !interruptible:
+		return nil
+	}
+	return err
+}
+
+// Signal bumps the word and wakes up to n of its sleepers.
+func (s Seq) Signal(n int) error {
+	atomic.AddUint32(s.Word, 1)
+	if atomic.LoadUint32(s.Waiters) == 0 {
+		return nil
+	}
+	_, err := Wake(s.Word, n)
+	return err
 }

@@ -22,7 +22,6 @@ import (
 
 	"github.com/zctipc/zctipc/go/futex"
 	"github.com/zctipc/zctipc/go/proc"
-	"golang.org/x/sys/unix"
 )
 
 // Size is the number of bytes a Mutex occupies in shared memory; its address
@@ -127,15 +126,11 @@ func (m Mutex) setOwner(self proc.Identity) {
 	atomic.StoreUint32(m.ownerPID, uint32(self.PID))
 }
 
-// holderDied reports whether the process pid that holds m is gone: by pid
-// and start time once the holder has written its record, and until then
-// (a holder killed between taking the lock and writing the record) only
-// when no process has that pid at all.
+// holderDied reports whether the process pid that holds m is gone.
 func (m Mutex) holderDied(pid uint32) bool {
-	if atomic.LoadUint32(m.ownerPID) != pid {
-		_, err := proc.StartTime(int64(pid))
-		return errors.Is(err, unix.ESRCH)
-	}
-	start := atomic.LoadUint64(m.ownerStart)
-	return !proc.Alive(proc.Identity{PID: int64(pid), StartTime: start})
+	recorded := proc.Identity{PID: int64(atomic.LoadUint32(m.ownerPID)), StartTime: atomic.LoadUint64(m.ownerStart)}
+	return proc.Gone(int64(pid), recorded)
 }
+
+// Holder returns the pid of the process that holds m, or 0 when it is free.
+func (m Mutex) Holder() int64 { return int64(atomic.LoadUint32(m.state) &^ contended) }

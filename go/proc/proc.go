@@ -95,3 +95,19 @@ func Alive(id Identity) bool {
 	}
 	return true
 }
+
+// Gone reports whether the process that claimed something as pid (in a
+// word of shared memory) is gone, given the identity it recorded beside the
+// claim afterwards: by pid and start time once the record names pid, and
+// until then (a process killed between its claim and its record) only when
+// no process has that pid at all.
+func Gone(pid int64, recorded Identity) bool {
+	if pid <= 0 {
+		return true
+	}
+	if recorded.PID != pid {
+		_, err := StartTime(pid)
+		return errors.Is(err, unix.ESRCH)
+	}
+	return !Alive(recorded)
+}

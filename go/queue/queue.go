@@ -416,50 +416,25 @@ func (q *Queue) wait(m lock.Mutex, seqOff, waitersOff int, seen uint32, deadline
 	return q.lock(m, deadline, timeoutErr)
 }
 
+// seq returns the sequence word at seqOff with its waiters at waitersOff.
+func (q *Queue) seq(seqOff, waitersOff int) futex.Seq {
+	return futex.Seq{Word: q.u32(seqOff), Waiters: q.u32(waitersOff)}
+}
+
 // sleep waits for the sequence word at seqOff to move from seen, after a
 // short spin, and for at most recheckEvery: a wake-up meant for a consumer
 // that was killed before passing it on is then made up for.
 func (q *Queue) sleep(seqOff, waitersOff int, seen uint32, deadline time.Time, timeoutErr error) error {
-	spinUntil := time.Now().Add(spinFor)
-	for i := 0; ; i++ {
-		if atomic.LoadUint32(q.u32(seqOff)) != seen {
-			return nil
-		}
-		if i%64 == 63 && time.Now().After(spinUntil) {
-			break
-		}
-	}
-	timeout := recheckEvery
-	if !deadline.IsZero() {
-		left := time.Until(deadline)
-		if left <= 0 {
-			return timeoutErr
-		}
-		timeout = min(timeout, left)
-	}
-	atomic.AddUint32(q.u32(waitersOff), 1)
-	err := futex.Wait(q.u32(seqOff), seen, timeout)
-	atomic.AddUint32(q.u32(waitersOff), ^uint32(0))
-	switch {
-	case errors.Is(err, futex.ErrTimeout):
-		if !deadline.IsZero() && !time.Now().Before(deadline) {
-			return timeoutErr
-		}
-		return nil // re-check the queue
-	case errors.Is(err, futex.ErrInterrupted) && !q.interruptible:
-		return nil
+	err := q.seq(seqOff, waitersOff).Sleep(seen, spinFor, deadline, recheckEvery, q.interruptible)
+	if errors.Is(err, futex.ErrTimeout) {
+		return timeoutErr
 	}
 	return err
 }
 
 // signal bumps the sequence word at seqOff and wakes up to n waiters.
 func (q *Queue) signal(seqOff, waitersOff int, n int) error {
-	atomic.AddUint32(q.u32(seqOff), 1)
-	if atomic.LoadUint32(q.u32(waitersOff)) == 0 {
-		return nil
-	}
-	_, err := futex.Wake(q.u32(seqOff), n)
-	return err
+	return q.seq(seqOff, waitersOff).Signal(n)
 }
 
 // Close closes this process's handle on the queue.

@@ -1,0 +1,236 @@
+package stream
+
+import (
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/zctipc/zctipc/go/proc"
+	"golang.org/x/sys/unix"
+)
+
+// ErrNoSlot means every reader slot of the stream is held by a live reader
+// (or the one asked for is).
+var ErrNoSlot = fmt.Errorf("no free reader slot: %w", unix.EBUSY)
+
+// slotJoining is the state of a slot while a reader sets it up; the writer
+// ignores it.
+const slotJoining = 3
+
+// Reader is one reader of a stream, in this process. Its methods must not
+// be called from several goroutines at once.
+type Reader struct {
+	s       *Stream
+	index   int
+	word    uint64 // the slot's word while this reader holds it
+	slot    []byte
+	pos     uint64 // the next frame to read
+	looking bool   // Look returned frame pos and Increment has not passed it
+	closed  bool
+	self    proc.Identity
+}
+
+// Reader joins the stream as the reader of slot index, or of the first free
+// slot when index is negative. A slot is free when no reader holds it, or
+// the process that held it is gone. The reader starts at the next frame
+// published.
+func (s *Stream) Reader(index int) (*Reader, error) {
+	self, err := proc.Self()
+	if err != nil {
+		return nil, err
+	}
+	r := &Reader{s: s, self: self}
+	if index >= 0 {
+		if index >= s.cfg.Readers {
+			return nil, fmt.Errorf("reader slot %d: the stream has %d (0 to %d): %w",
+				index, s.cfg.Readers, s.cfg.Readers-1, unix.EINVAL)
+		}
+		if !r.claim(index) {
+			return nil, fmt.Errorf("reader slot %d is held by pid %d: %w",
+				index, slotPID(atomic.LoadUint64(s.slotWord(index))), ErrNoSlot)
+		}
+		return r, nil
+	}
+	for i := range s.cfg.Readers {
+		if r.claim(i) {
+			return r, nil
+		}
+	}
+	return nil, fmt.Errorf("all %d reader slots of the stream are held by live readers "+
+		"(make it with more readers): %w", s.cfg.Readers, ErrNoSlot)
+}
+
+// claim takes slot i if it is free, and reports whether it did.
+func (r *Reader) claim(i int) bool {
+	slot := r.s.slot(i)
+	word := u64(slot, rWord)
+	for {
+		w := atomic.LoadUint64(word)
+		switch state(w) {
+		case slotActive, slotJoining, slotEvicted:
+			// Evicted readers may come back: only their death frees the slot.
+			if !readerGone(slot, w) {
+				return false
+			}
+		}
+		joining := slotWord(r.self.PID, generation(w)+1, slotJoining)
+		if atomic.CompareAndSwapUint64(word, w, joining) {
+			r.index, r.slot = i, slot
+			atomic.StoreUint64(u64(slot, rDropped), 0)
+			atomic.StoreUint64(u64(slot, rReceived), 0)
+			r.activate(joining)
+			return true
+		}
+	}
+}
+
+// activate makes the slot, which this reader holds in state joining or
+// evicted, active again, at the next frame published.
+func (r *Reader) activate(held uint64) {
+	slot := r.slot
+	atomic.StoreUint64(u64(slot, rStart), r.self.StartTime)
+	atomic.StoreUint64(u64(slot, rPID), uint64(r.self.PID))
+	atomic.StoreInt64((*int64)(ptr(slot, rSeen)), nowNS())
+	published := atomic.LoadUint64(u64(r.s.data, offPublished))
+	atomic.StoreUint64(u64(slot, rPosition), published)
+	r.word = slotWord(r.self.PID, generation(held), slotActive)
+	atomic.StoreUint64(u64(slot, rWord), r.word)
+	// Read the position again now that the writer sees this reader: a
+	// writer that read the readers before could claim frames up to a ring
+	// past the position it saw, but not past this one.
+	r.pos = atomic.LoadUint64(u64(r.s.data, offPublished))
+	atomic.StoreUint64(u64(slot, rPosition), r.pos)
+}
+
+// Index returns the reader's slot.
+func (r *Reader) Index() int { return r.index }
+
+// Position returns the position of the next frame this reader reads.
+func (r *Reader) Position() uint64 { return r.pos }
+
+// Dropped returns the frames this reader lost.
+func (r *Reader) Dropped() uint64 { return atomic.LoadUint64(u64(r.slot, rDropped)) }
+
+// Received returns the frames this reader took whole.
+func (r *Reader) Received() uint64 { return atomic.LoadUint64(u64(r.slot, rReceived)) }
+
+// Look returns the slot of the next frame, waiting for the writer to
+// publish it until deadline (none when zero; a past deadline does not wait).
+// It returns ErrEmpty when the deadline passed, ErrEnded when the stream
+// ended and every frame was read. Looking again before Increment returns the
+// same slot.
+func (r *Reader) Look(deadline time.Time) (int, error) {
+	if r.closed {
+		return 0, ErrClosed
+	}
+	s := r.s
+	frames := uint64(s.cfg.Frames)
+	r.seen()
+	if r.looking {
+		return int(r.pos % frames), nil
+	}
+	data := s.dataSeq()
+	for {
+		if err := r.rejoinIfEvicted(); err != nil {
+			return 0, err
+		}
+		// Frames older than a ring behind the writer's claim are gone.
+		if claim := atomic.LoadUint64(u64(s.data, offClaim)); claim > r.pos+frames {
+			r.drop(claim - frames - r.pos)
+			r.pos = claim - frames
+			atomic.StoreUint64(u64(r.slot, rPosition), r.pos)
+		}
+		seen := data.Load()
+		if r.pos < atomic.LoadUint64(u64(s.data, offPublished)) {
+			r.looking = true
+			return int(r.pos % frames), nil
+		}
+		if s.Ended() {
+			return 0, ErrEnded
+		}
+		if !deadline.IsZero() && !time.Now().Before(deadline) {
+			return 0, ErrEmpty
+		}
+		if err := s.sleep(data, seen, deadline, ErrEmpty); err != nil {
+			return 0, err
+		}
+	}
+}
+
+// Increment releases the frame Look returned, and reports whether it was
+// whole: false when the writer claimed its slot again while the reader
+// looked (it lapped the reader under Overwrite, or evicted it), in which
+// case the frame counts as dropped.
+func (r *Reader) Increment() (bool, error) {
+	if r.closed {
+		return false, ErrClosed
+	}
+	if !r.looking {
+		return false, ErrNoFrame
+	}
+	s := r.s
+	r.looking = false
+	whole := atomic.LoadUint64(u64(s.data, offClaim)) <= r.pos+uint64(s.cfg.Frames)
+	if whole {
+		atomic.AddUint64(u64(r.slot, rReceived), 1)
+	} else {
+		r.drop(1)
+	}
+	r.pos++
+	atomic.StoreUint64(u64(r.slot, rPosition), r.pos)
+	r.seen()
+	if wanted := atomic.LoadUint64(u64(s.data, offWanted)); wanted != 0 && r.pos >= wanted {
+		return whole, s.spaceSeq().Signal(1)
+	}
+	return whole, nil
+}
+
+func (r *Reader) drop(n uint64) {
+	atomic.AddUint64(u64(r.slot, rDropped), n)
+	atomic.AddUint64(u64(r.s.data, offDropped), n)
+}
+
+func (r *Reader) seen() {
+	atomic.StoreInt64((*int64)(ptr(r.slot, rSeen)), nowNS())
+}
+
+// rejoinIfEvicted takes the slot back when the writer evicted this reader,
+// counting the frames it skips as dropped.
+func (r *Reader) rejoinIfEvicted() error {
+	word := u64(r.slot, rWord)
+	w := atomic.LoadUint64(word)
+	if w == r.word {
+		return nil
+	}
+	if w != slotWord(r.self.PID, generation(r.word), slotEvicted) {
+		return fmt.Errorf("reader slot %d was taken over (pid %d): %w", r.index, slotPID(w), ErrNoSlot)
+	}
+	joining := slotWord(r.self.PID, generation(w)+1, slotJoining)
+	if !atomic.CompareAndSwapUint64(word, w, joining) {
+		return fmt.Errorf("reader slot %d changed while rejoining: %w", r.index, ErrNoSlot)
+	}
+	from := r.pos
+	r.activate(joining)
+	if r.pos > from {
+		r.drop(r.pos - from)
+	}
+	return nil
+}
+
+// Close leaves the stream: the slot is free for another reader, and the
+// writer no longer waits for this one.
+func (r *Reader) Close() error {
+	if r.closed {
+		return nil
+	}
+	r.closed = true
+	word := u64(r.slot, rWord)
+	w := atomic.LoadUint64(word)
+	if slotPID(w) == r.self.PID && (w == r.word || state(w) == slotEvicted) {
+		atomic.CompareAndSwapUint64(word, w, slotWord(0, generation(w), slotFree))
+	}
+	if atomic.LoadUint64(u64(r.s.data, offWanted)) != 0 {
+		return r.s.spaceSeq().Signal(1)
+	}
+	return nil
+}

@@ -1,0 +1,400 @@
+// Package stream is a ring of fixed-size frames in a shared segment, written
+// by one writer and read by several readers, each of which sees every frame
+// (publish-subscribe), without copies.
+//
+// Frames are slots of one size laid end to end, so a frame never wraps. The
+// writer claims the next frame (Look), fills it in place, and publishes it
+// (Increment); a reader looks at the next frame it has not read, in place,
+// and releases it. Positions count frames from the start of the stream and
+// never wrap; frame p lives in slot p mod frames.
+//
+// # Backpressure
+//
+// Under Block the writer never claims a slot that a live reader has not
+// released: it waits for the slowest reader. It keeps the minimum reader
+// position it last read and refreshes it only when that minimum says the
+// ring is full; positions only grow, so a stale minimum can make the writer
+// refresh early but never over-reports free space. Under Overwrite the
+// writer never waits: a reader that fell more than a ring behind skips to
+// the oldest frame still whole and counts the frames it lost as dropped.
+//
+// A reader whose process died (pid and start time), or, with a reader
+// timeout, that has not been seen for that long, stops holding the writer
+// back: the writer takes its slot away when it finds itself waiting on it.
+// An evicted reader that comes back rejoins, counting what it missed as
+// dropped.
+//
+// # Whole frames
+//
+// The writer stores its claim before it hands out a slot and publishes a
+// frame only on Increment, so a writer killed mid-frame publishes nothing.
+// A reader checks, when it releases a frame, that the writer has not
+// claimed that frame's slot again since; if it has (Overwrite, or an
+// evicted reader) Increment reports the frame as not intact and counts it as
+// dropped. (On amd64, stores are seen in order and loads are not reordered
+// with loads, which this check relies on.)
+package stream
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"math/bits"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"github.com/zctipc/zctipc/go/dtype"
+	"github.com/zctipc/zctipc/go/futex"
+	"github.com/zctipc/zctipc/go/header"
+	"github.com/zctipc/zctipc/go/shm"
+	"golang.org/x/sys/unix"
+)
+
+// Policy says what the writer does when the ring is full.
+type Policy uint32
+
+// Policies.
+const (
+	Block     Policy = 0 // wait for the slowest live reader
+	Overwrite Policy = 1 // never wait; slow readers skip frames and count them
+)
+
+func (p Policy) String() string {
+	switch p {
+	case Block:
+		return "block"
+	case Overwrite:
+		return "overwrite"
+	}
+	return fmt.Sprintf("policy(%d)", uint32(p))
+}
+
+// Limits.
+const (
+	MaxFrames  = 1 << 20
+	MaxReaders = 64
+	// MaxBytes bounds a stream's data region.
+	MaxBytes = 1 << 40
+)
+
+// Errors of stream operations.
+var (
+	ErrFull  = errors.New("the stream's ring is full")
+	ErrEmpty = errors.New("no frame to read yet")
+	// ErrEnded means the stream was ended: a writer can write no more, and a
+	// reader has read every frame.
+	ErrEnded = fmt.Errorf("the stream has ended: %w", unix.EPIPE)
+	// ErrInterrupted means a signal arrived while waiting.
+	ErrInterrupted = futex.ErrInterrupted
+	// ErrNoFrame means Increment was called with no frame looked at.
+	ErrNoFrame = fmt.Errorf("no frame to increment past: call look first: %w", unix.EINVAL)
+	// ErrClosed means the reader or writer was closed.
+	ErrClosed = fmt.Errorf("the stream handle is closed: %w", unix.EBADF)
+)
+
+// Layout of a stream segment's data region (docs/format.md).
+const (
+	offFrameBytes  = 0   // u64 bytes of one frame
+	offStride      = 8   // u64 bytes from one slot to the next
+	offFrames      = 16  // u32 slots in the ring
+	offReaders     = 20  // u32 reader slots
+	offPolicy      = 24  // u32
+	offDType       = 28  // u32 element type of a frame
+	offNDim        = 32  // u32 frame dimensions
+	offTimeoutMS   = 36  // u32 reader timeout in ms, 0 for none
+	offRingAt      = 40  // u64 where slot 0 starts
+	offShape       = 64  // i64 × header.MaxNDim
+	offClaim       = 320 // u64 frames the writer has claimed
+	offPublished   = 328 // u64 frames the writer has published
+	offEnded       = 336 // u32 1 once the stream has ended
+	offWriterLock  = 344 // lock.Size: the writer role
+	offDataSeq     = 384 // u32 bumped on every publish and at the end
+	offDataWaiters = 388 // u32
+	offSpaceSeq    = 448 // u32 bumped when a reader moves past what the writer waits for
+	offSpaceWaiter = 452 // u32
+	offWanted      = 456 // u64 the position the writer waits for every reader to reach, 0 when it does not wait
+	offDropped     = 512 // u64 frames lost by all readers
+	readersAt      = 576
+	readerSize     = 64
+)
+
+// Reader slot fields, from the start of the slot.
+const (
+	rWord     = 0  // u64 pid << 32 | generation << 2 | state
+	rPosition = 8  // u64 next frame to read
+	rStart    = 16 // u64 the reader's process start time, written after its claim
+	rPID      = 24 // i64 the pid that start time belongs to
+	rSeen     = 32 // i64 when the reader was last seen, CLOCK_REALTIME ns
+	rDropped  = 40 // u64 frames this reader lost
+	rReceived = 48 // u64 frames this reader took whole
+)
+
+// Reader slot states.
+const (
+	slotFree    = 0
+	slotActive  = 1
+	slotEvicted = 2
+)
+
+const (
+	// spinFor is how long a waiter keeps looking before it sleeps.
+	spinFor = 50 * time.Microsecond
+	// recheckEvery bounds one sleep: wake-ups lost with killed processes
+	// are made up for, and the writer looks at readers that hold it back.
+	recheckEvery = 100 * time.Millisecond
+	// checkLivenessEvery is how often a waiting writer checks the processes
+	// of the readers it waits on.
+	checkLivenessEvery = 50 * time.Millisecond
+)
+
+// Config describes a stream.
+type Config struct {
+	DType  dtype.DType
+	Shape  []int64 // of one frame
+	Frames int     // slots in the ring, at least 2
+	// Readers is the number of reader slots, 1 to MaxReaders.
+	Readers int
+	Policy  Policy
+	// ReaderTimeout, when positive, lets a writer evict a reader not seen
+	// for that long (at millisecond resolution).
+	ReaderTimeout time.Duration
+}
+
+// Stream is a stream segment attached in this process.
+type Stream struct {
+	seg        *shm.Segment
+	data       []byte
+	cfg        Config
+	frameBytes uint64
+	stride     uint64
+	ringAt     uint64
+	// interruptible makes waits return ErrInterrupted on a signal.
+	interruptible bool
+}
+
+// SetInterruptible says whether a signal during a wait ends the call with
+// ErrInterrupted (for a host that must run its handlers) or is waited out.
+func (s *Stream) SetInterruptible(on bool) { s.interruptible = on }
+
+// frameLayout returns the bytes of a frame and the slot stride: frames are
+// 64-byte aligned, and page-aligned once they are a page or more.
+func frameLayout(dt dtype.DType, shape []int64) (uint64, uint64, error) {
+	n, ok := header.ByteCount(shape, dt.Size())
+	if !ok {
+		return 0, 0, fmt.Errorf("a frame of shape %v overflows: %w", shape, unix.EINVAL)
+	}
+	align := uint64(64)
+	if n >= 4096 {
+		align = 4096
+	}
+	if n > MaxBytes {
+		return 0, 0, fmt.Errorf("a frame of %d bytes: the limit is %d: %w", n, uint64(MaxBytes), unix.EINVAL)
+	}
+	return n, max(align, (n+align-1)/align*align), nil
+}
+
+func ringOffset(readers int) uint64 {
+	return (readersAt + uint64(readers)*readerSize + 4095) / 4096 * 4096
+}
+
+// Create makes a stream segment. An empty name makes a random one.
+func Create(name string, cfg Config) (*Stream, error) {
+	if err := cfg.check(); err != nil {
+		return nil, err
+	}
+	frameBytes, stride, err := frameLayout(cfg.DType, cfg.Shape)
+	if err != nil {
+		return nil, err
+	}
+	ringAt := ringOffset(cfg.Readers)
+	hi, size := bits.Mul64(stride, uint64(cfg.Frames))
+	if hi != 0 || size > MaxBytes-ringAt {
+		return nil, fmt.Errorf("a ring of %d frames of %d bytes: the limit is %d bytes: %w",
+			cfg.Frames, frameBytes, uint64(MaxBytes), unix.EINVAL)
+	}
+	seg, err := shm.Create(name, header.KindStream, dtype.Uint8, []int64{int64(ringAt + size)})
+	if err != nil {
+		return nil, err
+	}
+	d := seg.Data()
+	*u64(d, offFrameBytes) = frameBytes
+	*u64(d, offStride) = stride
+	*u32(d, offFrames) = uint32(cfg.Frames)
+	*u32(d, offReaders) = uint32(cfg.Readers)
+	*u32(d, offPolicy) = uint32(cfg.Policy)
+	*u32(d, offDType) = uint32(cfg.DType)
+	*u32(d, offNDim) = uint32(len(cfg.Shape))
+	*u32(d, offTimeoutMS) = uint32(cfg.ReaderTimeout.Milliseconds())
+	*u64(d, offRingAt) = ringAt
+	for i, n := range cfg.Shape {
+		*u64(d, offShape+8*i) = uint64(n)
+	}
+	s, err := open(seg)
+	if err != nil {
+		return nil, errors.Join(err, seg.Release())
+	}
+	return s, nil
+}
+
+func (c *Config) check() error {
+	switch {
+	case c.Frames < 2 || c.Frames > MaxFrames:
+		return fmt.Errorf("a stream of %d frames: it takes 2 to %d: %w", c.Frames, MaxFrames, unix.EINVAL)
+	case c.Readers < 1 || c.Readers > MaxReaders:
+		return fmt.Errorf("a stream for %d readers: it takes 1 to %d: %w", c.Readers, MaxReaders, unix.EINVAL)
+	case c.Policy != Block && c.Policy != Overwrite:
+		return fmt.Errorf("unknown stream policy %d: %w", uint32(c.Policy), unix.EINVAL)
+	case len(c.Shape) > header.MaxNDim:
+		return fmt.Errorf("a frame of %d dimensions: the limit is %d: %w", len(c.Shape), header.MaxNDim, unix.EINVAL)
+	case c.ReaderTimeout < 0 || c.ReaderTimeout.Milliseconds() > math.MaxUint32:
+		return fmt.Errorf("reader timeout %v: it takes 0 (none) to %d ms: %w", c.ReaderTimeout, uint32(math.MaxUint32), unix.EINVAL)
+	}
+	if err := c.DType.Check(); err != nil {
+		return err
+	}
+	for _, n := range c.Shape {
+		if n < 0 {
+			return fmt.Errorf("frame shape %v has a negative dimension: %w", c.Shape, unix.EINVAL)
+		}
+	}
+	return nil
+}
+
+// Attach attaches the stream segment name.
+func Attach(name string) (*Stream, error) {
+	seg, err := shm.Attach(name, header.KindStream, false)
+	if err != nil {
+		return nil, err
+	}
+	s, err := open(seg)
+	if err != nil {
+		return nil, errors.Join(err, seg.Close())
+	}
+	return s, nil
+}
+
+// open checks the layout that the creator wrote.
+func open(seg *shm.Segment) (*Stream, error) {
+	d := seg.Data()
+	bad := func(what string) error {
+		return fmt.Errorf("stream %q: %w: %s", seg.Name(), header.ErrCorrupt, what)
+	}
+	if len(d) < readersAt {
+		return nil, bad(fmt.Sprintf("%d bytes", len(d)))
+	}
+	ndim := *u32(d, offNDim)
+	if ndim > header.MaxNDim {
+		return nil, bad(fmt.Sprintf("%d dimensions", ndim))
+	}
+	cfg := Config{
+		DType:         dtype.DType(*u32(d, offDType)),
+		Shape:         make([]int64, ndim),
+		Frames:        int(*u32(d, offFrames)),
+		Readers:       int(*u32(d, offReaders)),
+		Policy:        Policy(*u32(d, offPolicy)),
+		ReaderTimeout: time.Duration(*u32(d, offTimeoutMS)) * time.Millisecond,
+	}
+	for i := range cfg.Shape {
+		cfg.Shape[i] = int64(*u64(d, offShape+8*i))
+	}
+	if err := cfg.check(); err != nil {
+		return nil, bad(err.Error())
+	}
+	frameBytes, stride, err := frameLayout(cfg.DType, cfg.Shape)
+	if err != nil {
+		return nil, bad(err.Error())
+	}
+	ringAt := ringOffset(cfg.Readers)
+	if *u64(d, offFrameBytes) != frameBytes || *u64(d, offStride) != stride || *u64(d, offRingAt) != ringAt ||
+		uint64(len(d)) != ringAt+stride*uint64(cfg.Frames) {
+		return nil, bad(fmt.Sprintf("%d frames of %d bytes do not fill %d bytes", cfg.Frames, frameBytes, len(d)))
+	}
+	return &Stream{seg: seg, data: d, cfg: cfg, frameBytes: frameBytes, stride: stride, ringAt: ringAt}, nil
+}
+
+func u32(d []byte, off int) *uint32 { return (*uint32)(unsafe.Pointer(&d[off])) }
+func u64(d []byte, off int) *uint64 { return (*uint64)(unsafe.Pointer(&d[off])) }
+
+// Segment returns the stream's segment.
+func (s *Stream) Segment() *shm.Segment { return s.seg }
+
+// Config returns the stream's configuration.
+func (s *Stream) Config() Config { return s.cfg }
+
+// FrameBytes returns the bytes of one frame.
+func (s *Stream) FrameBytes() uint64 { return s.frameBytes }
+
+// Frame returns the memory of slot i.
+func (s *Stream) Frame(i int) []byte {
+	at := s.ringAt + uint64(i)*s.stride
+	return s.data[at : at+s.frameBytes : at+s.frameBytes]
+}
+
+// FrameOffset returns where slot i starts in the data region.
+func (s *Stream) FrameOffset(i int) uint64 { return s.ringAt + uint64(i)*s.stride }
+
+// Published returns the number of frames published so far.
+func (s *Stream) Published() uint64 { return atomic.LoadUint64(u64(s.data, offPublished)) }
+
+// Dropped returns the number of frames all readers together lost.
+func (s *Stream) Dropped() uint64 { return atomic.LoadUint64(u64(s.data, offDropped)) }
+
+// Ended reports whether the stream was ended.
+func (s *Stream) Ended() bool { return atomic.LoadUint32(u32(s.data, offEnded)) != 0 }
+
+// End ends the stream: the writer can publish no more, readers read what
+// was published and then get ErrEnded, and every waiter wakes.
+func (s *Stream) End() error {
+	atomic.StoreUint32(u32(s.data, offEnded), 1)
+	return errors.Join(s.dataSeq().Signal(math.MaxInt32), s.spaceSeq().Signal(math.MaxInt32))
+}
+
+// Readers returns the number of readers that hold a slot.
+func (s *Stream) Readers() int {
+	n := 0
+	for i := range s.cfg.Readers {
+		if state(atomic.LoadUint64(s.slotWord(i))) == slotActive {
+			n++
+		}
+	}
+	return n
+}
+
+// Close closes this process's handle on the stream.
+func (s *Stream) Close() error { return s.seg.Close() }
+
+func (s *Stream) dataSeq() futex.Seq {
+	return futex.Seq{Word: u32(s.data, offDataSeq), Waiters: u32(s.data, offDataWaiters)}
+}
+
+func (s *Stream) spaceSeq() futex.Seq {
+	return futex.Seq{Word: u32(s.data, offSpaceSeq), Waiters: u32(s.data, offSpaceWaiter)}
+}
+
+func (s *Stream) sleep(seq futex.Seq, seen uint32, deadline time.Time, timeoutErr error) error {
+	err := seq.Sleep(seen, spinFor, deadline, recheckEvery, s.interruptible)
+	if errors.Is(err, futex.ErrTimeout) {
+		return timeoutErr
+	}
+	return err
+}
+
+func (s *Stream) slot(i int) []byte {
+	at := readersAt + i*readerSize
+	return s.data[at : at+readerSize]
+}
+
+func (s *Stream) slotWord(i int) *uint64 { return u64(s.slot(i), rWord) }
+
+func slotWord(pid int64, gen uint32, st uint32) uint64 {
+	return uint64(pid)<<32 | uint64(gen&(1<<30-1))<<2 | uint64(st)
+}
+
+func state(w uint64) uint32      { return uint32(w & 3) }
+func generation(w uint64) uint32 { return uint32(w>>2) & (1<<30 - 1) }
+func slotPID(w uint64) int64     { return int64(w >> 32) }
+
+func nowNS() int64 { return time.Now().UnixNano() }
+
+func ptr(d []byte, off int) unsafe.Pointer { return unsafe.Pointer(&d[off]) }

@@ -1,0 +1,193 @@
+package stream
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"github.com/zctipc/zctipc/go/lock"
+	"github.com/zctipc/zctipc/go/proc"
+	"golang.org/x/sys/unix"
+)
+
+// ErrWriterBusy means another live process is the stream's writer.
+var ErrWriterBusy = fmt.Errorf("the stream already has a writer: %w", unix.EBUSY)
+
+// takeWriterFor bounds how long Writer waits for the writer role: long
+// enough to take it over from a writer that died.
+const takeWriterFor = 200 * time.Millisecond
+
+// Writer is the stream's one writer, in this process. Its methods must not
+// be called from several goroutines at once.
+type Writer struct {
+	s       *Stream
+	role    lock.Mutex
+	claimed bool   // a frame is claimed and not yet published
+	next    uint64 // the position of the next frame to claim
+	minPos  uint64 // the slowest reader's position when last read
+	closed  bool
+}
+
+// Writer makes this process the stream's writer. When the writer before it
+// died, it takes the role over, and the frame that writer had claimed but
+// not published is never published.
+func (s *Stream) Writer() (*Writer, error) {
+	role := lock.At(unsafe.Pointer(&s.data[offWriterLock]))
+	if _, err := role.Lock(time.Now().Add(takeWriterFor)); err != nil {
+		if errors.Is(err, lock.ErrTimeout) {
+			return nil, fmt.Errorf("%w (pid %d)", ErrWriterBusy, role.Holder())
+		}
+		return nil, err
+	}
+	// A claim the writer before left unpublished stays claimed: a reader of
+	// the frame that slot held must still see it as overwritten.
+	published := atomic.LoadUint64(u64(s.data, offPublished))
+	w := &Writer{s: s, role: role, next: published}
+	w.minPos = w.slowest()
+	return w, nil
+}
+
+// Look claims the next frame and returns its slot, waiting for room until
+// deadline under Block (none when zero; a past deadline does not wait). It
+// returns ErrFull when the deadline passed, ErrEnded once the stream ended.
+// Looking again before Increment returns the same slot.
+func (w *Writer) Look(deadline time.Time) (int, error) {
+	if w.closed {
+		return 0, ErrClosed
+	}
+	s := w.s
+	frames := uint64(s.cfg.Frames)
+	if w.claimed {
+		return int(w.next % frames), nil
+	}
+	if s.Ended() {
+		return 0, ErrEnded
+	}
+	if s.cfg.Policy == Block && w.next >= w.minPos+frames {
+		if err := w.waitForRoom(deadline); err != nil {
+			return 0, err
+		}
+	}
+	// The claim is stored before the slot is handed out: readers of the
+	// frame this slot held learn that it is being overwritten.
+	if claim := u64(s.data, offClaim); atomic.LoadUint64(claim) < w.next+1 {
+		atomic.StoreUint64(claim, w.next+1)
+	}
+	w.claimed = true
+	return int(w.next % frames), nil
+}
+
+// Increment publishes the frame claimed by Look.
+func (w *Writer) Increment() error {
+	if w.closed {
+		return ErrClosed
+	}
+	if !w.claimed {
+		return ErrNoFrame
+	}
+	w.claimed = false
+	w.next++
+	atomic.StoreUint64(u64(w.s.data, offPublished), w.next)
+	return w.s.dataSeq().Signal(math.MaxInt32)
+}
+
+// Position returns the number of frames this writer's stream has published.
+func (w *Writer) Position() uint64 { return w.next }
+
+// Close gives up the writer role; a frame claimed and not published is not
+// published. The stream goes on: another writer may take over.
+func (w *Writer) Close() error {
+	if w.closed {
+		return nil
+	}
+	w.closed = true
+	return w.role.Unlock()
+}
+
+// slowest returns the lowest position of the live readers (the next frame
+// when there is none).
+func (w *Writer) slowest() uint64 {
+	low := w.next
+	for i := range w.s.cfg.Readers {
+		slot := w.s.slot(i)
+		if state(atomic.LoadUint64(u64(slot, rWord))) == slotActive {
+			low = min(low, atomic.LoadUint64(u64(slot, rPosition)))
+		}
+	}
+	return low
+}
+
+// waitForRoom waits until every live reader has released the frame in the
+// slot of w.next, evicting the readers that died or, with a reader timeout,
+// were not seen for that long.
+func (w *Writer) waitForRoom(deadline time.Time) error {
+	s := w.s
+	frames := uint64(s.cfg.Frames)
+	need := w.next - frames + 1 // every reader must be at least here
+	space := s.spaceSeq()
+	wanted := u64(s.data, offWanted)
+	defer atomic.StoreUint64(wanted, 0)
+	var checked time.Time
+	for {
+		// Say what we wait for before reading the positions: a reader that
+		// moves after we read it then sees it and wakes us.
+		atomic.StoreUint64(wanted, need)
+		seen := space.Load()
+		if w.minPos = w.slowest(); w.minPos >= need {
+			return nil
+		}
+		if s.Ended() {
+			return ErrEnded
+		}
+		if time.Since(checked) >= checkLivenessEvery {
+			checked = time.Now()
+			if w.evictStale(need) {
+				continue
+			}
+		}
+		if !deadline.IsZero() && !time.Now().Before(deadline) {
+			return ErrFull
+		}
+		if err := s.sleep(space, seen, deadline, ErrFull); err != nil {
+			return err
+		}
+	}
+}
+
+// evictStale takes their slots from the readers behind need whose process
+// died or that were not seen for the reader timeout, and reports whether it
+// evicted any.
+func (w *Writer) evictStale(need uint64) bool {
+	s := w.s
+	timeout := s.cfg.ReaderTimeout.Nanoseconds()
+	now := nowNS()
+	evicted := false
+	for i := range s.cfg.Readers {
+		slot := s.slot(i)
+		word := atomic.LoadUint64(u64(slot, rWord))
+		if state(word) != slotActive || atomic.LoadUint64(u64(slot, rPosition)) >= need {
+			continue
+		}
+		stale := timeout > 0 && now-int64(atomic.LoadUint64(u64(slot, rSeen))) > timeout
+		if !stale && !readerGone(slot, word) {
+			continue
+		}
+		evict := slotWord(slotPID(word), generation(word), slotEvicted)
+		if atomic.CompareAndSwapUint64(u64(slot, rWord), word, evict) {
+			evicted = true
+		}
+	}
+	return evicted
+}
+
+// readerGone reports whether the process holding a reader slot is gone.
+func readerGone(slot []byte, word uint64) bool {
+	recorded := proc.Identity{
+		PID:       int64(atomic.LoadUint64(u64(slot, rPID))),
+		StartTime: atomic.LoadUint64(u64(slot, rStart)),
+	}
+	return proc.Gone(slotPID(word), recorded)
+}

@@ -67,14 +67,9 @@ func zct_segment_create(name *C.zct_cchar, dt C.int32_t, ndim C.int32_t, shape *
 		if out == nil || info == nil || ndim > 0 && shape == nil {
 			return errNilArg
 		}
-		if ndim < 0 || ndim > header.MaxNDim {
-			return fmt.Errorf("ndim %d is outside 0..%d: %w", ndim, header.MaxNDim, unix.EINVAL)
-		}
-		dims := make([]int64, ndim)
-		if ndim > 0 {
-			for i, d := range unsafe.Slice((*C.int64_t)(unsafe.Pointer(shape)), ndim) {
-				dims[i] = int64(d)
-			}
+		dims, err := dimsOf(ndim, shape)
+		if err != nil {
+			return err
 		}
 		seg, err := shm.Create(goString(name), header.KindTensor, dtype.DType(dt), dims)
 		if err != nil {
@@ -272,8 +267,27 @@ func fillInfo(info *C.zct_info, name string, hdr header.Header, data []byte, rea
 	if readOnly {
 		info.readonly = 1
 	}
-	n := copy(unsafe.Slice((*byte)(unsafe.Pointer(&info.name[0])), C.ZCT_NAME_CAP-1), name)
-	info.name[n] = 0
+	copyName(&info.name, name)
+}
+
+// copyName writes a segment name into a name field, NUL-terminated.
+func copyName(dst *[C.ZCT_NAME_CAP]C.char, name string) {
+	n := copy(unsafe.Slice((*byte)(unsafe.Pointer(&dst[0])), C.ZCT_NAME_CAP-1), name)
+	dst[n] = 0
+}
+
+// dimsOf copies a shape of ndim dimensions from C.
+func dimsOf(ndim C.int32_t, shape *C.zct_cint64) ([]int64, error) {
+	if ndim < 0 || ndim > header.MaxNDim {
+		return nil, fmt.Errorf("ndim %d is outside 0..%d: %w", ndim, header.MaxNDim, unix.EINVAL)
+	}
+	dims := make([]int64, ndim)
+	if ndim > 0 {
+		for i, d := range unsafe.Slice((*C.int64_t)(unsafe.Pointer(shape)), ndim) {
+			dims[i] = int64(d)
+		}
+	}
+	return dims, nil
 }
 
 func goString(s *C.zct_cchar) string {

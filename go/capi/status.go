@@ -22,6 +22,7 @@ import (
 	"github.com/zctipc/zctipc/go/pool"
 	"github.com/zctipc/zctipc/go/queue"
 	"github.com/zctipc/zctipc/go/shm"
+	"github.com/zctipc/zctipc/go/stream"
 	"golang.org/x/sys/unix"
 )
 
@@ -36,6 +37,12 @@ var statuses = []struct {
 	{daemon.ErrUnavailable, C.ZCT_E_NO_DAEMON},
 	{shm.ErrNoBroker, C.ZCT_E_NO_DAEMON},
 	{queue.ErrFull, C.ZCT_E_FULL},
+	{stream.ErrFull, C.ZCT_E_FULL},
+	{stream.ErrEmpty, C.ZCT_E_EMPTY},
+	{stream.ErrEnded, C.ZCT_E_ENDED},
+	{stream.ErrClosed, C.ZCT_E_CLOSED},
+	{stream.ErrNoSlot, C.ZCT_E_BUSY},
+	{stream.ErrWriterBusy, C.ZCT_E_BUSY},
 	{queue.ErrEmpty, C.ZCT_E_EMPTY},
 	{futex.ErrInterrupted, C.ZCT_E_INTERRUPTED},
 	{message.ErrMalformed, C.ZCT_E_CORRUPT},

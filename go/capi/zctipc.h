@@ -32,7 +32,7 @@ extern "C" {
 
 /* BEGIN CDEF (python/zctipc/_ffi_build.py feeds from here to END CDEF to cffi) */
 
-#define ZCT_ABI_VERSION 2
+#define ZCT_ABI_VERSION 3
 #define ZCT_MAX_NDIM 32
 #define ZCT_NAME_CAP 256
 
@@ -53,6 +53,8 @@ typedef enum zct_status {
     ZCT_E_EMPTY = -13,       /* a queue is empty, and the timeout passed */
     ZCT_E_INTERRUPTED = -14, /* a signal arrived while waiting: run its handler, then call again */
     ZCT_E_NO_DAEMON = -15,   /* the cleanup daemon zctipcd cannot be reached (file_descriptor needs it) */
+    ZCT_E_BUSY = -16,        /* a stream's writer role, or every reader slot, is held by a live process */
+    ZCT_E_ENDED = -17,       /* the stream has ended (a reader: and every frame was read) */
     ZCT_E_OS = -20,          /* another operating-system error; see zct_last_errno() */
     ZCT_E_INTERNAL = -98,    /* a bug was caught; the library is now poisoned */
     ZCT_E_POISONED = -99     /* an earlier call failed with ZCT_E_INTERNAL */
@@ -65,7 +67,9 @@ typedef enum zct_kind {
     ZCT_KIND_ARENA = 2,
     ZCT_KIND_QUEUE = 3,
     ZCT_KIND_STREAM = 4,
-    ZCT_KIND_TABLE = 5
+    ZCT_KIND_TABLE = 5,
+    ZCT_KIND_LEDGER = 6,
+    ZCT_KIND_EVENT = 7
 } zct_kind;
 
 /* Element types (header dtype codes). */
@@ -277,6 +281,63 @@ int zct_queue_len(zct_handle queue, int64_t *items, int64_t *unfinished);
 int zct_queue_task_done(zct_handle queue);
 /* Wait until every message put was marked done; ZCT_E_FULL at the timeout. */
 int zct_queue_join(zct_handle queue, int64_t timeout_ms);
+
+/* Streams: one writer and up to 64 readers of a ring of fixed-size frames
+   (docs/format.md). timeout_ms: -1 waits for ever, 0 not at all. */
+typedef struct zct_stream_info {
+    void *data;                      /* the data region; slot i is at data + ring_offset + i * stride */
+    uint64_t ring_offset;
+    uint64_t stride;                 /* bytes from one slot to the next */
+    uint64_t frame_bytes;
+    int64_t shape[ZCT_MAX_NDIM];     /* of one frame, C-contiguous */
+    int64_t reader_timeout_ms;       /* 0: readers are evicted only when their process dies */
+    int32_t dtype;
+    int32_t ndim;
+    int32_t frames;                  /* slots in the ring */
+    int32_t readers;                 /* reader slots */
+    int32_t policy;                  /* 0 block, 1 overwrite */
+    char name[ZCT_NAME_CAP];
+} zct_stream_info;
+
+int zct_stream_create(const char *name, int32_t dtype, int32_t ndim, const int64_t *shape, int32_t frames,
+                      int32_t readers, int32_t policy, int64_t reader_timeout_ms,
+                      zct_handle *stream, zct_stream_info *info);
+int zct_stream_attach(const char *name, zct_handle *stream, zct_stream_info *info);
+/* Close this process's handle; its writer and readers must be closed first. */
+int zct_stream_close(zct_handle stream);
+/* End the stream: no more frames; readers read what was published, then get
+   ZCT_E_ENDED; waiters wake. */
+int zct_stream_end(zct_handle stream);
+int zct_stream_stats(zct_handle stream, uint64_t *published, uint64_t *dropped, int32_t *readers, int32_t *ended);
+/* Become the writer (ZCT_E_BUSY while another live process is). */
+int zct_stream_writer(zct_handle stream, zct_handle *writer);
+/* Claim the next frame: *slot receives its slot. ZCT_E_FULL at the timeout
+   (under the block policy), ZCT_E_ENDED once ended. */
+int zct_stream_write_look(zct_handle writer, int64_t timeout_ms, int32_t *slot);
+/* Publish the frame claimed. */
+int zct_stream_write_increment(zct_handle writer);
+int zct_stream_writer_close(zct_handle writer);
+/* Join as the reader of slot index, or of the first free one when index is
+   negative; *slot receives it. ZCT_E_BUSY when taken. */
+int zct_stream_reader(zct_handle stream, int32_t index, zct_handle *reader, int32_t *slot);
+/* The next frame's slot. ZCT_E_EMPTY at the timeout, ZCT_E_ENDED when the
+   stream ended and every frame was read. */
+int zct_stream_read_look(zct_handle reader, int64_t timeout_ms, int32_t *slot);
+/* Release the frame looked at; *whole is 0 when the writer overwrote it
+   meanwhile (it then counts as dropped). */
+int zct_stream_read_increment(zct_handle reader, int32_t *whole);
+int zct_stream_reader_stats(zct_handle reader, uint64_t *position, uint64_t *received, uint64_t *dropped);
+int zct_stream_reader_close(zct_handle reader);
+
+/* Events: a flag in shared memory that processes set, clear and wait for. */
+int zct_event_create(const char *name, zct_handle *event, char *full_name, uint64_t cap);
+int zct_event_attach(const char *name, zct_handle *event);
+int zct_event_close(zct_handle event);
+int zct_event_set(zct_handle event);
+int zct_event_clear(zct_handle event);
+int zct_event_is_set(zct_handle event, int32_t *set);
+/* Wait until the event is set: *set receives 1, or 0 at the timeout. */
+int zct_event_wait(zct_handle event, int64_t timeout_ms, int32_t *set);
 
 /* END CDEF */
 

@@ -44,7 +44,8 @@ const (
 	KindStream Kind = 4 // a multi-reader frame ring (one uint8 dimension)
 	KindTable  Kind = 5 // an Arrow IPC stream (one uint8 dimension)
 	KindLedger Kind = 6 // the counts one process holds (one uint8 dimension)
-	maxKind         = KindLedger
+	KindEvent  Kind = 7 // a flag processes set, clear and wait for (one uint8 dimension)
+	maxKind         = KindEvent
 )
 
 const (
@@ -53,7 +54,7 @@ const (
 	knownFlags  = kindMask | flagTracked
 )
 
-var kindNames = [...]string{KindTensor: "tensor", KindArena: "arena", KindQueue: "queue", KindStream: "stream", KindTable: "table", KindLedger: "ledger"}
+var kindNames = [...]string{KindTensor: "tensor", KindArena: "arena", KindQueue: "queue", KindStream: "stream", KindTable: "table", KindLedger: "ledger", KindEvent: "event"}
 
 // String returns the name of k ("tensor").
 func (k Kind) String() string {

@@ -587,6 +587,20 @@ func (s *Segment) Close() error {
 	return s.f.letGo()
 }
 
+// Dup returns another handle on the segment, which keeps it (and its
+// mapping) as s does until it is closed.
+func (s *Segment) Dup() (*Segment, error) {
+	if s.closed.Load() {
+		return nil, ErrClosed
+	}
+	registry.mu.Lock()
+	defer registry.mu.Unlock()
+	if err := s.f.hold(false); err != nil {
+		return nil, err
+	}
+	return &Segment{f: s.f, data: s.data, readOnly: s.readOnly}, nil
+}
+
 // Release drops this process's count on the segment now, as Close of the
 // last handle would, but keeps the mapping until the handles are closed.
 func (s *Segment) Release() error {

@@ -1,11 +1,13 @@
 package stream
 
 import (
+	"errors"
 	"fmt"
 	"sync/atomic"
 	"time"
 
 	"github.com/zctipc/zctipc/go/proc"
+	"github.com/zctipc/zctipc/go/shm"
 	"golang.org/x/sys/unix"
 )
 
@@ -21,6 +23,7 @@ const slotJoining = 3
 // be called from several goroutines at once.
 type Reader struct {
 	s       *Stream
+	seg     *shm.Segment // the reader's own handle: the memory outlives the stream's
 	index   int
 	word    uint64 // the slot's word while this reader holds it
 	slot    []byte
@@ -39,25 +42,31 @@ func (s *Stream) Reader(index int) (*Reader, error) {
 	if err != nil {
 		return nil, err
 	}
-	r := &Reader{s: s, self: self}
-	if index >= 0 {
-		if index >= s.cfg.Readers {
-			return nil, fmt.Errorf("reader slot %d: the stream has %d (0 to %d): %w",
-				index, s.cfg.Readers, s.cfg.Readers-1, unix.EINVAL)
-		}
-		if !r.claim(index) {
-			return nil, fmt.Errorf("reader slot %d is held by pid %d: %w",
-				index, slotPID(atomic.LoadUint64(s.slotWord(index))), ErrNoSlot)
-		}
-		return r, nil
+	if index >= s.cfg.Readers {
+		return nil, fmt.Errorf("reader slot %d: the stream has %d (0 to %d): %w",
+			index, s.cfg.Readers, s.cfg.Readers-1, unix.EINVAL)
 	}
-	for i := range s.cfg.Readers {
-		if r.claim(i) {
+	seg, err := s.seg.Dup()
+	if err != nil {
+		return nil, err
+	}
+	r := &Reader{s: s, seg: seg, self: self}
+	if index >= 0 {
+		if r.claim(index) {
 			return r, nil
 		}
+		err = fmt.Errorf("reader slot %d is held by pid %d: %w",
+			index, slotPID(atomic.LoadUint64(s.slotWord(index))), ErrNoSlot)
+	} else {
+		for i := range s.cfg.Readers {
+			if r.claim(i) {
+				return r, nil
+			}
+		}
+		err = fmt.Errorf("all %d reader slots of the stream are held by live readers "+
+			"(make it with more readers): %w", s.cfg.Readers, ErrNoSlot)
 	}
-	return nil, fmt.Errorf("all %d reader slots of the stream are held by live readers "+
-		"(make it with more readers): %w", s.cfg.Readers, ErrNoSlot)
+	return nil, errors.Join(err, seg.Close())
 }
 
 // claim takes slot i if it is free, and reports whether it did.
@@ -229,8 +238,9 @@ func (r *Reader) Close() error {
 	if slotPID(w) == r.self.PID && (w == r.word || state(w) == slotEvicted) {
 		atomic.CompareAndSwapUint64(word, w, slotWord(0, generation(w), slotFree))
 	}
+	var err error
 	if atomic.LoadUint64(u64(r.s.data, offWanted)) != 0 {
-		return r.s.spaceSeq().Signal(1)
+		err = r.s.spaceSeq().Signal(1)
 	}
-	return nil
+	return errors.Join(err, r.seg.Close())
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/zctipc/zctipc/go/lock"
 	"github.com/zctipc/zctipc/go/proc"
+	"github.com/zctipc/zctipc/go/shm"
 	"golang.org/x/sys/unix"
 )
 
@@ -24,6 +25,7 @@ const takeWriterFor = 200 * time.Millisecond
 // be called from several goroutines at once.
 type Writer struct {
 	s       *Stream
+	seg     *shm.Segment // the writer's own handle: the memory outlives the stream's
 	role    lock.Mutex
 	claimed bool   // a frame is claimed and not yet published
 	next    uint64 // the position of the next frame to claim
@@ -35,17 +37,21 @@ type Writer struct {
 // died, it takes the role over, and the frame that writer had claimed but
 // not published is never published.
 func (s *Stream) Writer() (*Writer, error) {
+	seg, err := s.seg.Dup()
+	if err != nil {
+		return nil, err
+	}
 	role := lock.At(unsafe.Pointer(&s.data[offWriterLock]))
 	if _, err := role.Lock(time.Now().Add(takeWriterFor)); err != nil {
 		if errors.Is(err, lock.ErrTimeout) {
-			return nil, fmt.Errorf("%w (pid %d)", ErrWriterBusy, role.Holder())
+			err = fmt.Errorf("%w (pid %d)", ErrWriterBusy, role.Holder())
 		}
-		return nil, err
+		return nil, errors.Join(err, seg.Close())
 	}
 	// A claim the writer before left unpublished stays claimed: a reader of
 	// the frame that slot held must still see it as overwritten.
 	published := atomic.LoadUint64(u64(s.data, offPublished))
-	w := &Writer{s: s, role: role, next: published}
+	w := &Writer{s: s, seg: seg, role: role, next: published}
 	w.minPos = w.slowest()
 	return w, nil
 }
@@ -104,7 +110,7 @@ func (w *Writer) Close() error {
 		return nil
 	}
 	w.closed = true
-	return w.role.Unlock()
+	return errors.Join(w.role.Unlock(), w.seg.Close())
 }
 
 // slowest returns the lowest position of the live readers (the next frame

@@ -15,18 +15,23 @@ descriptors::
     q = zctipc.Queue()                       # multiprocessing.Queue's API
     q.put({"frame": np.zeros((1080, 1920, 3), np.uint8), "id": 7})
 
+Streams carry fixed-size frames from one writer to many readers, in place
+(``zctipc.Stream``, ``zctipc.Pipeline``).
+
 zctipc also stands in for multiprocessing (``import zctipc as
 multiprocessing``), with forkserver as its start method.
 
 Importing zctipc loads no native code: the Go library is loaded on first use.
 """
 
-from . import cleanup, context, errors, pool, queues, reductions, tensor
+from . import cleanup, context, errors, pipeline, pool, queues, reductions, streams, tensor
 from .cleanup import *  # noqa: F401,F403
 from .errors import *  # noqa: F401,F403  (each name is in errors.__all__)
+from .pipeline import *  # noqa: F401,F403
 from .pool import *  # noqa: F401,F403
 from .queues import DEFAULT_MAX_BYTES
 from .reductions import *  # noqa: F401,F403
+from .streams import *  # noqa: F401,F403
 from .tensor import *  # noqa: F401,F403  (each name is in tensor.__all__)
 from .tensor import list_segments
 
@@ -47,5 +52,6 @@ except PackageNotFoundError:  # running from a source tree that was never instal
 #: The name zero-copy-tensor-ipc used for list_segments.
 list_active_segments = list_segments
 
-__all__ = (tensor.__all__ + pool.__all__ + reductions.__all__ + cleanup.__all__ + ["list_active_segments", "DEFAULT_MAX_BYTES"]
+__all__ = (tensor.__all__ + pool.__all__ + reductions.__all__ + cleanup.__all__ + streams.__all__ + pipeline.__all__
+           + ["list_active_segments", "DEFAULT_MAX_BYTES"]
            + context.MULTIPROCESSING_NAMES + errors.__all__)

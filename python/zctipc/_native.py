@@ -27,7 +27,7 @@ import warnings
 
 from . import errors
 
-ABI_VERSION = 2
+ABI_VERSION = 3
 LIBRARY_ENV = "ZCTIPC_LIBRARY"
 DAEMON_ENV = "ZCTIPC_DAEMON"
 CLEANUP_ENV = "ZCTIPC_CLEANUP"
@@ -250,6 +250,8 @@ E_FULL = -12
 E_EMPTY = -13
 E_INTERRUPTED = -14
 E_NO_DAEMON = -15
+E_BUSY = -16
+E_ENDED = -17
 
 # Status codes of zctipc.h and the exceptions they become.
 _EXCEPTIONS = {
@@ -267,6 +269,8 @@ _EXCEPTIONS = {
     -10: errors.HandleClosed,
     -11: errors.InvalidArgument,
     E_NO_DAEMON: errors.DaemonUnavailable,
+    E_BUSY: errors.StreamBusy,
+    E_ENDED: errors.StreamEnded,
     -20: errors.ZctipcOSError,
     -98: errors.LibraryPoisoned,
     -99: errors.LibraryPoisoned,

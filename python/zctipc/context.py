@@ -3,9 +3,9 @@ that are safe with a Go runtime in the process.
 
 A Go runtime does not survive ``fork()``, so zctipc's contexts use
 ``forkserver`` (the default, Python 3.14's own default) or ``spawn``. Their
-``Queue``, ``SimpleQueue`` and ``JoinableQueue`` are zctipc's; ``Pool`` is
-multiprocessing's pool, started with the context; everything else
-(``Process``, ``Pipe``, ``Lock``, ``Event``, ``Manager``, ...) is
+``Queue``, ``SimpleQueue``, ``JoinableQueue`` and ``Event`` are zctipc's;
+``Pool`` is multiprocessing's pool, started with the context; everything
+else (``Process``, ``Pipe``, ``Lock``, ``Manager``, ...) is
 multiprocessing's own.
 """
 
@@ -35,6 +35,11 @@ class _ZctipcContext:
         from .queues import DEFAULT_MAX_BYTES, SimpleQueue
 
         return SimpleQueue(max_bytes=max_bytes or DEFAULT_MAX_BYTES, ctx=self)
+
+    def Event(self):
+        from .streams import Event
+
+        return Event(ctx=self)
 
     def Pool(self, processes=None, initializer=None, initargs=(), maxtasksperchild=None):
         # The pool reaches inside its own task queues, which must stay
@@ -120,8 +125,9 @@ class DefaultContext(_ZctipcContext, _mpcontext.BaseContext):
 _default = DefaultContext()
 
 #: The names zctipc provides in place of multiprocessing's, for
-#: ``import zctipc as multiprocessing``. Queue, SimpleQueue, JoinableQueue
-#: and Process are classes; the rest are functions of the default context.
+#: ``import zctipc as multiprocessing``. Queue, SimpleQueue, JoinableQueue,
+#: Event and Process are classes; the rest are functions of the default
+#: context.
 MULTIPROCESSING_NAMES = [
     "Process", "Queue", "SimpleQueue", "JoinableQueue", "Pool", "Pipe", "Manager",
     "Lock", "RLock", "Semaphore", "BoundedSemaphore", "Condition", "Event", "Barrier",
@@ -136,7 +142,8 @@ MULTIPROCESSING_NAMES = [
 def namespace():
     """The objects of MULTIPROCESSING_NAMES, as zctipc exports them."""
     from .queues import JoinableQueue, Queue, SimpleQueue
+    from .streams import Event
 
     names = {name: getattr(_default, name) for name in MULTIPROCESSING_NAMES}
-    names.update(Queue=Queue, SimpleQueue=SimpleQueue, JoinableQueue=JoinableQueue, Process=Process)
+    names.update(Queue=Queue, SimpleQueue=SimpleQueue, JoinableQueue=JoinableQueue, Event=Event, Process=Process)
     return names

@@ -20,6 +20,8 @@ __all__ = [
     "ForkedProcessError",
     "LibraryPoisoned",
     "DaemonUnavailable",
+    "StreamBusy",
+    "StreamEnded",
     "ZctipcOSError",
 ]
 
@@ -92,6 +94,16 @@ class DaemonUnavailable(ZctipcError, ConnectionError):
     descriptors; under ``file_system`` only crash cleanup waits for the next
     daemon (or ``zctipc gc``).
     """
+
+
+class StreamBusy(ZctipcError, RuntimeError):
+    """A stream's writer role, or the reader slot asked for (or every one),
+    is held by a live process."""
+
+
+class StreamEnded(ZctipcError, EOFError):
+    """The stream has ended: a writer can write no more, and a reader has
+    read every frame that was published."""
 
 
 class ZctipcOSError(ZctipcError, OSError):

@@ -186,6 +186,9 @@ func TestStreamOverwriteCountsWhatASlowReaderLoses(t *testing.T) {
 	for i := 1; i < len(slowGot); i++ {
 		require.Greater(t, slowGot[i], slowGot[i-1], "in order")
 	}
+	require.NoError(t, slow.Close())
+	require.NoError(t, fast.Close())
+	require.NoError(t, w.Close())
 }
 
 func TestStreamLateReaderStartsAtTheNextFrame(t *testing.T) {

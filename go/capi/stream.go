@@ -1,0 +1,339 @@
+package main
+
+/*
+#include "internal.h"
+*/
+import "C"
+
+import (
+	"errors"
+	"time"
+	"unsafe"
+
+	"github.com/zctipc/zctipc/go/dtype"
+	"github.com/zctipc/zctipc/go/event"
+	"github.com/zctipc/zctipc/go/stream"
+)
+
+var (
+	streams = newTable[*stream.Stream]()
+	writers = newTable[*stream.Writer]()
+	readers = newTable[*stream.Reader]()
+	events  = newTable[*event.Event]()
+)
+
+// Streams wait in slices so that Python runs its signal handlers between
+// calls.
+func openStream(s *stream.Stream, out *C.zct_handle, info *C.zct_stream_info) {
+	s.SetInterruptible(true)
+	*out = C.zct_handle(streams.put(s))
+	cfg := s.Config()
+	*info = C.zct_stream_info{}
+	data := s.Segment().Data()
+	info.data = unsafe.Pointer(unsafe.SliceData(data))
+	info.ring_offset = C.uint64_t(s.FrameOffset(0))
+	info.stride = C.uint64_t(s.FrameOffset(1) - s.FrameOffset(0))
+	info.frame_bytes = C.uint64_t(s.FrameBytes())
+	for i, n := range cfg.Shape {
+		info.shape[i] = C.int64_t(n)
+	}
+	info.reader_timeout_ms = C.int64_t(cfg.ReaderTimeout.Milliseconds())
+	info.dtype = C.int32_t(cfg.DType)
+	info.ndim = C.int32_t(len(cfg.Shape))
+	info.frames = C.int32_t(cfg.Frames)
+	info.readers = C.int32_t(cfg.Readers)
+	info.policy = C.int32_t(cfg.Policy)
+	copyName(&info.name, s.Segment().Name())
+}
+
+//export zct_stream_create
+func zct_stream_create(name *C.zct_cchar, dt C.int32_t, ndim C.int32_t, shape *C.zct_cint64, frames C.int32_t,
+	nreaders C.int32_t, policy C.int32_t, readerTimeoutMS C.int64_t, out *C.zct_handle, info *C.zct_stream_info) C.int {
+	return run(func() error {
+		if out == nil || info == nil || (ndim > 0 && shape == nil) {
+			return errNilArg
+		}
+		dims, err := dimsOf(ndim, shape)
+		if err != nil {
+			return err
+		}
+		s, err := stream.Create(goString(name), stream.Config{
+			DType: dtype.DType(dt), Shape: dims, Frames: int(frames), Readers: int(nreaders),
+			Policy: stream.Policy(policy), ReaderTimeout: time.Duration(readerTimeoutMS) * time.Millisecond,
+		})
+		if err != nil {
+			return err
+		}
+		openStream(s, out, info)
+		return nil
+	})
+}
+
+//export zct_stream_attach
+func zct_stream_attach(name *C.zct_cchar, out *C.zct_handle, info *C.zct_stream_info) C.int {
+	return run(func() error {
+		if name == nil || out == nil || info == nil {
+			return errNilArg
+		}
+		s, err := stream.Attach(goString(name))
+		if err != nil {
+			return err
+		}
+		openStream(s, out, info)
+		return nil
+	})
+}
+
+//export zct_stream_close
+func zct_stream_close(h C.zct_handle) C.int {
+	return run(func() error {
+		s, err := streams.take(uint64(h))
+		if err != nil {
+			return err
+		}
+		return s.Close()
+	})
+}
+
+//export zct_stream_end
+func zct_stream_end(h C.zct_handle) C.int {
+	return run(func() error {
+		s, err := streams.get(uint64(h))
+		if err != nil {
+			return err
+		}
+		return s.End()
+	})
+}
+
+//export zct_stream_stats
+func zct_stream_stats(h C.zct_handle, published, dropped *C.uint64_t, nreaders, ended *C.int32_t) C.int {
+	return run(func() error {
+		if published == nil || dropped == nil || nreaders == nil || ended == nil {
+			return errNilArg
+		}
+		s, err := streams.get(uint64(h))
+		if err != nil {
+			return err
+		}
+		*published, *dropped = C.uint64_t(s.Published()), C.uint64_t(s.Dropped())
+		*nreaders, *ended = C.int32_t(s.Readers()), boolInt(s.Ended())
+		return nil
+	})
+}
+
+//export zct_stream_writer
+func zct_stream_writer(h C.zct_handle, out *C.zct_handle) C.int {
+	return run(func() error {
+		if out == nil {
+			return errNilArg
+		}
+		s, err := streams.get(uint64(h))
+		if err != nil {
+			return err
+		}
+		w, err := s.Writer()
+		if err != nil {
+			return err
+		}
+		*out = C.zct_handle(writers.put(w))
+		return nil
+	})
+}
+
+//export zct_stream_write_look
+func zct_stream_write_look(h C.zct_handle, timeoutMS C.int64_t, slot *C.int32_t) C.int {
+	return run(func() error {
+		w, err := writers.get(uint64(h))
+		if err != nil {
+			return err
+		}
+		i, err := w.Look(deadline(timeoutMS))
+		*slot = C.int32_t(i)
+		return err
+	})
+}
+
+//export zct_stream_write_increment
+func zct_stream_write_increment(h C.zct_handle) C.int {
+	return run(func() error {
+		w, err := writers.get(uint64(h))
+		if err != nil {
+			return err
+		}
+		return w.Increment()
+	})
+}
+
+//export zct_stream_writer_close
+func zct_stream_writer_close(h C.zct_handle) C.int {
+	return run(func() error {
+		w, err := writers.take(uint64(h))
+		if err != nil {
+			return err
+		}
+		return w.Close()
+	})
+}
+
+//export zct_stream_reader
+func zct_stream_reader(h C.zct_handle, index C.int32_t, out *C.zct_handle, slot *C.int32_t) C.int {
+	return run(func() error {
+		if out == nil || slot == nil {
+			return errNilArg
+		}
+		s, err := streams.get(uint64(h))
+		if err != nil {
+			return err
+		}
+		r, err := s.Reader(int(index))
+		if err != nil {
+			return err
+		}
+		*out, *slot = C.zct_handle(readers.put(r)), C.int32_t(r.Index())
+		return nil
+	})
+}
+
+//export zct_stream_read_look
+func zct_stream_read_look(h C.zct_handle, timeoutMS C.int64_t, slot *C.int32_t) C.int {
+	return run(func() error {
+		r, err := readers.get(uint64(h))
+		if err != nil {
+			return err
+		}
+		i, err := r.Look(deadline(timeoutMS))
+		*slot = C.int32_t(i)
+		return err
+	})
+}
+
+//export zct_stream_read_increment
+func zct_stream_read_increment(h C.zct_handle, whole *C.int32_t) C.int {
+	return run(func() error {
+		r, err := readers.get(uint64(h))
+		if err != nil {
+			return err
+		}
+		ok, err := r.Increment()
+		*whole = boolInt(ok)
+		return err
+	})
+}
+
+//export zct_stream_reader_stats
+func zct_stream_reader_stats(h C.zct_handle, position, received, dropped *C.uint64_t) C.int {
+	return run(func() error {
+		if position == nil || received == nil || dropped == nil {
+			return errNilArg
+		}
+		r, err := readers.get(uint64(h))
+		if err != nil {
+			return err
+		}
+		*position, *received, *dropped = C.uint64_t(r.Position()), C.uint64_t(r.Received()), C.uint64_t(r.Dropped())
+		return nil
+	})
+}
+
+//export zct_stream_reader_close
+func zct_stream_reader_close(h C.zct_handle) C.int {
+	return run(func() error {
+		r, err := readers.take(uint64(h))
+		if err != nil {
+			return err
+		}
+		return r.Close()
+	})
+}
+
+//export zct_event_create
+func zct_event_create(name *C.zct_cchar, out *C.zct_handle, fullName *C.char, capacity C.uint64_t) C.int {
+	return run(func() error {
+		if out == nil || fullName == nil {
+			return errNilArg
+		}
+		e, err := event.Create(goString(name))
+		if err != nil {
+			return err
+		}
+		var n C.uint64_t
+		if err := copyOut(e.Segment().Name(), fullName, capacity, &n); err != nil {
+			return errors.Join(err, e.Segment().Release())
+		}
+		e.SetInterruptible(true)
+		*out = C.zct_handle(events.put(e))
+		return nil
+	})
+}
+
+//export zct_event_attach
+func zct_event_attach(name *C.zct_cchar, out *C.zct_handle) C.int {
+	return run(func() error {
+		if name == nil || out == nil {
+			return errNilArg
+		}
+		e, err := event.Attach(goString(name))
+		if err != nil {
+			return err
+		}
+		e.SetInterruptible(true)
+		*out = C.zct_handle(events.put(e))
+		return nil
+	})
+}
+
+//export zct_event_close
+func zct_event_close(h C.zct_handle) C.int {
+	return run(func() error {
+		e, err := events.take(uint64(h))
+		if err != nil {
+			return err
+		}
+		return e.Close()
+	})
+}
+
+//export zct_event_set
+func zct_event_set(h C.zct_handle) C.int {
+	return withEvent(h, func(e *event.Event) error { return e.Set() })
+}
+
+//export zct_event_clear
+func zct_event_clear(h C.zct_handle) C.int {
+	return withEvent(h, func(e *event.Event) error { e.Clear(); return nil })
+}
+
+//export zct_event_is_set
+func zct_event_is_set(h C.zct_handle, set *C.int32_t) C.int {
+	return withEvent(h, func(e *event.Event) error {
+		*set = boolInt(e.IsSet())
+		return nil
+	})
+}
+
+//export zct_event_wait
+func zct_event_wait(h C.zct_handle, timeoutMS C.int64_t, set *C.int32_t) C.int {
+	return withEvent(h, func(e *event.Event) error {
+		ok, err := e.Wait(deadline(timeoutMS))
+		*set = boolInt(ok)
+		return err
+	})
+}
+
+func withEvent(h C.zct_handle, fn func(*event.Event) error) C.int {
+	return run(func() error {
+		e, err := events.get(uint64(h))
+		if err != nil {
+			return err
+		}
+		return fn(e)
+	})
+}
+
+func boolInt(b bool) C.int32_t {
+	if b {
+		return 1
+	}
+	return 0
+}

@@ -1,0 +1,545 @@
+"""Streams: one writer publishes fixed-size frames into a shared ring, and
+every reader sees every frame, in place.
+
+::
+
+    s = zctipc.Stream.create("mic", shape=8192, dtype="float32", frames=32, readers=2)
+    w = s.writer()
+    frame = w.look()          # a writable view of the next frame
+    frame[:] = samples        # fill it in place
+    w.increment()             # publish it
+
+    # in another process
+    r = zctipc.Stream.attach("mic").reader()
+    for frame in r:           # read-only views, released as the loop goes on
+        spectrum = np.fft.rfft(frame)
+
+Under ``policy="block"`` the writer waits for the slowest live reader; under
+``"overwrite"`` it never waits, and a reader that falls a ring behind skips
+to the oldest whole frame, counting what it lost in ``dropped``. A reader
+whose process died (or, with ``reader_timeout``, that was not seen for that
+long) stops holding the writer back. Frames are published only on
+``increment()``: a writer killed mid-frame publishes nothing.
+"""
+
+import weakref
+
+import numpy as np
+
+from . import _dtypes, _native, _views
+from .errors import InvalidArgument, StreamEnded, UnsupportedDtype
+from .pool import wait_slices
+from .tensor import _cname, _is_torch_tensor, _shape_tuple
+
+__all__ = ["Stream", "StreamWriter", "StreamReader", "Event"]
+
+POLICIES = ("block", "overwrite")
+
+
+def _call_closing(close, handle, what):
+    """Close a native handle from a finalizer: never raises, a no-op once
+    the library is gone or in a forked child."""
+    if not _native.loaded():
+        return
+    try:
+        status = close(handle)
+    except Exception:  # a forked child: the library refuses every call
+        return
+    if status != 0:
+        _native.report_finalizer_error(what, status)
+
+
+class Stream:
+    """A shared ring of frames of one shape and dtype, with one writer and
+    up to ``readers`` readers. Made with :meth:`create`, opened elsewhere
+    with :meth:`attach` (or by passing the Stream to a child process).
+
+    The segment lives while any process holds it; frame views keep it
+    mapped in their process after the Stream is closed or dropped.
+    """
+
+    __slots__ = ("_handle", "_info", "_memory", "_name", "_shape", "_code", "_frames_rw", "_frames_ro", "_closed",
+                 "__weakref__")
+
+    def __init__(self, *args, **kwargs):
+        raise TypeError("use zctipc.Stream.create() or zctipc.Stream.attach()")
+
+    @classmethod
+    def create(cls, name=None, shape=(), dtype=np.float32, frames=32, readers=1, policy="block",
+               reader_timeout=None):
+        """Make a stream of ``frames`` slots, each a C-contiguous array of
+        ``shape`` and ``dtype``, for up to ``readers`` readers at once.
+
+        ``name`` gets the ``zctipc_`` prefix (random when None). ``policy``
+        is ``"block"`` (the writer waits for the slowest live reader) or
+        ``"overwrite"`` (it never waits; slow readers lose frames and count
+        them). ``reader_timeout`` (seconds, None for none) lets the writer
+        evict a reader it has not seen for that long; a reader whose process
+        died is evicted in any case.
+        """
+        if policy not in POLICIES:
+            raise InvalidArgument(f"unknown stream policy {policy!r}; the policies are {', '.join(POLICIES)}")
+        if not isinstance(frames, int) or frames < 2:
+            raise InvalidArgument(f"frames must be an int of at least 2, not {frames!r}")
+        if not isinstance(readers, int) or not 1 <= readers <= 64:
+            raise InvalidArgument(f"readers must be an int from 1 to 64, not {readers!r}")
+        timeout_ms = 0
+        if reader_timeout is not None:
+            if reader_timeout <= 0:
+                raise InvalidArgument(f"reader_timeout must be positive seconds or None, not {reader_timeout!r}")
+            timeout_ms = max(1, round(reader_timeout * 1000))
+        dims = _shape_tuple(shape)
+        code = _dtypes.code_of(dtype)
+        ffi, lib = _native.ffi(), _native.lib()
+        handle = ffi.new("zct_handle *")
+        info = ffi.new("zct_stream_info *")
+        cname = ffi.NULL if name is None else _cname(name)
+        _native.check(lib.zct_stream_create(cname, code, len(dims), ffi.new("int64_t[]", dims) if dims else ffi.NULL,
+                                            frames, readers, POLICIES.index(policy), timeout_ms, handle, info))
+        return cls._wrap(handle[0], info)
+
+    @classmethod
+    def attach(cls, name):
+        """Open the stream ``name`` (with or without the prefix)."""
+        ffi, lib = _native.ffi(), _native.lib()
+        handle = ffi.new("zct_handle *")
+        info = ffi.new("zct_stream_info *")
+        _native.check(lib.zct_stream_attach(_cname(name), handle, info))
+        return cls._wrap(handle[0], info)
+
+    @classmethod
+    def _wrap(cls, handle, info):
+        ffi = _native.ffi()
+        self = object.__new__(cls)
+        self._handle = handle
+        self._info = info
+        self._name = ffi.string(info.name).decode()
+        self._shape = tuple(info.shape[0:info.ndim])
+        self._code = info.dtype
+        lib = _native.lib()
+        self._memory = _views.owner(info.data, lambda h: _call_closing(lib.zct_stream_close, h, "closing a stream"),
+                                    handle)
+        self._frames_rw = self._frames_ro = None
+        self._closed = False
+        return self
+
+    # -- description ----------------------------------------------------------
+
+    @property
+    def name(self):
+        """The segment's full name (with the ``zctipc_`` prefix)."""
+        return self._name
+
+    @property
+    def shape(self):
+        """The shape of one frame."""
+        return self._shape
+
+    @property
+    def dtype(self):
+        """The NumPy dtype of a frame (``'bfloat16'`` when NumPy cannot say it)."""
+        return _dtypes.public_dtype(self._code)
+
+    @property
+    def frames(self):
+        """The number of frames in the ring."""
+        return self._info.frames
+
+    @property
+    def max_readers(self):
+        """The number of reader slots."""
+        return self._info.readers
+
+    @property
+    def policy(self):
+        return POLICIES[self._info.policy]
+
+    @property
+    def reader_timeout(self):
+        ms = self._info.reader_timeout_ms
+        return ms / 1000 if ms else None
+
+    @property
+    def frame_nbytes(self):
+        return self._info.frame_bytes
+
+    def _stats(self):
+        ffi = _native.ffi()
+        published, dropped = ffi.new("uint64_t *"), ffi.new("uint64_t *")
+        readers, ended = ffi.new("int32_t *"), ffi.new("int32_t *")
+        _native.check(_native.lib().zct_stream_stats(self._live(), published, dropped, readers, ended))
+        return published[0], dropped[0], readers[0], bool(ended[0])
+
+    @property
+    def published(self):
+        """Frames published so far."""
+        return self._stats()[0]
+
+    @property
+    def dropped(self):
+        """Frames lost by all readers together."""
+        return self._stats()[1]
+
+    @property
+    def readers(self):
+        """How many readers hold a slot now."""
+        return self._stats()[2]
+
+    @property
+    def ended(self):
+        return self._stats()[3]
+
+    def __repr__(self):
+        state = "closed" if self._closed else f"published={self.published}"
+        return (f"<Stream {self._name!r} frames={self.frames} shape={self._shape} dtype={_dtypes.NAMES.get(self._code)} "
+                f"policy={self.policy} {state}>")
+
+    # -- use ------------------------------------------------------------------
+
+    def writer(self):
+        """Become the stream's writer (:class:`StreamBusy` while another live
+        process is; the role of one that died is taken over)."""
+        handle = _native.ffi().new("zct_handle *")
+        _native.check(_native.lib().zct_stream_writer(self._live(), handle))
+        return StreamWriter(self, handle[0])
+
+    def reader(self, index=None):
+        """Join as a reader: of slot ``index``, or of the first free slot.
+        The reader starts at the next frame published. Raises
+        :class:`StreamBusy` when the slot, or every slot, is held."""
+        if index is not None and (not isinstance(index, int) or index < 0):
+            raise InvalidArgument(f"a reader slot is an int from 0 to {self.max_readers - 1}, not {index!r}")
+        ffi = _native.ffi()
+        handle, slot = ffi.new("zct_handle *"), ffi.new("int32_t *")
+        _native.check(_native.lib().zct_stream_reader(self._live(), -1 if index is None else index, handle, slot))
+        return StreamReader(self, handle[0], slot[0])
+
+    def end(self):
+        """End the stream: the writer can write no more, readers read what
+        was published and then get :class:`StreamEnded`; waiters wake."""
+        _native.check(_native.lib().zct_stream_end(self._live()))
+
+    def close(self):
+        """Let go of this object's hold; views and open readers and writers
+        keep the memory until they are gone too."""
+        if not self._closed:
+            self._closed = True
+            self._frames_rw = self._frames_ro = None
+            self._memory = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __reduce__(self):
+        self._live()
+        return _attach_stream, (self._name,)
+
+    def _live(self):
+        if self._closed:
+            raise ValueError(f"stream {self._name!r} is closed")
+        return self._handle
+
+    # -- frame views ----------------------------------------------------------
+
+    def _views(self, writable):
+        """NumPy views of every slot, made once; they hold the mapping."""
+        cache = self._frames_rw if writable else self._frames_ro
+        if cache is None:
+            info = self._info
+            size = info.ring_offset + info.stride * info.frames
+            buf = _native.ffi().buffer(self._memory, size)
+            base = np.frombuffer(buf if writable else memoryview(buf).toreadonly(), dtype=np.uint8)
+            dt = _dtypes.storage_dtype(self._code)
+            cache = []
+            for i in range(info.frames):
+                at = info.ring_offset + i * info.stride
+                cache.append(base[at:at + info.frame_bytes].view(dt).reshape(self._shape))
+            if writable:
+                self._frames_rw = cache
+            else:
+                self._frames_ro = cache
+        return cache
+
+
+def _attach_stream(name):
+    return Stream.attach(name)
+
+
+class _Endpoint:
+    """What a writer and a reader share: their stream and native handle."""
+
+    _close = None  # the name of the library's close function
+    _writable = False
+
+    def __init__(self, stream, handle):
+        self._stream = stream
+        self._handle = handle
+        self._closed = False
+        # Views of every slot, which keep the memory mapped in this process
+        # as long as this endpoint (or a view) lives.
+        self._frames = stream._views(self._writable)
+        self._tensors = None
+        self._finalizer = weakref.finalize(self, _call_closing, getattr(_native.lib(), self._close), handle,
+                                           f"closing a stream {type(self).__name__}")
+
+    @property
+    def stream(self):
+        return self._stream
+
+    def close(self):
+        """Leave the stream (a reader frees its slot; a writer gives up the
+        role, and a frame it looked at and did not publish is not)."""
+        if not self._closed:
+            self._closed = True
+            self._finalizer.detach()
+            _native.check(getattr(_native.lib(), self._close)(self._handle))
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def _live(self):
+        if self._closed:
+            raise ValueError(f"this {type(self).__name__} of stream {self._stream.name!r} is closed")
+        return self._handle
+
+    def _frame(self, slot, torch):
+        if not torch:
+            return self._frames[slot]
+        if self._tensors is None:
+            code = self._stream._code
+            self._tensors = [_views.tensor(a, code, readonly=not self._writable) for a in self._frames]
+        return self._tensors[slot]
+
+    def _wait(self, call, block, timeout, not_ready):
+        """Call call(handle, ms, slot) in wait slices; return the slot, or
+        None when it is not ready within the timeout."""
+        slot = _native.ffi().new("int32_t *")
+        handle = self._live()
+        status = call(handle, 0, slot)
+        if status == not_ready and block:
+            for ms in wait_slices(block, timeout):
+                status = call(handle, ms, slot)
+                if status not in (not_ready, _native.E_INTERRUPTED):
+                    break
+        if status in (not_ready, _native.E_INTERRUPTED):
+            return None
+        _native.check(status)
+        return slot[0]
+
+
+class StreamWriter(_Endpoint):
+    """The writer of a stream: ``look()`` a frame, fill it, ``increment()``
+    to publish it; or ``write(array)``."""
+
+    _close = "zct_stream_writer_close"
+    _writable = True
+
+    def look(self, block=True, timeout=None, torch=False):
+        """A writable view (NumPy, or torch with ``torch=True``) of the next
+        frame, waiting for room as ``block`` and ``timeout`` say under the
+        block policy; None when there is none. Raises :class:`StreamEnded`
+        once the stream ended."""
+        slot = self._wait(_native.lib().zct_stream_write_look, block, timeout, _native.E_FULL)
+        return None if slot is None else self._frame(slot, torch)
+
+    def increment(self):
+        """Publish the frame returned by :meth:`look`."""
+        _native.check(_native.lib().zct_stream_write_increment(self._live()))
+
+    def write(self, frame, block=True, timeout=None):
+        """Copy ``frame`` (a NumPy array or CPU torch tensor of the stream's
+        shape and dtype) into the next frame and publish it. Returns False
+        when there was no room within the timeout."""
+        s = self._stream
+        if not _is_torch_tensor(frame):
+            frame = np.asarray(frame)
+        shape = tuple(frame.shape)
+        try:
+            code = _dtypes.code_of(frame.dtype)
+        except UnsupportedDtype:
+            code = None
+        if shape != s.shape or code != s._code:
+            what = _dtypes.NAMES.get(code, str(frame.dtype))
+            raise ValueError(f"a frame of shape {shape} and dtype {what} does not fit stream {s.name!r}, "
+                             f"whose frames are {s.shape} {_dtypes.NAMES.get(s._code)}")
+        view = self.look(block, timeout, torch=_is_torch_tensor(frame))
+        if view is None:
+            return False
+        if _is_torch_tensor(frame):
+            view.copy_(frame)
+        else:
+            np.copyto(view, frame)
+        self.increment()
+        return True
+
+
+class StreamReader(_Endpoint):
+    """A reader of a stream: ``look()`` at the next frame in place and
+    ``increment()`` past it; ``read()``; or iterate."""
+
+    _close = "zct_stream_reader_close"
+
+    def __init__(self, stream, handle, index):
+        super().__init__(stream, handle)
+        self._index = index
+        self._pending = False  # a frame handed out by read(copy=False) or iteration
+
+    @property
+    def index(self):
+        """The reader's slot."""
+        return self._index
+
+    def _counts(self):
+        ffi = _native.ffi()
+        position, received, dropped = ffi.new("uint64_t *"), ffi.new("uint64_t *"), ffi.new("uint64_t *")
+        _native.check(_native.lib().zct_stream_reader_stats(self._live(), position, received, dropped))
+        return position[0], received[0], dropped[0]
+
+    @property
+    def position(self):
+        """The position of the next frame to read, counted from the first
+        frame the stream published."""
+        return self._counts()[0]
+
+    @property
+    def received(self):
+        """Frames this reader took whole."""
+        return self._counts()[1]
+
+    @property
+    def dropped(self):
+        """Frames this reader lost (overwritten before it read them)."""
+        return self._counts()[2]
+
+    def look(self, block=True, timeout=None, torch=False):
+        """A read-only view of the next frame, waiting for it as ``block``
+        and ``timeout`` say; None when there is none. Raises
+        :class:`StreamEnded` when the stream ended and every frame was
+        read."""
+        self._release_pending()
+        slot = self._wait(_native.lib().zct_stream_read_look, block, timeout, _native.E_EMPTY)
+        return None if slot is None else self._frame(slot, torch)
+
+    def increment(self):
+        """Release the frame returned by :meth:`look`. Returns False when
+        the writer overwrote it while it was looked at (the overwrite policy,
+        or an evicted reader): its contents may be torn, and it counts as
+        dropped."""
+        self._pending = False
+        whole = _native.ffi().new("int32_t *")
+        _native.check(_native.lib().zct_stream_read_increment(self._live(), whole))
+        return bool(whole[0])
+
+    def _release_pending(self):
+        if self._pending:
+            self.increment()
+
+    def read(self, copy=True, block=True, timeout=None, torch=False):
+        """The next frame, or None when there is none within the timeout.
+
+        With ``copy`` (the default) it is a private copy, checked whole:
+        a frame overwritten while it was copied is skipped. Without, it is
+        the zero-copy view, released at the next read, look or close.
+        """
+        while True:
+            view = self.look(block, timeout, torch)
+            if view is None:
+                return None
+            if not copy:
+                self._pending = True
+                return view
+            out = view.clone() if torch else view.copy()
+            if self.increment():
+                return out
+
+    def frames(self, torch=False):
+        """Iterate over the frames as zero-copy views until the stream ends;
+        each is released when the next is asked for."""
+        try:
+            while True:
+                try:
+                    view = self.look(torch=torch)
+                except StreamEnded:
+                    return
+                self._pending = True
+                yield view
+        finally:
+            if not self._closed:
+                self._release_pending()
+
+    def __iter__(self):
+        return self.frames()
+
+    def close(self):
+        self._pending = False
+        super().close()
+
+
+def _close_event(handle):
+    if _native.loaded():
+        _call_closing(_native.lib().zct_event_close, handle, "closing an event")
+
+
+class Event:
+    """multiprocessing.Event's API over a futex in shared memory: ``set``,
+    ``clear``, ``is_set``, ``wait(timeout=None)``. Passed to child
+    processes (as Process arguments, through queues), it names the same
+    event."""
+
+    def __init__(self, *, ctx=None):
+        ffi, lib = _native.ffi(), _native.lib()
+        handle = ffi.new("zct_handle *")
+        name = ffi.new("char[]", 256)
+        _native.check(lib.zct_event_create(ffi.NULL, handle, name, 256))
+        self._setup(handle[0], ffi.string(name).decode())
+
+    def _setup(self, handle, name):
+        self._handle = handle
+        self._name = name
+        self._finalizer = weakref.finalize(self, _close_event, handle)
+
+    def __reduce__(self):
+        return _attach_event, (self._name,)
+
+    def __repr__(self):
+        return f"<zctipc.Event {self._name!r} {'set' if self.is_set() else 'unset'}>"
+
+    def is_set(self):
+        out = _native.ffi().new("int32_t *")
+        _native.check(_native.lib().zct_event_is_set(self._handle, out))
+        return bool(out[0])
+
+    def set(self):
+        _native.check(_native.lib().zct_event_set(self._handle))
+
+    def clear(self):
+        _native.check(_native.lib().zct_event_clear(self._handle))
+
+    def wait(self, timeout=None):
+        """Wait until the event is set or ``timeout`` seconds pass; return
+        whether it is set."""
+        out = _native.ffi().new("int32_t *")
+        lib = _native.lib()
+        for ms in wait_slices(True, timeout):
+            status = lib.zct_event_wait(self._handle, ms, out)
+            if status == _native.E_INTERRUPTED:
+                continue
+            _native.check(status)
+            if out[0]:
+                return True
+        return self.is_set()
+
+
+def _attach_event(name):
+    ffi, lib = _native.ffi(), _native.lib()
+    handle = ffi.new("zct_handle *")
+    _native.check(lib.zct_event_attach(name.encode(), handle))
+    e = Event.__new__(Event)
+    e._setup(handle[0], name)
+    return e

@@ -221,6 +221,19 @@ func zct_stream_read_increment(h C.zct_handle, whole *C.int32_t) C.int {
 	})
 }
 
+//export zct_stream_read_next
+func zct_stream_read_next(h C.zct_handle, timeoutMS C.int64_t, slot *C.int32_t, whole *C.int32_t) C.int {
+	return run(func() error {
+		r, err := readers.get(uint64(h))
+		if err != nil {
+			return err
+		}
+		i, ok, err := r.Next(deadline(timeoutMS))
+		*slot, *whole = C.int32_t(i), boolInt(ok)
+		return err
+	})
+}
+
 //export zct_stream_reader_stats
 func zct_stream_reader_stats(h C.zct_handle, position, received, dropped *C.uint64_t) C.int {
 	return run(func() error {

@@ -326,6 +326,9 @@ int zct_stream_read_look(zct_handle reader, int64_t timeout_ms, int32_t *slot);
 /* Release the frame looked at; *whole is 0 when the writer overwrote it
    meanwhile (it then counts as dropped). */
 int zct_stream_read_increment(zct_handle reader, int32_t *whole);
+/* Release the frame looked at, if any (*whole as zct_stream_read_increment
+   says; 1 when none was), then look at the next: one call per frame. */
+int zct_stream_read_next(zct_handle reader, int64_t timeout_ms, int32_t *slot, int32_t *whole);
 int zct_stream_reader_stats(zct_handle reader, uint64_t *position, uint64_t *received, uint64_t *dropped);
 int zct_stream_reader_close(zct_handle reader);
 

@@ -57,6 +57,10 @@ func Wake(addr *uint32, n int) (int, error) {
 	return int(woken), nil
 }
 
+// spinsBeforeYield is how many times Sleep looks at the word before it
+// yields the CPU between looks.
+const spinsBeforeYield = 64
+
 // A Seq is a sequence word that signallers bump and waiters sleep on, with
 // the count of its sleepers beside it so that a signal with nobody asleep
 // costs no system call.
@@ -70,7 +74,8 @@ type Seq struct {
 func (s Seq) Load() uint32 { return atomic.LoadUint32(s.Word) }
 
 // Sleep waits for the word to move from seen. It spins for spin first (an
-// event that comes within it costs no wake-up), then sleeps for at most
+// event that comes within it costs no wake-up), yielding the CPU between
+// looks after the first few, then sleeps for at most
 // recheck, and not past deadline (none when zero). It returns nil when the
 // word moved or the sleep ended early (callers re-check their condition:
 // a bounded sleep makes up for a wake-up lost with a killed process),
@@ -82,8 +87,13 @@ func (s Seq) Sleep(seen uint32, spin time.Duration, deadline time.Time, recheck 
 		if atomic.LoadUint32(s.Word) != seen {
 			return nil
 		}
-		if i%64 == 63 && time.Now().After(spinUntil) {
-			break
+		if i >= spinsBeforeYield {
+			// Give the CPU to whoever will change the word, when it waits
+			// for one (more processes than cores); else this returns at once.
+			_, _, _ = unix.RawSyscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
+			if i%8 == 7 && time.Now().After(spinUntil) {
+				break
+			}
 		}
 	}
 	timeout := recheck

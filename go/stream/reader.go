@@ -194,6 +194,20 @@ func (r *Reader) Increment() (bool, error) {
 	return whole, nil
 }
 
+// Next releases the frame looked at, if any, and looks at the next one: one
+// call per frame for a reader that goes through them in order. whole is
+// what Increment said of the frame released (true when none was).
+func (r *Reader) Next(deadline time.Time) (slot int, whole bool, err error) {
+	whole = true
+	if r.looking {
+		if whole, err = r.Increment(); err != nil {
+			return 0, whole, err
+		}
+	}
+	slot, err = r.Look(deadline)
+	return slot, whole, err
+}
+
 func (r *Reader) drop(n uint64) {
 	atomic.AddUint64(u64(r.slot, rDropped), n)
 	atomic.AddUint64(u64(r.s.data, offDropped), n)

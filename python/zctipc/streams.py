@@ -269,12 +269,15 @@ def _attach_stream(name):
 
 
 class _Endpoint:
-    """What a writer and a reader share: their stream and native handle."""
+    """What a writer and a reader share: their stream, native handle, and
+    the calls of their hot path, bound once."""
 
-    _close = None  # the name of the library's close function
+    _kind = None  # "writer" or "reader": names the library's calls
     _writable = False
+    _not_ready = None  # the status of a look that found nothing
 
     def __init__(self, stream, handle):
+        lib = _native.lib()
         self._stream = stream
         self._handle = handle
         self._closed = False
@@ -282,8 +285,12 @@ class _Endpoint:
         # as long as this endpoint (or a view) lives.
         self._frames = stream._views(self._writable)
         self._tensors = None
-        self._finalizer = weakref.finalize(self, _call_closing, getattr(_native.lib(), self._close), handle,
-                                           f"closing a stream {type(self).__name__}")
+        self._slot = _native.ffi().new("int32_t *")
+        verb = "write" if self._writable else "read"
+        self._look = getattr(lib, f"zct_stream_{verb}_look")
+        self._increment = getattr(lib, f"zct_stream_{verb}_increment")
+        self._finalizer = weakref.finalize(self, _call_closing, getattr(lib, f"zct_stream_{self._kind}_close"), handle,
+                                           f"closing a stream {self._kind}")
 
     @property
     def stream(self):
@@ -295,7 +302,7 @@ class _Endpoint:
         if not self._closed:
             self._closed = True
             self._finalizer.detach()
-            _native.check(getattr(_native.lib(), self._close)(self._handle))
+            _native.check(getattr(_native.lib(), f"zct_stream_{self._kind}_close")(self._handle))
 
     def __enter__(self):
         return self
@@ -305,73 +312,71 @@ class _Endpoint:
 
     def _live(self):
         if self._closed:
-            raise ValueError(f"this {type(self).__name__} of stream {self._stream.name!r} is closed")
+            raise ValueError(f"this stream {self._kind} of {self._stream.name!r} is closed")
         return self._handle
 
-    def _frame(self, slot, torch):
-        if not torch:
-            return self._frames[slot]
+    def _look_frame(self, block, timeout, torch):
+        """The view of the next slot, or None when it is not ready within
+        the timeout: one call when it is ready, wait slices otherwise."""
+        if self._closed:
+            self._live()
+        status = self._look(self._handle, 0, self._slot)
+        if status != 0:
+            if status == self._not_ready and block:
+                for ms in wait_slices(block, timeout):
+                    status = self._look(self._handle, ms, self._slot)
+                    if status != self._not_ready and status != _native.E_INTERRUPTED:
+                        break
+            if status == self._not_ready or status == _native.E_INTERRUPTED:
+                return None
+            _native.check(status)
+        return (self._tensor_views() if torch else self._frames)[self._slot[0]]
+
+    def _tensor_views(self):
+        """torch views of every slot, made on first use."""
         if self._tensors is None:
             code = self._stream._code
             self._tensors = [_views.tensor(a, code, readonly=not self._writable) for a in self._frames]
-        return self._tensors[slot]
-
-    def _wait(self, call, block, timeout, not_ready):
-        """Call call(handle, ms, slot) in wait slices; return the slot, or
-        None when it is not ready within the timeout."""
-        slot = _native.ffi().new("int32_t *")
-        handle = self._live()
-        status = call(handle, 0, slot)
-        if status == not_ready and block:
-            for ms in wait_slices(block, timeout):
-                status = call(handle, ms, slot)
-                if status not in (not_ready, _native.E_INTERRUPTED):
-                    break
-        if status in (not_ready, _native.E_INTERRUPTED):
-            return None
-        _native.check(status)
-        return slot[0]
+        return self._tensors
 
 
 class StreamWriter(_Endpoint):
     """The writer of a stream: ``look()`` a frame, fill it, ``increment()``
     to publish it; or ``write(array)``."""
 
-    _close = "zct_stream_writer_close"
+    _kind = "writer"
     _writable = True
+    _not_ready = _native.E_FULL
 
     def look(self, block=True, timeout=None, torch=False):
         """A writable view (NumPy, or torch with ``torch=True``) of the next
         frame, waiting for room as ``block`` and ``timeout`` say under the
         block policy; None when there is none. Raises :class:`StreamEnded`
         once the stream ended."""
-        slot = self._wait(_native.lib().zct_stream_write_look, block, timeout, _native.E_FULL)
-        return None if slot is None else self._frame(slot, torch)
+        return self._look_frame(block, timeout, torch)
 
     def increment(self):
         """Publish the frame returned by :meth:`look`."""
-        _native.check(_native.lib().zct_stream_write_increment(self._live()))
+        status = self._increment(self._live())
+        if status != 0:
+            _native.check(status)
 
     def write(self, frame, block=True, timeout=None):
         """Copy ``frame`` (a NumPy array or CPU torch tensor of the stream's
         shape and dtype) into the next frame and publish it. Returns False
         when there was no room within the timeout."""
         s = self._stream
-        if not _is_torch_tensor(frame):
+        is_tensor = _is_torch_tensor(frame)
+        if not is_tensor:
             frame = np.asarray(frame)
-        shape = tuple(frame.shape)
-        try:
-            code = _dtypes.code_of(frame.dtype)
-        except UnsupportedDtype:
-            code = None
-        if shape != s.shape or code != s._code:
-            what = _dtypes.NAMES.get(code, str(frame.dtype))
-            raise ValueError(f"a frame of shape {shape} and dtype {what} does not fit stream {s.name!r}, "
-                             f"whose frames are {s.shape} {_dtypes.NAMES.get(s._code)}")
-        view = self.look(block, timeout, torch=_is_torch_tensor(frame))
+        if frame.shape != s._shape or _code_or_none(frame.dtype) != s._code:
+            raise ValueError(f"a frame of shape {tuple(frame.shape)} and dtype "
+                             f"{_dtypes.NAMES.get(_code_or_none(frame.dtype), str(frame.dtype))} does not fit stream "
+                             f"{s.name!r}, whose frames are {s.shape} {_dtypes.NAMES[s._code]}")
+        view = self._look_frame(block, timeout, is_tensor)
         if view is None:
             return False
-        if _is_torch_tensor(frame):
+        if is_tensor:
             view.copy_(frame)
         else:
             np.copyto(view, frame)
@@ -379,15 +384,24 @@ class StreamWriter(_Endpoint):
         return True
 
 
+def _code_or_none(dtype):
+    try:
+        return _dtypes.code_of(dtype)
+    except UnsupportedDtype:
+        return None
+
+
 class StreamReader(_Endpoint):
     """A reader of a stream: ``look()`` at the next frame in place and
     ``increment()`` past it; ``read()``; or iterate."""
 
-    _close = "zct_stream_reader_close"
+    _kind = "reader"
+    _not_ready = _native.E_EMPTY
 
     def __init__(self, stream, handle, index):
         super().__init__(stream, handle)
         self._index = index
+        self._whole = _native.ffi().new("int32_t *")
         self._pending = False  # a frame handed out by read(copy=False) or iteration
 
     @property
@@ -422,9 +436,9 @@ class StreamReader(_Endpoint):
         and ``timeout`` say; None when there is none. Raises
         :class:`StreamEnded` when the stream ended and every frame was
         read."""
-        self._release_pending()
-        slot = self._wait(_native.lib().zct_stream_read_look, block, timeout, _native.E_EMPTY)
-        return None if slot is None else self._frame(slot, torch)
+        if self._pending:
+            self.increment()
+        return self._look_frame(block, timeout, torch)
 
     def increment(self):
         """Release the frame returned by :meth:`look`. Returns False when
@@ -432,13 +446,10 @@ class StreamReader(_Endpoint):
         or an evicted reader): its contents may be torn, and it counts as
         dropped."""
         self._pending = False
-        whole = _native.ffi().new("int32_t *")
-        _native.check(_native.lib().zct_stream_read_increment(self._live(), whole))
-        return bool(whole[0])
-
-    def _release_pending(self):
-        if self._pending:
-            self.increment()
+        status = self._increment(self._live(), self._whole)
+        if status != 0:
+            _native.check(status)
+        return self._whole[0] != 0
 
     def read(self, copy=True, block=True, timeout=None, torch=False):
         """The next frame, or None when there is none within the timeout.
@@ -460,18 +471,30 @@ class StreamReader(_Endpoint):
 
     def frames(self, torch=False):
         """Iterate over the frames as zero-copy views until the stream ends;
-        each is released when the next is asked for."""
+        each is released when the next is asked for (one native call per
+        frame)."""
+        next_frame = _native.lib().zct_stream_read_next
+        handle, slot, whole = self._live(), self._slot, self._whole
+        views = self._tensor_views() if torch else self._frames
+        empty, interrupted = _native.E_EMPTY, _native.E_INTERRUPTED
         try:
             while True:
-                try:
-                    view = self.look(torch=torch)
-                except StreamEnded:
-                    return
+                status = next_frame(handle, 0, slot, whole)
+                self._pending = False
+                if status != 0:
+                    if status == empty:
+                        for ms in wait_slices(True, None):
+                            status = next_frame(handle, ms, slot, whole)
+                            if status != empty and status != interrupted:
+                                break
+                    if status == _native.E_ENDED:
+                        return
+                    _native.check(status)
                 self._pending = True
-                yield view
+                yield views[slot[0]]
         finally:
-            if not self._closed:
-                self._release_pending()
+            if self._pending and not self._closed:
+                self.increment()
 
     def __iter__(self):
         return self.frames()

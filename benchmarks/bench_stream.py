@@ -1,0 +1,431 @@
+"""Stream benchmarks: one writer, several readers, every peer in one run.
+
+  throughput  float32 frames of 8,192 samples (32 KiB) and of 1 MiB, one
+              writer and 1, 2 and 4 readers, each reader touching every byte
+              of every frame (a checksum), for a fixed time: aggregate Gbit/s
+              and frames/s of zctipc.Stream against pythusa's shared ring
+  latency     one 32 KiB frame in flight: writer-to-reader time, p50 and p99
+  floor       single-core memcpy bandwidth in the same run, which one reader
+              is compared against
+
+The writer copies each frame from a prepared array (one copy, as an
+application producing data would); zctipc readers block on futexes, pythusa's
+poll (yielding the CPU between polls, its best case on a busy machine).
+
+    python benchmarks/bench_stream.py [--only throughput,latency] [--quick] [--seconds S] [--json PATH] [--readme README.md]
+"""
+
+import argparse
+import json
+import multiprocessing
+import os
+import sys
+import time
+
+import numpy as np
+
+import zctipc
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _common import (fmt_ratio, fmt_us, machine, machine_line, markdown_table, now, summarize,  # noqa: E402
+                     update_readme, versions)
+
+FRAMES = 32  # slots in every ring
+SIZES = {"32 KiB": 8192, "1 MiB": 262144}  # float32 samples per frame
+READERS = (1, 2, 4)
+
+
+def checksum(frame):
+    """Touch every byte of a frame (the frames of these runs are multiples
+    of 8 bytes)."""
+    return int(np.add.reduce(frame.view(np.uint64)))
+
+
+# -- floor -------------------------------------------------------------------------
+
+
+def memcpy_bandwidth():
+    """Bytes per second one core copies, best of 5 copies of 64 MiB."""
+    src = np.ones(1 << 24, np.float32)
+    dst = np.empty_like(src)
+    np.copyto(dst, src)
+    best = float("inf")
+    for _ in range(5):
+        t = time.perf_counter()
+        np.copyto(dst, src)
+        best = min(best, time.perf_counter() - t)
+    return src.nbytes / best
+
+
+# -- zctipc ------------------------------------------------------------------------
+
+
+def zctipc_reader(stream, ready, results, go):
+    r = stream.reader()
+    ready.put(r.index)
+    go.wait()
+    count = total = 0
+    for frame in r:
+        total += checksum(frame)
+        count += 1
+    results.put(count)
+
+
+def zctipc_writer(stream, seconds, ready, results, go):
+    w = stream.writer()
+    src = np.random.default_rng(1).random(stream.shape, dtype=np.float32)
+    ready.put("writer")
+    go.wait()
+    start = time.perf_counter()
+    end = start + seconds
+    n = 0
+    while True:
+        frame = w.look()
+        np.copyto(frame, src)
+        w.increment()
+        n += 1
+        if n % 64 == 0 and time.perf_counter() >= end:
+            break
+    stream.end()
+    results.put(("writer", n, time.perf_counter() - start))
+
+
+def zctipc_latency_reader(stream, ready, results):
+    r = stream.reader()
+    ready.put(r.index)
+    samples = []
+    wall, cpu = time.perf_counter(), time.process_time()
+    for frame in r:
+        got = time.perf_counter_ns()
+        samples.append(got - int(frame.view(np.int64)[0]))
+    results.put((samples, (time.process_time() - cpu) / (time.perf_counter() - wall)))
+
+
+def zctipc_latency_writer(stream, rounds, ready):
+    w = stream.writer()
+    src = np.ones(stream.shape, np.float32)
+    ready.put("writer")
+    for _ in range(rounds):
+        time.sleep(0.001)
+        frame = w.look()
+        np.copyto(frame, src)
+        frame.view(np.int64)[0] = time.perf_counter_ns()
+        w.increment()
+    stream.end()
+
+
+def run_zctipc(samples, readers, seconds):
+    ctx = zctipc.get_context()
+    s = zctipc.Stream.create(shape=(samples,), dtype=np.float32, frames=FRAMES, readers=readers)
+    ready, results, go = zctipc.Queue(), zctipc.Queue(), zctipc.Event()
+    procs = [ctx.Process(target=zctipc_reader, args=(s, ready, results, go)) for _ in range(readers)]
+    procs.append(ctx.Process(target=zctipc_writer, args=(s, seconds, ready, results, go)))
+    return _run(procs, ready, results, go)
+
+
+def latency_zctipc(samples, rounds):
+    ctx = zctipc.get_context()
+    s = zctipc.Stream.create(shape=(samples,), dtype=np.float32, frames=FRAMES, readers=1)
+    ready, results = zctipc.Queue(), zctipc.Queue()
+    reader = ctx.Process(target=zctipc_latency_reader, args=(s, ready, results))
+    reader.start()
+    ready.get()
+    writer = ctx.Process(target=zctipc_latency_writer, args=(s, rounds, ready))
+    writer.start()
+    ready.get()
+    out = results.get()
+    for p in (reader, writer):
+        p.join()
+    return out
+
+
+# -- pythusa -----------------------------------------------------------------------
+
+
+# pythusa's writer re-reads the reader positions every 64 writes or 5 ms by
+# default (its Pipeline's stream settings), which caps a 32-frame ring at 32
+# frames per 5 ms; "tuned" re-reads them on every write.
+PYTHUSA_REFRESH = {"defaults": {}, "tuned": {"min_reader_pos_refresh_interval": 1, "min_reader_pos_refresh_s": 0.0}}
+
+
+def _ring(name, samples, readers, reader, create=False, tuning="defaults"):
+    from pythusa import SharedRingBuffer
+
+    return SharedRingBuffer(name, create=create, size=FRAMES * samples * 4, num_readers=readers, reader=reader,
+                            cache_align=True, **PYTHUSA_REFRESH[tuning])
+
+
+def pythusa_reader(name, samples, readers, index, ready, results, go, stop):
+    ring = _ring(name, samples, readers, index)
+    ring.set_reader_active(True)
+    nbytes = samples * 4
+    ready.put(index)
+    go.wait()
+    count = total = 0
+    while True:
+        mv1, _, size, _ = ring.expose_reader_mem_view(nbytes)
+        if size < nbytes:
+            if stop.is_set() and ring.get_write_pos() == ring.header[ring.reader_pos_index]:
+                break
+            os.sched_yield()
+            continue
+        total += checksum(np.frombuffer(mv1, np.uint8))
+        del mv1
+        ring.inc_reader_pos(nbytes)
+        count += 1
+    results.put(count)
+    ring.set_reader_active(False)
+    _quiet_exit(ring, results)
+
+
+def pythusa_writer(name, samples, readers, seconds, ready, results, go, stop, tuning):
+    ring = _ring(name, samples, readers, -1, tuning=tuning)
+    src = np.random.default_rng(1).random(samples, dtype=np.float32)
+    ready.put("writer")
+    go.wait()
+    start = time.perf_counter()
+    end = start + seconds
+    n = 0
+    while True:
+        if ring.write_array(src) == 0:
+            os.sched_yield()
+            continue
+        n += 1
+        if n % 64 == 0 and time.perf_counter() >= end:
+            break
+    stop.set()
+    results.put(("writer", n, time.perf_counter() - start))
+    _quiet_exit(ring, results)
+
+
+def pythusa_latency_reader(name, samples, rounds, ready, results):
+    ring = _ring(name, samples, 1, 0)
+    ring.set_reader_active(True)
+    nbytes = samples * 4
+    ready.put(0)
+    out = []
+    wall, cpu = time.perf_counter(), time.process_time()
+    while len(out) < rounds:
+        mv1, _, size, _ = ring.expose_reader_mem_view(nbytes)
+        if size < nbytes:
+            os.sched_yield()
+            continue
+        got = time.perf_counter_ns()
+        out.append(got - int(np.frombuffer(mv1, np.int64, count=1)[0]))
+        del mv1
+        ring.inc_reader_pos(nbytes)
+    results.put((out, (time.process_time() - cpu) / (time.perf_counter() - wall)))
+    _quiet_exit(ring, results)
+
+
+def pythusa_latency_writer(name, samples, rounds, ready):
+    ring = _ring(name, samples, 1, -1)
+    src = np.ones(samples, np.float32)
+    nbytes = samples * 4
+    ready.put("writer")
+    for _ in range(rounds):
+        time.sleep(0.001)
+        while True:
+            mv1, _, size, _ = ring.expose_writer_mem_view(nbytes)
+            if size == nbytes:
+                break
+            os.sched_yield()
+        frame = np.frombuffer(mv1, np.float32)
+        np.copyto(frame, src)
+        frame.view(np.int64)[0] = time.perf_counter_ns()
+        del frame, mv1
+        ring.inc_writer_pos(nbytes)
+    _quiet_exit(ring, ready)
+
+
+def _quiet_exit(ring, queue):
+    """Exit once what was put is flushed, without pythusa's finalizers,
+    which complain at exit about the views its ring exports."""
+    ring._release_local_views()
+    queue.close()
+    queue.join_thread()
+    sys.stdout.flush()
+    os._exit(0)
+
+
+def _pythusa_ring_owner(samples, readers):
+    name = f"bench_pythusa_{os.getpid()}_{time.monotonic_ns()}"
+    return name, _ring(name, samples, readers, -1, create=True)
+
+
+def run_pythusa(samples, readers, seconds, tuning):
+    ctx = multiprocessing.get_context("forkserver")
+    name, owner = _pythusa_ring_owner(samples, readers)
+    ready, results, go, stop = ctx.Queue(), ctx.Queue(), ctx.Event(), ctx.Event()
+    procs = [ctx.Process(target=pythusa_reader, args=(name, samples, readers, i, ready, results, go, stop))
+             for i in range(readers)]
+    procs.append(ctx.Process(target=pythusa_writer,
+                             args=(name, samples, readers, seconds, ready, results, go, stop, tuning)))
+    try:
+        return _run(procs, ready, results, go)
+    finally:
+        _drop_ring(owner)
+
+
+def latency_pythusa(samples, rounds):
+    ctx = multiprocessing.get_context("forkserver")
+    name, owner = _pythusa_ring_owner(samples, 1)
+    ready, results = ctx.Queue(), ctx.Queue()
+    reader = ctx.Process(target=pythusa_latency_reader, args=(name, samples, rounds, ready, results))
+    reader.start()
+    ready.get()
+    writer = ctx.Process(target=pythusa_latency_writer, args=(name, samples, rounds, ready))
+    writer.start()
+    ready.get()
+    try:
+        out = results.get()
+        for p in (reader, writer):
+            p.join()
+        return out
+    finally:
+        _drop_ring(owner)
+
+
+def _drop_ring(ring):
+    ring._release_local_views()
+    ring.close()
+    ring.unlink()
+
+
+# -- running -----------------------------------------------------------------------
+
+
+def _run(procs, ready, results, go):
+    """Start the processes, wait until all are ready, let them go, and
+    return (frames the writer published, seconds, frames each reader read)."""
+    for p in procs:
+        p.start()
+    for _ in procs:
+        ready.get(timeout=120)
+    go.set()
+    reads, writer = [], None
+    for _ in procs:
+        msg = results.get(timeout=600)
+        if isinstance(msg, tuple):
+            writer = msg
+        else:
+            reads.append(msg)
+    for p in procs:
+        p.join(60)
+    _, published, seconds = writer
+    return published, seconds, reads
+
+
+PEERS = {
+    "zctipc": (run_zctipc, latency_zctipc),
+    "pythusa": (lambda *a: run_pythusa(*a, "defaults"), latency_pythusa),
+    "pythusa tuned": (lambda *a: run_pythusa(*a, "tuned"), None),
+}
+
+
+def pythusa_missing():
+    try:
+        import pythusa  # noqa: F401
+    except ImportError as exc:
+        return f"pythusa is not installed ({exc}); make bench installs it"
+    return None
+
+
+def suite_throughput(args, report):
+    seconds = 0.5 if args.quick else args.seconds
+    rows = []
+    for size, samples in SIZES.items():
+        for readers in READERS:
+            by_peer = {}
+            for peer, (run, _) in PEERS.items():
+                if peer.split()[0] in report["skipped_peers"]:
+                    continue
+                published, elapsed, reads = run(samples, readers, seconds)
+                assert all(r == published for r in reads), f"{peer}: a reader missed frames: {reads} of {published}"
+                nbytes = samples * 4
+                r = {"size": size, "frame_bytes": nbytes, "readers": readers, "peer": peer, "seconds": elapsed,
+                     "frames_per_s": published / elapsed,
+                     "gbit_per_s": readers * published * nbytes * 8 / elapsed / 1e9}
+                print(f"  {size:>7} {readers} readers  {peer:<14} {r['gbit_per_s']:7.1f} Gbit/s "
+                      f"{r['frames_per_s']:10,.0f} frames/s", flush=True)
+                by_peer[peer] = r
+                report["throughput"].append(r)
+            base = by_peer["zctipc"]["gbit_per_s"]
+            for peer, r in by_peer.items():
+                rows.append((size, readers, peer, f"{r['gbit_per_s']:.1f}", f"{r['frames_per_s']:,.0f}",
+                             fmt_ratio(base / r["gbit_per_s"]) if peer != "zctipc" else "1.0x",
+                             f"{100 * r['gbit_per_s'] * 1e9 / 8 / report['memcpy_bytes_per_s']:.0f}%"
+                             if readers == 1 else "-"))
+    return markdown_table(["frame", "readers", "peer", "aggregate Gbit/s", "frames/s", "zctipc is",
+                           "one reader vs memcpy"], rows)
+
+
+def suite_latency(args, report):
+    rounds = 200 if args.quick else 2000
+    samples = SIZES["32 KiB"]
+    rows = []
+    base = None
+    for peer, (_, latency) in PEERS.items():
+        if latency is None or peer in report["skipped_peers"]:
+            continue
+        samples_ns, cpu = latency(samples, rounds)
+        stats = summarize(samples_ns)
+        stats["peer"] = peer
+        stats["reader_cpu"] = cpu
+        report["latency"].append(stats)
+        print(f"  latency {peer:<8} p50 {fmt_us(stats['median_us'])}, p99 {fmt_us(stats['p99_us'])}, "
+              f"reader CPU {cpu:.0%}", flush=True)
+        base = base or stats["median_us"]
+        rows.append((peer, fmt_us(stats["median_us"]), fmt_us(stats["p99_us"]), stats["rounds"],
+                     fmt_ratio(stats["median_us"] / base), f"{cpu:.0%}"))
+    return markdown_table(["peer (32 KiB frames, one in flight, 1 ms apart)", "p50", "p99", "frames",
+                           "p50 vs zctipc", "reader CPU while waiting"], rows)
+
+
+SUITES = {"throughput": suite_throughput, "latency": suite_latency}
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", default=",".join(SUITES))
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--seconds", type=float, default=5.0, help="how long each throughput run writes")
+    parser.add_argument("--json", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "stream.json"))
+    parser.add_argument("--readme")
+    args = parser.parse_args(argv)
+    report = {"benchmark": "stream", "date": now(), "machine": machine(),
+              "versions": versions("zctipc", "numpy", "pythusa"), "throughput": [], "latency": [],
+              "skipped_peers": {}, "tables": {}}
+    missing = pythusa_missing()
+    if missing:
+        print(f"skipping pythusa: {missing}")
+        report["skipped_peers"]["pythusa"] = missing
+    report["memcpy_bytes_per_s"] = memcpy_bandwidth()
+    print(f"  floor: single-core memcpy {report['memcpy_bytes_per_s'] * 8 / 1e9:.1f} Gbit/s", flush=True)
+    for name in args.only.split(","):
+        report["tables"][name] = SUITES[name](args, report)
+    os.makedirs(os.path.dirname(args.json), exist_ok=True)
+    with open(args.json, "w") as f:
+        json.dump(report, f, indent=2)
+    text = render(report)
+    print()
+    print(text)
+    if args.readme:
+        update_readme(args.readme, "bench_stream", text)
+
+
+def render(report):
+    m = report["machine"]
+    v = ", ".join(f"{k} {val}" for k, val in report["versions"].items() if val)
+    parts = [f"Streams, {report['date']}, on {machine_line(m)}; {v}. Single-core memcpy in the same run: "
+             f"{report['memcpy_bytes_per_s'] * 8 / 1e9:.1f} Gbit/s ({report['memcpy_bytes_per_s'] / 1e9:.1f} GB/s)."]
+    for peer, why in report["skipped_peers"].items():
+        parts.append(f"{peer} was skipped: {why}.")
+    for name in ("throughput", "latency"):
+        if name in report["tables"]:
+            parts.append(report["tables"][name])
+    return "\n\n".join(parts)
+
+
+if __name__ == "__main__":
+    main()

@@ -499,6 +499,10 @@ class StreamReader(_Endpoint):
     def __iter__(self):
         return self.frames()
 
+    def torch(self):
+        """Iterate over the frames as zero-copy torch tensors (``frames(torch=True)``)."""
+        return self.frames(torch=True)
+
     def close(self):
         self._pending = False
         super().close()

@@ -11,6 +11,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"github.com/zctipc/zctipc/go/dtype"
+	"github.com/zctipc/zctipc/go/event"
+	"github.com/zctipc/zctipc/go/header"
 	"github.com/zctipc/zctipc/go/stream"
 	"golang.org/x/sys/unix"
 )
@@ -479,4 +481,46 @@ func init() {
 		time.Sleep(time.Hour)
 		return nil
 	}
+}
+
+func TestStreamAttachRefusesACorruptLayout(t *testing.T) {
+	s := mustStream(t, frameConfig(4, 2, stream.Block))
+	d := s.Segment().Data()
+	binary.LittleEndian.PutUint32(d[16:], 1000) // frames: more than the segment holds
+	_, err := stream.Attach(s.Segment().Name())
+	require.ErrorIs(t, err, header.ErrCorrupt)
+	binary.LittleEndian.PutUint32(d[16:], 4)
+	binary.LittleEndian.PutUint32(d[20:], 0) // no reader slots
+	_, err = stream.Attach(s.Segment().Name())
+	require.ErrorIs(t, err, header.ErrCorrupt)
+	binary.LittleEndian.PutUint32(d[20:], 2)
+	other, err := stream.Attach(s.Segment().Name())
+	require.NoError(t, err, "repaired, it attaches")
+	require.NoError(t, other.Close())
+}
+
+func TestEventAcrossGoroutinesAndTimeouts(t *testing.T) {
+	e, err := event.Create("")
+	require.NoError(t, err)
+	defer func() { require.NoError(t, e.Close()) }()
+	require.False(t, e.IsSet())
+	start := time.Now()
+	set, err := e.Wait(time.Now().Add(30 * time.Millisecond))
+	require.NoError(t, err)
+	require.False(t, set)
+	require.GreaterOrEqual(t, time.Since(start), 30*time.Millisecond)
+	other, err := event.Attach(e.Segment().Name())
+	require.NoError(t, err)
+	done := make(chan bool)
+	go func() {
+		ok, _ := other.Wait(time.Time{})
+		done <- ok
+	}()
+	time.Sleep(20 * time.Millisecond)
+	require.NoError(t, e.Set())
+	require.True(t, <-done)
+	require.True(t, other.IsSet())
+	other.Clear()
+	require.False(t, e.IsSet())
+	require.NoError(t, other.Close())
 }

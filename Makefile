@@ -34,9 +34,10 @@ vet:
 
 gotest:
 	$(GO) test -race -count=1 ./...
+	@$(GO) test -count=1 -v -run Cuda ./tests/go | grep -E "no GPU|CUDA unavailable" || true
 
 pytest: install
-	$(PY) -m pytest -q --timeout=600 tests/python
+	$(PY) -m pytest -q -rs --timeout=600 tests/python
 
 test: install vet gotest pytest
 
@@ -51,6 +52,7 @@ bench: install
 	$(PY) benchmarks/bench_handoff.py --readme README.md
 	$(PY) benchmarks/bench_queue.py --readme README.md
 	$(PY) benchmarks/bench_stream.py --readme README.md
+	$(PY) benchmarks/bench_gpu.py --readme README.md
 
 # Fuzz the header decoder, seeded from the golden vectors.
 fuzz:

@@ -35,7 +35,7 @@ import zctipc
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import (fmt_bytes, fmt_ratio, fmt_us, machine, machine_line, markdown_table, now,  # noqa: E402
-                     summarize, update_readme, versions)
+                     summarize, finish, update_readme, versions)
 
 STRIDE = 4096
 SIZES = {"1M": 1 << 20, "100M": 100 << 20, "1G": 1 << 30}
@@ -274,14 +274,7 @@ def main(argv=None):
             report["results"].append(r)
             print(f" median {fmt_us(r['median_us'])}, p99 {fmt_us(r['p99_us'])}", flush=True)
 
-    os.makedirs(os.path.dirname(args.json), exist_ok=True)
-    with open(args.json, "w") as f:
-        json.dump(report, f, indent=2)
-    print()
-    print(render(report))
-    print(f"\nJSON: {args.json}")
-    if args.readme:
-        update_readme(args.readme, "bench_handoff", render(report))
+    finish(report, render(report), args.json, "bench_handoff", args.readme)
 
 
 def render(report):

@@ -15,10 +15,8 @@
 """
 
 import argparse
-import json
 import multiprocessing
 import os
-import statistics
 import sys
 import time
 
@@ -28,7 +26,7 @@ import zctipc
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import (fmt_bytes, fmt_ratio, fmt_us, machine, machine_line, markdown_table, now,  # noqa: E402
-                     summarize, update_readme, versions)
+                     summarize, finish, versions)
 
 MSG = (1, 2, 3, 4, 5)
 GIB = 1 << 30
@@ -315,14 +313,7 @@ def main(argv=None):
               "rate": [], "big": [], "skipped": [], "tables": {}}
     for name in args.only.split(","):
         report["tables"][name] = SUITES[name](args.quick, report)
-    os.makedirs(os.path.dirname(args.json), exist_ok=True)
-    with open(args.json, "w") as f:
-        json.dump(report, f, indent=2)
-    text = render(report)
-    print()
-    print(text)
-    if args.readme:
-        update_readme(args.readme, "bench_queue", text)
+    finish(report, render(report), args.json, "bench_queue", args.readme)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ poll (yielding the CPU between polls, its best case on a busy machine).
 """
 
 import argparse
-import json
 import multiprocessing
 import os
 import sys
@@ -28,7 +27,7 @@ import zctipc
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import (fmt_ratio, fmt_us, machine, machine_line, markdown_table, now, summarize,  # noqa: E402
-                     update_readme, versions)
+                     finish, versions)
 
 FRAMES = 32  # slots in every ring
 SIZES = {"32 KiB": 8192, "1 MiB": 262144}  # float32 samples per frame
@@ -404,14 +403,7 @@ def main(argv=None):
     print(f"  floor: single-core memcpy {report['memcpy_bytes_per_s'] * 8 / 1e9:.1f} Gbit/s", flush=True)
     for name in args.only.split(","):
         report["tables"][name] = SUITES[name](args, report)
-    os.makedirs(os.path.dirname(args.json), exist_ok=True)
-    with open(args.json, "w") as f:
-        json.dump(report, f, indent=2)
-    text = render(report)
-    print()
-    print(text)
-    if args.readme:
-        update_readme(args.readme, "bench_stream", text)
+    finish(report, render(report), args.json, "bench_stream", args.readme)
 
 
 def render(report):

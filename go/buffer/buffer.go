@@ -90,6 +90,15 @@ func Find(addr uintptr, n uint64) (*Ref, uint64, bool, error) {
 	return recorded(&Ref{seg: seg, extra: true}), off, true, nil
 }
 
+// Holders returns how many counts the ref's memory has, in every process:
+// the slot's count, or the segment's.
+func (r *Ref) Holders() (int64, error) {
+	if r.seg == nil {
+		return r.slot.Holders(), nil
+	}
+	return r.seg.Refcount()
+}
+
 // Release gives up the ref's count.
 func (r *Ref) Release() error {
 	r.unrecord()

@@ -112,6 +112,22 @@ func zct_ref_find(addr *C.zct_cvoid, nbytes C.uint64_t, ref *C.zct_handle, offse
 	})
 }
 
+//export zct_ref_holders
+func zct_ref_holders(ref C.zct_handle, count *C.int64_t) C.int {
+	return run(func() error {
+		if count == nil {
+			return errNilArg
+		}
+		r, err := refs.get(uint64(ref))
+		if err != nil {
+			return err
+		}
+		n, err := r.Holders()
+		*count = C.int64_t(n)
+		return err
+	})
+}
+
 //export zct_ref_release
 func zct_ref_release(ref C.zct_handle) C.int {
 	return run(func() error {

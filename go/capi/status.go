@@ -14,6 +14,7 @@ import (
 	"sync/atomic"
 	"unsafe"
 
+	"github.com/zctipc/zctipc/go/cuda"
 	"github.com/zctipc/zctipc/go/daemon"
 	"github.com/zctipc/zctipc/go/dtype"
 	"github.com/zctipc/zctipc/go/futex"
@@ -35,6 +36,8 @@ var statuses = []struct {
 	{errBadHandle, C.ZCT_E_CLOSED},
 	{errRange, C.ZCT_E_RANGE},
 	{daemon.ErrUnavailable, C.ZCT_E_NO_DAEMON},
+	{cuda.ErrUnavailable, C.ZCT_E_NO_CUDA},
+	{cuda.ErrNotShared, C.ZCT_E_NOT_FOUND},
 	{shm.ErrNoBroker, C.ZCT_E_NO_DAEMON},
 	{queue.ErrFull, C.ZCT_E_FULL},
 	{stream.ErrFull, C.ZCT_E_FULL},

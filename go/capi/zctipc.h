@@ -32,7 +32,7 @@ extern "C" {
 
 /* BEGIN CDEF (python/zctipc/_ffi_build.py feeds from here to END CDEF to cffi) */
 
-#define ZCT_ABI_VERSION 3
+#define ZCT_ABI_VERSION 4
 #define ZCT_MAX_NDIM 32
 #define ZCT_NAME_CAP 256
 
@@ -55,6 +55,7 @@ typedef enum zct_status {
     ZCT_E_NO_DAEMON = -15,   /* the cleanup daemon zctipcd cannot be reached (file_descriptor needs it) */
     ZCT_E_BUSY = -16,        /* a stream's writer role, or every reader slot, is held by a live process */
     ZCT_E_ENDED = -17,       /* the stream has ended (a reader: and every frame was read) */
+    ZCT_E_NO_CUDA = -18,     /* no CUDA driver or device here; the message says why */
     ZCT_E_OS = -20,          /* another operating-system error; see zct_last_errno() */
     ZCT_E_INTERNAL = -98,    /* a bug was caught; the library is now poisoned */
     ZCT_E_POISONED = -99     /* an earlier call failed with ZCT_E_INTERNAL */
@@ -227,6 +228,9 @@ int zct_header_decode(const void *buf, uint64_t len, uint64_t file_size, zct_inf
    memory. Otherwise ZCT_E_NOT_FOUND. */
 int zct_ref_find(const void *addr, uint64_t nbytes, zct_handle *ref, uint64_t *offset);
 int zct_ref_release(zct_handle ref);
+/* How many counts the ref's memory has, in every process (a slot's count, or
+   a segment's refcount). */
+int zct_ref_holders(zct_handle ref, int64_t *count);
 /* Turn a segment ref into a segment handle (for SharedTensor); the ref is gone. */
 int zct_ref_segment(zct_handle ref, zct_handle *segment, zct_info *info);
 /* Encode a view of a ref as a descriptor (docs/format.md) into buf. On
@@ -341,6 +345,45 @@ int zct_event_clear(zct_handle event);
 int zct_event_is_set(zct_handle event, int32_t *set);
 /* Wait until the event is set: *set receives 1, or 0 at the timeout. */
 int zct_event_wait(zct_handle event, int64_t timeout_ms, int32_t *set);
+
+/* CUDA device memory. The driver is loaded on first use; without it (or
+   without a device) every call fails with ZCT_E_NO_CUDA. */
+typedef struct zct_cuda_ipc {
+    uint8_t handle[64];              /* cuIpcGetMemHandle of the allocation's base */
+    uint8_t event[64];               /* an interprocess event recorded on the producer's stream; zero: none */
+    uint64_t offset;                 /* of the memory from the allocation's base */
+    uint64_t size;                   /* of the allocation */
+    int32_t device;
+    int32_t reserved;
+} zct_cuda_ipc;
+
+int zct_cuda_devices(int32_t *count, int32_t *driver_version);
+/* Legacy IPC: describe the device memory at ptr, recording an event on
+   stream (0: the default stream). The export holds the event until
+   zct_cuda_ipc_release; the memory stays the caller's. */
+int zct_cuda_ipc_export(uint64_t ptr, uint64_t stream, zct_cuda_ipc *ipc, zct_handle *export_);
+int zct_cuda_ipc_release(zct_handle export_);
+/* The address of described memory here: the allocation is opened once per
+   process (cached), or is this process's own; stream (0: the caller's
+   thread waits) waits for the producer's event. */
+int zct_cuda_ipc_open(const zct_cuda_ipc *ipc, uint64_t stream, uint64_t *ptr);
+int zct_cuda_ipc_close(const zct_cuda_ipc *ipc);
+/* Close cached allocations nothing uses, keeping at most keep open. */
+int zct_cuda_ipc_trim(int32_t keep);
+/* How many allocations this process has opened with cuIpcOpenMemHandle. */
+int zct_cuda_ipc_opens(int64_t *count);
+/* VMM: shareable memory (cuMemCreate with POSIX file-descriptor handles),
+   size rounded up to the device's granularity, mapped here. */
+int zct_cuda_alloc(int32_t device, uint64_t size, zct_handle *alloc, uint64_t *ptr, uint64_t *size_out);
+/* Serve the allocation's file descriptor to this user's processes; *name
+   receives the share name. */
+int zct_cuda_share(zct_handle alloc, char *name, uint64_t cap);
+/* Fetch a shared allocation's descriptor (SCM_RIGHTS) from the process that
+   shares it and map it for device (-1: the device it lives on). */
+int zct_cuda_import(const char *name, int32_t device, zct_handle *alloc, uint64_t *ptr, uint64_t *size,
+                    int32_t *resident);
+/* Unmap and release this process's hold (and stop sharing it). */
+int zct_cuda_free(zct_handle alloc);
 
 /* END CDEF */
 

@@ -63,7 +63,7 @@ func (c *Client) DaemonPID() int64 {
 // connect reaches the daemon, starting it when needed, and says hello. The
 // caller holds c.mu.
 func (c *Client) connect() error {
-	if err := ensureDir(c.dir); err != nil {
+	if err := EnsureDir(c.dir); err != nil {
 		return err
 	}
 	addr := &net.UnixAddr{Name: filepath.Join(c.dir, SocketName), Net: "unixpacket"}

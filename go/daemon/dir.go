@@ -44,13 +44,13 @@ func RuntimeDir() string {
 	return base
 }
 
-// ensureDir makes dir (and a missing parent) mode 0700, or checks that the
+// EnsureDir makes dir (and a missing parent) mode 0700, or checks that the
 // one there is a directory, not a link, of this user, with no permission for
 // group or others: the socket in it is reachable only by the user.
-func ensureDir(dir string) error {
+func EnsureDir(dir string) error {
 	if parent := filepath.Dir(dir); parent != dir {
 		if _, err := os.Lstat(parent); errors.Is(err, os.ErrNotExist) {
-			if err := ensureDir(parent); err != nil {
+			if err := EnsureDir(parent); err != nil {
 				return err
 			}
 		}

@@ -128,7 +128,7 @@ func Serve(opts Options) error {
 	if s.self, err = proc.Self(); err != nil {
 		return err
 	}
-	if err := ensureDir(s.dir); err != nil {
+	if err := EnsureDir(s.dir); err != nil {
 		return err
 	}
 	lockFD, err := lockDir(s.dir)
@@ -451,7 +451,7 @@ func notKept(name string) error {
 // serve answers the requests of one client.
 func (s *Server) serve(c *net.UnixConn) {
 	defer c.Close()
-	peer, err := peerOf(c)
+	peer, err := PeerOf(c)
 	if err != nil {
 		s.log.Printf("refused a connection: %v", err)
 		return
@@ -543,9 +543,9 @@ func (s *Server) reply(c *net.UnixConn, r *Reply, fd int) error {
 	return fdpass.Send(c, b)
 }
 
-// peerOf returns the identity of the process at the other end of c, after
+// PeerOf returns the identity of the process at the other end of c, after
 // checking that it runs as this user.
-func peerOf(c *net.UnixConn) (proc.Identity, error) {
+func PeerOf(c *net.UnixConn) (proc.Identity, error) {
 	raw, err := c.SyscallConn()
 	if err != nil {
 		return proc.Identity{}, err

@@ -231,6 +231,9 @@ func (s Slot) Arena() *Arena { return s.arena }
 // Data returns the bytes of the slot.
 func (s Slot) Data() []byte { return s.arena.SlotData(s.Index) }
 
+// Holders returns the slot's count: how many holders it has, anywhere.
+func (s Slot) Holders() int64 { return atomic.LoadInt64(s.arena.refcount(s.Index)) }
+
 // AddRef adds a count to the slot, which must still be the generation s was
 // made for, and returns a Slot for the new count.
 func (s Slot) AddRef() (Slot, error) {

@@ -24,7 +24,7 @@ multiprocessing``), with forkserver as its start method.
 Importing zctipc loads no native code: the Go library is loaded on first use.
 """
 
-from . import cleanup, context, errors, pipeline, pool, queues, reductions, streams, tensor
+from . import cleanup, context, cuda, errors, pipeline, pool, queues, reductions, streams, tensor
 from .cleanup import *  # noqa: F401,F403
 from .errors import *  # noqa: F401,F403  (each name is in errors.__all__)
 from .pipeline import *  # noqa: F401,F403

@@ -27,7 +27,7 @@ import warnings
 
 from . import errors
 
-ABI_VERSION = 3
+ABI_VERSION = 4
 LIBRARY_ENV = "ZCTIPC_LIBRARY"
 DAEMON_ENV = "ZCTIPC_DAEMON"
 CLEANUP_ENV = "ZCTIPC_CLEANUP"
@@ -252,6 +252,7 @@ E_INTERRUPTED = -14
 E_NO_DAEMON = -15
 E_BUSY = -16
 E_ENDED = -17
+E_NO_CUDA = -18
 
 # Status codes of zctipc.h and the exceptions they become.
 _EXCEPTIONS = {
@@ -271,6 +272,7 @@ _EXCEPTIONS = {
     E_NO_DAEMON: errors.DaemonUnavailable,
     E_BUSY: errors.StreamBusy,
     E_ENDED: errors.StreamEnded,
+    E_NO_CUDA: errors.CudaUnavailable,
     -20: errors.ZctipcOSError,
     -98: errors.LibraryPoisoned,
     -99: errors.LibraryPoisoned,

@@ -20,6 +20,7 @@ __all__ = [
     "ForkedProcessError",
     "LibraryPoisoned",
     "DaemonUnavailable",
+    "CudaUnavailable",
     "StreamBusy",
     "StreamEnded",
     "ZctipcOSError",
@@ -94,6 +95,11 @@ class DaemonUnavailable(ZctipcError, ConnectionError):
     descriptors; under ``file_system`` only crash cleanup waits for the next
     daemon (or ``zctipc gc``).
     """
+
+
+class CudaUnavailable(ZctipcError, RuntimeError):
+    """No CUDA driver or device can be used here; the message says why.
+    Everything but GPU memory works without one."""
 
 
 class StreamBusy(ZctipcError, RuntimeError):

@@ -14,7 +14,6 @@ are bounded by max_bytes, the size of the ring.
 
 import io
 import pickle
-import queue as _queue
 import struct
 import threading
 import time

@@ -30,7 +30,7 @@ from multiprocessing.reduction import ForkingPickler
 import numpy as np
 
 from . import _dtypes, _native, _views
-from .errors import UnsupportedDtype
+from .errors import CudaUnavailable, UnsupportedDtype
 from .pool import _c_strides, alloc
 from .tensor import SharedTensor
 
@@ -329,6 +329,8 @@ class QueuePickler:
 
     def _reduce_tensor(self, t):
         _check_grad(t)
+        if t.device.type == "cuda":
+            return _reduce_cuda(t)
         rv = self._export(t, export_tensor)
         if rv[0] is _rebuild and t.requires_grad:
             return _rebuild, (rv[1][0], True)
@@ -424,8 +426,23 @@ def _fp_reduce_shared(st):
 _torch_fallback = None
 
 
+def _reduce_cuda(t):
+    """A CUDA tensor goes by CUDA IPC (zctipc.cuda); where zctipc cannot
+    reach CUDA, as torch would send it."""
+    from . import cuda
+
+    try:
+        return cuda.reduce_tensor(t)
+    except CudaUnavailable:
+        if _torch_fallback is not None:
+            return _torch_fallback(t)
+        return t.__reduce_ex__(pickle.DEFAULT_PROTOCOL)
+
+
 def _fp_reduce_tensor(t):
     _check_grad(t)
+    if t.device.type == "cuda":
+        return _reduce_cuda(t)
     e = export_tensor(t, copy=False)
     if e is None:
         if _torch_fallback is not None:

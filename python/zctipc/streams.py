@@ -27,7 +27,7 @@ import weakref
 import numpy as np
 
 from . import _dtypes, _native, _views
-from .errors import InvalidArgument, StreamEnded, UnsupportedDtype
+from .errors import InvalidArgument, UnsupportedDtype
 from .pool import wait_slices
 from .tensor import _cname, _is_torch_tensor, _shape_tuple
 

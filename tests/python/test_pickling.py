@@ -4,7 +4,6 @@ descriptor; everything else pickles as before."""
 
 import gc
 import multiprocessing
-import os
 import subprocess
 import sys
 import textwrap

@@ -1,0 +1,105 @@
+"""GPU tensor hand-off, zctipc vs torch.multiprocessing, in one run.
+
+A tensor already on the GPU (64 MiB and 1 GiB, float32 and bfloat16) is put
+in a queue by the producer; the time is until the consumer holds a usable
+tensor (its stream ordered after the producer's work). "first" is the first
+send of a tensor (the consumer opens the allocation); "steady" the median of
+the rest (zctipc's consumer has the allocation cached). Without a GPU the
+benchmark says why and measures nothing.
+
+    python benchmarks/bench_gpu.py [--quick] [--json PATH] [--readme README.md]
+"""
+
+import argparse
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _common import finish, fmt_ratio, fmt_us, machine, machine_line, markdown_table, now, summarize, versions  # noqa: E402
+
+SIZES = {"64 MiB": 64 << 20, "1 GiB": 1 << 30}
+DTYPES = ("float32", "bfloat16")
+
+
+def consumer(q, out, rounds):
+    samples = []
+    for _ in range(rounds):
+        sent, t = q.get()  # usable: the current stream is ordered after the producer's work
+        samples.append(time.perf_counter_ns() - sent)
+        del t
+    out.put(samples)
+
+
+def run(peer, nbytes, dtype, rounds):
+    import torch
+
+    if peer == "zctipc":
+        import zctipc
+
+        ctx = zctipc.get_context("spawn")
+        q, out = zctipc.Queue(), zctipc.Queue()
+    else:
+        import torch.multiprocessing as tmp
+
+        ctx = tmp.get_context("spawn")
+        q, out = ctx.Queue(), ctx.Queue()
+    p = ctx.Process(target=consumer, args=(q, out, rounds))
+    p.start()
+    t = torch.ones(nbytes // torch.tensor([], dtype=getattr(torch, dtype)).element_size(), dtype=getattr(torch, dtype),
+                   device="cuda:0")
+    torch.cuda.synchronize()
+    for _ in range(rounds):
+        q.put((time.perf_counter_ns(), t))
+        time.sleep(0.002)
+    samples = out.get()
+    p.join()
+    return samples
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--json", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "gpu.json"))
+    parser.add_argument("--readme")
+    args = parser.parse_args(argv)
+    import torch
+
+    import zctipc
+
+    report = {"benchmark": "gpu", "date": now(), "machine": machine(), "versions": versions("zctipc", "torch"),
+              "rows": [], "skipped": None}
+    reason = zctipc.cuda.unavailable_reason() or (None if torch.cuda.is_available() else "torch sees no CUDA device")
+    rows = []
+    if reason:
+        report["skipped"] = reason
+        print(f"skipping the GPU benchmark: {reason}")
+    else:
+        report["gpu"] = torch.cuda.get_device_name(0)
+        rounds = 20 if args.quick else 200
+        for size, nbytes in SIZES.items():
+            for dtype in DTYPES:
+                by_peer = {}
+                for peer in ("zctipc", "torch.multiprocessing"):
+                    samples = run(peer, nbytes, dtype, rounds)
+                    first, steady = samples[0] / 1e3, summarize(samples[1:])
+                    by_peer[peer] = steady["median_us"]
+                    r = {"size": size, "dtype": dtype, "peer": peer, "first_us": first, **steady}
+                    report["rows"].append(r)
+                    print(f"  {size} {dtype} {peer:<22} first {fmt_us(first)}, steady p50 {fmt_us(steady['median_us'])}, "
+                          f"p99 {fmt_us(steady['p99_us'])}", flush=True)
+                for peer in by_peer:
+                    r = next(x for x in report["rows"] if x["size"] == size and x["dtype"] == dtype and x["peer"] == peer)
+                    rows.append((size, dtype, peer, fmt_us(r["first_us"]), fmt_us(r["median_us"]), fmt_us(r["p99_us"]),
+                                 fmt_ratio(r["median_us"] / by_peer["zctipc"])))
+    head = f"GPU hand-off, {report['date']}, on {machine_line(report['machine'])}"
+    if reason:
+        text = f"{head}: not measured ({reason})."
+    else:
+        text = f"{head}, {report['gpu']}.\n\n" + markdown_table(
+            ["size", "dtype", "peer", "first send", "steady p50", "steady p99", "p50 vs zctipc"], rows)
+    finish(report, text, args.json, "bench_gpu", args.readme)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,140 @@
+// Package cuda shares CUDA device memory between processes, through the
+// CUDA driver, which it loads with dlopen on first use: nothing of CUDA is
+// needed to build it, and on a machine without a driver every call returns
+// an error wrapping ErrUnavailable while the rest of zctipc works.
+//
+// Two routes: legacy IPC (cuIpcGetMemHandle on the base of an allocation,
+// opened with cuIpcOpenMemHandle, with interprocess events so that the
+// consumer waits for the producer's stream work) and the VMM route
+// (cuMemCreate with POSIX file-descriptor handles, exported with
+// cuMemExportToShareableHandle, passed with SCM_RIGHTS, imported and mapped
+// with cuMemImportFromShareableHandle, cuMemAddressReserve, cuMemMap and
+// cuMemSetAccess).
+//
+// Driver calls need a current context: each call runs on a locked OS thread
+// with the device's primary context (the one the CUDA runtime, and so torch,
+// CuPy and JAX, use) made current, and the thread's previous context put
+// back afterwards.
+package cuda
+
+/*
+#cgo LDFLAGS: -ldl
+#include "driver.h"
+*/
+import "C"
+
+import (
+	"errors"
+	"fmt"
+	"runtime"
+	"sync"
+)
+
+// ErrUnavailable means there is no usable CUDA driver or device here.
+var ErrUnavailable = errors.New("CUDA is unavailable")
+
+// Error is a CUDA driver error.
+type Error struct {
+	Call   string
+	Result int
+	Text   string
+}
+
+func (e *Error) Error() string { return fmt.Sprintf("%s: CUDA error %d: %s", e.Call, e.Result, e.Text) }
+
+func check(call string, r C.CUresult) error {
+	if r == 0 {
+		return nil
+	}
+	return &Error{Call: call, Result: int(r), Text: C.GoString(C.zct_cuErrorString(r))}
+}
+
+var (
+	loadOnce sync.Once
+	loadErr  error
+	devices  int
+	version  int
+)
+
+// load opens the driver and initializes it, once per process.
+func load() error {
+	loadOnce.Do(func() {
+		if why := C.zct_cuda_load(); why != nil {
+			loadErr = fmt.Errorf("%w: %s", ErrUnavailable, C.GoString(why))
+			return
+		}
+		if err := check("cuInit", C.zct_cuInit()); err != nil {
+			loadErr = fmt.Errorf("%w: %w", ErrUnavailable, err)
+			return
+		}
+		var v, n C.int
+		if err := errors.Join(check("cuDriverGetVersion", C.zct_cuDriverGetVersion(&v)),
+			check("cuDeviceGetCount", C.zct_cuDeviceGetCount(&n))); err != nil {
+			loadErr = fmt.Errorf("%w: %w", ErrUnavailable, err)
+			return
+		}
+		if n == 0 {
+			loadErr = fmt.Errorf("%w: the driver sees no device", ErrUnavailable)
+			return
+		}
+		version, devices = int(v), int(n)
+	})
+	return loadErr
+}
+
+// Available returns nil when CUDA can be used here, else an error wrapping
+// ErrUnavailable that says why.
+func Available() error { return load() }
+
+// Devices returns the number of CUDA devices.
+func Devices() (int, error) {
+	if err := load(); err != nil {
+		return 0, err
+	}
+	return devices, nil
+}
+
+// DriverVersion returns the driver's CUDA version (12040 for 12.4).
+func DriverVersion() (int, error) {
+	if err := load(); err != nil {
+		return 0, err
+	}
+	return version, nil
+}
+
+var (
+	ctxMu    sync.Mutex
+	contexts = map[int]C.CUcontext{}
+)
+
+// onDevice runs fn on a locked OS thread with the primary context of device
+// ordinal current, and puts the thread's context back afterwards.
+func onDevice(ordinal int, fn func() error) error {
+	if err := load(); err != nil {
+		return err
+	}
+	if ordinal < 0 || ordinal >= devices {
+		return fmt.Errorf("CUDA device %d: there are %d: %w", ordinal, devices, ErrUnavailable)
+	}
+	ctxMu.Lock()
+	ctx, ok := contexts[ordinal]
+	if !ok {
+		if err := check("cuDevicePrimaryCtxRetain", C.zct_cuPrimaryCtx(C.int(ordinal), &ctx)); err != nil {
+			ctxMu.Unlock()
+			return err
+		}
+		contexts[ordinal] = ctx
+	}
+	ctxMu.Unlock()
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	var prev C.CUcontext
+	if err := check("cuCtxGetCurrent", C.zct_cuCtxGetCurrent(&prev)); err != nil {
+		return err
+	}
+	if err := check("cuCtxSetCurrent", C.zct_cuCtxSetCurrent(ctx)); err != nil {
+		return err
+	}
+	err := fn()
+	return errors.Join(err, check("cuCtxSetCurrent", C.zct_cuCtxSetCurrent(prev)))
+}

@@ -1,0 +1,194 @@
+package cuda
+
+/*
+#include "driver.h"
+*/
+import "C"
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"unsafe"
+)
+
+// HandleSize is the size of a CUDA IPC memory or event handle.
+const HandleSize = 64
+
+// Export describes device memory shared by legacy IPC: the handle of the
+// allocation that holds it, where the memory lies in that allocation, and
+// the event recorded after the producer's stream work.
+type Export struct {
+	Device int
+	Handle [HandleSize]byte // cuIpcGetMemHandle of the allocation's base
+	Offset uint64           // of the memory from the allocation's base
+	Size   uint64           // of the allocation
+	Event  [HandleSize]byte // an interprocess event, recorded on the producer's stream
+	event  uintptr
+}
+
+var (
+	ipcMu sync.Mutex
+	// exported maps the handles this process made to the bases they name:
+	// a process never opens its own handle (CUDA refuses it), it uses the
+	// memory it has.
+	exported = map[[HandleSize]byte]uint64{}
+	// opened caches the allocations this process opened, so that each is
+	// opened once however often it is received.
+	opened = map[[HandleSize]byte]*openAllocation{}
+	// events caches opened interprocess events.
+	events = map[[HandleSize]byte]uintptr{}
+	// opens counts cuIpcOpenMemHandle calls.
+	opens int
+)
+
+// OpenCount returns how many allocations this process opened with
+// cuIpcOpenMemHandle.
+func OpenCount() int {
+	ipcMu.Lock()
+	defer ipcMu.Unlock()
+	return opens
+}
+
+type openAllocation struct {
+	base   uint64
+	device int
+	users  int
+}
+
+// ExportMemory makes an Export of the device memory at ptr, recording an
+// event on stream (0: the legacy default stream) that a consumer waits on
+// before it reads.
+func ExportMemory(ptr, stream uint64) (*Export, error) {
+	if err := load(); err != nil {
+		return nil, err
+	}
+	var ordinal C.int
+	if err := check("cuPointerGetAttribute(DEVICE_ORDINAL)", C.zct_cuPointerDevice(C.CUdeviceptr(ptr), &ordinal)); err != nil {
+		return nil, fmt.Errorf("%#x is not device memory: %w", ptr, err)
+	}
+	e := &Export{Device: int(ordinal)}
+	err := onDevice(e.Device, func() error {
+		var base C.CUdeviceptr
+		var size C.size_t
+		if err := check("cuMemGetAddressRange", C.zct_cuAddressRange(C.CUdeviceptr(ptr), &base, &size)); err != nil {
+			return err
+		}
+		if err := check("cuIpcGetMemHandle", C.zct_cuIpcGetMemHandle(base, unsafe.Pointer(&e.Handle[0]))); err != nil {
+			return err
+		}
+		e.Offset, e.Size = ptr-uint64(base), uint64(size)
+		var ev C.uintptr_t
+		if err := check("cuEventRecord", C.zct_cuEventRecordShared(C.uintptr_t(stream), unsafe.Pointer(&e.Event[0]), &ev)); err != nil {
+			return err
+		}
+		e.event = uintptr(ev)
+		ipcMu.Lock()
+		exported[e.Handle] = uint64(base)
+		ipcMu.Unlock()
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return e, nil
+}
+
+// Release destroys the export's event; the memory is the producer's to free.
+func (e *Export) Release() error {
+	if e.event == 0 {
+		return nil
+	}
+	ev := e.event
+	e.event = 0
+	return onDevice(e.Device, func() error { return check("cuEventDestroy", C.zct_cuEventDestroy(C.uintptr_t(ev))) })
+}
+
+// Open returns the address of the memory an Export describes in this
+// process, opening its allocation the first time (cached afterwards), and
+// makes stream (0: the legacy default stream) wait for the producer's event.
+// Close gives the use back.
+func Open(handle [HandleSize]byte, offset uint64, device int, event [HandleSize]byte, stream uint64) (uint64, error) {
+	var ptr uint64
+	err := onDevice(device, func() error {
+		ipcMu.Lock()
+		defer ipcMu.Unlock()
+		if base, ok := exported[handle]; ok {
+			ptr = base + offset // our own: same process, same memory
+		} else {
+			a := opened[handle]
+			if a == nil {
+				var base C.CUdeviceptr
+				if err := check("cuIpcOpenMemHandle", C.zct_cuIpcOpenMemHandle(unsafe.Pointer(&handle[0]), &base)); err != nil {
+					return err
+				}
+				opens++
+				a = &openAllocation{base: uint64(base), device: device}
+				opened[handle] = a
+			}
+			a.users++
+			ptr = a.base + offset
+		}
+		return waitEvent(event, stream)
+	})
+	return ptr, err
+}
+
+// waitEvent makes stream wait for an interprocess event. The caller holds
+// ipcMu and the device's context.
+func waitEvent(handle [HandleSize]byte, stream uint64) error {
+	if handle == ([HandleSize]byte{}) {
+		return nil
+	}
+	ev, ok := events[handle]
+	if !ok {
+		var e C.uintptr_t
+		if err := check("cuIpcOpenEventHandle", C.zct_cuIpcOpenEvent(unsafe.Pointer(&handle[0]), &e)); err != nil {
+			return err
+		}
+		ev = uintptr(e)
+		events[handle] = ev
+	}
+	if stream == 0 {
+		return check("cuEventSynchronize", C.zct_cuEventSynchronize(C.uintptr_t(ev)))
+	}
+	return check("cuStreamWaitEvent", C.zct_cuStreamWaitEvent(C.uintptr_t(stream), C.uintptr_t(ev)))
+}
+
+// Close gives back one use of an allocation opened by Open. The allocation
+// stays open (and cached) until Forget: the same producer allocation is
+// usually received again.
+func Close(handle [HandleSize]byte) error {
+	ipcMu.Lock()
+	defer ipcMu.Unlock()
+	if a := opened[handle]; a != nil && a.users > 0 {
+		a.users--
+	}
+	return nil
+}
+
+// Forget closes cached allocations that no view uses, keeping at most keep
+// of them open.
+func Forget(keep int) error {
+	ipcMu.Lock()
+	var idle []*openAllocation
+	var keys [][HandleSize]byte
+	for h, a := range opened {
+		if a.users == 0 {
+			idle, keys = append(idle, a), append(keys, h)
+		}
+	}
+	ipcMu.Unlock()
+	var errs []error
+	for i := keep; i < len(idle); i++ {
+		a := idle[i]
+		err := onDevice(a.device, func() error {
+			return check("cuIpcCloseMemHandle", C.zct_cuIpcCloseMemHandle(C.CUdeviceptr(a.base)))
+		})
+		ipcMu.Lock()
+		delete(opened, keys[i])
+		ipcMu.Unlock()
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}

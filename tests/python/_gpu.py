@@ -1,0 +1,53 @@
+"""Producers and consumers of CUDA tensors for the GPU tests, each run in a
+process of its own."""
+
+import os
+import sys
+import time
+
+import torch
+
+import zctipc
+
+
+def produce(q, back, layouts):
+    """Make tensors with CUDA kernels and send them, with what they hold."""
+    for dtype, device, how in layouts:
+        base = torch.arange(4096, device=device, dtype=torch.float32).mul_(3).add_(1).to(getattr(torch, dtype))
+        t = {"contiguous": base, "offset": base[17:], "strided": base.view(64, 64).t()}[how]
+        q.put((dtype, device, how, t))
+        q.put(t.cpu())
+    back.get(timeout=120)  # the consumer has checked everything
+
+
+def receive_same_tensor(q, n, out):
+    got = 0
+    for _ in range(n):
+        t = q.get()
+        got += int(t[0].item() == 7)
+        del t
+    out.put((got, zctipc.cuda.ipc_opens()))
+
+
+def hold_and_wait(q, out):
+    t = q.get()
+    torch.cuda.synchronize()
+    out.put(float(t.sum().item()))
+    time.sleep(3600)
+
+
+def send_and_exit(q, done):
+    t = torch.full((1024,), 2.0, device="cuda:0")
+    q.put(t)
+    done.get(timeout=120)  # the receiver holds it
+    sys.stderr.flush()
+
+
+def add_to_vmm(q, out):
+    ct = q.get()
+    t = ct.torch()
+    out.put(float(t.sum().item()))
+    t.add_(1)
+    torch.cuda.synchronize()
+    out.put("written")
+    os._exit(0)

@@ -9,7 +9,6 @@ import (
 	"unsafe"
 
 	"github.com/zctipc/zctipc/go/cuda"
-	"golang.org/x/sys/unix"
 )
 
 var (
@@ -45,12 +44,12 @@ func ipcHandle(p *[64]C.uint8_t) *[cuda.HandleSize]byte {
 }
 
 //export zct_cuda_ipc_export
-func zct_cuda_ipc_export(ptr, stream C.uint64_t, ipc *C.zct_cuda_ipc, out *C.zct_handle) C.int {
+func zct_cuda_ipc_export(device C.int32_t, ptr, stream C.uint64_t, ipc *C.zct_cuda_ipc, out *C.zct_handle) C.int {
 	return run(func() error {
 		if ipc == nil || out == nil {
 			return errNilArg
 		}
-		e, err := cuda.ExportMemory(uint64(ptr), uint64(stream))
+		e, err := cuda.ExportMemory(int(device), uint64(ptr), uint64(stream))
 		if err != nil {
 			return err
 		}
@@ -60,6 +59,17 @@ func zct_cuda_ipc_export(ptr, stream C.uint64_t, ipc *C.zct_cuda_ipc, out *C.zct
 		ipc.offset, ipc.size, ipc.device = C.uint64_t(e.Offset), C.uint64_t(e.Size), C.int32_t(e.Device)
 		*out = C.zct_handle(cudaExports.put(e))
 		return nil
+	})
+}
+
+//export zct_cuda_ipc_record
+func zct_cuda_ipc_record(h C.zct_handle, stream C.uint64_t) C.int {
+	return run(func() error {
+		e, err := cudaExports.get(uint64(h))
+		if err != nil {
+			return err
+		}
+		return e.Record(uint64(stream))
 	})
 }
 
@@ -151,21 +161,12 @@ func zct_cuda_import(name *C.zct_cchar, device C.int32_t, out *C.zct_handle, ptr
 		if name == nil || out == nil || ptr == nil || size == nil || resident == nil {
 			return errNilArg
 		}
-		fd, n, dev, err := cuda.Fetch(goString(name))
-		if err != nil {
-			return err
-		}
-		defer unix.Close(fd)
-		mapping := int(device)
-		if mapping < 0 {
-			mapping = dev
-		}
-		a, err := cuda.Import(fd, n, dev, mapping)
+		a, err := cuda.ImportShared(goString(name), int(device))
 		if err != nil {
 			return err
 		}
 		*out = C.zct_handle(cudaAllocs.put(&sharedAllocation{Allocation: a}))
-		*ptr, *size, *resident = C.uint64_t(a.Ptr), C.uint64_t(a.Size), C.int32_t(dev)
+		*ptr, *size, *resident = C.uint64_t(a.Ptr), C.uint64_t(a.Size), C.int32_t(a.Resident)
 		return nil
 	})
 }

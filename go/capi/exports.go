@@ -20,6 +20,7 @@ import (
 	"strings"
 	"unsafe"
 
+	"github.com/zctipc/zctipc/go/cuda"
 	"github.com/zctipc/zctipc/go/daemon"
 	"github.com/zctipc/zctipc/go/dtype"
 	"github.com/zctipc/zctipc/go/header"
@@ -216,7 +217,7 @@ func zct_release_all(count *C.int64_t) C.int {
 	return run(func() error {
 		rerr := releaseRefs() // first: slots pin arenas that ReleaseAll lets go
 		n, err := shm.ReleaseAll()
-		err = errors.Join(rerr, err)
+		err = errors.Join(rerr, err, cuda.StopSharing())
 		if count != nil {
 			*count = C.int64_t(n)
 		}

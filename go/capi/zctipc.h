@@ -56,6 +56,7 @@ typedef enum zct_status {
     ZCT_E_BUSY = -16,        /* a stream's writer role, or every reader slot, is held by a live process */
     ZCT_E_ENDED = -17,       /* the stream has ended (a reader: and every frame was read) */
     ZCT_E_NO_CUDA = -18,     /* no CUDA driver or device here; the message says why */
+    ZCT_E_CUDA = -19,        /* the CUDA driver refused a call; the message names it and the CUresult */
     ZCT_E_OS = -20,          /* another operating-system error; see zct_last_errno() */
     ZCT_E_INTERNAL = -98,    /* a bug was caught; the library is now poisoned */
     ZCT_E_POISONED = -99     /* an earlier call failed with ZCT_E_INTERNAL */
@@ -358,14 +359,16 @@ typedef struct zct_cuda_ipc {
 } zct_cuda_ipc;
 
 int zct_cuda_devices(int32_t *count, int32_t *driver_version);
-/* Legacy IPC: describe the device memory at ptr, recording an event on
-   stream (0: the default stream). The export holds the event until
-   zct_cuda_ipc_release; the memory stays the caller's. */
-int zct_cuda_ipc_export(uint64_t ptr, uint64_t stream, zct_cuda_ipc *ipc, zct_handle *export_);
+/* Legacy IPC: describe the device memory at ptr on device, with an event
+   recorded on stream (0: the legacy default stream). The export holds the
+   event until zct_cuda_ipc_release; the memory stays the caller's.
+   zct_cuda_ipc_record records the event again for another send. */
+int zct_cuda_ipc_export(int32_t device, uint64_t ptr, uint64_t stream, zct_cuda_ipc *ipc, zct_handle *export_);
+int zct_cuda_ipc_record(zct_handle export_, uint64_t stream);
 int zct_cuda_ipc_release(zct_handle export_);
 /* The address of described memory here: the allocation is opened once per
-   process (cached), or is this process's own; stream (0: the caller's
-   thread waits) waits for the producer's event. */
+   process (cached), or is this process's own; stream (0: the legacy default
+   stream) is made to wait for the producer's event, on the GPU. */
 int zct_cuda_ipc_open(const zct_cuda_ipc *ipc, uint64_t stream, uint64_t *ptr);
 int zct_cuda_ipc_close(const zct_cuda_ipc *ipc);
 /* Close cached allocations nothing uses, keeping at most keep open. */

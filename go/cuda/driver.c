@@ -21,7 +21,6 @@ static struct {
 	CUresult (*EventCreate)(CUevent *, unsigned int);
 	CUresult (*EventRecord)(CUevent, CUstream);
 	CUresult (*EventDestroy)(CUevent);
-	CUresult (*EventSynchronize)(CUevent);
 	CUresult (*IpcGetEventHandle)(CUipcEventHandle *, CUevent);
 	CUresult (*IpcOpenEventHandle)(CUevent *, CUipcEventHandle);
 	CUresult (*StreamWaitEvent)(CUstream, CUevent, unsigned int);
@@ -39,8 +38,8 @@ static struct {
 
 // zct_cuda_load opens the driver and finds every entry point; it returns
 // NULL, or what went wrong.
-const char *zct_cuda_load(void) {
-	void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+const char *zct_cuda_load(const char *path) {
+	void *lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
 	if (lib == NULL) {
 		return dlerror();
 	}
@@ -61,7 +60,6 @@ const char *zct_cuda_load(void) {
 	SYM(EventCreate, "cuEventCreate")
 	SYM(EventRecord, "cuEventRecord")
 	SYM(EventDestroy, "cuEventDestroy_v2")
-	SYM(EventSynchronize, "cuEventSynchronize")
 	SYM(IpcGetEventHandle, "cuIpcGetEventHandle")
 	SYM(IpcOpenEventHandle, "cuIpcOpenEventHandle")
 	SYM(StreamWaitEvent, "cuStreamWaitEvent")
@@ -109,17 +107,18 @@ CUresult zct_cuIpcOpenMemHandle(const void *h, CUdeviceptr *p) {
 	return cu.IpcOpenMemHandle(p, handle, 1); // CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS
 }
 CUresult zct_cuIpcCloseMemHandle(CUdeviceptr p) { return cu.IpcCloseMemHandle(p); }
-CUresult zct_cuEventRecordShared(uintptr_t stream, void *out, uintptr_t *event) {
+CUresult zct_cuEventCreateShared(void *out, uintptr_t *event) {
 	CUevent ev;
 	CUresult r = cu.EventCreate(&ev, 2 | 4); // CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS
 	if (r != 0) return r;
-	if ((r = cu.EventRecord(ev, (CUstream)stream)) != 0 || (r = cu.IpcGetEventHandle((CUipcEventHandle *)out, ev)) != 0) {
+	if ((r = cu.IpcGetEventHandle((CUipcEventHandle *)out, ev)) != 0) {
 		cu.EventDestroy(ev);
 		return r;
 	}
 	*event = (uintptr_t)ev;
 	return 0;
 }
+CUresult zct_cuEventRecord(uintptr_t ev, uintptr_t stream) { return cu.EventRecord((CUevent)ev, (CUstream)stream); }
 CUresult zct_cuEventDestroy(uintptr_t ev) { return cu.EventDestroy((CUevent)ev); }
 CUresult zct_cuIpcOpenEvent(const void *h, uintptr_t *event) {
 	CUipcEventHandle handle;
@@ -132,7 +131,6 @@ CUresult zct_cuIpcOpenEvent(const void *h, uintptr_t *event) {
 CUresult zct_cuStreamWaitEvent(uintptr_t stream, uintptr_t ev) {
 	return cu.StreamWaitEvent((CUstream)stream, (CUevent)ev, 0);
 }
-CUresult zct_cuEventSynchronize(uintptr_t ev) { return cu.EventSynchronize((CUevent)ev); }
 
 static CUmemAllocationProp zct_prop(int ordinal) {
 	CUmemAllocationProp p;

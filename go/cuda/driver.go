@@ -19,6 +19,7 @@ package cuda
 
 /*
 #cgo LDFLAGS: -ldl
+#include <stdlib.h>
 #include "driver.h"
 */
 import "C"
@@ -26,12 +27,22 @@ import "C"
 import (
 	"errors"
 	"fmt"
+	"os"
 	"runtime"
 	"sync"
+	"unsafe"
 )
 
 // ErrUnavailable means there is no usable CUDA driver or device here.
 var ErrUnavailable = errors.New("CUDA is unavailable")
+
+// LibraryEnv names the environment variable that makes the package load
+// another driver library than libcuda.so.1 (the tests' stand-in on machines
+// without a GPU). It is read once, on first use.
+const LibraryEnv = "ZCTIPC_CUDA_LIBRARY"
+
+// ErrDriver is wrapped by every error the CUDA driver returned (an *Error).
+var ErrDriver = errors.New("CUDA driver error")
 
 // Error is a CUDA driver error.
 type Error struct {
@@ -41,6 +52,9 @@ type Error struct {
 }
 
 func (e *Error) Error() string { return fmt.Sprintf("%s: CUDA error %d: %s", e.Call, e.Result, e.Text) }
+
+// Unwrap makes every *Error an ErrDriver.
+func (e *Error) Unwrap() error { return ErrDriver }
 
 func check(call string, r C.CUresult) error {
 	if r == 0 {
@@ -59,7 +73,13 @@ var (
 // load opens the driver and initializes it, once per process.
 func load() error {
 	loadOnce.Do(func() {
-		if why := C.zct_cuda_load(); why != nil {
+		path := os.Getenv(LibraryEnv)
+		if path == "" {
+			path = "libcuda.so.1"
+		}
+		cpath := C.CString(path)
+		defer C.free(unsafe.Pointer(cpath))
+		if why := C.zct_cuda_load(cpath); why != nil {
 			loadErr = fmt.Errorf("%w: %s", ErrUnavailable, C.GoString(why))
 			return
 		}

@@ -35,9 +35,9 @@ typedef struct {
 typedef struct { CUmemLocation location; int flags; } CUmemAccessDesc;
 
 
-/* zct_cuda_load opens libcuda.so.1 and finds every entry point: NULL, or
-   what went wrong. */
-const char *zct_cuda_load(void);
+/* zct_cuda_load opens the driver at path and finds every entry point: NULL,
+   or what went wrong. */
+const char *zct_cuda_load(const char *path);
 const char *zct_cuErrorString(CUresult r);
 CUresult zct_cuInit(void);
 CUresult zct_cuDriverGetVersion(int *v);
@@ -50,11 +50,11 @@ CUresult zct_cuAddressRange(CUdeviceptr p, CUdeviceptr *base, size_t *size);
 CUresult zct_cuIpcGetMemHandle(CUdeviceptr p, void *out);
 CUresult zct_cuIpcOpenMemHandle(const void *h, CUdeviceptr *p);
 CUresult zct_cuIpcCloseMemHandle(CUdeviceptr p);
-CUresult zct_cuEventRecordShared(uintptr_t stream, void *out, uintptr_t *event);
+CUresult zct_cuEventCreateShared(void *out, uintptr_t *event);
+CUresult zct_cuEventRecord(uintptr_t ev, uintptr_t stream);
 CUresult zct_cuEventDestroy(uintptr_t ev);
 CUresult zct_cuIpcOpenEvent(const void *h, uintptr_t *event);
 CUresult zct_cuStreamWaitEvent(uintptr_t stream, uintptr_t ev);
-CUresult zct_cuEventSynchronize(uintptr_t ev);
 CUresult zct_cuGranularity(int ordinal, size_t *g);
 CUresult zct_cuMemCreate(int ordinal, size_t size, CUmemGenericAllocationHandle *h);
 CUresult zct_cuMemRelease(CUmemGenericAllocationHandle h);

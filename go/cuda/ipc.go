@@ -10,6 +10,8 @@ import (
 	"fmt"
 	"sync"
 	"unsafe"
+
+	"golang.org/x/sys/unix"
 )
 
 // HandleSize is the size of a CUDA IPC memory or event handle.
@@ -56,33 +58,30 @@ type openAllocation struct {
 	users  int
 }
 
-// ExportMemory makes an Export of the device memory at ptr, recording an
-// event on stream (0: the legacy default stream) that a consumer waits on
-// before it reads.
-func ExportMemory(ptr, stream uint64) (*Export, error) {
-	if err := load(); err != nil {
-		return nil, err
-	}
-	var ordinal C.int
-	if err := check("cuPointerGetAttribute(DEVICE_ORDINAL)", C.zct_cuPointerDevice(C.CUdeviceptr(ptr), &ordinal)); err != nil {
-		return nil, fmt.Errorf("%#x is not device memory: %w", ptr, err)
-	}
-	e := &Export{Device: int(ordinal)}
-	err := onDevice(e.Device, func() error {
+// ExportMemory makes an Export of the device memory at ptr on device
+// ordinal, with an interprocess event recorded on stream (0: the legacy
+// default stream) that a consumer waits on before it reads. Record records
+// the event again for a later send.
+func ExportMemory(ordinal int, ptr, stream uint64) (*Export, error) {
+	e := &Export{Device: ordinal}
+	err := onDevice(ordinal, func() error {
 		var base C.CUdeviceptr
 		var size C.size_t
 		if err := check("cuMemGetAddressRange", C.zct_cuAddressRange(C.CUdeviceptr(ptr), &base, &size)); err != nil {
-			return err
+			return fmt.Errorf("%#x is not device memory of device %d: %w", ptr, ordinal, err)
 		}
 		if err := check("cuIpcGetMemHandle", C.zct_cuIpcGetMemHandle(base, unsafe.Pointer(&e.Handle[0]))); err != nil {
 			return err
 		}
 		e.Offset, e.Size = ptr-uint64(base), uint64(size)
 		var ev C.uintptr_t
-		if err := check("cuEventRecord", C.zct_cuEventRecordShared(C.uintptr_t(stream), unsafe.Pointer(&e.Event[0]), &ev)); err != nil {
+		if err := check("cuEventCreate", C.zct_cuEventCreateShared(unsafe.Pointer(&e.Event[0]), &ev)); err != nil {
 			return err
 		}
 		e.event = uintptr(ev)
+		if err := check("cuEventRecord", C.zct_cuEventRecord(ev, C.uintptr_t(stream))); err != nil {
+			return errors.Join(err, check("cuEventDestroy", C.zct_cuEventDestroy(ev)))
+		}
 		ipcMu.Lock()
 		exported[e.Handle] = uint64(base)
 		ipcMu.Unlock()
@@ -94,8 +93,23 @@ func ExportMemory(ptr, stream uint64) (*Export, error) {
 	return e, nil
 }
 
+// Record records the export's event on stream again, for another send of
+// the same memory: a consumer that waits on it then waits for the work
+// queued before this send (or later; never less).
+func (e *Export) Record(stream uint64) error {
+	if e.event == 0 {
+		return fmt.Errorf("the export was released: %w", unix.EINVAL)
+	}
+	return onDevice(e.Device, func() error {
+		return check("cuEventRecord", C.zct_cuEventRecord(C.uintptr_t(e.event), C.uintptr_t(stream)))
+	})
+}
+
 // Release destroys the export's event; the memory is the producer's to free.
 func (e *Export) Release() error {
+	ipcMu.Lock()
+	delete(exported, e.Handle)
+	ipcMu.Unlock()
 	if e.event == 0 {
 		return nil
 	}
@@ -106,7 +120,8 @@ func (e *Export) Release() error {
 
 // Open returns the address of the memory an Export describes in this
 // process, opening its allocation the first time (cached afterwards), and
-// makes stream (0: the legacy default stream) wait for the producer's event.
+// makes stream (0: the legacy default stream) wait for the producer's event
+// (queued on the GPU: the caller does not block).
 // Close gives the use back.
 func Open(handle [HandleSize]byte, offset uint64, device int, event [HandleSize]byte, stream uint64) (uint64, error) {
 	var ptr uint64
@@ -114,22 +129,25 @@ func Open(handle [HandleSize]byte, offset uint64, device int, event [HandleSize]
 		ipcMu.Lock()
 		defer ipcMu.Unlock()
 		if base, ok := exported[handle]; ok {
-			ptr = base + offset // our own: same process, same memory
-		} else {
-			a := opened[handle]
-			if a == nil {
-				var base C.CUdeviceptr
-				if err := check("cuIpcOpenMemHandle", C.zct_cuIpcOpenMemHandle(unsafe.Pointer(&handle[0]), &base)); err != nil {
-					return err
-				}
-				opens++
-				a = &openAllocation{base: uint64(base), device: device}
-				opened[handle] = a
-			}
-			a.users++
-			ptr = a.base + offset
+			ptr = base + offset // our own: same process, same memory, ordered by the caller's streams
+			return nil
 		}
-		return waitEvent(event, stream)
+		a := opened[handle]
+		if a == nil {
+			var base C.CUdeviceptr
+			if err := check("cuIpcOpenMemHandle", C.zct_cuIpcOpenMemHandle(unsafe.Pointer(&handle[0]), &base)); err != nil {
+				return err
+			}
+			opens++
+			a = &openAllocation{base: uint64(base), device: device}
+			opened[handle] = a
+		}
+		if err := waitEvent(event, stream); err != nil {
+			return err
+		}
+		a.users++
+		ptr = a.base + offset
+		return nil
 	})
 	return ptr, err
 }
@@ -148,9 +166,6 @@ func waitEvent(handle [HandleSize]byte, stream uint64) error {
 		}
 		ev = uintptr(e)
 		events[handle] = ev
-	}
-	if stream == 0 {
-		return check("cuEventSynchronize", C.zct_cuEventSynchronize(C.uintptr_t(ev)))
 	}
 	return check("cuStreamWaitEvent", C.zct_cuStreamWaitEvent(C.uintptr_t(stream), C.uintptr_t(ev)))
 }

@@ -73,6 +73,26 @@ func Unshare(name string) {
 	}
 }
 
+// StopSharing closes this process's socket and removes it (the process is
+// about to exit); allocations already fetched stay valid.
+func StopSharing() error {
+	serveMu.Lock()
+	defer serveMu.Unlock()
+	if serving == nil {
+		return nil
+	}
+	s := serving
+	serving = nil
+	return errors.Join(s.ln.Close(), ignoreMissing(os.Remove(s.path)))
+}
+
+func ignoreMissing(err error) error {
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	return err
+}
+
 func startServer() (*server, error) {
 	serveMu.Lock()
 	defer serveMu.Unlock()
@@ -177,4 +197,18 @@ func Fetch(name string) (fd int, size uint64, resident int, err error) {
 		return -1, 0, 0, fmt.Errorf("a malformed reply %q for %s: %w", reply, name, fdpass.ErrRejected)
 	}
 	return fds[0], size, resident, nil
+}
+
+// ImportShared fetches the allocation shared as name and maps it for device
+// mapping here (negative: the device it lives on).
+func ImportShared(name string, mapping int) (*Allocation, error) {
+	fd, size, resident, err := Fetch(name)
+	if err != nil {
+		return nil, err
+	}
+	defer unix.Close(fd)
+	if mapping < 0 {
+		mapping = resident
+	}
+	return Import(fd, size, resident, mapping)
 }

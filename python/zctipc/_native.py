@@ -253,6 +253,7 @@ E_NO_DAEMON = -15
 E_BUSY = -16
 E_ENDED = -17
 E_NO_CUDA = -18
+E_CUDA = -19
 
 # Status codes of zctipc.h and the exceptions they become.
 _EXCEPTIONS = {
@@ -273,6 +274,7 @@ _EXCEPTIONS = {
     E_BUSY: errors.StreamBusy,
     E_ENDED: errors.StreamEnded,
     E_NO_CUDA: errors.CudaUnavailable,
+    E_CUDA: errors.CudaError,
     -20: errors.ZctipcOSError,
     -98: errors.LibraryPoisoned,
     -99: errors.LibraryPoisoned,

@@ -234,11 +234,12 @@ _SWEEP_EVERY = 64  # sends between sweeps
 
 
 class _Sent:
-    def __init__(self, storage, counter, address):
+    def __init__(self, storage, export, ipc, counter, address):
         self.storage = storage  # keeps the memory alive
+        self.export = export  # the export handle (its event), re-recorded for every send
+        self.ipc = ipc  # the zct_cuda_ipc bytes
         self.counter = counter  # this process's ref on the count slot
         self.address = address  # of the count slot
-        self.exports = []  # export handles (events) to release
 
 
 _sends = 0
@@ -258,8 +259,7 @@ def _sweep(final=False):
         done = [k for k, s in _sent.items() if _holders(s.counter) <= 1]
         for k in done:
             s = _sent.pop(k)
-            for e in s.exports:
-                lib.zct_cuda_ipc_release(e)
+            lib.zct_cuda_ipc_release(s.export)
             lib.zct_ref_release(s.counter)
         left = len(_sent)
     if final and left:
@@ -279,15 +279,26 @@ def _at_exit():
 atexit.register(_at_exit)
 
 
-def _counter_for(storage):
-    """The _Sent record of storage, made on its first send."""
+def _sent_record(t, storage, stream):
+    """The _Sent record of the storage of CUDA tensor t, made on its first
+    send; on a later send its event is recorded again on stream. The caller
+    holds _lock."""
+    from . import pool
+
     key = (storage.data_ptr(), storage.nbytes(), storage._cdata)
     s = _sent.get(key)
-    if s is None:
-        from . import pool
-
+    ffi, lib = _native.ffi(), _native.lib()
+    if s is not None:
+        _native.check(lib.zct_cuda_ipc_record(s.export, stream))
+        return s
+    ipc, export = ffi.new("zct_cuda_ipc *"), ffi.new("zct_handle *")
+    _native.check(lib.zct_cuda_ipc_export(t.device.index, storage.data_ptr(), stream, ipc, export))
+    try:
         ref, address = pool.alloc(8)
-        s = _sent[key] = _Sent(storage, ref, address)
+    except BaseException:
+        lib.zct_cuda_ipc_release(export[0])
+        raise
+    s = _sent[key] = _Sent(storage, export[0], bytes(ffi.buffer(ipc)), ref, address)
     return s
 
 
@@ -314,19 +325,23 @@ def reduce_tensor(t):
     import torch
 
     storage = t.untyped_storage()
-    ffi, lib = _native.ffi(), _native.lib()
-    ipc, export = ffi.new("zct_cuda_ipc *"), ffi.new("zct_handle *")
+    if storage.nbytes() == 0:
+        return _rebuild_empty, (str(t.dtype).removeprefix("torch."), tuple(t.shape), t.device.index)
     stream = torch.cuda.current_stream(t.device).cuda_stream
-    _native.check(lib.zct_cuda_ipc_export(storage.data_ptr(), stream, ipc, export))
     with _lock:
-        s = _counter_for(storage)
-        s.exports.append(export[0])
+        s = _sent_record(t, storage, stream)
         counter = _counter_descriptor(s)
     _sends += 1
     if _sends % _SWEEP_EVERY == 0:
         _sweep()
-    return rebuild_tensor, (bytes(ffi.buffer(ipc)), counter, str(t.dtype).removeprefix("torch."), tuple(t.shape),
-                            tuple(t.stride()), t.storage_offset(), storage.nbytes(), t.requires_grad)
+    return rebuild_tensor, (s.ipc, counter, str(t.dtype).removeprefix("torch."), tuple(t.shape), tuple(t.stride()),
+                            t.storage_offset(), storage.nbytes(), t.requires_grad)
+
+
+def _rebuild_empty(dtype, shape, device):
+    import torch
+
+    return torch.empty(shape, dtype=getattr(torch, dtype), device=f"cuda:{device}")
 
 
 def rebuild_tensor(ipc_bytes, counter, dtype, shape, strides, storage_offset, nbytes, requires_grad=False):

@@ -21,6 +21,7 @@ __all__ = [
     "LibraryPoisoned",
     "DaemonUnavailable",
     "CudaUnavailable",
+    "CudaError",
     "StreamBusy",
     "StreamEnded",
     "ZctipcOSError",
@@ -100,6 +101,11 @@ class DaemonUnavailable(ZctipcError, ConnectionError):
 class CudaUnavailable(ZctipcError, RuntimeError):
     """No CUDA driver or device can be used here; the message says why.
     Everything but GPU memory works without one."""
+
+
+class CudaError(ZctipcError, RuntimeError):
+    """The CUDA driver refused a call; the message names the call and its
+    CUresult."""
 
 
 class StreamBusy(ZctipcError, RuntimeError):

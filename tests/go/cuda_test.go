@@ -1,10 +1,17 @@
 package gotests
 
 import (
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
 	"testing"
+	"unsafe"
 
 	"github.com/stretchr/testify/require"
 	"github.com/zctipc/zctipc/go/cuda"
@@ -33,7 +40,7 @@ func TestCudaAvailabilityIsReportedAndCallsFailClearly(t *testing.T) {
 	require.ErrorIs(t, err, cuda.ErrUnavailable)
 	_, err = cuda.Alloc(0, 1<<20)
 	require.ErrorIs(t, err, cuda.ErrUnavailable)
-	_, err = cuda.ExportMemory(0x7f0000000000, 0)
+	_, err = cuda.ExportMemory(0, 0x7f0000000000, 0)
 	require.ErrorIs(t, err, cuda.ErrUnavailable)
 	_, err = cuda.Granularity(0)
 	require.ErrorIs(t, err, cuda.ErrUnavailable)
@@ -67,12 +74,7 @@ func TestCudaVMMAcrossProcesses(t *testing.T) {
 
 func init() {
 	helpers["cuda-import"] = func(args []string) error {
-		fd, size, resident, err := cuda.Fetch(args[0])
-		if err != nil {
-			return err
-		}
-		defer unix.Close(fd)
-		a, err := cuda.Import(fd, size, resident, resident)
+		a, err := cuda.ImportShared(args[0], -1)
 		if err != nil {
 			return err
 		}
@@ -81,5 +83,158 @@ func init() {
 		}
 		fmt.Fprintf(os.Stdout, "mapped %d\n", a.Size)
 		return a.Free()
+	}
+}
+
+// The stand-in driver of tests/cuda/mockcuda.c, built once per test run:
+// "device memory" is host memory in memfds, so that the CUDA code runs end
+// to end where there is no GPU.
+var (
+	mockOnce sync.Once
+	mockPath string
+	mockErr  error
+)
+
+func mockDriver(t *testing.T) string {
+	t.Helper()
+	mockOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "zctipc-mockcuda-")
+		if err != nil {
+			mockErr = err
+			return
+		}
+		mockPath = filepath.Join(dir, "libcuda.so.1")
+		out, err := exec.Command("gcc", "-shared", "-fPIC", "-O1", "-o", mockPath, "../cuda/mockcuda.c").CombinedOutput()
+		if err != nil {
+			mockErr = fmt.Errorf("build the stand-in driver: %v: %s", err, out)
+		}
+	})
+	require.NoError(t, mockErr)
+	return mockPath
+}
+
+// startMockHelper runs a helper that uses the stand-in driver.
+// hostBytes views "device memory" of the stand-in driver, which is host
+// memory.
+func hostBytes(ptr, n uint64) []byte {
+	return unsafe.Slice((*byte)(unsafe.Add(unsafe.Pointer(nil), uintptr(ptr))), n)
+}
+
+func startMockHelper(t *testing.T, name string, args ...string) *helper {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), helperEnv+"="+name, helperEnv+"_ARGS="+strings.Join(args, "\x1f"),
+		cuda.LibraryEnv+"="+mockDriver(t))
+	return runHelperCmd(t, cmd)
+}
+
+// A VMM allocation is shared by file descriptor: the consumer maps the
+// producer's memory, reads what it wrote, and writes back.
+func TestCudaVMMSharingWithTheStandInDriver(t *testing.T) {
+	producer := startMockHelper(t, "mock-vmm-producer")
+	line := producer.readLine(t)
+	name, sizeText, _ := strings.Cut(line, " ")
+	require.Equal(t, strconv.Itoa(2*64<<10), sizeText, "100 KiB rounded up to the granularity")
+	consumer := startMockHelper(t, "mock-vmm-consumer", name)
+	require.Equal(t, "sum 5050", consumer.readLine(t))
+	consumer.wait(t)
+	producer.send(t, "check")
+	require.Equal(t, "first 42", producer.readLine(t), "the consumer wrote into the producer's memory")
+	producer.wait(t)
+}
+
+// Legacy IPC: the consumer opens the producer's allocation once however
+// often it is sent, and waits on the producer's event each time.
+func TestCudaLegacyIPCWithTheStandInDriver(t *testing.T) {
+	producer := startMockHelper(t, "mock-ipc-producer")
+	export := producer.readLine(t)
+	consumer := startMockHelper(t, "mock-ipc-consumer", export)
+	require.Equal(t, "opens 1 byte 7", consumer.readLine(t))
+	consumer.wait(t)
+	producer.send(t, "done")
+	producer.wait(t)
+}
+
+func init() {
+	helpers["mock-vmm-producer"] = func(args []string) error {
+		a, err := cuda.Alloc(0, 100<<10)
+		if err != nil {
+			return err
+		}
+		mem := hostBytes(a.Ptr, a.Size)
+		for i := range 100 {
+			mem[i] = byte(i + 1)
+		}
+		name, err := a.Share()
+		if err != nil {
+			return err
+		}
+		fmt.Println(name, a.Size)
+		if _, err := stdinLine(); err != nil {
+			return err
+		}
+		fmt.Println("first", mem[0])
+		cuda.Unshare(name)
+		return a.Free()
+	}
+	helpers["mock-vmm-consumer"] = func(args []string) error {
+		a, err := cuda.ImportShared(args[0], -1)
+		if err != nil {
+			return err
+		}
+		mem := hostBytes(a.Ptr, a.Size)
+		sum := 0
+		for _, b := range mem[:100] {
+			sum += int(b)
+		}
+		mem[0] = 42
+		fmt.Println("sum", sum)
+		return a.Free()
+	}
+	helpers["mock-ipc-producer"] = func(args []string) error {
+		a, err := cuda.Alloc(0, 64<<10)
+		if err != nil {
+			return err
+		}
+		hostBytes(a.Ptr, a.Size)[4096] = 7
+		e, err := cuda.ExportMemory(0, a.Ptr+4096, 0)
+		if err != nil {
+			return err
+		}
+		if e.Offset != 4096 || e.Size != a.Size {
+			return fmt.Errorf("export at offset %d of %d bytes", e.Offset, e.Size)
+		}
+		if err := e.Record(0); err != nil {
+			return err
+		}
+		fmt.Println(hex.EncodeToString(e.Handle[:]), e.Offset, hex.EncodeToString(e.Event[:]))
+		if _, err := stdinLine(); err != nil {
+			return err
+		}
+		return errors.Join(e.Release(), a.Free())
+	}
+	helpers["mock-ipc-consumer"] = func(args []string) error {
+		var handleHex, eventHex string
+		var offset uint64
+		if _, err := fmt.Sscan(args[0], &handleHex, &offset, &eventHex); err != nil {
+			return err
+		}
+		var handle, event [cuda.HandleSize]byte
+		hex.Decode(handle[:], []byte(handleHex))
+		hex.Decode(event[:], []byte(eventHex))
+		var ptr uint64
+		for range 1000 {
+			p, err := cuda.Open(handle, offset, 0, event, 0)
+			if err != nil {
+				return err
+			}
+			ptr = p
+			if err := cuda.Close(handle); err != nil {
+				return err
+			}
+		}
+		b := hostBytes(ptr, 1)[0]
+		fmt.Println("opens", cuda.OpenCount(), "byte", b)
+		return cuda.Forget(0)
 	}
 }

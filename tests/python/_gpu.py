@@ -51,3 +51,33 @@ def add_to_vmm(q, out):
     torch.cuda.synchronize()
     out.put("written")
     os._exit(0)
+
+
+# -- with the stand-in driver (tests/cuda/mockcuda.c), whose device memory is
+# host memory: ctypes reads and writes it.
+
+
+def vmm_child(q, back):
+    import ctypes
+
+    ct = q.get(timeout=60)
+    arr = (ctypes.c_int32 * 1000).from_address(ct.data_ptr)
+    back.put((sum(arr), ct.shape, str(ct.dtype), ct.device))
+    arr[0] = -1
+    del arr, ct
+
+
+def ipc_child(q, back, n):
+    import ctypes
+
+    from zctipc import _native
+
+    data = q.get(timeout=60)
+    ffi, lib = _native.ffi(), _native.lib()
+    ipc = ffi.new("zct_cuda_ipc *")
+    ffi.memmove(ipc, data, len(data))
+    ptr = ffi.new("uint64_t *")
+    for _ in range(n):
+        _native.check(lib.zct_cuda_ipc_open(ipc, 0, ptr))
+        _native.check(lib.zct_cuda_ipc_close(ipc))
+    back.put((zctipc.cuda.ipc_opens(), ctypes.c_int32.from_address(ptr[0]).value))

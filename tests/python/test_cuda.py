@@ -17,6 +17,8 @@ from zctipc import cuda
 
 import _gpu
 
+HERE = os.path.dirname(os.path.abspath(__file__))
+MOCK_SOURCE = os.path.join(HERE, "..", "cuda", "mockcuda.c")
 REASON = cuda.unavailable_reason() or (None if torch.cuda.is_available() else "torch sees no CUDA device")
 gpu = pytest.mark.skipif(REASON is not None, reason=f"no GPU: {REASON}")
 
@@ -177,3 +179,87 @@ def test_dlpack_consumers():
         pass
     assert float(torch.from_dlpack(ct).sum()) == 12.0
     print(f"DLPack consumers besides torch: {consumers}")
+
+
+# -- the stand-in driver ------------------------------------------------------
+# tests/cuda/mockcuda.c answers the driver calls zctipc makes with host
+# memory in memfds, so that the whole CUDA path (driver loading, VMM sharing
+# by file descriptor, legacy handles opened once) runs where there is no GPU.
+
+
+@pytest.fixture(scope="module")
+def mock_env(tmp_path_factory):
+    path = tmp_path_factory.mktemp("mockcuda") / "libcuda.so.1"
+    subprocess.run(["gcc", "-shared", "-fPIC", "-O1", "-o", str(path), MOCK_SOURCE], check=True)
+    return dict(os.environ, ZCTIPC_CUDA_LIBRARY=str(path), PYTHONPATH=HERE)
+
+
+def run_with(env, code):
+    out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.split("\n")
+
+
+def test_vmm_memory_travels_by_name_with_the_stand_in_driver(mock_env):
+    lines = run_with(mock_env, """
+        import ctypes, zctipc, _gpu
+        assert zctipc.cuda.is_available() and zctipc.cuda.device_count() == 1
+        ct = zctipc.cuda.empty((1000,), "int32")
+        assert ct.__dlpack_device__() == (2, 0)
+        assert ct.__cuda_array_interface__["typestr"] == "<i4"
+        arr = (ctypes.c_int32 * 1000).from_address(ct.data_ptr)
+        for i in range(1000):
+            arr[i] = i
+        q, back = zctipc.Queue(), zctipc.Queue()
+        p = zctipc.get_context("spawn").Process(target=_gpu.vmm_child, args=(q, back))
+        p.start()
+        q.put(ct)
+        print(back.get(timeout=60))
+        p.join(60)
+        print(p.exitcode, arr[0])
+    """)
+    assert lines[0] == "(499500, (1000,), 'int32', 0)", "the child mapped the same memory"
+    assert lines[1] == "0 -1", "and wrote into it"
+
+
+def test_an_allocation_sent_ten_thousand_times_is_opened_once_with_the_stand_in_driver(mock_env):
+    lines = run_with(mock_env, """
+        import ctypes, zctipc, _gpu
+        from zctipc import _native
+        ffi, lib = _native.ffi(), _native.lib()
+        ct = zctipc.cuda.empty((1000,), "int32")
+        (ctypes.c_int32 * 1000).from_address(ct.data_ptr)[16] = 1234
+        ipc, export = ffi.new("zct_cuda_ipc *"), ffi.new("zct_handle *")
+        _native.check(lib.zct_cuda_ipc_export(0, ct.data_ptr + 64, 0, ipc, export))
+        assert ipc.offset == 64 and ipc.size == 64 << 10
+        q, back = zctipc.Queue(), zctipc.Queue()
+        p = zctipc.get_context("spawn").Process(target=_gpu.ipc_child, args=(q, back, 10000))
+        p.start()
+        q.put(bytes(ffi.buffer(ipc)))
+        print(back.get(timeout=120))
+        p.join(60)
+        _native.check(lib.zct_cuda_ipc_release(export[0]))
+        print(zctipc.cuda.ipc_opens())
+    """)
+    assert lines[0] == "(1, 1234)", "opened once in 10,000 receipts, at the right offset"
+    assert lines[1] == "0", "the producer never opens its own allocation"
+
+
+def test_cuda_errors_from_the_driver_are_clear_with_the_stand_in_driver(mock_env):
+    lines = run_with(mock_env, """
+        import zctipc
+        from zctipc import _native
+        ffi, lib = _native.ffi(), _native.lib()
+        try:
+            zctipc.cuda.empty(4, device=3)
+        except zctipc.CudaUnavailable as e:
+            print("device:", e)
+        ipc, export = ffi.new("zct_cuda_ipc *"), ffi.new("zct_handle *")
+        try:
+            _native.check(lib.zct_cuda_ipc_export(0, 0x1000, 0, ipc, export))
+        except zctipc.CudaError as e:
+            print("pointer:", e)
+    """)
+    assert lines[0] == "device: CUDA device 3: there are 1: CUDA is unavailable"
+    assert lines[1].startswith("pointer: 0x1000 is not device memory of device 0: cuMemGetAddressRange: CUDA error 1")

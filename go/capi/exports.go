@@ -25,14 +25,14 @@ import (
 	"github.com/zctipc/zctipc/go/dtype"
 	"github.com/zctipc/zctipc/go/header"
 	"github.com/zctipc/zctipc/go/shm"
-	"github.com/zctipc/zctipc/go/zctipc"
+	"github.com/zctipc/zctipc/go/version"
 	"golang.org/x/sys/unix"
 )
 
 func main() {}
 
 func init() {
-	C.zct_version_string = C.CString(zctipc.Version) // lives as long as the library
+	C.zct_version_string = C.CString(version.Version) // lives as long as the library
 	// Go copied the environment when the process started; a host such as
 	// Python may have set zctipc's variables since, before loading us.
 	for _, name := range []string{shm.DirEnv, shm.MapCacheEnv, shm.StrategyEnv, shm.StallEnv,

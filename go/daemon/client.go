@@ -16,7 +16,7 @@ import (
 	"github.com/zctipc/zctipc/go/gc"
 	"github.com/zctipc/zctipc/go/ledger"
 	"github.com/zctipc/zctipc/go/shm"
-	"github.com/zctipc/zctipc/go/zctipc"
+	"github.com/zctipc/zctipc/go/version"
 	"golang.org/x/sys/unix"
 )
 
@@ -130,7 +130,7 @@ func (c *Client) start() error {
 
 // hello tells the daemon which ledger to watch. The caller holds c.mu.
 func (c *Client) hello() error {
-	req := Request{Op: OpHello, Version: zctipc.Version}
+	req := Request{Op: OpHello, Version: version.Version}
 	fd := -1
 	if c.led != nil {
 		req.Ledger = c.led.Name()

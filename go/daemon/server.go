@@ -40,7 +40,7 @@ import (
 	"github.com/zctipc/zctipc/go/proc"
 	_ "github.com/zctipc/zctipc/go/queue" // a queue's finalizer, for queues the daemon removes
 	"github.com/zctipc/zctipc/go/shm"
-	"github.com/zctipc/zctipc/go/zctipc"
+	"github.com/zctipc/zctipc/go/version"
 	"golang.org/x/sys/unix"
 )
 
@@ -150,7 +150,7 @@ func Serve(opts Options) error {
 	}
 	shm.SetBroker(s)
 	s.log.Printf("serving %s for segments in %s", s.dir, shm.Dir())
-	s.stats = Status{PID: s.self.PID, Version: zctipc.Version, Dir: s.dir, ShmDir: shm.Dir()}
+	s.stats = Status{PID: s.self.PID, Version: version.Version, Dir: s.dir, ShmDir: shm.Dir()}
 	s.busy = time.Now()
 
 	// Recover: watch the ledgers of live processes that said hello to a
@@ -581,13 +581,13 @@ func (s *Server) handle(peer proc.Identity, req *Request, fd int, hello *[]strin
 	switch req.Op {
 	case OpHello:
 		if req.Ledger == "" { // a client with nothing to watch (zctipc ls)
-			return -1, Reply{Status: &Status{PID: s.self.PID, Version: zctipc.Version}}
+			return -1, Reply{Status: &Status{PID: s.self.PID, Version: version.Version}}
 		}
 		if err := s.hello(peer, req.Ledger, fd); err != nil {
 			return -1, errReply(err)
 		}
 		*hello = append(*hello, req.Ledger)
-		return -1, Reply{Status: &Status{PID: s.self.PID, Version: zctipc.Version}}
+		return -1, Reply{Status: &Status{PID: s.self.PID, Version: version.Version}}
 	case OpPut:
 		return -1, errReply(s.put(peer, req.Name, fd))
 	case OpGet:

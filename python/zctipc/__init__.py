@@ -45,7 +45,7 @@ reductions.init_reductions()
 try:
     from importlib.metadata import PackageNotFoundError, version as _version
 
-    __version__ = _version("zctipc")  # set from go/zctipc/version.go at build time
+    __version__ = _version("zctipc")  # set from go/version/version.go at build time
 except PackageNotFoundError:  # running from a source tree that was never installed
     __version__ = "0+unknown"
 

@@ -109,6 +109,23 @@ class Queue:
         self._pickler = None
         self._finalizer = weakref.finalize(self, _close_handle, handle)
 
+    @classmethod
+    def attach(cls, name):
+        """Open the queue ``name`` that another process made (a Go program,
+        say: zctipc.NewQueue), by its full segment name."""
+        ffi, lib = _native.ffi(), _native.lib()
+        handle = ffi.new("zct_handle *")
+        _native.check(lib.zct_queue_attach(name.encode(), 0, handle))
+        q = cls.__new__(cls)
+        q._setup(handle[0])
+        return q
+
+    @property
+    def name(self):
+        """The queue's full segment name, by which other processes (in any
+        language) attach it."""
+        return self._name
+
     def __repr__(self):
         state = "closed" if self._closed else f"qsize={self._qsize()}"
         return f"<{type(self).__name__} {self._name!r} maxsize={self._maxsize} max_bytes={self._capacity} {state}>"

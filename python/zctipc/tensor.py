@@ -7,13 +7,14 @@ that holds a segment counts once in the refcount in its header, and the last
 process to let go unlinks it from /dev/shm.
 """
 
+import json
 import operator
 from typing import NamedTuple, Optional, Tuple
 
 import numpy as np
 
 from . import _dtypes, _native, _views
-from .errors import HandleClosed, InvalidArgument
+from .errors import CorruptHeader, HandleClosed, InvalidArgument
 
 __all__ = [
     "SharedTensor",
@@ -21,6 +22,7 @@ __all__ = [
     "create_shared_tensor",
     "attach_shared_tensor",
     "share",
+    "attach_ref",
     "list_segments",
     "cleanup_all_segments",
 ]
@@ -131,6 +133,16 @@ class SharedTensor:
         """A CPU torch tensor that is a view of the shared memory (no copy)."""
         arr = _views.ndarray(self._live(), self._nbytes, _dtypes.storage_dtype(self._code), self._shape, self._strides, self._readonly)
         return _views.tensor(arr, self._code, self._readonly)
+
+    def ref(self) -> dict:
+        """The tensor's TensorRef: a JSON-ready description (segment, dtype,
+        shape, strides, offset, bytes, device) that a process in any language
+        attaches the same memory with (Go: zctipc.AttachRef; Python:
+        :func:`attach_ref`)."""
+        self._live()
+        return {"id": self._name.removeprefix("zctipc_"), "segment": self._name, "dtype": self.dtype_name,
+                "shape": list(self._shape), "strides": list(self._strides), "offset": 0, "nbytes": self._nbytes,
+                "device": "cpu"}
 
     def __array__(self, dtype=None, copy=None):
         arr = self.numpy()
@@ -278,6 +290,39 @@ def attach_shared_tensor(name, readonly=False) -> SharedTensor:
     info = ffi.new("zct_info *")
     _native.check(lib.zct_segment_attach(_cname(name), _KIND_TENSOR, 1 if readonly else 0, handle, info))
     return SharedTensor._wrap(handle[0], info)
+
+
+_REF_KEYS = {"segment", "dtype", "shape", "strides", "offset", "nbytes"}
+
+
+def attach_ref(ref, readonly=False, torch=False):
+    """Attach the tensor a TensorRef describes (a dict, or its JSON text, as
+    :meth:`SharedTensor.ref` and Go's ``Tensor.Ref`` make it) and return a
+    NumPy array (a torch tensor with ``torch=True``) over the same memory.
+    The description is checked against the segment."""
+    if isinstance(ref, (str, bytes)):
+        ref = json.loads(ref)
+    if not isinstance(ref, dict) or not _REF_KEYS <= ref.keys():
+        raise InvalidArgument(f"a TensorRef is a dict with {sorted(_REF_KEYS)}, not {ref!r}")
+    if ref.get("device", "cpu") != "cpu":
+        raise InvalidArgument(f"a tensor on device {ref['device']!r}: only cpu tensors live in segments")
+    code = _dtypes.code_of(ref["dtype"])
+    shape, strides = _shape_tuple(ref["shape"]), tuple(ref["strides"])
+    offset, nbytes = ref["offset"], ref["nbytes"]
+    itemsize = _dtypes.storage_dtype(code).itemsize
+    if len(strides) != len(shape) or min(strides, default=0) < 0 or offset < 0 or nbytes < 0:
+        raise InvalidArgument(f"TensorRef strides {strides} do not fit shape {shape}")
+    extent = 0 if 0 in shape else sum((d - 1) * st for d, st in zip(shape, strides)) + itemsize
+    if extent > nbytes:
+        raise InvalidArgument(f"TensorRef of shape {shape} and strides {strides} reaches {extent} bytes, past its {nbytes}")
+    st = attach_shared_tensor(ref["segment"], readonly)
+    if offset + nbytes > st._nbytes:
+        raise CorruptHeader(f"TensorRef: {nbytes} bytes at {offset} do not fit segment {st.name} ({st._nbytes} bytes)")
+    whole = _views.ndarray(st._live(), st._nbytes, np.uint8, (st._nbytes,), (1,), readonly)
+    arr = np.ndarray(shape, dtype=_dtypes.storage_dtype(code), buffer=whole[offset: offset + nbytes], strides=strides)
+    if torch:
+        return _views.tensor(arr, code, readonly)
+    return arr.view(_dtypes.numpy_dtype(code)) if code != _dtypes.BFLOAT16 else arr
 
 
 def share(array):

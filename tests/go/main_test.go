@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -46,6 +47,11 @@ func TestMain(m *testing.M) {
 	stopDaemon(runtimeDir)
 	os.RemoveAll(runtimeDir)
 	removeDaemonBuild()
+	for _, dir := range []string{examplesDir, filepath.Dir(mockPath)} {
+		if dir != "" && dir != "." {
+			os.RemoveAll(dir)
+		}
+	}
 	left, err := os.ReadDir(dir)
 	if err == nil && len(left) > 0 {
 		for _, e := range left {

@@ -1,0 +1,217 @@
+package gotests
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"github.com/zctipc/zctipc/go/zctipc"
+	"golang.org/x/sys/unix"
+)
+
+func TestAPITensorValuesAndRefs(t *testing.T) {
+	x, err := zctipc.NewTensor("", zctipc.Float32, 2, 3)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, x.Close()) }()
+	v, err := zctipc.Values[float32](x)
+	require.NoError(t, err)
+	require.Len(t, v, 6)
+	for i := range v {
+		v[i] = float32(i)
+	}
+	_, err = zctipc.Values[float64](x)
+	require.ErrorIs(t, err, unix.EINVAL, "a float32 tensor is not []float64")
+	require.Equal(t, []int64{2, 3}, x.Shape())
+	require.Equal(t, []int64{12, 4}, x.Strides())
+	require.True(t, x.Contiguous())
+
+	ref, err := x.Ref()
+	require.NoError(t, err)
+	text, err := json.Marshal(ref)
+	require.NoError(t, err)
+	require.Equal(t, `{"id":"`+ref.ID+`","segment":"zctipc_`+ref.ID+`","dtype":"float32","shape":[2,3],"strides":[12,4],`+
+		`"offset":0,"nbytes":24,"device":"cpu"}`, string(text), "the stable JSON form")
+	var back zctipc.TensorRef
+	require.NoError(t, json.Unmarshal(text, &back))
+	y, err := zctipc.AttachRef(back)
+	require.NoError(t, err)
+	w, err := zctipc.Values[float32](y)
+	require.NoError(t, err)
+	require.Equal(t, v, w, "the same memory")
+	n, err := y.Refcount()
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n, "one process, one count")
+	require.NoError(t, y.Close())
+
+	column := back
+	column.Shape, column.Strides, column.Offset, column.NBytes = []int64{2}, []int64{12}, 4, 16
+	c, err := zctipc.AttachRef(column)
+	require.NoError(t, err)
+	require.False(t, c.Contiguous())
+	_, err = zctipc.Values[float32](c)
+	require.ErrorIs(t, err, unix.EINVAL, "a strided view is not a slice")
+	require.NoError(t, c.Close())
+
+	for _, bad := range []zctipc.TensorRef{
+		{Segment: back.Segment, DType: "float32", Shape: []int64{100}, Strides: []int64{4}, NBytes: 400},
+		{Segment: back.Segment, DType: "float32", Shape: []int64{2}, Strides: []int64{4}, NBytes: 8, Device: "cuda:0"},
+		{Segment: back.Segment, DType: "no-such-type", Shape: []int64{2}, Strides: []int64{4}, NBytes: 8},
+		{Segment: back.Segment, DType: "float32", Shape: []int64{3}, Strides: []int64{4}, NBytes: 8},
+	} {
+		_, err := zctipc.AttachRef(bad)
+		require.Error(t, err, "%+v", bad)
+	}
+}
+
+func TestAPIQueueCarriesTensorsAndBytes(t *testing.T) {
+	q, err := zctipc.NewQueue("", 1<<16)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, q.Close()) }()
+	ctx := context.Background()
+	x, err := zctipc.NewTensor("", zctipc.Int64, 4)
+	require.NoError(t, err)
+	v, _ := zctipc.Values[int64](x)
+	copy(v, []int64{1, 2, 3, 4})
+	require.NoError(t, q.PutTensor(ctx, x))
+	require.NoError(t, x.Close(), "the message holds its own count")
+	require.NoError(t, q.PutBytes(ctx, []byte("hello")))
+	m, err := q.Get(ctx)
+	require.NoError(t, err)
+	got, err := zctipc.Values[int64](m.Tensor)
+	require.NoError(t, err)
+	require.Equal(t, []int64{1, 2, 3, 4}, got)
+	require.NoError(t, m.Tensor.Close())
+	m, err = q.Get(ctx)
+	require.NoError(t, err)
+	require.Equal(t, "hello", string(m.Bytes))
+
+	short, cancel := context.WithTimeout(ctx, 30*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	_, err = q.Get(short)
+	require.ErrorIs(t, err, zctipc.ErrEmpty)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.Less(t, time.Since(start), 2*time.Second)
+	cancelled, stop := context.WithCancel(ctx)
+	go func() { time.Sleep(20 * time.Millisecond); stop() }()
+	_, err = q.Get(cancelled)
+	require.ErrorIs(t, err, context.Canceled, "a cancelled context ends a wait")
+}
+
+func TestAPIStream(t *testing.T) {
+	s, err := zctipc.NewStream("", zctipc.StreamConfig{DType: zctipc.Uint8, Shape: []int64{16}, Frames: 4, Readers: 1})
+	require.NoError(t, err)
+	defer func() { require.NoError(t, s.Close()) }()
+	ctx := context.Background()
+	r, err := s.Reader(-1)
+	require.NoError(t, err)
+	w, err := s.Writer()
+	require.NoError(t, err)
+	require.ErrorIs(t, w.Write(ctx, make([]byte, 3)), unix.EINVAL)
+	for i := range 10 {
+		require.NoError(t, w.Write(ctx, []byte(strings.Repeat(string(rune('a'+i)), 16))))
+		dst := make([]byte, 16)
+		require.NoError(t, r.Read(ctx, dst))
+		require.Equal(t, strings.Repeat(string(rune('a'+i)), 16), string(dst))
+	}
+	require.NoError(t, s.End())
+	_, err = r.Look(ctx)
+	require.ErrorIs(t, err, zctipc.ErrEnded)
+	require.EqualValues(t, 10, s.Published())
+	require.NoError(t, r.Close())
+	require.NoError(t, w.Close())
+}
+
+// The examples in go/examples, built and run against each other: a segment
+// by TensorRef, a queue and a stream.
+var (
+	examplesOnce sync.Once
+	examplesDir  string
+	examplesErr  error
+)
+
+func buildExamples(t *testing.T) string {
+	t.Helper()
+	examplesOnce.Do(func() {
+		examplesDir, examplesErr = os.MkdirTemp("", "zctipc-examples-")
+		if examplesErr != nil {
+			return
+		}
+		for _, name := range []string{"producer", "consumer"} {
+			out, err := exec.Command("go", "build", "-o", filepath.Join(examplesDir, name), "../../go/examples/"+name).CombinedOutput()
+			if err != nil {
+				examplesErr = errors.Join(examplesErr, errors.New(string(out)), err)
+			}
+		}
+	})
+	require.NoError(t, examplesErr)
+	return examplesDir
+}
+
+func example(t *testing.T, dir string, args ...string) string {
+	t.Helper()
+	out, err := exec.Command(filepath.Join(dir, args[0]), args[1:]...).Output()
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		t.Fatalf("%v: %v: %s", args, err, ee.Stderr)
+	}
+	require.NoError(t, err)
+	return strings.TrimSpace(string(out))
+}
+
+func TestExamplesHandTensorsToEachOther(t *testing.T) {
+	dir := buildExamples(t)
+	producer := exec.Command(filepath.Join(dir, "producer"), "tensor", "", "1000")
+	stdin, err := producer.StdinPipe()
+	require.NoError(t, err)
+	stdout, err := producer.StdoutPipe()
+	require.NoError(t, err)
+	producer.Stderr = os.Stderr
+	require.NoError(t, producer.Start())
+	ref, err := bufio.NewReader(stdout).ReadString('\n')
+	require.NoError(t, err)
+	require.Equal(t, "sum 249750", example(t, dir, "consumer", "tensor", strings.TrimSpace(ref)), "by TensorRef")
+	require.NoError(t, stdin.Close())
+	require.NoError(t, producer.Wait())
+
+	q, err := zctipc.NewQueue("", 1<<20)
+	require.NoError(t, err)
+	defer q.Close()
+	consumer := exec.Command(filepath.Join(dir, "consumer"), "queue", q.Name())
+	consumer.Stderr = os.Stderr
+	out, err := consumer.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, consumer.Start())
+	require.Empty(t, example(t, dir, "producer", "queue", q.Name(), "1000", "5"))
+	line, err := bufio.NewReader(out).ReadString('\n')
+	require.NoError(t, err)
+	require.Equal(t, "tensors 5 sum 10000\n", line, "through a queue")
+	require.NoError(t, consumer.Wait())
+
+	s, err := zctipc.NewStream("", zctipc.StreamConfig{DType: zctipc.Float32, Shape: []int64{256}, Frames: 8, Readers: 1})
+	require.NoError(t, err)
+	defer s.Close()
+	reader := exec.Command(filepath.Join(dir, "consumer"), "stream", s.Name())
+	reader.Stderr = os.Stderr
+	rout, err := reader.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, reader.Start())
+	lines := bufio.NewReader(rout)
+	joined, err := lines.ReadString('\n')
+	require.NoError(t, err)
+	require.Equal(t, "joined\n", joined)
+	require.Empty(t, example(t, dir, "producer", "stream", s.Name(), "20"))
+	last, err := lines.ReadString('\n')
+	require.NoError(t, err)
+	require.Equal(t, "frames 20 sum 48640 whole true\n", last, "through a stream")
+	require.NoError(t, reader.Wait())
+}

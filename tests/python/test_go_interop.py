@@ -1,0 +1,117 @@
+"""Go programs and Python processes hand each other tensors: the examples of
+go/examples (built here with the Go toolchain) against the Python package,
+through a segment (by TensorRef), a queue and a stream, both ways."""
+
+import json
+import os
+import subprocess
+
+import numpy as np
+import pytest
+
+import zctipc
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+
+
+@pytest.fixture(scope="module")
+def go_bin(tmp_path_factory):
+    out = tmp_path_factory.mktemp("goexamples")
+    for name in ("producer", "consumer"):
+        subprocess.run(["go", "build", "-o", str(out / name), f"./go/examples/{name}"], cwd=ROOT, check=True, timeout=600)
+    return lambda name: str(out / name)
+
+
+def run(go_bin, *args):
+    out = subprocess.run([go_bin(args[0]), *args[1:]], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip()
+
+
+def test_a_go_tensor_is_attached_in_python_by_its_ref(go_bin):
+    p = subprocess.Popen([go_bin("producer"), "tensor", "", "1000"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         text=True)
+    ref = p.stdout.readline()
+    a = zctipc.attach_ref(ref)
+    assert a.dtype == np.float32 and a.shape == (1000,)
+    assert a.sum() == 249750 and a[3] == 1.5
+    assert json.loads(ref)["device"] == "cpu"
+    del a
+    p.stdin.close()
+    assert p.wait(60) == 0
+
+
+def test_a_python_tensor_is_attached_in_go_by_its_ref(go_bin):
+    t = zctipc.create_shared_tensor(data=np.arange(1000, dtype=np.float32) / 2)
+    assert run(go_bin, "consumer", "tensor", json.dumps(t.ref())) == "sum 249750"
+    t.close()
+
+
+def test_go_producer_python_consumer_through_a_queue(go_bin):
+    q = zctipc.Queue()
+    assert run(go_bin, "producer", "queue", q.name, "1000", "5") == ""
+    got = [q.get(timeout=10) for _ in range(6)]
+    for k, a in enumerate(got[:5]):
+        assert isinstance(a, np.ndarray) and a.dtype == np.float32 and a.shape == (1000,)
+        assert (a == k).all()
+        assert zctipc.is_shared(a), "a view of the Go producer's memory"
+    assert got[5] == b"done"
+
+
+def test_python_producer_go_consumer_through_a_queue(go_bin):
+    q = zctipc.Queue()
+    slots = zctipc.pool_stats().slots_in_use
+    consumer = subprocess.Popen([go_bin("consumer"), "queue", q.name], stdout=subprocess.PIPE, text=True)
+    for k in range(3):
+        a = zctipc.empty(1000, np.float32)  # zctipc memory: sent by descriptor
+        a[:] = k
+        q.put(a)
+        del a
+    q.put(np.full(1000, 3, np.float32))  # plain memory: one copy into the pool
+    q.put(np.full((10, 100), 4, np.float32))
+    q.put({"opaque to Go": np.ones(100)})  # a pickle: Go gives up its array's count
+    q.put(b"done")
+    out, _ = consumer.communicate(timeout=120)
+    assert consumer.returncode == 0
+    assert out.strip() == f"tensors 5 sum {sum(k * 1000 for k in range(5))}"
+    assert zctipc.pool_stats().slots_in_use == slots, "the Go consumer gave every count back"
+
+
+def test_go_writer_python_reader_through_a_stream(go_bin):
+    s = zctipc.Stream.create(shape=256, dtype=np.float32, frames=8, readers=1)
+    r = s.reader()
+    writer = subprocess.Popen([go_bin("producer"), "stream", s.name, "20"])
+    got = [(int(f[0]), bool((f == f[0]).all())) for f in r]
+    assert writer.wait(60) == 0
+    assert got == [(k, True) for k in range(20)]
+    r.close()
+
+
+def test_python_writer_go_reader_through_a_stream(go_bin):
+    s = zctipc.Stream.create(shape=256, dtype=np.float32, frames=8, readers=1)
+    reader = subprocess.Popen([go_bin("consumer"), "stream", s.name], stdout=subprocess.PIPE, text=True)
+    assert reader.stdout.readline().strip() == "joined"
+    w = s.writer()
+    for k in range(20):
+        w.write(np.full(256, k, np.float32))
+    s.end()
+    out, _ = reader.communicate(timeout=60)
+    assert reader.returncode == 0
+    assert out.strip() == f"frames 20 sum {256 * sum(range(20))} whole true"
+    w.close()
+
+
+def test_tensor_refs_are_checked(go_bin):
+    t = zctipc.create_shared_tensor(data=np.arange(6, dtype=np.int32))
+    ref = t.ref()
+    with pytest.raises(zctipc.InvalidArgument, match="past its"):
+        zctipc.attach_ref(dict(ref, shape=[7]))
+    with pytest.raises(zctipc.InvalidArgument, match="device"):
+        zctipc.attach_ref(dict(ref, device="cuda:0"))
+    with pytest.raises(zctipc.CorruptHeader, match="do not fit"):
+        zctipc.attach_ref(dict(ref, offset=8))
+    with pytest.raises(zctipc.InvalidArgument, match="TensorRef is a dict"):
+        zctipc.attach_ref({"segment": t.name})
+    view = zctipc.attach_ref(dict(ref, offset=8, shape=[2], strides=[4], nbytes=8))
+    assert view.tolist() == [2, 3]
+    t.close()

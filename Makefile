@@ -18,7 +18,7 @@ install: $(VENV)/.zctipc
 $(VENV)/.deps: constraints.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
-	$(PIP) install --quiet -c constraints.txt setuptools wheel cffi numpy pytest pytest-timeout torch pyarrow
+	$(PIP) install --quiet -c constraints.txt setuptools wheel cffi numpy pytest pytest-timeout torch pyarrow pandas polars
 	touch $@
 
 # The package, installed editable from python/: setup.py builds
@@ -52,6 +52,7 @@ bench: install
 	$(PY) benchmarks/bench_handoff.py --readme README.md
 	$(PY) benchmarks/bench_queue.py --readme README.md
 	$(PY) benchmarks/bench_stream.py --readme README.md
+	$(PY) benchmarks/bench_arrow.py --readme README.md
 	$(PY) benchmarks/bench_gpu.py --readme README.md
 
 # Fuzz the header decoder, seeded from the golden vectors.

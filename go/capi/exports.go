@@ -16,6 +16,7 @@ import "C"
 import (
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"strings"
 	"unsafe"
@@ -72,14 +73,31 @@ func zct_segment_create(name *C.zct_cchar, dt C.int32_t, ndim C.int32_t, shape *
 		if err != nil {
 			return err
 		}
-		seg, err := shm.Create(goString(name), header.KindTensor, dtype.DType(dt), dims)
-		if err != nil {
-			return err
-		}
-		*out = C.zct_handle(segments.put(seg))
-		fillInfo(info, seg.Name(), seg.Header(), seg.Data(), false, seg.Header().SegmentSize())
-		return nil
+		return createSegment(name, header.KindTensor, dtype.DType(dt), dims, out, info)
 	})
+}
+
+//export zct_table_create
+func zct_table_create(name *C.zct_cchar, nbytes C.uint64_t, out *C.zct_handle, info *C.zct_info) C.int {
+	return run(func() error {
+		if out == nil || info == nil {
+			return errNilArg
+		}
+		if nbytes > math.MaxInt64 {
+			return fmt.Errorf("a table of %d bytes: %w", nbytes, unix.EINVAL)
+		}
+		return createSegment(name, header.KindTable, dtype.Uint8, []int64{int64(nbytes)}, out, info)
+	})
+}
+
+func createSegment(name *C.zct_cchar, kind header.Kind, dt dtype.DType, dims []int64, out *C.zct_handle, info *C.zct_info) error {
+	seg, err := shm.Create(goString(name), kind, dt, dims)
+	if err != nil {
+		return err
+	}
+	*out = C.zct_handle(segments.put(seg))
+	fillInfo(info, seg.Name(), seg.Header(), seg.Data(), false, seg.Header().SegmentSize())
+	return nil
 }
 
 //export zct_segment_attach

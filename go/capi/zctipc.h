@@ -165,6 +165,9 @@ int zct_last_errno(void);
    The caller holds one handle and the segment's refcount is 1. */
 int zct_segment_create(const char *name, int32_t dtype, int32_t ndim, const int64_t *shape,
                        zct_handle *out, zct_info *info);
+/* Create a segment of kind ZCT_KIND_TABLE holding nbytes (an Arrow IPC
+   stream, written by the caller), zeroed. */
+int zct_table_create(const char *name, uint64_t nbytes, zct_handle *segment, zct_info *info);
 /* Attach an existing segment of the given kind (ZCT_KIND_ANY: any kind).
    This process counts once in the refcount, however many handles it opens. */
 int zct_segment_attach(const char *name, int32_t kind, int32_t readonly,

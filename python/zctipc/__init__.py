@@ -24,7 +24,8 @@ multiprocessing``), with forkserver as its start method.
 Importing zctipc loads no native code: the Go library is loaded on first use.
 """
 
-from . import cleanup, context, cuda, errors, pipeline, pool, queues, reductions, streams, tensor
+from . import arrow, cleanup, context, cuda, errors, pipeline, pool, queues, reductions, streams, tensor
+from .arrow import *  # noqa: F401,F403
 from .cleanup import *  # noqa: F401,F403
 from .errors import *  # noqa: F401,F403  (each name is in errors.__all__)
 from .pipeline import *  # noqa: F401,F403
@@ -53,5 +54,6 @@ except PackageNotFoundError:  # running from a source tree that was never instal
 list_active_segments = list_segments
 
 __all__ = (tensor.__all__ + pool.__all__ + reductions.__all__ + cleanup.__all__ + streams.__all__ + pipeline.__all__
+           + arrow.__all__
            + ["list_active_segments", "DEFAULT_MAX_BYTES"]
            + context.MULTIPROCESSING_NAMES + errors.__all__)

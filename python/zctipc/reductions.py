@@ -246,15 +246,18 @@ class QueuePickler:
         torch = sys.modules.get("torch")
         if torch is not None:
             table[torch.Tensor] = self._reduce_tensor
+        for t in table_types():
+            table[t] = self._reduce_table
         self.pickler.dispatch_table = table
-        self.has_torch = torch is not None
+        self.modules = _modules()
         self.busy = False
         self.exports = []
         self.block, self.timeout = True, None
 
     def current(self):
-        """Whether this pickler still fits: torch not imported since."""
-        return self.has_torch == ("torch" in sys.modules)
+        """Whether this pickler still fits: no module it knows types of
+        (torch, pyarrow, pandas, polars) imported since."""
+        return self.modules == _modules()
 
     def dumps(self, obj, block=True, timeout=None):
         """(pickle bytes, [Export, ...]). On failure every buffer already
@@ -336,8 +339,28 @@ class QueuePickler:
             return _rebuild, (rv[1][0], True)
         return rv
 
+    def _reduce_table(self, obj):
+        from .arrow import reduce_table
+
+        return reduce_table(obj)
+
     def _reduce_shared(self, st):
         return self._export(st, lambda st, block, timeout: export_shared_tensor(st))
+
+
+_KNOWN_MODULES = ("torch", "pyarrow", "pandas", "polars")
+
+
+def _modules():
+    """Which of the modules whose types zctipc sends its own way are
+    imported."""
+    return tuple(m in sys.modules for m in _KNOWN_MODULES)
+
+
+def table_types():
+    from .arrow import table_types
+
+    return table_types()
 
 
 def _chain(first, rest):
@@ -454,12 +477,22 @@ def _fp_reduce_tensor(t):
 def init_reductions():
     """Register zctipc's reducers with multiprocessing's ForkingPickler: for
     NumPy arrays and SharedTensors now, for torch tensors once torch is
-    imported. Tensors that are not zctipc memory keep the reducer that was
+    imported, and for pyarrow Tables and RecordBatches and pandas and polars
+    DataFrames when their modules are imported (call it again after importing
+    one of them to send its tables through standard channels). Tensors that are not zctipc memory keep the reducer that was
     registered before (torch.multiprocessing's, if imported). zctipc calls
     this at import and whenever it meets torch; calling it again is cheap."""
     ForkingPickler.register(np.ndarray, _fp_reduce_array)
     ForkingPickler.register(SharedTensor, _fp_reduce_shared)
     init_torch_reductions()
+    for t in table_types():
+        ForkingPickler.register(t, _fp_reduce_table)
+
+
+def _fp_reduce_table(obj):
+    from .arrow import reduce_table
+
+    return reduce_table(obj)
 
 
 def init_torch_reductions():

@@ -7,6 +7,9 @@
 //	                            queue QUEUE, then the bytes "done"
 //	producer stream STREAM K    write K frames into stream STREAM (every element of frame k
 //	                            is k), then end it
+//	producer stamped QUEUE N K  put K float32 tensors of N elements, 2 ms apart, each
+//	                            stamped (its first 8 bytes) with the wall-clock time in ns
+//	                            just before the put: a hand-off latency probe
 package main
 
 import (
@@ -18,6 +21,7 @@ import (
 	"math"
 	"os"
 	"strconv"
+	"time"
 
 	"github.com/zctipc/zctipc/go/zctipc"
 )
@@ -94,6 +98,16 @@ func run(args []string) error {
 			}
 		}
 		return q.PutBytes(ctx, []byte("done"))
+	case "stamped":
+		n, err := count(2)
+		if err != nil {
+			return err
+		}
+		k, err := count(3)
+		if err != nil {
+			return err
+		}
+		return stamped(ctx, args[1], n, k)
 	case "stream":
 		k, err := count(2)
 		if err != nil {
@@ -124,4 +138,29 @@ func run(args []string) error {
 		return s.End()
 	}
 	return fmt.Errorf("unknown mode %q", args[0])
+}
+
+func stamped(ctx context.Context, queue string, n, k int) error {
+	q, err := zctipc.AttachQueue(queue)
+	if err != nil {
+		return err
+	}
+	defer q.Close()
+	tensors := make([]*zctipc.Tensor, k)
+	for i := range tensors {
+		if tensors[i], err = zctipc.NewTensor("", zctipc.Float32, int64(n)); err != nil {
+			return err
+		}
+	}
+	for _, t := range tensors {
+		time.Sleep(2 * time.Millisecond)
+		binary.LittleEndian.PutUint64(t.Bytes(), uint64(time.Now().UnixNano()))
+		if err := q.PutTensor(ctx, t); err != nil {
+			return err
+		}
+		if err := t.Close(); err != nil {
+			return err
+		}
+	}
+	return nil
 }

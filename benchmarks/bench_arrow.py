@@ -1,0 +1,215 @@
+"""Arrow tables and Go producers, every peer in one run.
+
+  arrow   a table of 10 float64 columns (1 GiB; 16 MiB with --quick) handed to
+          another process, from the producer's start to a table the consumer
+          can use: zctipc.share_table + attach_table (the handle goes over a
+          Pipe), the Arrow IPC stream written through an OS pipe (pa.ipc), and
+          a pickling multiprocessing.Queue
+  go      a 1 MiB float32 tensor handed over through a zctipc.Queue, wall
+          clock from just before the put to the consumer holding the array:
+          a Go producer (go/examples/producer, built with the Go toolchain)
+          next to a Python producer
+
+    python benchmarks/bench_arrow.py [--only arrow,go] [--quick] [--json PATH] [--readme README.md]
+"""
+
+import argparse
+import multiprocessing
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+import pyarrow as pa
+
+import zctipc
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _common import (finish, fmt_bytes, fmt_ratio, fmt_us, machine, machine_line, markdown_table, now,  # noqa: E402
+                     summarize, versions)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+COLUMNS = 10
+
+
+def make_table(nbytes):
+    rows = nbytes // (8 * COLUMNS)
+    rng = np.random.default_rng(1)
+    return pa.table({f"c{i}": rng.random(rows) for i in range(COLUMNS)})
+
+
+# -- arrow -----------------------------------------------------------------------
+
+
+def consume_handle(conn, out):
+    while True:
+        handle = conn.recv()
+        if handle is None:
+            return
+        t = zctipc.attach_table(handle)
+        out.send((time.perf_counter_ns(), t.num_rows))
+        del t
+
+
+def consume_pipe(reader, out, rounds):
+    with os.fdopen(os.dup(reader.fileno()), "rb") as f:  # the raw pipe beneath the Connection
+        for _ in range(rounds):
+            t = pa.ipc.open_stream(f).read_all()
+            out.send((time.perf_counter_ns(), t.num_rows))
+            del t
+
+
+def consume_queue(q, out, rounds):
+    for _ in range(rounds):
+        t = q.get()
+        out.send((time.perf_counter_ns(), t.num_rows))
+        del t
+
+
+def arrow_rounds(peer, table, rounds):
+    ctx = zctipc.get_context("spawn")
+    out_recv, out_send = ctx.Pipe(duplex=False)
+    samples = []
+    if peer == "zctipc share/attach":
+        conn_recv, conn_send = ctx.Pipe(duplex=False)
+        p = ctx.Process(target=consume_handle, args=(conn_recv, out_send))
+        p.start()
+        for _ in range(rounds):
+            start = time.perf_counter_ns()
+            h = zctipc.share_table(table)
+            conn_send.send(h)
+            done, rows = out_recv.recv()
+            assert rows == table.num_rows
+            samples.append(done - start)
+            h.close()
+        conn_send.send(None)
+    elif peer == "pa.ipc through a pipe":
+        reader, writer = ctx.Pipe(duplex=False)  # an OS pipe, handed to the child
+        p = ctx.Process(target=consume_pipe, args=(reader, out_send, rounds))
+        p.start()
+        reader.close()
+        with os.fdopen(os.dup(writer.fileno()), "wb") as f:
+            for _ in range(rounds):
+                start = time.perf_counter_ns()
+                with pa.ipc.new_stream(f, table.schema) as w:
+                    w.write_table(table)
+                f.flush()
+                done, rows = out_recv.recv()
+                samples.append(done - start)
+        writer.close()
+    else:
+        q = multiprocessing.get_context("spawn").Queue()
+        p = ctx.Process(target=consume_queue, args=(q, out_send, rounds))
+        p.start()
+        for _ in range(rounds):
+            start = time.perf_counter_ns()
+            q.put(table)
+            done, rows = out_recv.recv()
+            samples.append(done - start)
+    p.join()
+    return samples
+
+
+ARROW_PEERS = ("zctipc share/attach", "pa.ipc through a pipe", "multiprocessing.Queue (pickling)")
+
+
+def suite_arrow(args, report):
+    nbytes = (16 << 20) if args.quick else (1 << 30)
+    table = make_table(nbytes)
+    rounds = 3 if args.quick else 5
+    rows, base = [], None
+    for peer in ARROW_PEERS:
+        stats = summarize(arrow_rounds(peer, table, rounds))
+        stats.update(peer=peer, nbytes=table.nbytes)
+        report["arrow"].append(stats)
+        base = base or stats["median_us"]
+        print(f"  arrow {fmt_bytes(table.nbytes)} {peer:<34} median {fmt_us(stats['median_us'])}", flush=True)
+        rows.append((fmt_bytes(table.nbytes), peer, fmt_us(stats["median_us"]), stats["rounds"],
+                     fmt_ratio(stats["median_us"] / base)))
+    return markdown_table(["table (10 float64 columns)", "peer", "median, start to usable table", "rounds", "vs zctipc"],
+                          rows)
+
+
+# -- go ----------------------------------------------------------------------------
+
+
+def python_stamped(q, n, k):
+    bufs = [zctipc.empty(n, np.float32) for _ in range(k)]
+    for b in bufs:
+        time.sleep(0.002)
+        b.view(np.int64)[0] = time.time_ns()
+        q.put(b)
+    bufs.clear()
+
+
+def receive_stamped(q, k):
+    samples = []
+    for _ in range(k):
+        a = q.get()
+        got = time.time_ns()
+        samples.append(got - int(a.view(np.int64)[0]))
+        del a
+    return samples
+
+
+def build_producer():
+    out = os.path.join(tempfile.mkdtemp(prefix="zctipc-bench-"), "producer")
+    subprocess.run(["go", "build", "-o", out, "./go/examples/producer"], cwd=ROOT, check=True)
+    return out
+
+
+def suite_go(args, report):
+    n, k = 1 << 18, (50 if args.quick else 500)
+    rows, base = [], None
+    try:
+        producer = build_producer()
+    except (OSError, subprocess.CalledProcessError) as exc:
+        report["skipped"]["go"] = f"the Go producer could not be built: {exc}"
+        return f"Go producer: skipped ({report['skipped']['go']})"
+    for peer in ("Python producer", "Go producer"):
+        q = zctipc.Queue()
+        if peer == "Go producer":
+            p = subprocess.Popen([producer, "stamped", q.name, str(n), str(k)])
+        else:
+            p = zctipc.get_context("spawn").Process(target=python_stamped, args=(q, n, k))
+            p.start()
+        stats = summarize(receive_stamped(q, k))
+        p.wait() if peer == "Go producer" else p.join()
+        stats["peer"] = peer
+        report["go"].append(stats)
+        base = base or stats["median_us"]
+        print(f"  go {peer:<16} median {fmt_us(stats['median_us'])}, p99 {fmt_us(stats['p99_us'])}", flush=True)
+        rows.append((peer, fmt_us(stats["median_us"]), fmt_us(stats["p99_us"]), stats["rounds"],
+                     fmt_ratio(stats["median_us"] / base)))
+    return markdown_table(["1 MiB float32 tensor to a Python consumer", "median", "p99", "rounds", "vs Python producer"],
+                          rows)
+
+
+SUITES = {"arrow": suite_arrow, "go": suite_go}
+
+
+def render(report):
+    v = ", ".join(f"{k} {val}" for k, val in report["versions"].items() if val)
+    parts = [f"Arrow and Go, {report['date']}, on {machine_line(report['machine'])}; {v}."]
+    parts += [report["tables"][name] for name in SUITES if name in report["tables"]]
+    return "\n\n".join(parts)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", default=",".join(SUITES))
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--json", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "arrow.json"))
+    parser.add_argument("--readme")
+    args = parser.parse_args(argv)
+    report = {"benchmark": "arrow", "date": now(), "machine": machine(), "versions": versions("zctipc", "pyarrow"),
+              "arrow": [], "go": [], "skipped": {}, "tables": {}}
+    for name in args.only.split(","):
+        report["tables"][name] = SUITES[name](args, report)
+    finish(report, render(report), args.json, "bench_arrow", args.readme)
+
+
+if __name__ == "__main__":
+    main()

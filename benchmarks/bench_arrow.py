@@ -2,9 +2,10 @@
 
   arrow   a table of 10 float64 columns (1 GiB; 16 MiB with --quick) handed to
           another process, from the producer's start to a table the consumer
-          can use: zctipc.share_table + attach_table (the handle goes over a
-          Pipe), the Arrow IPC stream written through an OS pipe (pa.ipc), and
-          a pickling multiprocessing.Queue
+          can use: zctipc.share_table + attach_table (a new segment each time;
+          the handle goes over a Pipe), zctipc.Queue (a pool buffer, reused),
+          the Arrow IPC stream written through an OS pipe (pa.ipc), and a
+          pickling multiprocessing.Queue
   go      a 1 MiB float32 tensor handed over through a zctipc.Queue, wall
           clock from just before the put to the consumer holding the array:
           a Go producer (go/examples/producer, built with the Go toolchain)
@@ -85,6 +86,15 @@ def arrow_rounds(peer, table, rounds):
             samples.append(done - start)
             h.close()
         conn_send.send(None)
+    elif peer == "zctipc.Queue":
+        q = zctipc.Queue()
+        p = ctx.Process(target=consume_queue, args=(q, out_send, rounds))
+        p.start()
+        for _ in range(rounds):
+            start = time.perf_counter_ns()
+            q.put(table)  # one IPC stream written into a pool buffer, sent by descriptor
+            done, rows = out_recv.recv()
+            samples.append(done - start)
     elif peer == "pa.ipc through a pipe":
         reader, writer = ctx.Pipe(duplex=False)  # an OS pipe, handed to the child
         p = ctx.Process(target=consume_pipe, args=(reader, out_send, rounds))
@@ -100,19 +110,28 @@ def arrow_rounds(peer, table, rounds):
                 samples.append(done - start)
         writer.close()
     else:
+        # Plain pickling: without the reducer zctipc registers for tables,
+        # which would send this one through shared memory.
+        from multiprocessing.reduction import ForkingPickler
+
+        zctipc_reducer = ForkingPickler._extra_reducers.pop(pa.Table, None)
         q = multiprocessing.get_context("spawn").Queue()
         p = ctx.Process(target=consume_queue, args=(q, out_send, rounds))
         p.start()
-        for _ in range(rounds):
-            start = time.perf_counter_ns()
-            q.put(table)
-            done, rows = out_recv.recv()
-            samples.append(done - start)
+        try:
+            for _ in range(rounds):
+                start = time.perf_counter_ns()
+                q.put(table)
+                done, rows = out_recv.recv()
+                samples.append(done - start)
+        finally:
+            if zctipc_reducer is not None:
+                ForkingPickler.register(pa.Table, zctipc_reducer)
     p.join()
     return samples
 
 
-ARROW_PEERS = ("zctipc share/attach", "pa.ipc through a pipe", "multiprocessing.Queue (pickling)")
+ARROW_PEERS = ("zctipc share/attach", "zctipc.Queue", "pa.ipc through a pipe", "multiprocessing.Queue (pickling)")
 
 
 def suite_arrow(args, report):

@@ -246,6 +246,18 @@ func (f *file) region(readOnly bool) []byte {
 }
 
 func mmap(fd int, size uint64, writable bool) ([]byte, error) {
+	return mmapFlags(fd, size, writable, 0)
+}
+
+// populateIf returns MAP_POPULATE when cond holds.
+func populateIf(cond bool) int {
+	if cond {
+		return unix.MAP_POPULATE
+	}
+	return 0
+}
+
+func mmapFlags(fd int, size uint64, writable bool, flags int) ([]byte, error) {
 	if size > math.MaxInt {
 		return nil, unix.EFBIG
 	}
@@ -253,7 +265,7 @@ func mmap(fd int, size uint64, writable bool) ([]byte, error) {
 	if writable {
 		prot |= unix.PROT_WRITE
 	}
-	return unix.Mmap(fd, 0, int(size), prot, unix.MAP_SHARED)
+	return unix.Mmap(fd, 0, int(size), prot, unix.MAP_SHARED|flags)
 }
 
 func (f *file) unmap() error {

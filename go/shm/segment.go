@@ -268,7 +268,9 @@ func prepare(fd int, name string, hdr *header.Header, reserve uint64) ([]byte, e
 		return nil, err
 	}
 	stall(hdr.Kind, "create-reserve")
-	mem, err := mmap(fd, size, true)
+	// The creator writes the data: its page tables are filled at once when
+	// every page is reserved, rather than one fault per page.
+	mem, err := mmapFlags(fd, size, true, populateIf(reserve >= size))
 	if err != nil {
 		return nil, fmt.Errorf("map segment %q: %w", name, err)
 	}

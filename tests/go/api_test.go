@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -214,4 +215,60 @@ func TestExamplesHandTensorsToEachOther(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "frames 20 sum 48640 whole true\n", last, "through a stream")
 	require.NoError(t, reader.Wait())
+}
+
+func TestAPISharingStrategies(t *testing.T) {
+	require.Equal(t, "file_system", zctipc.SharingStrategy())
+	require.ErrorIs(t, zctipc.SetSharingStrategy("cuda_ipc"), unix.EINVAL)
+	// Under file_descriptor, a Go producer's tensor is a memfd that a Go
+	// consumer gets from the cleanup daemon; nothing is in the segment
+	// directory.
+	producer := startClient(t, "api-fd-producer", nil)
+	name := producer.readLine(t)
+	require.True(t, strings.HasPrefix(name, "zctipc-fd-"), name)
+	consumer := startClient(t, "api-fd-consumer", nil, name)
+	require.Equal(t, "sum 6", consumer.readLine(t))
+	consumer.wait(t)
+	producer.send(t, "done")
+	producer.wait(t)
+}
+
+func init() {
+	helpers["api-fd-producer"] = func(args []string) error {
+		if err := zctipc.EnableCleanup(os.Getenv("ZCTIPC_TEST_DAEMON")); err != nil {
+			return err
+		}
+		if err := zctipc.SetSharingStrategy("file_descriptor"); err != nil {
+			return err
+		}
+		x, err := zctipc.NewTensor("", zctipc.Int32, 4)
+		if err != nil {
+			return err
+		}
+		v, _ := zctipc.Values[int32](x)
+		copy(v, []int32{0, 1, 2, 3})
+		if entries, err := os.ReadDir(os.Getenv("ZCTIPC_SHM_DIR")); err != nil || len(entries) > 1 {
+			return errors.Join(err, errors.New("something besides the ledger is in the segment directory"))
+		}
+		fmt.Println(x.Name())
+		if _, err := stdinLine(); err != nil {
+			return err
+		}
+		return errors.Join(x.Close(), zctipc.DisableCleanup())
+	}
+	helpers["api-fd-consumer"] = func(args []string) error {
+		if err := zctipc.EnableCleanup(os.Getenv("ZCTIPC_TEST_DAEMON")); err != nil {
+			return err
+		}
+		x, err := zctipc.AttachTensor(args[0], true)
+		if err != nil {
+			return err
+		}
+		v, err := zctipc.Values[int32](x)
+		if err != nil {
+			return err
+		}
+		fmt.Println("sum", v[0]+v[1]+v[2]+v[3])
+		return errors.Join(x.Close(), zctipc.DisableCleanup())
+	}
 }

@@ -49,11 +49,8 @@ bench: install
 	$(PIP) install --quiet -c constraints.txt faster-fifo
 	# pythusa declares Python >= 3.12 but runs on 3.11; it is a peer of the stream benchmark only.
 	$(PIP) install --quiet -c constraints.txt --ignore-requires-python pythusa psutil
-	$(PY) benchmarks/bench_handoff.py --readme README.md
-	$(PY) benchmarks/bench_queue.py --readme README.md
-	$(PY) benchmarks/bench_stream.py --readme README.md
-	$(PY) benchmarks/bench_arrow.py --readme README.md
-	$(PY) benchmarks/bench_gpu.py --readme README.md
+	$(PIP) install --quiet -c constraints.txt matplotlib iceoryx2 ray
+	$(PY) -m zctipc bench --out docs/bench --readme README.md
 
 # Fuzz the header decoder, seeded from the golden vectors.
 fuzz:

@@ -135,9 +135,9 @@ ARROW_PEERS = ("zctipc share/attach", "zctipc.Queue", "pa.ipc through a pipe", "
 
 
 def suite_arrow(args, report):
-    nbytes = (16 << 20) if args.quick else (1 << 30)
+    nbytes = (1 << 20) if args.tiny else (16 << 20) if args.quick else (1 << 30)
     table = make_table(nbytes)
-    rounds = 3 if args.quick else 5
+    rounds = 2 if args.tiny else 3 if args.quick else 5
     rows, base = [], None
     for peer in ARROW_PEERS:
         stats = summarize(arrow_rounds(peer, table, rounds))
@@ -180,7 +180,7 @@ def build_producer():
 
 
 def suite_go(args, report):
-    n, k = 1 << 18, (50 if args.quick else 500)
+    n, k = 1 << 18, (10 if args.tiny else 50 if args.quick else 500)
     rows, base = [], None
     try:
         producer = build_producer()
@@ -220,6 +220,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", default=",".join(SUITES))
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--tiny", action="store_true", help="the smallest sizes: checks that every suite runs")
     parser.add_argument("--json", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "arrow.json"))
     parser.add_argument("--readme")
     args = parser.parse_args(argv)

@@ -70,7 +70,6 @@ def main(argv=None):
     report = {"benchmark": "gpu", "date": now(), "machine": machine(), "versions": versions("zctipc", "torch"),
               "rows": [], "skipped": None}
     reason = zctipc.cuda.unavailable_reason() or (None if torch.cuda.is_available() else "torch sees no CUDA device")
-    rows = []
     if reason:
         report["skipped"] = reason
         print(f"skipping the GPU benchmark: {reason}")
@@ -79,26 +78,26 @@ def main(argv=None):
         rounds = 20 if args.quick else 200
         for size, nbytes in SIZES.items():
             for dtype in DTYPES:
-                by_peer = {}
                 for peer in ("zctipc", "torch.multiprocessing"):
                     samples = run(peer, nbytes, dtype, rounds)
-                    first, steady = samples[0] / 1e3, summarize(samples[1:])
-                    by_peer[peer] = steady["median_us"]
-                    r = {"size": size, "dtype": dtype, "peer": peer, "first_us": first, **steady}
+                    r = {"size": size, "dtype": dtype, "peer": peer, "first_us": samples[0] / 1e3, **summarize(samples[1:])}
                     report["rows"].append(r)
-                    print(f"  {size} {dtype} {peer:<22} first {fmt_us(first)}, steady p50 {fmt_us(steady['median_us'])}, "
-                          f"p99 {fmt_us(steady['p99_us'])}", flush=True)
-                for peer in by_peer:
-                    r = next(x for x in report["rows"] if x["size"] == size and x["dtype"] == dtype and x["peer"] == peer)
-                    rows.append((size, dtype, peer, fmt_us(r["first_us"]), fmt_us(r["median_us"]), fmt_us(r["p99_us"]),
-                                 fmt_ratio(r["median_us"] / by_peer["zctipc"])))
+                    print(f"  {size} {dtype} {peer:<22} first {fmt_us(r['first_us'])}, steady p50 "
+                          f"{fmt_us(r['median_us'])}, p99 {fmt_us(r['p99_us'])}", flush=True)
+    finish(report, render(report), args.json, "bench_gpu", args.readme)
+
+
+def render(report):
     head = f"GPU hand-off, {report['date']}, on {machine_line(report['machine'])}"
-    if reason:
-        text = f"{head}: not measured ({reason})."
-    else:
-        text = f"{head}, {report['gpu']}.\n\n" + markdown_table(
-            ["size", "dtype", "peer", "first send", "steady p50", "steady p99", "p50 vs zctipc"], rows)
-    finish(report, text, args.json, "bench_gpu", args.readme)
+    if report["skipped"]:
+        return f"{head}: not measured ({report['skipped']})."
+    rows = []
+    for r in report["rows"]:
+        base = next(x for x in report["rows"] if (x["size"], x["dtype"], x["peer"]) == (r["size"], r["dtype"], "zctipc"))
+        rows.append((r["size"], r["dtype"], r["peer"], fmt_us(r["first_us"]), fmt_us(r["median_us"]), fmt_us(r["p99_us"]),
+                     fmt_ratio(r["median_us"] / base["median_us"])))
+    return f"{head}, {report['gpu']}.\n\n" + markdown_table(
+        ["size", "dtype", "peer", "first send", "steady p50", "steady p99", "p50 vs zctipc"], rows)
 
 
 if __name__ == "__main__":

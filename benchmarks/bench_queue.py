@@ -26,10 +26,12 @@ import zctipc
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import (fmt_bytes, fmt_ratio, fmt_us, machine, machine_line, markdown_table, now,  # noqa: E402
-                     summarize, finish, versions)
+                     summarize, finish, left_out, versions)
 
 MSG = (1, 2, 3, 4, 5)
 GIB = 1 << 30
+BIG = GIB  # the big tensor and the copy-in array; 1 MiB with --tiny
+TINY = False
 
 
 # -- rate ------------------------------------------------------------------
@@ -111,14 +113,15 @@ RATE_PEERS = [("zctipc.Queue", False), ("multiprocessing.Queue", False), ("faste
 
 
 def suite_rate(quick, report):
-    total = 50_000 if quick else 400_000
+    total = 2_000 if TINY else 50_000 if quick else 400_000
     rows = []
     for producers, consumers in ((1, 1), (4, 4)):
         results = {}
         for peer, batched in RATE_PEERS:
-            if peer == "faster-fifo" and not _installed("faster_fifo"):
+            why = left_out("faster-fifo", "faster_fifo") if peer == "faster-fifo" else None
+            if why:
                 if not batched:
-                    report["skipped"].append({"peer": peer, "reason": "faster-fifo is not installed (pip install faster-fifo)"})
+                    report["skipped"].append({"peer": peer, "reason": why})
                 continue
             label = f"{peer} {'put_many/get_many' if batched else 'put/get'}"
             print(f"  rate {producers}/{consumers} {label:<40}", end="", flush=True)
@@ -153,7 +156,7 @@ def big(peer, rounds):
     the consumer: a list of nanoseconds."""
     import torch
 
-    n = GIB // 4
+    n = BIG // 4
     torch_mp = peer.startswith("torch")
     if peer == "zctipc.Queue":
         q, ctx = zctipc.Queue(), zctipc.get_context()
@@ -190,7 +193,7 @@ def big(peer, rounds):
 
 
 def suite_big(quick, report):
-    rounds = 5 if quick else 20
+    rounds = 2 if TINY else 5 if quick else 20
     results = {}
     for peer in ("zctipc.Queue", "torch.multiprocessing.Queue", "multiprocessing.Queue (pickling)"):
         r = rounds if not peer.startswith("multiprocessing") else max(3, rounds // 4)
@@ -200,7 +203,7 @@ def suite_big(quick, report):
     base = results["zctipc.Queue"]["median_us"]
     rows = []
     for peer, r in results.items():
-        report["big"].append({"peer": peer, "bytes": GIB, **r})
+        report["big"].append({"peer": peer, "bytes": BIG, **r})
         rows.append([peer, fmt_us(r["median_us"]), fmt_us(r["p99_us"]), r["rounds"], fmt_ratio(r["median_us"] / base)])
     return rows
 
@@ -217,8 +220,8 @@ def _drain(q, rounds, ctl):
 
 def suite_copy_in(quick, report):
     """put of a plain 1 GiB array into warm pool pages, against np.copyto."""
-    nbytes = (64 << 20) if quick else GIB
-    rounds = 3 if quick else 8
+    nbytes = BIG if TINY else (64 << 20) if quick else GIB
+    rounds = 2 if TINY else 3 if quick else 8
     src = np.random.default_rng(0).integers(0, 255, nbytes, dtype=np.uint8)
     dst = np.empty_like(src)
     np.copyto(dst, src)
@@ -254,7 +257,7 @@ def suite_copy_in(quick, report):
 
 
 def suite_alloc(quick, report):
-    seconds = 0.5 if quick else 2.0
+    seconds = 0.1 if TINY else 0.5 if quick else 2.0
     results = {}
     for peer in ("zctipc.empty (pool)", "create_shared_tensor (a segment each time)"):
         make = (lambda: zctipc.empty((256, 1024), np.float32)) if "pool" in peer else \
@@ -273,18 +276,10 @@ def suite_alloc(quick, report):
     return [[k, f"{v:,.0f}/s", fmt_ratio(base / v)] for k, v in results.items()]
 
 
-def _installed(module):
-    try:
-        __import__(module)
-        return True
-    except ImportError:
-        return False
-
-
 SUITES = {"rate": suite_rate, "big": suite_big, "copy-in": suite_copy_in, "alloc": suite_alloc}
 HEADERS = {
     "rate": ["producers/consumers", "peer and API", "messages per second", "zctipc put/get is", "zctipc at best is"],
-    "big": ["1 GiB tensor, put to usable tensor", "median", "p99", "rounds", "vs zctipc"],
+    "big": ["big tensor, put to usable tensor", "median", "p99", "rounds", "vs zctipc"],
     "copy-in": ["plain array", "operation", "median", "vs np.copyto"],
     "alloc": ["allocation of a 1 MiB float32 array and release", "rate", "zctipc pool is"],
 }
@@ -305,9 +300,13 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", default=",".join(SUITES))
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--tiny", action="store_true", help="the smallest sizes: checks that every suite runs")
     parser.add_argument("--json", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "queue.json"))
     parser.add_argument("--readme")
     args = parser.parse_args(argv)
+    global BIG, TINY
+    TINY = args.tiny
+    BIG = (1 << 20) if TINY else GIB
     report = {"benchmark": "queue", "date": now(), "machine": machine(),
               "versions": versions("zctipc", "numpy", "torch", "faster-fifo"),
               "rate": [], "big": [], "skipped": [], "tables": {}}

@@ -27,7 +27,7 @@ import zctipc
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import (fmt_ratio, fmt_us, machine, machine_line, markdown_table, now, summarize,  # noqa: E402
-                     finish, versions)
+                     finish, left_out, versions)
 
 FRAMES = 32  # slots in every ring
 SIZES = {"32 KiB": 8192, "1 MiB": 262144}  # float32 samples per frame
@@ -323,15 +323,11 @@ PEERS = {
 
 
 def pythusa_missing():
-    try:
-        import pythusa  # noqa: F401
-    except ImportError as exc:
-        return f"pythusa is not installed ({exc}); make bench installs it"
-    return None
+    return left_out("pythusa", "pythusa")
 
 
 def suite_throughput(args, report):
-    seconds = 0.5 if args.quick else args.seconds
+    seconds = 0.1 if args.tiny else 0.5 if args.quick else args.seconds
     rows = []
     for size, samples in SIZES.items():
         for readers in READERS:
@@ -360,7 +356,7 @@ def suite_throughput(args, report):
 
 
 def suite_latency(args, report):
-    rounds = 200 if args.quick else 2000
+    rounds = 20 if args.tiny else 200 if args.quick else 2000
     samples = SIZES["32 KiB"]
     rows = []
     base = None
@@ -388,6 +384,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", default=",".join(SUITES))
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--tiny", action="store_true", help="the smallest runs: checks that every suite runs")
     parser.add_argument("--seconds", type=float, default=5.0, help="how long each throughput run writes")
     parser.add_argument("--json", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "stream.json"))
     parser.add_argument("--readme")

@@ -24,6 +24,10 @@ def main(argv=None):
     gc.add_argument("--json", action="store_true", help="print JSON")
     doctor = sub.add_parser("doctor", help="check this machine's setup for zctipc")
     doctor.add_argument("--json", action="store_true", help="print JSON")
+    sub.add_parser("bench", help="run every benchmark against its peers (zctipc bench --help)", add_help=False)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["bench"]:
+        return _bench(argv[1:])
     args = parser.parse_args(argv)
     # Looking must not start the daemon whose state it reports.
     _native.auto_cleanup = False
@@ -82,6 +86,25 @@ def _doctor(args):
     for w in checks["warnings"]:
         print(f"WARNING: {w}")
     return 0
+
+
+def _bench(argv):
+    """Run benchmarks/run.py of the source tree this package was installed
+    from (the benchmarks need its peers and scripts, not just the library)."""
+    import runpy
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    for root in (os.environ.get("ZCTIPC_BENCHMARKS"), os.path.join(here, "..", "..", "benchmarks"),
+                 os.path.join(os.getcwd(), "benchmarks")):
+        if root and os.path.isfile(os.path.join(root, "run.py")):
+            break
+    else:
+        print("zctipc bench runs the benchmarks of a zctipc source tree: run it in a checkout "
+              "(git clone ...; make bench), or set ZCTIPC_BENCHMARKS to its benchmarks folder", file=sys.stderr)
+        return 2
+    sys.path.insert(0, os.path.abspath(root))
+    run = runpy.run_path(os.path.join(root, "run.py"), run_name="zctipc_bench")
+    return run["main"](argv)
 
 
 def _diagnose():

@@ -1,0 +1,285 @@
+"""Every zctipc benchmark in one run, with the physical floor: `zctipc bench`
+and `make bench` run this.
+
+Suites (each is also a script of its own in this directory):
+
+  handoff   hand-off latency by size and attach latency      bench_handoff.py
+  queue     small-message rates 1/1 and 4/4, a 1 GiB tensor,  bench_queue.py
+            copy-in against np.copyto, pool allocation
+  stream    stream throughput (1, 2, 4 readers) and latency  bench_stream.py
+  arrow     Arrow tables, and Go producers                   bench_arrow.py
+  gpu       GPU tensor hand-off, where a GPU exists          bench_gpu.py
+
+The floor is measured first: the one-way wake latency of a process asleep on
+a futex (two processes, the same kernel path zctipc's blocked calls take) and
+the bandwidth of one core copying memory. Each suite's results are shown as
+ratios to its peers (in its own tables) and to the floor.
+
+Peers that are not installed are skipped with the reason printed;
+ZCTIPC_BENCH_WITHOUT=peer,peer leaves installed ones out the same way.
+
+    python benchmarks/run.py [--quick | --tiny] [--only SUITE,...] [--json PATH] [--out DIR] [--readme README.md]
+"""
+
+import argparse
+import contextlib
+import importlib
+import io
+import json
+import os
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+from _common import (fmt_bytes, fmt_ratio, fmt_us, machine, machine_line, markdown_table, now, summarize,  # noqa: E402
+                     update_readme, versions)
+
+SUITES = ("handoff", "queue", "stream", "arrow", "gpu")
+MODES = ("full", "quick", "tiny")
+PEER_PACKAGES = ("zctipc", "numpy", "torch", "pyarrow", "pandas", "polars", "faster-fifo", "pythusa", "iceoryx2", "ray",
+                 "matplotlib")
+
+
+def suite_argv(suite, mode, json_path):
+    """The command line of a suite's script for a mode."""
+    argv = {
+        "handoff": {"full": [], "quick": ["--sizes", "1M,100M", "--rounds", "10"],
+                    "tiny": ["--sizes", "1M", "--rounds", "2"]},
+        "queue": {"full": [], "quick": ["--quick"], "tiny": ["--tiny"]},
+        "stream": {"full": [], "quick": ["--quick"], "tiny": ["--tiny"]},
+        "arrow": {"full": [], "quick": ["--quick"], "tiny": ["--tiny"]},
+        "gpu": {"full": [], "quick": ["--quick"], "tiny": ["--quick"]},
+    }[suite][mode]
+    return [*argv, "--json", json_path]
+
+
+def expected_cells(suite, mode):
+    """How many result lines a suite prints, for its progress bar."""
+    return {
+        "handoff": {"full": 15, "quick": 10, "tiny": 5},
+        "queue": {"full": 14, "quick": 14, "tiny": 14},
+        "stream": {"full": 20, "quick": 20, "tiny": 20},
+        "arrow": {"full": 6, "quick": 6, "tiny": 6},
+        "gpu": {"full": 8, "quick": 8, "tiny": 8},
+    }[suite][mode]
+
+
+class Progress(io.TextIOBase):
+    """Stands in for stdout while a suite runs: counts the lines it prints
+    and redraws one progress line for the suite on the terminal."""
+
+    def __init__(self, suite, total, out):
+        self.suite, self.total, self.out = suite, max(total, 1), out
+        self.done, self.last, self.partial, self.start = 0, "", "", time.monotonic()
+        self.log = []
+        self.draw()
+
+    def write(self, text):
+        self.partial += text
+        while "\n" in self.partial:
+            line, self.partial = self.partial.split("\n", 1)
+            self.log.append(line)
+            if line.startswith("  ") and line.strip() and not line.strip().startswith("|"):
+                self.done += 1
+                self.last = line.strip()
+            self.draw()
+        return len(text)
+
+    def draw(self, final=False):
+        width = 24
+        filled = min(width, round(width * self.done / self.total)) if not final else width
+        bar = "#" * filled + "." * (width - filled)
+        last = self.last[:70]
+        self.out.write(f"\r{self.suite:<8} [{bar}] {min(self.done, self.total):>3}/{self.total:<3} "
+                       f"{time.monotonic() - self.start:6.1f}s  {last:<70}")
+        if final:
+            self.out.write("\n")
+        self.out.flush()
+
+    def flush(self):
+        pass
+
+
+def run_suite(suite, mode, out_dir, progress_to):
+    """Run a suite's script in this process; return its JSON report."""
+    module = importlib.import_module(f"bench_{suite}")
+    path = os.path.join(out_dir, f"{suite}.json")
+    progress = Progress(suite, expected_cells(suite, mode), progress_to)
+    with contextlib.redirect_stdout(progress):
+        module.main(suite_argv(suite, mode, path))
+    progress.draw(final=True)
+    with open(path) as f:
+        report = json.load(f)
+    report["text"] = module.render(report)
+    return report
+
+
+def floor_rows(report):
+    """Each suite's headline results as ratios to the floor."""
+    wake = report["floor"]["futex_wake"]["median_us"]
+    copy = report["floor"]["memcpy_bytes_per_s"]
+    rows = []
+    suites = report["suites"]
+    for r in suites.get("handoff", {}).get("results", []):
+        rows.append(("handoff", f"{r['peer']}, {fmt_bytes(r['bytes'])}", fmt_us(r["median_us"]), fmt_ratio(r["median_us"] / wake)))
+    for r in suites.get("queue", {}).get("rate", []):
+        per = 1e6 / r["per_second"]
+        rows.append(("queue", f"{r['peer']} {r['producers']}/{r['consumers']}, per message", fmt_us(per),
+                     fmt_ratio(per / wake)))
+    for r in suites.get("stream", {}).get("latency", []):
+        rows.append(("stream", f"{r['peer']}, one frame in flight", fmt_us(r["median_us"]), fmt_ratio(r["median_us"] / wake)))
+    for r in suites.get("stream", {}).get("throughput", []):
+        if r["readers"] == 1:
+            rows.append(("stream", f"{r['peer']}, {r['size']} frames, one reader", f"{r['gbit_per_s']:.1f} Gbit/s",
+                         f"{100 * r['gbit_per_s'] * 1e9 / 8 / copy:.0f}% of memcpy"))
+    for r in suites.get("arrow", {}).get("arrow", []):
+        memcpy_us = r["nbytes"] / copy * 1e6
+        rows.append(("arrow", f"{r['peer']}, {fmt_bytes(r['nbytes'])} table", fmt_us(r["median_us"]),
+                     f"{fmt_ratio(r['median_us'] / memcpy_us)} a memcpy"))
+    for r in suites.get("arrow", {}).get("go", []):
+        rows.append(("arrow", f"{r['peer']}, 1 MiB tensor", fmt_us(r["median_us"]), fmt_ratio(r["median_us"] / wake)))
+    return rows
+
+
+def plots(report, out_dir):
+    """PNG plots of the run: latency against size, and throughput bars.
+    Returns the files written, or a reason for writing none."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as exc:
+        return f"matplotlib is not installed ({exc}); make bench installs it"
+    written = []
+    handoff = report["suites"].get("handoff", {}).get("results", [])
+    if handoff:
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        for peer in dict.fromkeys(r["peer"] for r in handoff):
+            pts = sorted((r["bytes"], r["median_us"]) for r in handoff if r["peer"] == peer)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=peer)
+        ax.axhline(report["floor"]["futex_wake"]["median_us"], color="grey", linestyle="--", label="futex wake (floor)")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("tensor size (bytes)")
+        ax.set_ylabel("hand-off latency, median (us)")
+        ax.set_title("Hand-off latency by size")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        written.append(_save(fig, out_dir, "handoff_latency.png"))
+        plt.close(fig)
+    bars = [(f"{r['peer']} {r['producers']}/{r['consumers']}", r["per_second"] / 1e3)
+            for r in report["suites"].get("queue", {}).get("rate", [])]
+    stream = [(f"{r['peer']} {r['size']} x{r['readers']}", r["gbit_per_s"])
+              for r in report["suites"].get("stream", {}).get("throughput", [])]
+    for name, data, unit in (("queue_rates.png", bars, "thousand messages/s"), ("stream_throughput.png", stream, "Gbit/s")):
+        if not data:
+            continue
+        fig, ax = plt.subplots(figsize=(8, max(3, 0.3 * len(data) + 1)))
+        ax.barh([d[0] for d in data], [d[1] for d in data], color=["tab:blue" if "zctipc" in d[0] else "tab:gray" for d in data])
+        ax.invert_yaxis()
+        ax.set_xlabel(unit)
+        ax.tick_params(axis="y", labelsize=7)
+        fig.tight_layout()
+        written.append(_save(fig, out_dir, name))
+        plt.close(fig)
+    return written
+
+
+def _save(fig, out_dir, name):
+    path = os.path.join(out_dir, name)
+    fig.savefig(path, dpi=110)
+    return path
+
+
+def render(report, out_dir, readme_dir=None):
+    """The Markdown report of the whole run."""
+    floor = report["floor"]
+    lines = [f"zctipc benchmarks ({report['mode']} run), {report['date']}, on {machine_line(report['machine'])}.",
+             "",
+             "Versions: " + ", ".join(f"{k} {v}" for k, v in report["versions"].items() if v) + ".",
+             "",
+             f"Floor, measured in this run: a process asleep on a futex wakes {fmt_us(floor['futex_wake']['median_us'])} "
+             f"(p99 {fmt_us(floor['futex_wake']['p99_us'])}) after another wakes it; one core copies "
+             f"{floor['memcpy_bytes_per_s'] / 1e9:.1f} GB/s."]
+    for peer, why in report["skipped"].items():
+        lines += ["", f"Skipped {peer}: {why}."]
+    rows = floor_rows(report)
+    if rows:
+        lines += ["", markdown_table(["suite", "result", "value", "vs floor"], rows)]
+    if isinstance(report["plots"], str):
+        lines += ["", f"No plots: {report['plots']}."]
+    else:
+        base = readme_dir or out_dir
+        lines += [""] + [f"![{os.path.basename(p)}]({os.path.relpath(p, base)})" for p in report["plots"]]
+    for suite, r in report["suites"].items():
+        lines += ["", f"### {suite}", "", r["text"]]
+    return "\n".join(lines)
+
+
+def skipped_peers():
+    """Peers left out: not installed, or named in ZCTIPC_BENCH_WITHOUT."""
+    out = {}
+    for peer in os.environ.get("ZCTIPC_BENCH_WITHOUT", "").split(","):
+        if peer.strip():
+            out[peer.strip()] = "left out by ZCTIPC_BENCH_WITHOUT"
+    for peer, module in (("faster-fifo", "faster_fifo"), ("pythusa", "pythusa"), ("iceoryx2", "iceoryx2"), ("ray", "ray")):
+        if peer in out:
+            continue
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            out[peer] = f"not installed ({exc}); make bench installs it"
+    return out
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="zctipc bench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--quick", action="store_true", help="a short pass (about a minute or two)")
+    group.add_argument("--tiny", action="store_true", help="the smallest sizes: checks that every suite runs")
+    parser.add_argument("--only", default=",".join(SUITES), help=f"comma-separated suites of {', '.join(SUITES)}")
+    parser.add_argument("--json", help="write the whole report as JSON here")
+    parser.add_argument("--out", default=os.path.join(HERE, "results"), help="folder for the report, JSON and plots")
+    parser.add_argument("--readme", help="put the report in this README's benchmark section")
+    args = parser.parse_args(argv)
+    suites = [s.strip() for s in args.only.split(",") if s.strip()]
+    for s in suites:
+        if s not in SUITES:
+            parser.error(f"unknown suite {s!r}; the suites are {', '.join(SUITES)}")
+    mode = "quick" if args.quick else "tiny" if args.tiny else "full"
+    os.makedirs(args.out, exist_ok=True)
+    skipped = skipped_peers()
+    os.environ["ZCTIPC_BENCH_WITHOUT"] = ",".join(skipped)  # the suites skip the same peers, saying why
+    for peer, why in skipped.items():
+        print(f"skipping {peer}: {why}", file=sys.stderr)
+    import _floor
+
+    print("floor    measuring a futex wake and a memcpy ...", file=sys.stderr, flush=True)
+    rounds = {"full": 2000, "quick": 500, "tiny": 50}[mode]
+    report = {"benchmark": "all", "mode": mode, "date": now(), "machine": machine(),
+              "versions": versions(*PEER_PACKAGES), "skipped": skipped,
+              "floor": {"futex_wake": summarize(_floor.futex_wake_ns(rounds)),
+                        "memcpy_bytes_per_s": _floor.memcpy_bytes_per_s()},
+              "suites": {}}
+    for suite in suites:
+        report["suites"][suite] = run_suite(suite, mode, args.out, sys.stderr)
+    report["plots"] = plots(report, args.out)
+    text = render(report, args.out, os.path.dirname(os.path.abspath(args.readme)) if args.readme else None)
+    with open(os.path.join(args.out, "report.md"), "w") as f:
+        f.write(text + "\n")
+    json_path = args.json or os.path.join(args.out, "report.json")
+    with open(json_path, "w") as f:
+        json.dump(report, f, indent=2)
+    print(text)
+    print(f"\nreport: {os.path.join(args.out, 'report.md')}\nJSON: {json_path}")
+    if args.readme:
+        update_readme(args.readme, "bench_report", text, by="zctipc bench --readme")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

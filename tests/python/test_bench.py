@@ -1,0 +1,55 @@
+"""The benchmark command runs every suite on tiny sizes, writes its report,
+JSON and (with matplotlib) plots, and skips missing peers with the reason.
+No timing is asserted."""
+
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+
+
+def test_every_suite_runs_and_the_report_has_its_shape(tmp_path):
+    env = dict(os.environ, ZCTIPC_BENCH_WITHOUT="pythusa,faster-fifo")
+    out = subprocess.run([sys.executable, "-m", "zctipc", "bench", "--tiny", "--out", str(tmp_path),
+                          "--json", str(tmp_path / "all.json")], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=900)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "skipping pythusa: left out by ZCTIPC_BENCH_WITHOUT" in out.stderr
+    assert "floor    measuring a futex wake and a memcpy" in out.stderr
+    for suite in ("handoff", "queue", "stream", "arrow", "gpu"):
+        assert f"{suite:<8} [" in out.stderr, f"a progress line for {suite}"
+    report = json.loads((tmp_path / "all.json").read_text())
+    assert report["mode"] == "tiny"
+    assert set(report["machine"]) >= {"cpu", "cores", "memory_gib", "kernel", "dev_shm_gib", "python"}
+    assert report["versions"]["zctipc"] and report["versions"]["numpy"]
+    floor = report["floor"]
+    assert floor["futex_wake"]["median_us"] > 0 and floor["futex_wake"]["rounds"] == 50
+    assert floor["memcpy_bytes_per_s"] > 0
+    assert list(report["suites"]) == ["handoff", "queue", "stream", "arrow", "gpu"]
+    suites = report["suites"]
+    assert {r["peer"] for r in suites["handoff"]["results"]} >= {"zctipc", "multiprocessing.Queue"}
+    assert all(r["median_us"] > 0 for r in suites["handoff"]["results"])
+    assert {s["peer"] for s in suites["queue"]["skipped"]} == {"faster-fifo"}
+    assert all(r["per_second"] > 0 for r in suites["queue"]["rate"])
+    assert suites["stream"]["skipped_peers"]["pythusa"] == "left out by ZCTIPC_BENCH_WITHOUT"
+    assert {r["peer"] for r in suites["stream"]["throughput"]} == {"zctipc"}
+    assert {r["peer"] for r in suites["arrow"]["arrow"]} >= {"zctipc share/attach", "pa.ipc through a pipe"}
+    assert suites["gpu"]["skipped"] or suites["gpu"]["rows"]
+    text = (tmp_path / "report.md").read_text()
+    assert "Skipped pythusa: left out by ZCTIPC_BENCH_WITHOUT." in text
+    assert "| suite | result | value | vs floor |" in text
+    for suite in ("handoff", "queue", "stream", "arrow", "gpu"):
+        assert f"### {suite}" in text
+    if isinstance(report["plots"], list):
+        assert all(os.path.getsize(p) > 1000 for p in report["plots"])
+    else:
+        assert "matplotlib" in report["plots"]
+
+
+def test_bad_arguments_are_refused():
+    out = subprocess.run([sys.executable, "-m", "zctipc", "bench", "--only", "nonsense"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2
+    assert "unknown suite 'nonsense'; the suites are handoff, queue, stream, arrow, gpu" in out.stderr

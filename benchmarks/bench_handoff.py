@@ -11,6 +11,8 @@ Peers:
   shared_memory by hand       multiprocessing.shared_memory, name over a Pipe
   torch.mp file_descriptor    a share_memory_() tensor sent over a Pipe with
   torch.mp file_system        torch.multiprocessing's reducers, per strategy
+  ray put/get                 ray.put in the driver, ray.get in an actor (a
+                              local cluster of 2 CPUs), when Ray is installed
 
 Also measured: the attach alone (open, validate, map, make the array), in a
 loop in the consumer, for zctipc and shared_memory by hand; for zctipc both
@@ -35,7 +37,7 @@ import zctipc
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import (fmt_bytes, fmt_ratio, fmt_us, machine, machine_line, markdown_table, now,  # noqa: E402
-                     summarize, finish, update_readme, versions)
+                     summarize, finish, left_out, update_readme, versions)
 
 STRIDE = 4096
 SIZES = {"1M": 1 << 20, "100M": 100 << 20, "1G": 1 << 30}
@@ -247,6 +249,47 @@ def measure(ctx, peer, nbytes, rounds, warmup=2):
     return result
 
 
+def measure_ray(nbytes, rounds, warmup=2):
+    """ray.put in the driver to a usable array in an actor (Ray's object
+    store, a local cluster of 2 CPUs), as Ray users hand arrays over."""
+    import shutil
+    import tempfile
+
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    import ray
+
+    tmp = tempfile.mkdtemp(prefix="zctipc-bench-ray-")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _temp_dir=tmp,
+             object_store_memory=max(3 * nbytes, 512 << 20))
+    try:
+        @ray.remote
+        class Consumer:
+            def consume(self, refs, n):
+                a = ray.get(refs[0])  # zero copy out of the object store
+                k = (len(a) - 1) // 4096  # the last element fill() numbered
+                ok = a.nbytes == n and float(a[0]) == 0.0 and float(a[k * 4096]) == k
+                return time.perf_counter_ns(), ok
+
+        c = Consumer.remote()
+        ray.get(c.consume.remote([ray.put(np.zeros(4097, np.float32))], 4097 * 4))  # the actor is up
+        a = np.empty(nbytes // 4, np.float32)
+        fill(a)
+        samples = []
+        for i in range(warmup + rounds):
+            start = time.perf_counter_ns()
+            ref = ray.put(a)
+            done, ok = ray.get(c.consume.remote([ref], a.nbytes))
+            del ref
+            if not ok:
+                raise RuntimeError("ray: the actor did not see the driver's data")
+            if i >= warmup:
+                samples.append(done - start)
+    finally:
+        ray.shutdown()
+        shutil.rmtree(tmp, ignore_errors=True)
+    return {"peer": "ray put/get", "transport": "object store, actor call", "bytes": nbytes, **summarize(samples)}
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=20)
@@ -266,11 +309,15 @@ def main(argv=None):
     ctx = zctipc.get_context()
     sizes = [SIZES[s] for s in args.sizes.split(",")]
     report = {"benchmark": "handoff", "date": now(), "machine": machine(),
-              "versions": versions("zctipc", "numpy", "torch"), "results": []}
+              "versions": versions("zctipc", "numpy", "torch", "ray"), "results": [], "skipped": []}
+    ray_missing = left_out("ray", "ray")
+    if ray_missing:
+        report["skipped"].append({"peer": "ray", "reason": ray_missing})
     for nbytes in sizes:
-        for peer in PEERS:
-            print(f"{fmt_bytes(nbytes):>8}  {peer.name:<26}", end="", flush=True)
-            r = measure(ctx, peer, nbytes, args.rounds)
+        for peer in PEERS + ([] if ray_missing else ["ray"]):
+            name = peer if peer == "ray" else peer.name
+            print(f"{fmt_bytes(nbytes):>8}  {name:<26}", end="", flush=True)
+            r = measure_ray(nbytes, args.rounds) if peer == "ray" else measure(ctx, peer, nbytes, args.rounds)
             report["results"].append(r)
             print(f" median {fmt_us(r['median_us'])}, p99 {fmt_us(r['p99_us'])}", flush=True)
 
@@ -294,7 +341,7 @@ def render(report):
     return "\n".join([
         f"Hand-off, put to readable array in another process ({results[0]['rounds']} rounds each), "
         f"{report['date']}, on {machine_line(report['machine'])}; "
-        f"zctipc {v['zctipc']}, numpy {v['numpy']}, torch {v['torch']}.",
+        + ", ".join(f"{k} {val}" for k, val in v.items() if val) + ".",
         "",
         markdown_table(["size", "peer", "transport", "median", "p99", "median vs zctipc"], rows),
         "",
@@ -302,7 +349,7 @@ def render(report):
         f"{results[0]['attach']['rounds']} rounds):",
         "",
         markdown_table(["size", "peer", "segment", "median", "p99"], attach_rows),
-    ])
+    ] + [f"\nSkipped {s['peer']}: {s['reason']}." for s in report.get("skipped", [])])
 
 
 if __name__ == "__main__":

@@ -3,7 +3,8 @@
   throughput  float32 frames of 8,192 samples (32 KiB) and of 1 MiB, one
               writer and 1, 2 and 4 readers, each reader touching every byte
               of every frame (a checksum), for a fixed time: aggregate Gbit/s
-              and frames/s of zctipc.Stream against pythusa's shared ring
+              and frames/s of zctipc.Stream against pythusa's shared ring and
+              iceoryx2 publish-subscribe (a u8 slice payload, no loss)
   latency     one 32 KiB frame in flight: writer-to-reader time, p50 and p99
   floor       single-core memcpy bandwidth in the same run, which one reader
               is compared against
@@ -16,6 +17,7 @@ poll (yielding the CPU between polls, its best case on a busy machine).
 """
 
 import argparse
+import ctypes
 import multiprocessing
 import os
 import sys
@@ -291,6 +293,178 @@ def _drop_ring(ring):
     ring.unlink()
 
 
+# -- iceoryx2 ----------------------------------------------------------------------
+# Publish-subscribe with a u8 slice payload. Safe overflow is off and the
+# publisher retries until delivered, so every subscriber gets every frame (as
+# zctipc's block policy); subscribers block on an event service the publisher
+# notifies after each send (iceoryx2's subscribers have no blocking receive).
+
+
+def _ice(svc, nbytes, readers):
+    import iceoryx2 as iox2
+
+    iox2.set_log_level_from_env_or(iox2.LogLevel.Error)
+    node = iox2.NodeBuilder.new().create(iox2.ServiceType.Ipc)
+    pubsub = (node.service_builder(iox2.ServiceName.new(svc))
+              .publish_subscribe(iox2.Slice[ctypes.c_uint8])
+              .enable_safe_overflow(False)
+              .subscriber_max_buffer_size(FRAMES)  # as deep as the other peers' rings
+              .subscriber_max_borrowed_samples(2)
+              .max_publishers(1)
+              .max_subscribers(readers)
+              .history_size(0)
+              .open_or_create())
+    event = node.service_builder(iox2.ServiceName.new(svc + "/data")).event().open_or_create()
+    return iox2, node, pubsub, event
+
+
+END = 8  # a payload of 8 bytes ends the run
+
+
+def ice_receive(svc, nbytes, readers, on_frame):
+    """Subscribe, then call on_frame(array) for every frame until the end."""
+    iox2, node, pubsub, event = _ice(svc, nbytes, readers)
+    sub = pubsub.subscriber_builder().create()
+    listener = event.listener_builder().create()
+    yield  # subscribed
+    while True:
+        sample = sub.receive()
+        if sample is None:
+            listener.timed_wait(iox2.Duration.from_millis(100))
+            continue
+        frame = np.frombuffer(sample.payload().as_memory_view(), np.uint8)
+        end = frame.size == END
+        if not end:
+            on_frame(frame)
+        del frame
+        sample.delete()
+        if end:
+            break
+    sub.delete()
+    listener.delete()
+
+
+def ice_reader(svc, samples, readers, ready, results, go):
+    count = [0]
+
+    def on_frame(frame):
+        checksum(frame)
+        count[0] += 1
+
+    steps = ice_receive(svc, samples * 4, readers, on_frame)
+    next(steps)
+    ready.put(0)
+    go.wait()
+    for _ in steps:
+        pass
+    results.put(count[0])
+
+
+def ice_publisher(svc, nbytes, readers):
+    iox2, node, pubsub, event = _ice(svc, nbytes, readers)
+    pub = (pubsub.publisher_builder().initial_max_slice_len(nbytes)
+           .allocation_strategy(iox2.AllocationStrategy.Static)
+           .backpressure_strategy(iox2.BackpressureStrategy.RetryUntilDelivered).create())
+    notifier = event.notifier_builder().create()
+    deadline = time.monotonic() + 30
+    while pubsub.dynamic_config.number_of_subscribers < readers and time.monotonic() < deadline:
+        time.sleep(0.001)  # every subscriber is there before the first frame
+    pub.update_connections()
+
+    def send(src, stamp=False):
+        sample = pub.loan_slice_uninit(src.nbytes)
+        frame = np.frombuffer(sample.payload().as_memory_view(), np.uint8)
+        np.copyto(frame, src.view(np.uint8))
+        if stamp:
+            frame[:8].view(np.int64)[0] = time.perf_counter_ns()
+        del frame
+        sample.assume_init().send()
+        notifier.notify()
+
+    return pub, send
+
+
+def ice_writer(svc, samples, readers, seconds, ready, results, go):
+    pub, send = ice_publisher(svc, samples * 4, readers)
+    src = np.random.default_rng(1).random(samples, dtype=np.float32)
+    ready.put("writer")
+    go.wait()
+    start = time.perf_counter()
+    end = start + seconds
+    n = 0
+    while True:
+        send(src)
+        n += 1
+        if n % 64 == 0 and time.perf_counter() >= end:
+            break
+    elapsed = time.perf_counter() - start
+    send(np.zeros(END, np.uint8))
+    results.put(("writer", n, elapsed))
+
+
+def run_iceoryx2(samples, readers, seconds):
+    ctx = zctipc.get_context("spawn")
+    svc = f"zctipc-bench/{os.getpid()}/{time.monotonic_ns()}"
+    ready, results, go = zctipc.Queue(), zctipc.Queue(), zctipc.Event()
+    procs = [ctx.Process(target=ice_reader, args=(svc, samples, readers, ready, results, go)) for _ in range(readers)]
+    procs.append(ctx.Process(target=ice_writer, args=(svc, samples, readers, seconds, ready, results, go)))
+    # Subscribers first: they create the service the publisher opens.
+    for p in procs[:-1]:
+        p.start()
+    for _ in procs[:-1]:
+        ready.get(timeout=120)
+    procs[-1].start()
+    ready.get(timeout=120)
+    go.set()
+    reads, writer = [], None
+    for _ in procs:
+        msg = results.get(timeout=600)
+        if isinstance(msg, tuple):
+            writer = msg
+        else:
+            reads.append(msg)
+    for p in procs:
+        p.join(60)
+    return writer[1], writer[2], reads
+
+
+def ice_latency_reader(svc, samples, ready, results):
+    out = []
+    steps = ice_receive(svc, samples * 4, 1, lambda f: out.append(time.perf_counter_ns() - int(f[:8].view(np.int64)[0])))
+    next(steps)
+    ready.put(0)
+    wall, cpu = time.perf_counter(), time.process_time()
+    for _ in steps:
+        pass
+    results.put((out, (time.process_time() - cpu) / (time.perf_counter() - wall)))
+
+
+def ice_latency_writer(svc, samples, rounds, ready):
+    pub, send = ice_publisher(svc, samples * 4, 1)
+    src = np.ones(samples, np.float32)
+    ready.put("writer")
+    for _ in range(rounds):
+        time.sleep(0.001)
+        send(src, stamp=True)
+    send(np.zeros(END, np.uint8))
+
+
+def latency_iceoryx2(samples, rounds):
+    ctx = zctipc.get_context("spawn")
+    svc = f"zctipc-bench/{os.getpid()}/{time.monotonic_ns()}"
+    ready, results = zctipc.Queue(), zctipc.Queue()
+    reader = ctx.Process(target=ice_latency_reader, args=(svc, samples, ready, results))
+    reader.start()
+    ready.get(timeout=120)
+    writer = ctx.Process(target=ice_latency_writer, args=(svc, samples, rounds, ready))
+    writer.start()
+    ready.get(timeout=120)
+    out = results.get(timeout=600)
+    for p in (reader, writer):
+        p.join(60)
+    return out
+
+
 # -- running -----------------------------------------------------------------------
 
 
@@ -319,11 +493,8 @@ PEERS = {
     "zctipc": (run_zctipc, latency_zctipc),
     "pythusa": (lambda *a: run_pythusa(*a, "defaults"), latency_pythusa),
     "pythusa tuned": (lambda *a: run_pythusa(*a, "tuned"), None),
+    "iceoryx2": (run_iceoryx2, latency_iceoryx2),
 }
-
-
-def pythusa_missing():
-    return left_out("pythusa", "pythusa")
 
 
 def suite_throughput(args, report):
@@ -390,12 +561,13 @@ def main(argv=None):
     parser.add_argument("--readme")
     args = parser.parse_args(argv)
     report = {"benchmark": "stream", "date": now(), "machine": machine(),
-              "versions": versions("zctipc", "numpy", "pythusa"), "throughput": [], "latency": [],
+              "versions": versions("zctipc", "numpy", "pythusa", "iceoryx2"), "throughput": [], "latency": [],
               "skipped_peers": {}, "tables": {}}
-    missing = pythusa_missing()
-    if missing:
-        print(f"skipping pythusa: {missing}")
-        report["skipped_peers"]["pythusa"] = missing
+    for peer, module in (("pythusa", "pythusa"), ("iceoryx2", "iceoryx2")):
+        missing = left_out(peer, module)
+        if missing:
+            print(f"skipping {peer}: {missing}")
+            report["skipped_peers"][peer] = missing
     report["memcpy_bytes_per_s"] = memcpy_bandwidth()
     print(f"  floor: single-core memcpy {report['memcpy_bytes_per_s'] * 8 / 1e9:.1f} Gbit/s", flush=True)
     for name in args.only.split(","):

@@ -58,9 +58,9 @@ def suite_argv(suite, mode, json_path):
 def expected_cells(suite, mode):
     """How many result lines a suite prints, for its progress bar."""
     return {
-        "handoff": {"full": 15, "quick": 10, "tiny": 5},
+        "handoff": {"full": 18, "quick": 12, "tiny": 6},
         "queue": {"full": 14, "quick": 14, "tiny": 14},
-        "stream": {"full": 20, "quick": 20, "tiny": 20},
+        "stream": {"full": 28, "quick": 28, "tiny": 28},
         "arrow": {"full": 6, "quick": 6, "tiny": 6},
         "gpu": {"full": 8, "quick": 8, "tiny": 8},
     }[suite][mode]
@@ -81,7 +81,7 @@ class Progress(io.TextIOBase):
         while "\n" in self.partial:
             line, self.partial = self.partial.split("\n", 1)
             self.log.append(line)
-            if line.startswith("  ") and line.strip() and not line.strip().startswith("|"):
+            if line[:1].isspace() and line.strip() and not line.strip().startswith("|"):
                 self.done += 1
                 self.last = line.strip()
             self.draw()

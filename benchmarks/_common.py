@@ -1,6 +1,7 @@
 """What every zctipc benchmark shares: the machine it ran on, the versions of
 the peers, statistics, and Markdown tables."""
 
+import argparse
 import datetime
 import importlib.metadata
 import json
@@ -128,3 +129,16 @@ def finish(report, text, json_path, section, readme=None):
     print(f"\nJSON: {json_path}")
     if readme:
         update_readme(readme, section, text)
+
+
+def arguments(doc, name, suites=None):
+    """The command line every suite script shares: --only (of suites),
+    --quick, --tiny, --json (results/NAME.json by default) and --readme."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    if suites:
+        parser.add_argument("--only", default=",".join(suites))
+    parser.add_argument("--quick", action="store_true", help="a short pass")
+    parser.add_argument("--tiny", action="store_true", help="the smallest runs: checks that every suite runs")
+    parser.add_argument("--json", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", f"{name}.json"))
+    parser.add_argument("--readme")
+    return parser

@@ -14,7 +14,6 @@
     python benchmarks/bench_arrow.py [--only arrow,go] [--quick] [--json PATH] [--readme README.md]
 """
 
-import argparse
 import multiprocessing
 import os
 import subprocess
@@ -28,7 +27,7 @@ import pyarrow as pa
 import zctipc
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import (finish, fmt_bytes, fmt_ratio, fmt_us, machine, machine_line, markdown_table, now,  # noqa: E402
+from _common import (arguments, finish, fmt_bytes, fmt_ratio, fmt_us, machine, machine_line, markdown_table, now,  # noqa: E402
                      summarize, versions)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -217,12 +216,7 @@ def render(report):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", default=",".join(SUITES))
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--tiny", action="store_true", help="the smallest sizes: checks that every suite runs")
-    parser.add_argument("--json", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "arrow.json"))
-    parser.add_argument("--readme")
+    parser = arguments(__doc__, "arrow", SUITES)
     args = parser.parse_args(argv)
     report = {"benchmark": "arrow", "date": now(), "machine": machine(), "versions": versions("zctipc", "pyarrow"),
               "arrow": [], "go": [], "skipped": {}, "tables": {}}

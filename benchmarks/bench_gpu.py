@@ -10,13 +10,12 @@ benchmark says why and measures nothing.
     python benchmarks/bench_gpu.py [--quick] [--json PATH] [--readme README.md]
 """
 
-import argparse
 import os
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import finish, fmt_ratio, fmt_us, machine, machine_line, markdown_table, now, summarize, versions  # noqa: E402
+from _common import arguments, finish, fmt_ratio, fmt_us, machine, machine_line, markdown_table, now, summarize, versions  # noqa: E402
 
 SIZES = {"64 MiB": 64 << 20, "1 GiB": 1 << 30}
 DTYPES = ("float32", "bfloat16")
@@ -58,10 +57,7 @@ def run(peer, nbytes, dtype, rounds):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--json", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "gpu.json"))
-    parser.add_argument("--readme")
+    parser = arguments(__doc__, "gpu")
     args = parser.parse_args(argv)
     import torch
 
@@ -75,7 +71,7 @@ def main(argv=None):
         print(f"skipping the GPU benchmark: {reason}")
     else:
         report["gpu"] = torch.cuda.get_device_name(0)
-        rounds = 20 if args.quick else 200
+        rounds = 20 if args.quick or args.tiny else 200
         for size, nbytes in SIZES.items():
             for dtype in DTYPES:
                 for peer in ("zctipc", "torch.multiprocessing"):

@@ -14,7 +14,6 @@
     python benchmarks/bench_queue.py [--only rate,big,copy-in,alloc] [--quick] [--json PATH] [--readme README.md]
 """
 
-import argparse
 import multiprocessing
 import os
 import sys
@@ -25,7 +24,7 @@ import numpy as np
 import zctipc
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import (fmt_bytes, fmt_ratio, fmt_us, machine, machine_line, markdown_table, now,  # noqa: E402
+from _common import (arguments, fmt_bytes, fmt_ratio, fmt_us, machine, machine_line, markdown_table, now,  # noqa: E402
                      summarize, finish, left_out, versions)
 
 MSG = (1, 2, 3, 4, 5)
@@ -297,12 +296,7 @@ def render(report):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", default=",".join(SUITES))
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--tiny", action="store_true", help="the smallest sizes: checks that every suite runs")
-    parser.add_argument("--json", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "queue.json"))
-    parser.add_argument("--readme")
+    parser = arguments(__doc__, "queue", SUITES)
     args = parser.parse_args(argv)
     global BIG, TINY
     TINY = args.tiny

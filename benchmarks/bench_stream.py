@@ -16,7 +16,6 @@ poll (yielding the CPU between polls, its best case on a busy machine).
     python benchmarks/bench_stream.py [--only throughput,latency] [--quick] [--seconds S] [--json PATH] [--readme README.md]
 """
 
-import argparse
 import ctypes
 import multiprocessing
 import os
@@ -28,8 +27,9 @@ import numpy as np
 import zctipc
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import (fmt_ratio, fmt_us, machine, machine_line, markdown_table, now, summarize,  # noqa: E402
+from _common import (arguments, fmt_ratio, fmt_us, machine, machine_line, markdown_table, now, summarize,  # noqa: E402
                      finish, left_out, versions)
+from _floor import memcpy_bytes_per_s  # noqa: E402
 
 FRAMES = 32  # slots in every ring
 SIZES = {"32 KiB": 8192, "1 MiB": 262144}  # float32 samples per frame
@@ -40,22 +40,6 @@ def checksum(frame):
     """Touch every byte of a frame (the frames of these runs are multiples
     of 8 bytes)."""
     return int(np.add.reduce(frame.view(np.uint64)))
-
-
-# -- floor -------------------------------------------------------------------------
-
-
-def memcpy_bandwidth():
-    """Bytes per second one core copies, best of 5 copies of 64 MiB."""
-    src = np.ones(1 << 24, np.float32)
-    dst = np.empty_like(src)
-    np.copyto(dst, src)
-    best = float("inf")
-    for _ in range(5):
-        t = time.perf_counter()
-        np.copyto(dst, src)
-        best = min(best, time.perf_counter() - t)
-    return src.nbytes / best
 
 
 # -- zctipc ------------------------------------------------------------------------
@@ -128,16 +112,8 @@ def latency_zctipc(samples, rounds):
     ctx = zctipc.get_context()
     s = zctipc.Stream.create(shape=(samples,), dtype=np.float32, frames=FRAMES, readers=1)
     ready, results = zctipc.Queue(), zctipc.Queue()
-    reader = ctx.Process(target=zctipc_latency_reader, args=(s, ready, results))
-    reader.start()
-    ready.get()
-    writer = ctx.Process(target=zctipc_latency_writer, args=(s, rounds, ready))
-    writer.start()
-    ready.get()
-    out = results.get()
-    for p in (reader, writer):
-        p.join()
-    return out
+    return _latency(ctx.Process(target=zctipc_latency_reader, args=(s, ready, results)),
+                    ctx.Process(target=zctipc_latency_writer, args=(s, rounds, ready)), ready, results)
 
 
 # -- pythusa -----------------------------------------------------------------------
@@ -272,17 +248,9 @@ def latency_pythusa(samples, rounds):
     ctx = multiprocessing.get_context("forkserver")
     name, owner = _pythusa_ring_owner(samples, 1)
     ready, results = ctx.Queue(), ctx.Queue()
-    reader = ctx.Process(target=pythusa_latency_reader, args=(name, samples, rounds, ready, results))
-    reader.start()
-    ready.get()
-    writer = ctx.Process(target=pythusa_latency_writer, args=(name, samples, rounds, ready))
-    writer.start()
-    ready.get()
     try:
-        out = results.get()
-        for p in (reader, writer):
-            p.join()
-        return out
+        return _latency(ctx.Process(target=pythusa_latency_reader, args=(name, samples, rounds, ready, results)),
+                        ctx.Process(target=pythusa_latency_writer, args=(name, samples, rounds, ready)), ready, results)
     finally:
         _drop_ring(owner)
 
@@ -346,7 +314,7 @@ def ice_receive(svc, nbytes, readers, on_frame):
     listener.delete()
 
 
-def ice_reader(svc, samples, readers, ready, results, go):
+def ice_reader(svc, samples, readers, ready, results):
     count = [0]
 
     def on_frame(frame):
@@ -412,38 +380,26 @@ def run_iceoryx2(samples, readers, seconds):
     ctx = zctipc.get_context("spawn")
     svc = f"zctipc-bench/{os.getpid()}/{time.monotonic_ns()}"
     ready, results, go = zctipc.Queue(), zctipc.Queue(), zctipc.Event()
-    procs = [ctx.Process(target=ice_reader, args=(svc, samples, readers, ready, results, go)) for _ in range(readers)]
+    procs = [ctx.Process(target=ice_reader, args=(svc, samples, readers, ready, results)) for _ in range(readers)]
     procs.append(ctx.Process(target=ice_writer, args=(svc, samples, readers, seconds, ready, results, go)))
-    for p in procs:
-        p.start()
-    for _ in procs:
-        ready.get(timeout=120)
-    go.set()
-    reads, writer = [], None
-    for _ in procs:
-        msg = results.get(timeout=600)
-        if isinstance(msg, tuple):
-            writer = msg
-        else:
-            reads.append(msg)
-    for p in procs:
-        p.join(60)
-    return writer[1], writer[2], reads
+    return _run(procs, ready, results, go)
 
 
-def ice_latency_reader(svc, samples, results):
+def ice_latency_reader(svc, samples, ready, results):
     out = []
     steps = ice_receive(svc, samples * 4, 1, lambda f: out.append(time.perf_counter_ns() - int(f[:8].view(np.int64)[0])))
     next(steps)
+    ready.put("subscribed")
     wall, cpu = time.perf_counter(), time.process_time()
     for _ in steps:
         pass
     results.put((out, (time.process_time() - cpu) / (time.perf_counter() - wall)))
 
 
-def ice_latency_writer(svc, samples, rounds):
+def ice_latency_writer(svc, samples, rounds, ready):
     pub, send = ice_publisher(svc, samples * 4, 1)
     src = np.ones(samples, np.float32)
+    ready.put("writer")
     for _ in range(rounds):
         time.sleep(0.001)
         send(src, stamp=True)
@@ -453,15 +409,9 @@ def ice_latency_writer(svc, samples, rounds):
 def latency_iceoryx2(samples, rounds):
     ctx = zctipc.get_context("spawn")
     svc = f"zctipc-bench/{os.getpid()}/{time.monotonic_ns()}"
-    results = zctipc.Queue()
-    reader = ctx.Process(target=ice_latency_reader, args=(svc, samples, results))
-    writer = ctx.Process(target=ice_latency_writer, args=(svc, samples, rounds))
-    reader.start()
-    writer.start()
-    out = results.get(timeout=600)
-    for p in (reader, writer):
-        p.join(60)
-    return out
+    ready, results = zctipc.Queue(), zctipc.Queue()
+    return _latency(ctx.Process(target=ice_latency_reader, args=(svc, samples, ready, results)),
+                    ctx.Process(target=ice_latency_writer, args=(svc, samples, rounds, ready)), ready, results)
 
 
 # -- running -----------------------------------------------------------------------
@@ -486,6 +436,18 @@ def _run(procs, ready, results, go):
         p.join(60)
     _, published, seconds = writer
     return published, seconds, reads
+
+
+def _latency(reader, writer, ready, results):
+    """Start the reader, then the writer, each once the one before is
+    ready, and return what the reader reports."""
+    for p in (reader, writer):
+        p.start()
+        ready.get(timeout=120)
+    out = results.get(timeout=600)
+    for p in (reader, writer):
+        p.join(60)
+    return out
 
 
 PEERS = {
@@ -557,13 +519,8 @@ SUITES = {"throughput": suite_throughput, "latency": suite_latency}
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", default=",".join(SUITES))
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--tiny", action="store_true", help="the smallest runs: checks that every suite runs")
+    parser = arguments(__doc__, "stream", SUITES)
     parser.add_argument("--seconds", type=float, default=5.0, help="how long each throughput run writes")
-    parser.add_argument("--json", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "stream.json"))
-    parser.add_argument("--readme")
     args = parser.parse_args(argv)
     report = {"benchmark": "stream", "date": now(), "machine": machine(),
               "versions": versions("zctipc", "numpy", "pythusa", "iceoryx2"), "throughput": [], "latency": [],
@@ -573,7 +530,7 @@ def main(argv=None):
         if missing:
             print(f"skipping {peer}: {missing}")
             report["skipped_peers"][peer] = missing
-    report["memcpy_bytes_per_s"] = memcpy_bandwidth()
+    report["memcpy_bytes_per_s"] = memcpy_bytes_per_s()
     print(f"  floor: single-core memcpy {report['memcpy_bytes_per_s'] * 8 / 1e9:.1f} Gbit/s", flush=True)
     for name in args.only.split(","):
         report["tables"][name] = SUITES[name](args, report)

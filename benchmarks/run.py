@@ -50,7 +50,7 @@ def suite_argv(suite, mode, json_path):
         "queue": {"full": [], "quick": ["--quick"], "tiny": ["--tiny"]},
         "stream": {"full": [], "quick": ["--quick"], "tiny": ["--tiny"]},
         "arrow": {"full": [], "quick": ["--quick"], "tiny": ["--tiny"]},
-        "gpu": {"full": [], "quick": ["--quick"], "tiny": ["--quick"]},
+        "gpu": {"full": [], "quick": ["--quick"], "tiny": ["--tiny"]},
     }[suite][mode]
     return [*argv, "--json", json_path]
 

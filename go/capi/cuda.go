@@ -64,22 +64,14 @@ func zct_cuda_ipc_export(device C.int32_t, ptr, stream C.uint64_t, ipc *C.zct_cu
 
 //export zct_cuda_ipc_record
 func zct_cuda_ipc_record(h C.zct_handle, stream C.uint64_t) C.int {
-	return run(func() error {
-		e, err := cudaExports.get(uint64(h))
-		if err != nil {
-			return err
-		}
+	return with(cudaExports, uint64(h), func(e *cuda.Export) error {
 		return e.Record(uint64(stream))
 	})
 }
 
 //export zct_cuda_ipc_release
 func zct_cuda_ipc_release(h C.zct_handle) C.int {
-	return run(func() error {
-		e, err := cudaExports.take(uint64(h))
-		if err != nil {
-			return err
-		}
+	return closing(cudaExports, uint64(h), func(e *cuda.Export) error {
 		return e.Release()
 	})
 }
@@ -140,15 +132,13 @@ func zct_cuda_alloc(device C.int32_t, size C.uint64_t, out *C.zct_handle, ptr, s
 
 //export zct_cuda_share
 func zct_cuda_share(h C.zct_handle, name *C.char, capacity C.uint64_t) C.int {
-	return run(func() error {
-		a, err := cudaAllocs.get(uint64(h))
-		if err != nil {
-			return err
-		}
+	return with(cudaAllocs, uint64(h), func(a *sharedAllocation) error {
 		if a.name == "" {
-			if a.name, err = a.Share(); err != nil {
+			name, err := a.Share()
+			if err != nil {
 				return err
 			}
+			a.name = name
 		}
 		var n C.uint64_t
 		return copyOut(a.name, name, capacity, &n)
@@ -173,11 +163,7 @@ func zct_cuda_import(name *C.zct_cchar, device C.int32_t, out *C.zct_handle, ptr
 
 //export zct_cuda_free
 func zct_cuda_free(h C.zct_handle) C.int {
-	return run(func() error {
-		a, err := cudaAllocs.take(uint64(h))
-		if err != nil {
-			return err
-		}
+	return closing(cudaAllocs, uint64(h), func(a *sharedAllocation) error {
 		if a.name != "" {
 			cuda.Unshare(a.name)
 		}

@@ -152,11 +152,7 @@ func zct_segment_dropref(h C.zct_handle, out *C.int64_t) C.int {
 
 // segmentCount runs one of the refcount methods on the segment behind h.
 func segmentCount(h C.zct_handle, out *C.int64_t, op func(*shm.Segment) (int64, error)) C.int {
-	return run(func() error {
-		seg, err := segments.get(uint64(h))
-		if err != nil {
-			return err
-		}
+	return with(segments, uint64(h), func(seg *shm.Segment) error {
 		n, err := op(seg)
 		if err != nil {
 			return err
@@ -170,11 +166,7 @@ func segmentCount(h C.zct_handle, out *C.int64_t, op func(*shm.Segment) (int64, 
 
 //export zct_segment_close
 func zct_segment_close(h C.zct_handle) C.int {
-	return run(func() error {
-		seg, err := segments.take(uint64(h))
-		if err != nil {
-			return err
-		}
+	return closing(segments, uint64(h), func(seg *shm.Segment) error {
 		return seg.Close()
 	})
 }

@@ -59,3 +59,27 @@ func (t *table[T]) drain() []T {
 	}
 	return out
 }
+
+// with runs fn, as an export does (run), on the object that handle h names
+// in t.
+func with[T any](t *table[T], h uint64, fn func(T) error) cInt {
+	return run(func() error {
+		v, err := t.get(h)
+		if err != nil {
+			return err
+		}
+		return fn(v)
+	})
+}
+
+// closing runs fn, as an export does, on the object that handle h names,
+// taking it out of t first: h is invalid afterwards, whatever fn returns.
+func closing[T any](t *table[T], h uint64, fn func(T) error) cInt {
+	return run(func() error {
+		v, err := t.take(h)
+		if err != nil {
+			return err
+		}
+		return fn(v)
+	})
+}

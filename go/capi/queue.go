@@ -130,11 +130,7 @@ func zct_ref_holders(ref C.zct_handle, count *C.int64_t) C.int {
 
 //export zct_ref_release
 func zct_ref_release(ref C.zct_handle) C.int {
-	return run(func() error {
-		r, err := refs.take(uint64(ref))
-		if err != nil {
-			return err
-		}
+	return closing(refs, uint64(ref), func(r *buffer.Ref) error {
 		return r.Release()
 	})
 }
@@ -307,7 +303,7 @@ func zct_queue_describe(h C.zct_handle, name *C.char, capacity C.uint64_t, size 
 
 //export zct_queue_addref
 func zct_queue_addref(h C.zct_handle) C.int {
-	return withQueue(h, func(q *queue.Queue) error {
+	return with(queues, uint64(h), func(q *queue.Queue) error {
 		if _, err := q.Segment().AddRef(); err != nil {
 			return err
 		}
@@ -317,11 +313,7 @@ func zct_queue_addref(h C.zct_handle) C.int {
 
 //export zct_queue_close
 func zct_queue_close(h C.zct_handle) C.int {
-	return run(func() error {
-		q, err := queues.take(uint64(h))
-		if err != nil {
-			return err
-		}
+	return closing(queues, uint64(h), func(q *queue.Queue) error {
 		return q.Close()
 	})
 }
@@ -503,7 +495,7 @@ func zct_queue_get_many(h C.zct_handle, buf unsafe.Pointer, capacity C.uint64_t,
 
 //export zct_queue_len
 func zct_queue_len(h C.zct_handle, items *C.int64_t, unfinished *C.int64_t) C.int {
-	return withQueue(h, func(q *queue.Queue) error {
+	return with(queues, uint64(h), func(q *queue.Queue) error {
 		if items != nil {
 			*items = C.int64_t(max(0, q.Len()))
 		}
@@ -516,14 +508,14 @@ func zct_queue_len(h C.zct_handle, items *C.int64_t, unfinished *C.int64_t) C.in
 
 //export zct_queue_task_done
 func zct_queue_task_done(h C.zct_handle) C.int {
-	return withQueue(h, func(q *queue.Queue) error {
+	return with(queues, uint64(h), func(q *queue.Queue) error {
 		return q.TaskDone()
 	})
 }
 
 //export zct_queue_join
 func zct_queue_join(h C.zct_handle, timeoutMS C.int64_t) C.int {
-	return withQueue(h, func(q *queue.Queue) error {
+	return with(queues, uint64(h), func(q *queue.Queue) error {
 		return q.Join(deadline(timeoutMS))
 	})
 }
@@ -535,15 +527,4 @@ func releaseRefs() error {
 		errs = append(errs, r.Release())
 	}
 	return errors.Join(errs...)
-}
-
-// withQueue runs op, as run does, on the queue behind h.
-func withQueue(h C.zct_handle, op func(*queue.Queue) error) C.int {
-	return run(func() error {
-		q, err := queues.get(uint64(h))
-		if err != nil {
-			return err
-		}
-		return op(q)
-	})
 }

@@ -117,6 +117,10 @@ func recoverPanic(status *C.int) {
 // run runs the body of an export: it refuses the call once the library is
 // poisoned, turns a panic into ZCT_E_INTERNAL (and poisons the library), and
 // an error into its status and the thread's last error.
+// cInt is C's int, the status every export returns, for the files of this
+// package that do not use cgo themselves.
+type cInt = C.int
+
 func run(body func() error) (status C.int) {
 	defer recoverPanic(&status)
 	if status, ok := enter(); !ok {

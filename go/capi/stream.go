@@ -86,22 +86,14 @@ func zct_stream_attach(name *C.zct_cchar, out *C.zct_handle, info *C.zct_stream_
 
 //export zct_stream_close
 func zct_stream_close(h C.zct_handle) C.int {
-	return run(func() error {
-		s, err := streams.take(uint64(h))
-		if err != nil {
-			return err
-		}
+	return closing(streams, uint64(h), func(s *stream.Stream) error {
 		return s.Close()
 	})
 }
 
 //export zct_stream_end
 func zct_stream_end(h C.zct_handle) C.int {
-	return run(func() error {
-		s, err := streams.get(uint64(h))
-		if err != nil {
-			return err
-		}
+	return with(streams, uint64(h), func(s *stream.Stream) error {
 		return s.End()
 	})
 }
@@ -143,11 +135,7 @@ func zct_stream_writer(h C.zct_handle, out *C.zct_handle) C.int {
 
 //export zct_stream_write_look
 func zct_stream_write_look(h C.zct_handle, timeoutMS C.int64_t, slot *C.int32_t) C.int {
-	return run(func() error {
-		w, err := writers.get(uint64(h))
-		if err != nil {
-			return err
-		}
+	return with(writers, uint64(h), func(w *stream.Writer) error {
 		i, err := w.Look(deadline(timeoutMS))
 		*slot = C.int32_t(i)
 		return err
@@ -156,22 +144,14 @@ func zct_stream_write_look(h C.zct_handle, timeoutMS C.int64_t, slot *C.int32_t)
 
 //export zct_stream_write_increment
 func zct_stream_write_increment(h C.zct_handle) C.int {
-	return run(func() error {
-		w, err := writers.get(uint64(h))
-		if err != nil {
-			return err
-		}
+	return with(writers, uint64(h), func(w *stream.Writer) error {
 		return w.Increment()
 	})
 }
 
 //export zct_stream_writer_close
 func zct_stream_writer_close(h C.zct_handle) C.int {
-	return run(func() error {
-		w, err := writers.take(uint64(h))
-		if err != nil {
-			return err
-		}
+	return closing(writers, uint64(h), func(w *stream.Writer) error {
 		return w.Close()
 	})
 }
@@ -197,11 +177,7 @@ func zct_stream_reader(h C.zct_handle, index C.int32_t, out *C.zct_handle, slot 
 
 //export zct_stream_read_look
 func zct_stream_read_look(h C.zct_handle, timeoutMS C.int64_t, slot *C.int32_t) C.int {
-	return run(func() error {
-		r, err := readers.get(uint64(h))
-		if err != nil {
-			return err
-		}
+	return with(readers, uint64(h), func(r *stream.Reader) error {
 		i, err := r.Look(deadline(timeoutMS))
 		*slot = C.int32_t(i)
 		return err
@@ -210,11 +186,7 @@ func zct_stream_read_look(h C.zct_handle, timeoutMS C.int64_t, slot *C.int32_t) 
 
 //export zct_stream_read_increment
 func zct_stream_read_increment(h C.zct_handle, whole *C.int32_t) C.int {
-	return run(func() error {
-		r, err := readers.get(uint64(h))
-		if err != nil {
-			return err
-		}
+	return with(readers, uint64(h), func(r *stream.Reader) error {
 		ok, err := r.Increment()
 		*whole = boolInt(ok)
 		return err
@@ -223,11 +195,7 @@ func zct_stream_read_increment(h C.zct_handle, whole *C.int32_t) C.int {
 
 //export zct_stream_read_next
 func zct_stream_read_next(h C.zct_handle, timeoutMS C.int64_t, slot *C.int32_t, whole *C.int32_t) C.int {
-	return run(func() error {
-		r, err := readers.get(uint64(h))
-		if err != nil {
-			return err
-		}
+	return with(readers, uint64(h), func(r *stream.Reader) error {
 		i, ok, err := r.Next(deadline(timeoutMS))
 		*slot, *whole = C.int32_t(i), boolInt(ok)
 		return err
@@ -251,11 +219,7 @@ func zct_stream_reader_stats(h C.zct_handle, position, received, dropped *C.uint
 
 //export zct_stream_reader_close
 func zct_stream_reader_close(h C.zct_handle) C.int {
-	return run(func() error {
-		r, err := readers.take(uint64(h))
-		if err != nil {
-			return err
-		}
+	return closing(readers, uint64(h), func(r *stream.Reader) error {
 		return r.Close()
 	})
 }
@@ -298,28 +262,24 @@ func zct_event_attach(name *C.zct_cchar, out *C.zct_handle) C.int {
 
 //export zct_event_close
 func zct_event_close(h C.zct_handle) C.int {
-	return run(func() error {
-		e, err := events.take(uint64(h))
-		if err != nil {
-			return err
-		}
+	return closing(events, uint64(h), func(e *event.Event) error {
 		return e.Close()
 	})
 }
 
 //export zct_event_set
 func zct_event_set(h C.zct_handle) C.int {
-	return withEvent(h, func(e *event.Event) error { return e.Set() })
+	return with(events, uint64(h), func(e *event.Event) error { return e.Set() })
 }
 
 //export zct_event_clear
 func zct_event_clear(h C.zct_handle) C.int {
-	return withEvent(h, func(e *event.Event) error { e.Clear(); return nil })
+	return with(events, uint64(h), func(e *event.Event) error { e.Clear(); return nil })
 }
 
 //export zct_event_is_set
 func zct_event_is_set(h C.zct_handle, set *C.int32_t) C.int {
-	return withEvent(h, func(e *event.Event) error {
+	return with(events, uint64(h), func(e *event.Event) error {
 		*set = boolInt(e.IsSet())
 		return nil
 	})
@@ -327,20 +287,10 @@ func zct_event_is_set(h C.zct_handle, set *C.int32_t) C.int {
 
 //export zct_event_wait
 func zct_event_wait(h C.zct_handle, timeoutMS C.int64_t, set *C.int32_t) C.int {
-	return withEvent(h, func(e *event.Event) error {
+	return with(events, uint64(h), func(e *event.Event) error {
 		ok, err := e.Wait(deadline(timeoutMS))
 		*set = boolInt(ok)
 		return err
-	})
-}
-
-func withEvent(h C.zct_handle, fn func(*event.Event) error) C.int {
-	return run(func() error {
-		e, err := events.get(uint64(h))
-		if err != nil {
-			return err
-		}
-		return fn(e)
 	})
 }
 

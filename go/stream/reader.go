@@ -134,7 +134,6 @@ func (r *Reader) Look(deadline time.Time) (int, error) {
 	}
 	s := r.s
 	frames := uint64(s.cfg.Frames)
-	r.seen()
 	if r.looking {
 		return int(r.pos % frames), nil
 	}
@@ -152,6 +151,7 @@ func (r *Reader) Look(deadline time.Time) (int, error) {
 		seen := data.Load()
 		if r.pos < atomic.LoadUint64(u64(s.data, offPublished)) {
 			r.looking = true
+			r.seen() // it holds this frame from now: a wait before does not count
 			return int(r.pos % frames), nil
 		}
 		if s.Ended() {

@@ -215,17 +215,17 @@ def release_all():
     return count[0]
 
 
-def close_handle(handle):
-    """Close a segment handle; a no-op in a forked child or after unloading.
-
-    Called from finalizers, so it never raises.
-    """
+def finalize(function, handle, what):
+    """Call the library's ``function(handle)`` (a name: "zct_queue_close")
+    from a finalizer: it never raises, and it is a no-op in a forked child or
+    where the library was never loaded. A failure is reported on stderr as
+    what failed."""
     library = _lib
     if library is None:
         return
-    status = library.zct_segment_close(handle)
+    status = getattr(library, function)(handle)
     if status != 0:
-        report_finalizer_error("closing a segment handle", status)
+        report_finalizer_error(what, status)
 
 
 E_CLOSED = -10

@@ -16,10 +16,11 @@ from . import _dtypes, _native
 NUMPY, TORCH, SHARED_TENSOR = 0, 1, 2
 
 
-def owner(address, release, handle):
-    """A pointer to address whose collection calls release(handle)."""
+def owner(address, close, handle, what):
+    """A pointer to address whose collection calls the library's function
+    close (a name) on handle, as _native.finalize does."""
     ffi = _native.ffi()
-    return ffi.gc(ffi.cast("char *", address), lambda _, h=handle: release(h))
+    return ffi.gc(ffi.cast("char *", address), lambda _, h=handle: _native.finalize(close, h, what))
 
 
 def ndarray(memory, nbytes, dtype, shape, strides, readonly=False):
@@ -65,13 +66,8 @@ def tensor(arr, code, readonly=False):
 
 
 def release_ref(ref):
-    """Release a ref from a finalizer: never raises, a no-op after fork."""
-    library = _native.lib() if _native.loaded() else None
-    if library is None:
-        return
-    status = library.zct_ref_release(ref)
-    if status != 0:
-        _native.report_finalizer_error("releasing a buffer", status)
+    """Release a ref: never raises, a no-op after fork."""
+    _native.finalize("zct_ref_release", ref, "releasing a buffer")
 
 
 def from_view(view, pytype=None):
@@ -81,7 +77,7 @@ def from_view(view, pytype=None):
     ndim = view.ndim
     shape = tuple(view.shape[0:ndim])
     strides = tuple(view.strides[0:ndim])
-    memory = owner(view.data, release_ref, view.ref)
+    memory = owner(view.data, "zct_ref_release", view.ref, "releasing a buffer")
     kind = view.flags & 3 if pytype is None else pytype
     if kind == TORCH:
         return tensor(ndarray(memory, view.nbytes, _dtypes.storage_dtype(code), shape, strides), code)

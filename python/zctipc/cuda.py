@@ -111,16 +111,6 @@ def _torch_view(memory, dtype, shape, strides=None, storage_offset=0):
 # -- VMM tensors ---------------------------------------------------------------
 
 
-def _free(handle):
-    if _native.loaded():
-        try:
-            status = _native.lib().zct_cuda_free(handle)
-        except Exception:  # a forked child
-            return
-        if status != 0:
-            _native.report_finalizer_error("freeing CUDA memory", status)
-
-
 class CudaTensor:
     """Shareable device memory (the VMM route) seen as a C-contiguous array.
 
@@ -139,7 +129,8 @@ class CudaTensor:
     def _wrap(cls, handle, ptr, size, device, shape, code):
         self = object.__new__(cls)
         self._handle = handle
-        self._memory = _DeviceMemory(ptr, size, device, lambda h=handle: _free(h))
+        self._memory = _DeviceMemory(ptr, size, device,
+                                     lambda h=handle: _native.finalize("zct_cuda_free", h, "freeing CUDA memory"))
         self._shape = shape
         self._code = code
         self._name = None
@@ -365,12 +356,8 @@ def rebuild_tensor(ipc_bytes, counter, dtype, shape, strides, storage_offset, nb
         raise
 
     def release(ipc=ipc, ref=ref):
-        if _native.loaded():
-            try:
-                lib.zct_cuda_ipc_close(ipc)
-                lib.zct_ref_release(ref)
-            except Exception:
-                pass
+        _native.finalize("zct_cuda_ipc_close", ipc, "closing CUDA memory")
+        _native.finalize("zct_ref_release", ref, "releasing a buffer")
 
     memory = _DeviceMemory(ptr[0], nbytes, device, release)
     t = _torch_view(memory, getattr(torch, dtype), shape, strides, storage_offset)

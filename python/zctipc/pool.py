@@ -120,7 +120,7 @@ def empty(shape, dtype="float32"):
     for d in dims:
         nbytes *= d
     ref, address = alloc(max(nbytes, 1))
-    memory = _views.owner(address, _views.release_ref, ref)
+    memory = _views.owner(address, "zct_ref_release", ref, "releasing a buffer")
     strides = _c_strides(dims, itemsize)
     if type(dtype).__module__ == "torch":
         return _views.tensor(_views.ndarray(memory, nbytes, _dtypes.storage_dtype(code), dims, strides), code)

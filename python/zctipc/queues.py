@@ -68,14 +68,6 @@ class _Scratch(threading.local):
         self.args = (self.typ, self.off, self.plen, self.views, vcap, self.nviews)
 
 
-def _close_handle(handle):
-    library = _native.lib() if _native.loaded() else None
-    if library is not None:
-        status = library.zct_queue_close(handle)
-        if status != 0:
-            _native.report_finalizer_error("closing a queue", status)
-
-
 class Queue:
     """A process-shared FIFO queue with multiprocessing.Queue's API.
 
@@ -107,15 +99,16 @@ class Queue:
         self._closed = False
         self._scratch = _Scratch()
         self._pickler = None
-        self._finalizer = weakref.finalize(self, _close_handle, handle)
+        self._finalizer = weakref.finalize(self, _native.finalize, "zct_queue_close", handle, "closing a queue")
 
     @classmethod
-    def attach(cls, name):
+    def attach(cls, name, _adopt=False):
         """Open the queue ``name`` that another process made (a Go program,
-        say: zctipc.NewQueue), by its full segment name."""
+        say: zctipc.NewQueue), by its full segment name. (A child process
+        that unpickles a queue takes over the count its parent added.)"""
         ffi, lib = _native.ffi(), _native.lib()
         handle = ffi.new("zct_handle *")
-        _native.check(lib.zct_queue_attach(name.encode(), 0, handle))
+        _native.check(lib.zct_queue_attach(name.encode(), int(_adopt), handle))
         q = cls.__new__(cls)
         q._setup(handle[0])
         return q
@@ -427,9 +420,4 @@ class SimpleQueue(Queue):
 
 
 def _rebuild_queue(cls, name):
-    ffi, lib = _native.ffi(), _native.lib()
-    handle = ffi.new("zct_handle *")
-    _native.check(lib.zct_queue_attach(name.encode(), 1, handle))
-    q = cls.__new__(cls)
-    q._setup(handle[0])
-    return q
+    return cls.attach(name, _adopt=True)

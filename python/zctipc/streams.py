@@ -36,19 +36,6 @@ __all__ = ["Stream", "StreamWriter", "StreamReader", "Event"]
 POLICIES = ("block", "overwrite")
 
 
-def _call_closing(close, handle, what):
-    """Close a native handle from a finalizer: never raises, a no-op once
-    the library is gone or in a forked child."""
-    if not _native.loaded():
-        return
-    try:
-        status = close(handle)
-    except Exception:  # a forked child: the library refuses every call
-        return
-    if status != 0:
-        _native.report_finalizer_error(what, status)
-
-
 class Stream:
     """A shared ring of frames of one shape and dtype, with one writer and
     up to ``readers`` readers. Made with :meth:`create`, opened elsewhere
@@ -116,9 +103,7 @@ class Stream:
         self._name = ffi.string(info.name).decode()
         self._shape = tuple(info.shape[0:info.ndim])
         self._code = info.dtype
-        lib = _native.lib()
-        self._memory = _views.owner(info.data, lambda h: _call_closing(lib.zct_stream_close, h, "closing a stream"),
-                                    handle)
+        self._memory = _views.owner(info.data, "zct_stream_close", handle, "closing a stream")
         self._frames_rw = self._frames_ro = None
         self._closed = False
         return self
@@ -289,7 +274,7 @@ class _Endpoint:
         verb = "write" if self._writable else "read"
         self._look = getattr(lib, f"zct_stream_{verb}_look")
         self._increment = getattr(lib, f"zct_stream_{verb}_increment")
-        self._finalizer = weakref.finalize(self, _call_closing, getattr(lib, f"zct_stream_{self._kind}_close"), handle,
+        self._finalizer = weakref.finalize(self, _native.finalize, f"zct_stream_{self._kind}_close", handle,
                                            f"closing a stream {self._kind}")
 
     @property
@@ -508,11 +493,6 @@ class StreamReader(_Endpoint):
         super().close()
 
 
-def _close_event(handle):
-    if _native.loaded():
-        _call_closing(_native.lib().zct_event_close, handle, "closing an event")
-
-
 class Event:
     """multiprocessing.Event's API over a futex in shared memory: ``set``,
     ``clear``, ``is_set``, ``wait(timeout=None)``. Passed to child
@@ -529,7 +509,7 @@ class Event:
     def _setup(self, handle, name):
         self._handle = handle
         self._name = name
-        self._finalizer = weakref.finalize(self, _close_event, handle)
+        self._finalizer = weakref.finalize(self, _native.finalize, "zct_event_close", handle, "closing an event")
 
     def __reduce__(self):
         return _attach_event, (self._name,)

@@ -61,7 +61,7 @@ class SharedTensor:
         self._readonly = bool(info.readonly)
         # The handle closes when this pointer is collected: it is held by the
         # SharedTensor and, through the buffers, by every view.
-        self._memory = _views.owner(info.data, _native.close_handle, handle)
+        self._memory = _views.owner(info.data, "zct_segment_close", handle, "closing a segment handle")
         return self
 
     # -- description ------------------------------------------------------

@@ -11,7 +11,8 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 
 
 def test_every_suite_runs_and_the_report_has_its_shape(tmp_path):
-    env = dict(os.environ, ZCTIPC_BENCH_WITHOUT="pythusa,faster-fifo")
+    # The same peers are measured wherever the test runs: none of the optional ones.
+    env = dict(os.environ, ZCTIPC_BENCH_WITHOUT="pythusa,faster-fifo,iceoryx2,ray")
     out = subprocess.run([sys.executable, "-m", "zctipc", "bench", "--tiny", "--out", str(tmp_path),
                           "--json", str(tmp_path / "all.json")], cwd=ROOT, env=env, capture_output=True, text=True,
                          timeout=900)
@@ -34,6 +35,8 @@ def test_every_suite_runs_and_the_report_has_its_shape(tmp_path):
     assert {s["peer"] for s in suites["queue"]["skipped"]} == {"faster-fifo"}
     assert all(r["per_second"] > 0 for r in suites["queue"]["rate"])
     assert suites["stream"]["skipped_peers"]["pythusa"] == "left out by ZCTIPC_BENCH_WITHOUT"
+    assert suites["stream"]["skipped_peers"]["iceoryx2"] == "left out by ZCTIPC_BENCH_WITHOUT"
+    assert {s["peer"] for s in suites["handoff"]["skipped"]} == {"ray"}
     assert {r["peer"] for r in suites["stream"]["throughput"]} == {"zctipc"}
     assert {r["peer"] for r in suites["arrow"]["arrow"]} >= {"zctipc share/attach", "pa.ipc through a pipe"}
     assert suites["gpu"]["skipped"] or suites["gpu"]["rows"]

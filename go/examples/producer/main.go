@@ -16,6 +16,7 @@ import (
 	"context"
 	"encoding/binary"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -33,111 +34,113 @@ func main() {
 	}
 }
 
+// counts says how many counts each mode takes after its name.
+var counts = map[string]int{"tensor": 1, "queue": 2, "stamped": 2, "stream": 1}
+
 func run(args []string) error {
-	if len(args) < 3 {
-		return fmt.Errorf("usage: producer tensor NAME N | queue QUEUE N K | stream STREAM K")
+	usage := errors.New("usage: producer tensor NAME N | queue QUEUE N K | stamped QUEUE N K | stream STREAM K")
+	if len(args) < 2 || counts[args[0]] != len(args)-2 {
+		return usage
+	}
+	n := make([]int, len(args)-2)
+	for i, a := range args[2:] {
+		v, err := strconv.Atoi(a)
+		if err != nil {
+			return fmt.Errorf("%q is not a count: %w", a, err)
+		}
+		n[i] = v
 	}
 	ctx := context.Background()
-	count := func(i int) (int, error) { return strconv.Atoi(args[i]) }
 	switch args[0] {
 	case "tensor":
-		n, err := count(2)
-		if err != nil {
-			return err
-		}
-		t, err := zctipc.NewTensor(args[1], zctipc.Float32, int64(n))
-		if err != nil {
-			return err
-		}
-		defer t.Close()
-		v, err := zctipc.Values[float32](t)
-		if err != nil {
-			return err
-		}
-		for i := range v {
-			v[i] = float32(i) / 2
-		}
-		ref, err := t.Ref()
-		if err != nil {
-			return err
-		}
-		if err := json.NewEncoder(os.Stdout).Encode(ref); err != nil {
-			return err
-		}
-		_, err = io.Copy(io.Discard, os.Stdin) // hold it until told
-		return err
+		return tensor(args[1], n[0])
 	case "queue":
-		n, err := count(2)
-		if err != nil {
-			return err
-		}
-		k, err := count(3)
-		if err != nil {
-			return err
-		}
-		q, err := zctipc.AttachQueue(args[1])
-		if err != nil {
-			return err
-		}
-		defer q.Close()
-		for i := range k {
-			t, err := zctipc.NewTensor("", zctipc.Float32, int64(n))
-			if err != nil {
-				return err
-			}
-			v, _ := zctipc.Values[float32](t)
-			for j := range v {
-				v[j] = float32(i)
-			}
-			err = q.PutTensor(ctx, t)
-			if cerr := t.Close(); err == nil {
-				err = cerr
-			}
-			if err != nil {
-				return err
-			}
-		}
-		return q.PutBytes(ctx, []byte("done"))
+		return queue(ctx, args[1], n[0], n[1])
 	case "stamped":
-		n, err := count(2)
-		if err != nil {
-			return err
-		}
-		k, err := count(3)
-		if err != nil {
-			return err
-		}
-		return stamped(ctx, args[1], n, k)
-	case "stream":
-		k, err := count(2)
-		if err != nil {
-			return err
-		}
-		s, err := zctipc.AttachStream(args[1])
-		if err != nil {
-			return err
-		}
-		defer s.Close()
-		w, err := s.Writer()
-		if err != nil {
-			return err
-		}
-		defer w.Close()
-		for i := range k {
-			frame, err := w.Look(ctx)
-			if err != nil {
-				return err
-			}
-			for j := 0; j+4 <= len(frame); j += 4 {
-				binary.LittleEndian.PutUint32(frame[j:], math.Float32bits(float32(i)))
-			}
-			if err := w.Increment(); err != nil {
-				return err
-			}
-		}
-		return s.End()
+		return stamped(ctx, args[1], n[0], n[1])
 	}
-	return fmt.Errorf("unknown mode %q", args[0])
+	return stream(ctx, args[1], n[0])
+}
+
+// tensor makes tensor name of n float32 elements (element i = i/2), prints
+// its TensorRef, and keeps it until stdin closes.
+func tensor(name string, n int) error {
+	t, err := zctipc.NewTensor(name, zctipc.Float32, int64(n))
+	if err != nil {
+		return err
+	}
+	defer t.Close()
+	v, err := zctipc.Values[float32](t)
+	if err != nil {
+		return err
+	}
+	for i := range v {
+		v[i] = float32(i) / 2
+	}
+	ref, err := t.Ref()
+	if err != nil {
+		return err
+	}
+	if err := json.NewEncoder(os.Stdout).Encode(ref); err != nil {
+		return err
+	}
+	_, err = io.Copy(io.Discard, os.Stdin) // hold it until told
+	return err
+}
+
+// queue puts k tensors of n float32 elements (all i in tensor i), then the
+// bytes "done".
+func queue(ctx context.Context, name string, n, k int) error {
+	q, err := zctipc.AttachQueue(name)
+	if err != nil {
+		return err
+	}
+	defer q.Close()
+	for i := range k {
+		t, err := zctipc.NewTensor("", zctipc.Float32, int64(n))
+		if err != nil {
+			return err
+		}
+		v, _ := zctipc.Values[float32](t)
+		for j := range v {
+			v[j] = float32(i)
+		}
+		err = q.PutTensor(ctx, t)
+		if cerr := t.Close(); err == nil { // the message holds its own count
+			err = cerr
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return q.PutBytes(ctx, []byte("done"))
+}
+
+// stream writes k frames (every element of frame i is i), then ends it.
+func stream(ctx context.Context, name string, k int) error {
+	s, err := zctipc.AttachStream(name)
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	w, err := s.Writer()
+	if err != nil {
+		return err
+	}
+	defer w.Close()
+	for i := range k {
+		frame, err := w.Look(ctx)
+		if err != nil {
+			return err
+		}
+		for j := 0; j+4 <= len(frame); j += 4 {
+			binary.LittleEndian.PutUint32(frame[j:], math.Float32bits(float32(i)))
+		}
+		if err := w.Increment(); err != nil {
+			return err
+		}
+	}
+	return s.End()
 }
 
 func stamped(ctx context.Context, queue string, n, k int) error {

@@ -497,10 +497,18 @@ func zct_queue_get_many(h C.zct_handle, buf unsafe.Pointer, capacity C.uint64_t,
 func zct_queue_len(h C.zct_handle, items *C.int64_t, unfinished *C.int64_t) C.int {
 	return with(queues, uint64(h), func(q *queue.Queue) error {
 		if items != nil {
-			*items = C.int64_t(max(0, q.Len()))
+			n, err := q.Len()
+			if err != nil {
+				return err
+			}
+			*items = C.int64_t(max(0, n))
 		}
 		if unfinished != nil {
-			*unfinished = C.int64_t(max(0, q.Unfinished()))
+			n, err := q.Unfinished()
+			if err != nil {
+				return err
+			}
+			*unfinished = C.int64_t(max(0, n))
 		}
 		return nil
 	})

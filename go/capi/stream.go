@@ -108,8 +108,12 @@ func zct_stream_stats(h C.zct_handle, published, dropped *C.uint64_t, nreaders, 
 		if err != nil {
 			return err
 		}
-		*published, *dropped = C.uint64_t(s.Published()), C.uint64_t(s.Dropped())
-		*nreaders, *ended = C.int32_t(s.Readers()), boolInt(s.Ended())
+		st, err := s.Stats()
+		if err != nil {
+			return err
+		}
+		*published, *dropped = C.uint64_t(st.Published), C.uint64_t(st.Dropped)
+		*nreaders, *ended = C.int32_t(st.Readers), boolInt(st.Ended)
 		return nil
 	})
 }
@@ -212,7 +216,11 @@ func zct_stream_reader_stats(h C.zct_handle, position, received, dropped *C.uint
 		if err != nil {
 			return err
 		}
-		*position, *received, *dropped = C.uint64_t(r.Position()), C.uint64_t(r.Received()), C.uint64_t(r.Dropped())
+		st, err := r.Stats()
+		if err != nil {
+			return err
+		}
+		*position, *received, *dropped = C.uint64_t(st.Position), C.uint64_t(st.Received), C.uint64_t(st.Dropped)
 		return nil
 	})
 }
@@ -274,20 +282,27 @@ func zct_event_set(h C.zct_handle) C.int {
 
 //export zct_event_clear
 func zct_event_clear(h C.zct_handle) C.int {
-	return with(events, uint64(h), func(e *event.Event) error { e.Clear(); return nil })
+	return with(events, uint64(h), func(e *event.Event) error { return e.Clear() })
 }
 
 //export zct_event_is_set
 func zct_event_is_set(h C.zct_handle, set *C.int32_t) C.int {
 	return with(events, uint64(h), func(e *event.Event) error {
-		*set = boolInt(e.IsSet())
-		return nil
+		if set == nil {
+			return errNilArg
+		}
+		ok, err := e.IsSet()
+		*set = boolInt(ok)
+		return err
 	})
 }
 
 //export zct_event_wait
 func zct_event_wait(h C.zct_handle, timeoutMS C.int64_t, set *C.int32_t) C.int {
 	return with(events, uint64(h), func(e *event.Event) error {
+		if set == nil {
+			return errNilArg
+		}
 		ok, err := e.Wait(deadline(timeoutMS))
 		*set = boolInt(ok)
 		return err

@@ -4,6 +4,7 @@ package event
 
 import (
 	"errors"
+	"fmt"
 	"math"
 	"sync/atomic"
 	"time"
@@ -11,9 +12,14 @@ import (
 
 	"github.com/zctipc/zctipc/go/dtype"
 	"github.com/zctipc/zctipc/go/futex"
+	"github.com/zctipc/zctipc/go/guard"
 	"github.com/zctipc/zctipc/go/header"
 	"github.com/zctipc/zctipc/go/shm"
 )
+
+// ErrClosed means this handle on the event was closed, before the call or
+// while it waited.
+var ErrClosed = fmt.Errorf("event is closed: %w", shm.ErrClosed)
 
 // Layout of an event segment's data region (docs/format.md).
 const (
@@ -27,10 +33,13 @@ const (
 	recheckEvery = time.Second
 )
 
-// Event is an event segment attached in this process.
+// Event is an event segment attached in this process. It is safe for
+// concurrent use: Close may be called while other goroutines wait, which
+// then return ErrClosed.
 type Event struct {
-	seg  *shm.Segment
-	flag *uint32
+	guard guard.Guard
+	seg   *shm.Segment
+	flag  *uint32
 	// interruptible makes Wait return futex.ErrInterrupted on a signal.
 	interruptible bool
 }
@@ -68,10 +77,22 @@ func (e *Event) SetInterruptible(on bool) { e.interruptible = on }
 func (e *Event) Segment() *shm.Segment { return e.seg }
 
 // IsSet reports whether the event is set.
-func (e *Event) IsSet() bool { return atomic.LoadUint32(e.flag) != 0 }
+func (e *Event) IsSet() (bool, error) {
+	if !e.guard.Enter() {
+		return false, ErrClosed
+	}
+	defer e.guard.Leave()
+	return e.isSet(), nil
+}
+
+func (e *Event) isSet() bool { return atomic.LoadUint32(e.flag) != 0 }
 
 // Set sets the event and wakes every waiter.
 func (e *Event) Set() error {
+	if !e.guard.Enter() {
+		return ErrClosed
+	}
+	defer e.guard.Leave()
 	if atomic.SwapUint32(e.flag, 1) != 0 {
 		return nil
 	}
@@ -83,17 +104,31 @@ func (e *Event) Set() error {
 }
 
 // Clear clears the event.
-func (e *Event) Clear() { atomic.StoreUint32(e.flag, 0) }
+func (e *Event) Clear() error {
+	if !e.guard.Enter() {
+		return ErrClosed
+	}
+	defer e.guard.Leave()
+	atomic.StoreUint32(e.flag, 0)
+	return nil
+}
 
 // Wait waits until the event is set or deadline passes (none when zero),
 // and reports whether it is set.
 func (e *Event) Wait(deadline time.Time) (bool, error) {
+	if !e.guard.Enter() {
+		return false, ErrClosed
+	}
+	defer e.guard.Leave()
 	seq := futex.Seq{Word: e.flag, Waiters: e.waiters()}
-	for !e.IsSet() {
+	for !e.isSet() {
+		if e.guard.Closed() {
+			return false, ErrClosed
+		}
 		// Sleep while the flag stays 0: Set moves it.
 		err := seq.Sleep(0, spinFor, deadline, recheckEvery, e.interruptible)
 		if errors.Is(err, futex.ErrTimeout) {
-			return e.IsSet(), nil
+			return e.isSet(), nil
 		}
 		if err != nil {
 			return false, err
@@ -104,5 +139,18 @@ func (e *Event) Wait(deadline time.Time) (bool, error) {
 
 func (e *Event) waiters() *uint32 { return (*uint32)(unsafe.Pointer(&e.seg.Data()[offWaiters])) }
 
-// Close closes this process's handle on the event.
-func (e *Event) Close() error { return e.seg.Close() }
+// Close closes this process's handle on the event. A Wait in another
+// goroutine returns ErrClosed; closing twice returns ErrClosed.
+func (e *Event) Close() error {
+	if !e.guard.Close(e.wakeAll) {
+		return ErrClosed
+	}
+	return e.seg.Close()
+}
+
+// wakeAll wakes every waiter of the event, in any process, to look again.
+// (The flag cannot move without setting the event, so a waiter that went to
+// sleep just after the wake sees the close when its bounded sleep ends.)
+func (e *Event) wakeAll() {
+	_, _ = futex.Wake(e.flag, math.MaxInt32) // FUTEX_WAKE on mapped memory does not fail
+}

@@ -34,10 +34,7 @@ const (
 // Layout constants.
 const (
 	RecordHeaderSize = 16
-	// WrapMarker in a record's size field means the rest of the ring, up to
-	// its end, holds no record.
-	WrapMarker     = 0xFFFFFFFF
-	descriptorBase = 32
+	descriptorBase   = 32
 	// MaxDescriptors bounds the descriptors of one record.
 	MaxDescriptors = 0xFFFF
 	maxNameLen     = 255

@@ -17,6 +17,14 @@
 // A full queue or an empty one is waited on with futexes on sequence words
 // that every put (or get) bumps, after the waiter registered itself; a
 // signal interrupts the wait so that the caller's host can run its handler.
+//
+// # Records wrap
+//
+// A record is written at its byte position modulo the ring size and, when
+// it runs past the end of the ring, goes on at offset 0, so the ring wastes
+// no byte: any record up to the ring size fits an empty ring. Records are
+// 8-byte multiples in a ring whose size is a power of two, so a record's
+// first 8 bytes (its size and descriptor count) never straddle the end.
 package queue
 
 import (
@@ -30,6 +38,7 @@ import (
 	"github.com/zctipc/zctipc/go/buffer"
 	"github.com/zctipc/zctipc/go/dtype"
 	"github.com/zctipc/zctipc/go/futex"
+	"github.com/zctipc/zctipc/go/guard"
 	"github.com/zctipc/zctipc/go/header"
 	"github.com/zctipc/zctipc/go/lock"
 	"github.com/zctipc/zctipc/go/message"
@@ -48,6 +57,9 @@ var (
 	// ErrTaskDone means task_done was called more often than there were
 	// messages.
 	ErrTaskDone = fmt.Errorf("task_done() called too many times: %w", unix.EINVAL)
+	// ErrClosed means this handle on the queue was closed, before the call
+	// or while it waited.
+	ErrClosed = fmt.Errorf("queue is closed: %w", shm.ErrClosed)
 )
 
 // RangeError says that a record did not fit the caller's buffer, or had
@@ -78,6 +90,7 @@ const (
 const (
 	offCapacity     = 0   // u64 ring bytes, a power of two
 	offMaxItems     = 8   // u64 most messages at once, 0 for no limit
+	offRingVersion  = 16  // u32 how records are laid in the ring
 	offPutLock      = 64  // lock.Size bytes
 	offTail         = 96  // u64 puts << 32 | tail
 	offGetLock      = 128 // lock.Size bytes
@@ -92,8 +105,19 @@ const (
 	ringAt          = 512
 )
 
-// Queue is a queue segment attached in this process.
+// RingVersion is the ring layout this package writes and reads: version 1
+// records wrap at the end of the ring (docs/format.md). Rings of zctipc
+// 0.1.0 say 0 there and never wrapped a record; they are refused.
+const RingVersion = 1
+
+// ErrRingVersion means a queue's ring was laid out by another version.
+var ErrRingVersion = fmt.Errorf("queue ring layout: %w", header.ErrVersion)
+
+// Queue is a queue segment attached in this process. It is safe for
+// concurrent use: Close may be called while other goroutines are blocked in
+// Put or Get, which then return ErrClosed.
 type Queue struct {
+	guard    guard.Guard
 	seg      *shm.Segment
 	data     []byte
 	ring     []byte
@@ -129,7 +153,8 @@ func Create(name string, capacity, maxItems uint64) (*Queue, error) {
 	d := seg.Data()
 	*(*uint64)(unsafe.Pointer(&d[offCapacity])) = capacity
 	*(*uint64)(unsafe.Pointer(&d[offMaxItems])) = maxItems
-	return open(seg)
+	*(*uint32)(unsafe.Pointer(&d[offRingVersion])) = RingVersion
+	return openOrClose(seg)
 }
 
 // Attach attaches the queue segment name; Adopt does so with a count that
@@ -171,6 +196,9 @@ func open(seg *shm.Segment) (*Queue, error) {
 	if capacity < MinCapacity || capacity > MaxCapacity || capacity&(capacity-1) != 0 || uint64(len(d)) != ringAt+capacity || maxItems > 1<<30 {
 		return nil, fmt.Errorf("queue %q: %w: a %d-byte ring in %d bytes", seg.Name(), header.ErrCorrupt, capacity, len(d))
 	}
+	if v := *(*uint32)(unsafe.Pointer(&d[offRingVersion])); v != RingVersion {
+		return nil, fmt.Errorf("queue %q: %w %d (this library reads %d)", seg.Name(), ErrRingVersion, v, RingVersion)
+	}
 	return &Queue{
 		seg: seg, data: d, ring: d[ringAt:],
 		capacity: uint32(capacity), mask: uint32(capacity - 1), maxItems: uint32(maxItems),
@@ -194,14 +222,30 @@ func (q *Queue) MaxItems() int { return int(q.maxItems) }
 func split(word uint64) (count, pos uint32) { return uint32(word >> 32), uint32(word) }
 
 // Len returns the number of messages in the queue now.
-func (q *Queue) Len() int {
+func (q *Queue) Len() (int, error) {
+	if !q.guard.Enter() {
+		return 0, ErrClosed
+	}
+	defer q.guard.Leave()
+	return q.len(), nil
+}
+
+func (q *Queue) len() int {
 	puts, _ := split(atomic.LoadUint64(q.u64(offTail)))
 	gets, _ := split(atomic.LoadUint64(q.u64(offHead)))
 	return int(int32(puts - gets))
 }
 
 // Unfinished returns the messages put and not yet marked done.
-func (q *Queue) Unfinished() int {
+func (q *Queue) Unfinished() (int, error) {
+	if !q.guard.Enter() {
+		return 0, ErrClosed
+	}
+	defer q.guard.Leave()
+	return q.unfinished(), nil
+}
+
+func (q *Queue) unfinished() int {
 	puts, _ := split(atomic.LoadUint64(q.u64(offTail)))
 	return int(int32(puts - atomic.LoadUint32(q.u32(offDone))))
 }
@@ -218,6 +262,10 @@ func (q *Queue) Put(rec *message.Record, deadline time.Time) error {
 // first, then appends as many of the others as fit at once, commits them
 // with one store, and returns how many it appended.
 func (q *Queue) PutMany(recs []*message.Record, deadline time.Time) (int, error) {
+	if !q.guard.Enter() {
+		return 0, ErrClosed
+	}
+	defer q.guard.Leave()
 	if len(recs) == 0 {
 		return 0, nil
 	}
@@ -234,7 +282,7 @@ func (q *Queue) PutMany(recs []*message.Record, deadline time.Time) (int, error)
 		seen := atomic.LoadUint32(q.u32(offSpaceSeq))
 		puts, tail = split(atomic.LoadUint64(q.u64(offTail)))
 		gets, head = split(atomic.LoadUint64(q.u64(offHead)))
-		if _, ok := q.room(tail, head, puts-gets, uint32(recs[0].Size())); ok {
+		if q.room(tail, head, puts-gets, uint32(recs[0].Size())) {
 			break
 		}
 		if err := q.wait(q.putLock, offSpaceSeq, offSpaceWaiters, seen, deadline, ErrFull); err != nil {
@@ -244,16 +292,10 @@ func (q *Queue) PutMany(recs []*message.Record, deadline time.Time) (int, error)
 	n := 0
 	for n < len(recs) {
 		size := uint32(recs[n].Size())
-		waste, ok := q.room(tail, head, puts+uint32(n)-gets, size)
-		if !ok {
+		if !q.room(tail, head, puts+uint32(n)-gets, size) {
 			break
 		}
-		if waste > 0 {
-			*(*uint32)(unsafe.Pointer(&q.ring[tail&q.mask])) = message.WrapMarker
-			tail += waste
-		}
-		pos := tail & q.mask
-		recs[n].Encode(q.ring[pos : pos+size])
+		q.write(tail, recs[n])
 		tail += size
 		n++
 	}
@@ -273,13 +315,29 @@ func (q *Queue) PutMany(recs []*message.Record, deadline time.Time) (int, error)
 }
 
 // room reports whether a record of size fits after tail, with items
-// messages in the queue, and the bytes it wastes by wrapping around.
-func (q *Queue) room(tail, head, items, size uint32) (uint32, bool) {
-	waste := uint32(0)
-	if pos := tail & q.mask; pos+size > q.capacity {
-		waste = q.capacity - pos
+// messages in the queue.
+func (q *Queue) room(tail, head, items, size uint32) bool {
+	return tail-head+size <= q.capacity && (q.maxItems == 0 || items < q.maxItems)
+}
+
+// write encodes rec at byte position at, going on at offset 0 when it runs
+// past the end of the ring.
+func (q *Queue) write(at uint32, rec *message.Record) {
+	pos, size := at&q.mask, uint32(rec.Size())
+	if pos+size <= q.capacity {
+		rec.Encode(q.ring[pos : pos+size])
+		return
 	}
-	return waste, tail-head+waste+size <= q.capacity && (q.maxItems == 0 || items < q.maxItems)
+	buf := make([]byte, size) // once per lap of the ring at most
+	rec.Encode(buf)
+	copy(q.ring[0:], buf[copy(q.ring[pos:], buf):])
+}
+
+// read copies the record of size bytes at byte position at into dst.
+func (q *Queue) read(at, size uint32, dst []byte) {
+	pos := at & q.mask
+	n := copy(dst[:size], q.ring[pos:min(pos+size, q.capacity)])
+	copy(dst[n:size], q.ring[:size-uint32(n)])
 }
 
 // Get takes the next record into buf and returns its size, waiting until
@@ -300,6 +358,10 @@ func (q *Queue) Get(buf []byte, maxDescriptors int, deadline time.Time) (int, er
 // store. It returns how many records it took and the bytes they fill. A
 // first record that does not fit is left and reported as a *RangeError.
 func (q *Queue) GetMany(buf []byte, maxRecords, maxDescriptors int, deadline time.Time) (int, int, error) {
+	if !q.guard.Enter() {
+		return 0, 0, ErrClosed
+	}
+	defer q.guard.Leave()
 	if err := q.lock(q.getLock, deadline, ErrEmpty); err != nil {
 		return 0, 0, err
 	}
@@ -319,13 +381,7 @@ func (q *Queue) GetMany(buf []byte, maxRecords, maxDescriptors int, deadline tim
 	for n < maxRecords && head != tail {
 		pos := head & q.mask
 		size := *(*uint32)(unsafe.Pointer(&q.ring[pos]))
-		wrapped := head
-		if size == message.WrapMarker {
-			wrapped += q.capacity - pos
-			pos = 0
-			size = *(*uint32)(unsafe.Pointer(&q.ring[0]))
-		}
-		if size < message.RecordHeaderSize || size%8 != 0 || size > tail-wrapped || pos+size > q.capacity {
+		if size < message.RecordHeaderSize || size%8 != 0 || size > tail-head || pos%8 != 0 {
 			// A record that cannot be one: drop everything up to the tail
 			// rather than read out of bounds.
 			atomic.StoreUint64(q.u64(offHead), uint64(gets+uint32(n))<<32|uint64(tail))
@@ -338,10 +394,10 @@ func (q *Queue) GetMany(buf []byte, maxRecords, maxDescriptors int, deadline tim
 			}
 			break
 		}
-		copy(buf[filled:], q.ring[pos:pos+size])
+		q.read(head, size, buf[filled:])
 		filled += int(size)
 		descriptors += ndesc
-		head = wrapped + size
+		head += size
 		n++
 	}
 	atomic.StoreUint64(q.u64(offHead), uint64(gets+uint32(n))<<32|uint64(head)) // commit
@@ -360,6 +416,10 @@ func (q *Queue) GetMany(buf []byte, maxRecords, maxDescriptors int, deadline tim
 
 // TaskDone marks one message done, for Join.
 func (q *Queue) TaskDone() error {
+	if !q.guard.Enter() {
+		return ErrClosed
+	}
+	defer q.guard.Leave()
 	done := q.u32(offDone)
 	for {
 		puts, _ := split(atomic.LoadUint64(q.u64(offTail)))
@@ -379,9 +439,13 @@ func (q *Queue) TaskDone() error {
 // Join waits until every message put was marked done, until deadline
 // (ErrFull when it passed).
 func (q *Queue) Join(deadline time.Time) error {
+	if !q.guard.Enter() {
+		return ErrClosed
+	}
+	defer q.guard.Leave()
 	for {
 		seen := atomic.LoadUint32(q.u32(offJoinSeq))
-		if q.Unfinished() == 0 {
+		if q.unfinished() == 0 {
 			return nil
 		}
 		if err := q.sleep(offJoinSeq, offJoinWaiters, seen, deadline, ErrFull); err != nil {
@@ -425,6 +489,9 @@ func (q *Queue) seq(seqOff, waitersOff int) futex.Seq {
 // short spin, and for at most recheckEvery: a wake-up meant for a consumer
 // that was killed before passing it on is then made up for.
 func (q *Queue) sleep(seqOff, waitersOff int, seen uint32, deadline time.Time, timeoutErr error) error {
+	if q.guard.Closed() {
+		return ErrClosed
+	}
 	err := q.seq(seqOff, waitersOff).Sleep(seen, spinFor, deadline, recheckEvery, q.interruptible)
 	if errors.Is(err, futex.ErrTimeout) {
 		return timeoutErr
@@ -437,8 +504,23 @@ func (q *Queue) signal(seqOff, waitersOff int, n int) error {
 	return q.seq(seqOff, waitersOff).Signal(n)
 }
 
-// Close closes this process's handle on the queue.
-func (q *Queue) Close() error { return q.seg.Close() }
+// Close closes this process's handle on the queue. Calls blocked in other
+// goroutines wake and return ErrClosed; Close returns once none is left,
+// and only then lets the segment go. Closing twice returns ErrClosed.
+func (q *Queue) Close() error {
+	if !q.guard.Close(q.wakeAll) {
+		return ErrClosed
+	}
+	return q.seg.Close()
+}
+
+// wakeAll wakes every waiter of the queue, in any process: they look again
+// (a spurious wake-up to those of other processes).
+func (q *Queue) wakeAll() {
+	for _, s := range [][2]int{{offDataSeq, offDataWaiters}, {offSpaceSeq, offSpaceWaiters}, {offJoinSeq, offJoinWaiters}} {
+		_ = q.signal(s[0], s[1], 1<<30) // FUTEX_WAKE on mapped memory does not fail
+	}
+}
 
 func init() { shm.OnLastRelease(header.KindQueue, drain) }
 
@@ -458,21 +540,21 @@ func Descriptors(data []byte, fn func(*message.Descriptor) error) error {
 	if capacity < MinCapacity || capacity > MaxCapacity || capacity&(capacity-1) != 0 || uint64(len(data)) != ringAt+capacity {
 		return nil // not a queue we can read; nothing to release
 	}
-	ring, mask := data[ringAt:], uint32(capacity-1)
-	_, head := split(atomic.LoadUint64((*uint64)(unsafe.Pointer(&data[offHead]))))
-	_, tail := split(atomic.LoadUint64((*uint64)(unsafe.Pointer(&data[offTail]))))
+	if *(*uint32)(unsafe.Pointer(&data[offRingVersion])) != RingVersion {
+		return nil
+	}
+	q := &Queue{data: data, ring: data[ringAt:], capacity: uint32(capacity), mask: uint32(capacity - 1)}
+	_, head := split(atomic.LoadUint64(q.u64(offHead)))
+	_, tail := split(atomic.LoadUint64(q.u64(offTail)))
 	var errs []error
-	for head != tail && tail-head <= uint32(capacity) {
-		pos := head & mask
-		size := *(*uint32)(unsafe.Pointer(&ring[pos]))
-		if size == message.WrapMarker {
-			head += uint32(capacity) - pos
-			continue
-		}
-		if size < message.RecordHeaderSize || size%8 != 0 || pos+size > uint32(capacity) || size > tail-head {
+	for head != tail && tail-head <= q.capacity {
+		size := *(*uint32)(unsafe.Pointer(&q.ring[head&q.mask]))
+		if size < message.RecordHeaderSize || size%8 != 0 || head%8 != 0 || size > tail-head {
 			return errors.Join(append(errs, fmt.Errorf("%w: a record of %d bytes in a queue", header.ErrCorrupt, size))...)
 		}
-		rec, err := message.DecodeRecord(append([]byte(nil), ring[pos:pos+size]...))
+		buf := make([]byte, size)
+		q.read(head, size, buf)
+		rec, err := message.DecodeRecord(buf)
 		if err != nil {
 			errs = append(errs, err)
 		}

@@ -3,9 +3,11 @@ package stream
 import (
 	"errors"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/zctipc/zctipc/go/guard"
 	"github.com/zctipc/zctipc/go/proc"
 	"github.com/zctipc/zctipc/go/shm"
 	"golang.org/x/sys/unix"
@@ -19,9 +21,14 @@ var ErrNoSlot = fmt.Errorf("no free reader slot: %w", unix.EBUSY)
 // ignores it.
 const slotJoining = 3
 
-// Reader is one reader of a stream, in this process. Its methods must not
-// be called from several goroutines at once.
+// Reader is one reader of a stream, in this process: one position in it.
+// It is safe for concurrent use: its calls are serialized, so goroutines
+// that share a Reader share its position (a frame one of them looked at is
+// released by the next Increment, whoever calls it). Close may be called
+// while another goroutine waits in Look, which then returns ErrClosed.
 type Reader struct {
+	guard   guard.Guard
+	mu      sync.Mutex // serializes the calls: they move pos and looking
 	s       *Stream
 	seg     *shm.Segment // the reader's own handle: the memory outlives the stream's
 	index   int
@@ -29,7 +36,6 @@ type Reader struct {
 	slot    []byte
 	pos     uint64 // the next frame to read
 	looking bool   // Look returned frame pos and Increment has not passed it
-	closed  bool
 	self    proc.Identity
 }
 
@@ -38,6 +44,10 @@ type Reader struct {
 // the process that held it is gone. The reader starts at the next frame
 // published.
 func (s *Stream) Reader(index int) (*Reader, error) {
+	if !s.guard.Enter() {
+		return nil, ErrClosed
+	}
+	defer s.guard.Leave()
 	self, err := proc.Self()
 	if err != nil {
 		return nil, err
@@ -114,14 +124,42 @@ func (r *Reader) activate(held uint64) {
 // Index returns the reader's slot.
 func (r *Reader) Index() int { return r.index }
 
-// Position returns the position of the next frame this reader reads.
-func (r *Reader) Position() uint64 { return r.pos }
+// ReaderStats are a reader's counts.
+type ReaderStats struct {
+	Position uint64 // the next frame this reader reads
+	Received uint64 // frames it took whole
+	Dropped  uint64 // frames it lost
+}
 
-// Dropped returns the frames this reader lost.
-func (r *Reader) Dropped() uint64 { return atomic.LoadUint64(u64(r.slot, rDropped)) }
+// Stats returns the reader's counts (ErrClosed once it is closed).
+func (r *Reader) Stats() (ReaderStats, error) {
+	if !r.guard.Enter() {
+		return ReaderStats{}, ErrClosed
+	}
+	defer r.guard.Leave()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return ReaderStats{
+		Position: r.pos,
+		Received: atomic.LoadUint64(u64(r.slot, rReceived)),
+		Dropped:  atomic.LoadUint64(u64(r.slot, rDropped)),
+	}, nil
+}
 
-// Received returns the frames this reader took whole.
-func (r *Reader) Received() uint64 { return atomic.LoadUint64(u64(r.slot, rReceived)) }
+// enter starts a call: it fails once the reader is closed, and serializes
+// the calls. The caller defers leave.
+func (r *Reader) enter() error {
+	if !r.guard.Enter() {
+		return ErrClosed
+	}
+	r.mu.Lock()
+	return nil
+}
+
+func (r *Reader) leave() {
+	r.mu.Unlock()
+	r.guard.Leave()
+}
 
 // Look returns the slot of the next frame, waiting for the writer to
 // publish it until deadline (none when zero; a past deadline does not wait).
@@ -129,9 +167,14 @@ func (r *Reader) Received() uint64 { return atomic.LoadUint64(u64(r.slot, rRecei
 // ended and every frame was read. Looking again before Increment returns the
 // same slot.
 func (r *Reader) Look(deadline time.Time) (int, error) {
-	if r.closed {
-		return 0, ErrClosed
+	if err := r.enter(); err != nil {
+		return 0, err
 	}
+	defer r.leave()
+	return r.look(deadline)
+}
+
+func (r *Reader) look(deadline time.Time) (int, error) {
 	s := r.s
 	frames := uint64(s.cfg.Frames)
 	if r.looking {
@@ -154,11 +197,14 @@ func (r *Reader) Look(deadline time.Time) (int, error) {
 			r.seen() // it holds this frame from now: a wait before does not count
 			return int(r.pos % frames), nil
 		}
-		if s.Ended() {
+		if s.ended() {
 			return 0, ErrEnded
 		}
 		if !deadline.IsZero() && !time.Now().Before(deadline) {
 			return 0, ErrEmpty
+		}
+		if r.guard.Closed() {
+			return 0, ErrClosed
 		}
 		if err := s.sleep(data, seen, deadline, ErrEmpty); err != nil {
 			return 0, err
@@ -171,9 +217,14 @@ func (r *Reader) Look(deadline time.Time) (int, error) {
 // looked (it lapped the reader under Overwrite, or evicted it), in which
 // case the frame counts as dropped.
 func (r *Reader) Increment() (bool, error) {
-	if r.closed {
-		return false, ErrClosed
+	if err := r.enter(); err != nil {
+		return false, err
 	}
+	defer r.leave()
+	return r.increment()
+}
+
+func (r *Reader) increment() (bool, error) {
 	if !r.looking {
 		return false, ErrNoFrame
 	}
@@ -198,13 +249,17 @@ func (r *Reader) Increment() (bool, error) {
 // call per frame for a reader that goes through them in order. whole is
 // what Increment said of the frame released (true when none was).
 func (r *Reader) Next(deadline time.Time) (slot int, whole bool, err error) {
+	if err := r.enter(); err != nil {
+		return 0, false, err
+	}
+	defer r.leave()
 	whole = true
 	if r.looking {
-		if whole, err = r.Increment(); err != nil {
+		if whole, err = r.increment(); err != nil {
 			return 0, whole, err
 		}
 	}
-	slot, err = r.Look(deadline)
+	slot, err = r.look(deadline)
 	return slot, whole, err
 }
 
@@ -241,12 +296,12 @@ func (r *Reader) rejoinIfEvicted() error {
 }
 
 // Close leaves the stream: the slot is free for another reader, and the
-// writer no longer waits for this one.
+// writer no longer waits for this one. A Look waiting in another goroutine
+// returns ErrClosed; closing twice returns ErrClosed.
 func (r *Reader) Close() error {
-	if r.closed {
-		return nil
+	if !r.guard.Close(r.s.wakeAll) {
+		return ErrClosed
 	}
-	r.closed = true
 	word := u64(r.slot, rWord)
 	w := atomic.LoadUint64(word)
 	if slotPID(w) == r.self.PID && (w == r.word || state(w) == slotEvicted) {

@@ -46,6 +46,7 @@ import (
 
 	"github.com/zctipc/zctipc/go/dtype"
 	"github.com/zctipc/zctipc/go/futex"
+	"github.com/zctipc/zctipc/go/guard"
 	"github.com/zctipc/zctipc/go/header"
 	"github.com/zctipc/zctipc/go/shm"
 	"golang.org/x/sys/unix"
@@ -90,7 +91,7 @@ var (
 	// ErrNoFrame means Increment was called with no frame looked at.
 	ErrNoFrame = fmt.Errorf("no frame to increment past: call look first: %w", unix.EINVAL)
 	// ErrClosed means the reader or writer was closed.
-	ErrClosed = fmt.Errorf("the stream handle is closed: %w", unix.EBADF)
+	ErrClosed = fmt.Errorf("the stream handle is closed: %w", shm.ErrClosed)
 )
 
 // Layout of a stream segment's data region (docs/format.md).
@@ -161,8 +162,11 @@ type Config struct {
 	ReaderTimeout time.Duration
 }
 
-// Stream is a stream segment attached in this process.
+// Stream is a stream segment attached in this process. It is safe for
+// concurrent use; its readers and writers keep the memory mapped after the
+// Stream is closed.
 type Stream struct {
+	guard      guard.Guard
 	seg        *shm.Segment
 	data       []byte
 	cfg        Config
@@ -334,35 +338,61 @@ func (s *Stream) Frame(i int) []byte {
 // FrameOffset returns where slot i starts in the data region.
 func (s *Stream) FrameOffset(i int) uint64 { return s.ringAt + uint64(i)*s.stride }
 
-// Published returns the number of frames published so far.
-func (s *Stream) Published() uint64 { return atomic.LoadUint64(u64(s.data, offPublished)) }
+// Stats are a stream's counts.
+type Stats struct {
+	Published uint64 // frames published so far
+	Dropped   uint64 // frames all readers together lost
+	Readers   int    // readers that hold a slot
+	Ended     bool
+}
 
-// Dropped returns the number of frames all readers together lost.
-func (s *Stream) Dropped() uint64 { return atomic.LoadUint64(u64(s.data, offDropped)) }
+// Stats returns the stream's counts (ErrClosed once it is closed).
+func (s *Stream) Stats() (Stats, error) {
+	if !s.guard.Enter() {
+		return Stats{}, ErrClosed
+	}
+	defer s.guard.Leave()
+	st := Stats{
+		Published: atomic.LoadUint64(u64(s.data, offPublished)),
+		Dropped:   atomic.LoadUint64(u64(s.data, offDropped)),
+		Ended:     s.ended(),
+	}
+	for i := range s.cfg.Readers {
+		if state(atomic.LoadUint64(s.slotWord(i))) == slotActive {
+			st.Readers++
+		}
+	}
+	return st, nil
+}
 
-// Ended reports whether the stream was ended.
-func (s *Stream) Ended() bool { return atomic.LoadUint32(u32(s.data, offEnded)) != 0 }
+func (s *Stream) ended() bool { return atomic.LoadUint32(u32(s.data, offEnded)) != 0 }
 
 // End ends the stream: the writer can publish no more, readers read what
 // was published and then get ErrEnded, and every waiter wakes.
 func (s *Stream) End() error {
+	if !s.guard.Enter() {
+		return ErrClosed
+	}
+	defer s.guard.Leave()
 	atomic.StoreUint32(u32(s.data, offEnded), 1)
 	return errors.Join(s.dataSeq().Signal(math.MaxInt32), s.spaceSeq().Signal(math.MaxInt32))
 }
 
-// Readers returns the number of readers that hold a slot.
-func (s *Stream) Readers() int {
-	n := 0
-	for i := range s.cfg.Readers {
-		if state(atomic.LoadUint64(s.slotWord(i))) == slotActive {
-			n++
-		}
+// Close closes this process's handle on the stream; its readers and writers
+// go on. Closing twice returns ErrClosed.
+func (s *Stream) Close() error {
+	if !s.guard.Close(nil) {
+		return ErrClosed
 	}
-	return n
+	return s.seg.Close()
 }
 
-// Close closes this process's handle on the stream.
-func (s *Stream) Close() error { return s.seg.Close() }
+// wakeAll wakes every waiter of the stream, in any process: they look
+// again (a spurious wake-up to those of other processes).
+func (s *Stream) wakeAll() {
+	_ = s.dataSeq().Signal(math.MaxInt32) // FUTEX_WAKE on mapped memory does not fail
+	_ = s.spaceSeq().Signal(math.MaxInt32)
+}
 
 func (s *Stream) dataSeq() futex.Seq {
 	return futex.Seq{Word: u32(s.data, offDataSeq), Waiters: u32(s.data, offDataWaiters)}

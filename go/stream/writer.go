@@ -4,10 +4,12 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"sync"
 	"sync/atomic"
 	"time"
 	"unsafe"
 
+	"github.com/zctipc/zctipc/go/guard"
 	"github.com/zctipc/zctipc/go/lock"
 	"github.com/zctipc/zctipc/go/proc"
 	"github.com/zctipc/zctipc/go/shm"
@@ -21,22 +23,30 @@ var ErrWriterBusy = fmt.Errorf("the stream already has a writer: %w", unix.EBUSY
 // enough to take it over from a writer that died.
 const takeWriterFor = 200 * time.Millisecond
 
-// Writer is the stream's one writer, in this process. Its methods must not
-// be called from several goroutines at once.
+// Writer is the stream's one writer, in this process. It is safe for
+// concurrent use: its calls are serialized, and goroutines that share it
+// share the frame claimed (Look, then Increment, whoever calls it). Close
+// may be called while another goroutine waits in Look, which then returns
+// ErrClosed.
 type Writer struct {
+	guard   guard.Guard
+	mu      sync.Mutex // serializes the calls: they move next and claimed
 	s       *Stream
 	seg     *shm.Segment // the writer's own handle: the memory outlives the stream's
 	role    lock.Mutex
 	claimed bool   // a frame is claimed and not yet published
 	next    uint64 // the position of the next frame to claim
 	minPos  uint64 // the slowest reader's position when last read
-	closed  bool
 }
 
 // Writer makes this process the stream's writer. When the writer before it
 // died, it takes the role over, and the frame that writer had claimed but
 // not published is never published.
 func (s *Stream) Writer() (*Writer, error) {
+	if !s.guard.Enter() {
+		return nil, ErrClosed
+	}
+	defer s.guard.Leave()
 	seg, err := s.seg.Dup()
 	if err != nil {
 		return nil, err
@@ -61,15 +71,16 @@ func (s *Stream) Writer() (*Writer, error) {
 // returns ErrFull when the deadline passed, ErrEnded once the stream ended.
 // Looking again before Increment returns the same slot.
 func (w *Writer) Look(deadline time.Time) (int, error) {
-	if w.closed {
-		return 0, ErrClosed
+	if err := w.enter(); err != nil {
+		return 0, err
 	}
+	defer w.leave()
 	s := w.s
 	frames := uint64(s.cfg.Frames)
 	if w.claimed {
 		return int(w.next % frames), nil
 	}
-	if s.Ended() {
+	if s.ended() {
 		return 0, ErrEnded
 	}
 	if s.cfg.Policy == Block && w.next >= w.minPos+frames {
@@ -88,9 +99,10 @@ func (w *Writer) Look(deadline time.Time) (int, error) {
 
 // Increment publishes the frame claimed by Look.
 func (w *Writer) Increment() error {
-	if w.closed {
-		return ErrClosed
+	if err := w.enter(); err != nil {
+		return err
 	}
+	defer w.leave()
 	if !w.claimed {
 		return ErrNoFrame
 	}
@@ -100,16 +112,37 @@ func (w *Writer) Increment() error {
 	return w.s.dataSeq().Signal(math.MaxInt32)
 }
 
-// Position returns the number of frames this writer's stream has published.
-func (w *Writer) Position() uint64 { return w.next }
+// Position returns the number of frames this writer has published (a
+// closed writer keeps the number it had).
+func (w *Writer) Position() uint64 {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.next
+}
+
+// enter starts a call: it fails once the writer is closed, and serializes
+// the calls. The caller defers leave.
+func (w *Writer) enter() error {
+	if !w.guard.Enter() {
+		return ErrClosed
+	}
+	w.mu.Lock()
+	return nil
+}
+
+func (w *Writer) leave() {
+	w.mu.Unlock()
+	w.guard.Leave()
+}
 
 // Close gives up the writer role; a frame claimed and not published is not
-// published. The stream goes on: another writer may take over.
+// published. The stream goes on: another writer may take over. A Look
+// waiting in another goroutine returns ErrClosed; closing twice returns
+// ErrClosed.
 func (w *Writer) Close() error {
-	if w.closed {
-		return nil
+	if !w.guard.Close(w.s.wakeAll) {
+		return ErrClosed
 	}
-	w.closed = true
 	return errors.Join(w.role.Unlock(), w.seg.Close())
 }
 
@@ -145,8 +178,11 @@ func (w *Writer) waitForRoom(deadline time.Time) error {
 		if w.minPos = w.slowest(); w.minPos >= need {
 			return nil
 		}
-		if s.Ended() {
+		if s.ended() {
 			return ErrEnded
+		}
+		if w.guard.Closed() {
+			return ErrClosed
 		}
 		if time.Since(checked) >= checkLivenessEvery {
 			checked = time.Now()

@@ -49,8 +49,9 @@ func AttachQueue(name string) (*Queue, error) {
 // Name returns the queue's full segment name.
 func (q *Queue) Name() string { return q.q.Segment().Name() }
 
-// Len returns the number of messages in the queue.
-func (q *Queue) Len() int { return q.q.Len() }
+// Len returns the number of messages in the queue (an error once the queue
+// is closed).
+func (q *Queue) Len() (int, error) { return q.q.Len() }
 
 // Close closes this process's handle on the queue.
 func (q *Queue) Close() error { return q.q.Close() }

@@ -51,7 +51,10 @@ func (s *Stream) Name() string { return s.s.Segment().Name() }
 func (s *Stream) Config() StreamConfig { return s.s.Config() }
 
 // Published returns the number of frames published.
-func (s *Stream) Published() uint64 { return s.s.Published() }
+func (s *Stream) Published() (uint64, error) {
+	st, err := s.s.Stats()
+	return st.Published, err
+}
 
 // End ends the stream: readers read what was published, then get ErrEnded.
 func (s *Stream) End() error { return s.s.End() }
@@ -162,7 +165,10 @@ func (r *StreamReader) Read(ctx context.Context, dst []byte) error {
 }
 
 // Dropped returns the frames this reader lost.
-func (r *StreamReader) Dropped() uint64 { return r.r.Dropped() }
+func (r *StreamReader) Dropped() (uint64, error) {
+	st, err := r.r.Stats()
+	return st.Dropped, err
+}
 
 // Close leaves the stream.
 func (r *StreamReader) Close() error { return r.r.Close() }

@@ -21,6 +21,7 @@ import weakref
 from multiprocessing import context as _mpcontext
 
 from . import _native, reductions
+from .errors import HandleClosed
 from .pool import wait_slices
 
 __all__ = ["Queue", "SimpleQueue", "JoinableQueue", "DEFAULT_MAX_BYTES"]
@@ -98,7 +99,6 @@ class Queue:
         self._maxsize = maxsize[0]
         self._closed = False
         self._scratch = _Scratch()
-        self._pickler = None
         self._finalizer = weakref.finalize(self, _native.finalize, "zct_queue_close", handle, "closing a queue")
 
     @classmethod
@@ -167,9 +167,7 @@ class Queue:
         if self._closed:
             self._check_open()
         deadline = None if timeout is None else time.monotonic() + max(timeout, 0)
-        p = self._pickler
-        if p is None or p.busy or not p.current():
-            p = self._pickler = reductions.pickler()
+        p = reductions.pickler()
         # Pickle a run of objects into one buffer, one after another, until
         # one has out-of-band buffers (it goes on its own) or the run would
         # not fit in the queue.
@@ -209,11 +207,9 @@ class Queue:
             base = ends[done - 1]
             timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
 
-    def _dumps(self, obj, block, timeout):
-        p = self._pickler
-        if p is None or p.busy or not p.current():
-            p = self._pickler = reductions.pickler()
-        return p.dumps(obj, block, timeout)
+    @staticmethod
+    def _dumps(obj, block, timeout):
+        return reductions.pickler().dumps(obj, block, timeout)
 
     def _put(self, typ, payload, exports, block, timeout):
         ffi, lib = _native.ffi(), _native.lib()
@@ -362,7 +358,8 @@ class Queue:
 
     def close(self):
         """This process will use the queue no more: put and get raise
-        ValueError from now on, and its hold on the queue goes."""
+        HandleClosed (a ValueError) from now on, here and in calls other
+        threads are blocked in, and its hold on the queue goes."""
         if not self._closed:
             self._closed = True
             self._finalizer()
@@ -378,7 +375,7 @@ class Queue:
 
     def _check_open(self):
         if self._closed:
-            raise ValueError(f"Queue {self._name!r} is closed")
+            raise HandleClosed(f"Queue {self._name!r} is closed")
 
 
 class JoinableQueue(Queue):

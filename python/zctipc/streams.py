@@ -22,12 +22,14 @@ long) stops holding the writer back. Frames are published only on
 ``increment()``: a writer killed mid-frame publishes nothing.
 """
 
+import threading
+import time
 import weakref
 
 import numpy as np
 
 from . import _dtypes, _native, _views
-from .errors import InvalidArgument, UnsupportedDtype
+from .errors import HandleClosed, InvalidArgument, UnsupportedDtype
 from .pool import wait_slices
 from .tensor import _cname, _is_torch_tensor, _shape_tuple
 
@@ -224,7 +226,7 @@ class Stream:
 
     def _live(self):
         if self._closed:
-            raise ValueError(f"stream {self._name!r} is closed")
+            raise HandleClosed(f"stream {self._name!r} is closed")
         return self._handle
 
     # -- frame views ----------------------------------------------------------
@@ -253,9 +255,27 @@ def _attach_stream(name):
     return Stream.attach(name)
 
 
+class _Out(threading.local):
+    """Per-thread out-parameters of an endpoint's native calls."""
+
+    def __init__(self):
+        ffi = _native.ffi()
+        self.slot = ffi.new("int32_t *")
+        self.whole = ffi.new("int32_t *")
+
+
 class _Endpoint:
     """What a writer and a reader share: their stream, native handle, and
-    the calls of their hot path, bound once."""
+    the calls of their hot path, bound once.
+
+    Threads may share an endpoint: the library serializes its calls, and
+    read() and write() take a frame whole (look, copy, increment) under the
+    endpoint's lock, so each frame goes to one of them. look() and
+    increment() move the one position the endpoint has: a frame one thread
+    looked at is released by the next increment, whichever thread makes it.
+    A thread that wants every frame for itself joins with a reader of its
+    own.
+    """
 
     _kind = None  # "writer" or "reader": names the library's calls
     _writable = False
@@ -270,7 +290,8 @@ class _Endpoint:
         # as long as this endpoint (or a view) lives.
         self._frames = stream._views(self._writable)
         self._tensors = None
-        self._slot = _native.ffi().new("int32_t *")
+        self._out = _Out()
+        self._lock = threading.Lock()  # read() and write(): one frame whole
         verb = "write" if self._writable else "read"
         self._look = getattr(lib, f"zct_stream_{verb}_look")
         self._increment = getattr(lib, f"zct_stream_{verb}_increment")
@@ -297,7 +318,7 @@ class _Endpoint:
 
     def _live(self):
         if self._closed:
-            raise ValueError(f"this stream {self._kind} of {self._stream.name!r} is closed")
+            raise HandleClosed(f"this stream {self._kind} of {self._stream.name!r} is closed")
         return self._handle
 
     def _look_frame(self, block, timeout, torch):
@@ -305,17 +326,33 @@ class _Endpoint:
         the timeout: one call when it is ready, wait slices otherwise."""
         if self._closed:
             self._live()
-        status = self._look(self._handle, 0, self._slot)
+        slot = self._out.slot
+        status = self._look(self._handle, 0, slot)
         if status != 0:
             if status == self._not_ready and block:
                 for ms in wait_slices(block, timeout):
-                    status = self._look(self._handle, ms, self._slot)
+                    status = self._look(self._handle, ms, slot)
                     if status != self._not_ready and status != _native.E_INTERRUPTED:
                         break
             if status == self._not_ready or status == _native.E_INTERRUPTED:
                 return None
             _native.check(status)
-        return (self._tensor_views() if torch else self._frames)[self._slot[0]]
+        return (self._tensor_views() if torch else self._frames)[slot[0]]
+
+    def _take_lock(self, block, timeout):
+        """Take the endpoint's lock as block and timeout say; the time
+        left of timeout, or False when the lock was not had in time."""
+        if not block:
+            return timeout if self._lock.acquire(False) else False
+        if timeout is None:
+            self._lock.acquire()
+            return None
+        if timeout < 0:
+            raise ValueError("'timeout' must be a non-negative number")
+        start = time.monotonic()
+        if not self._lock.acquire(timeout=timeout):
+            return False
+        return max(0.0, timeout - (time.monotonic() - start))
 
     def _tensor_views(self):
         """torch views of every slot, made on first use."""
@@ -358,15 +395,21 @@ class StreamWriter(_Endpoint):
             raise ValueError(f"a frame of shape {tuple(frame.shape)} and dtype "
                              f"{_dtypes.NAMES.get(_code_or_none(frame.dtype), str(frame.dtype))} does not fit stream "
                              f"{s.name!r}, whose frames are {s.shape} {_dtypes.NAMES[s._code]}")
-        view = self._look_frame(block, timeout, is_tensor)
-        if view is None:
+        left = self._take_lock(block, timeout)
+        if left is False:
             return False
-        if is_tensor:
-            view.copy_(frame)
-        else:
-            np.copyto(view, frame)
-        self.increment()
-        return True
+        try:
+            view = self._look_frame(block, left, is_tensor)
+            if view is None:
+                return False
+            if is_tensor:
+                view.copy_(frame)
+            else:
+                np.copyto(view, frame)
+            self.increment()
+            return True
+        finally:
+            self._lock.release()
 
 
 def _code_or_none(dtype):
@@ -386,7 +429,6 @@ class StreamReader(_Endpoint):
     def __init__(self, stream, handle, index):
         super().__init__(stream, handle)
         self._index = index
-        self._whole = _native.ffi().new("int32_t *")
         self._pending = False  # a frame handed out by read(copy=False) or iteration
 
     @property
@@ -431,10 +473,11 @@ class StreamReader(_Endpoint):
         or an evicted reader): its contents may be torn, and it counts as
         dropped."""
         self._pending = False
-        status = self._increment(self._live(), self._whole)
+        whole = self._out.whole
+        status = self._increment(self._live(), whole)
         if status != 0:
             _native.check(status)
-        return self._whole[0] != 0
+        return whole[0] != 0
 
     def read(self, copy=True, block=True, timeout=None, torch=False):
         """The next frame, or None when there is none within the timeout.
@@ -443,23 +486,31 @@ class StreamReader(_Endpoint):
         a frame overwritten while it was copied is skipped. Without, it is
         the zero-copy view, released at the next read, look or close.
         """
-        while True:
+        if not copy:
             view = self.look(block, timeout, torch)
-            if view is None:
-                return None
-            if not copy:
-                self._pending = True
-                return view
-            out = view.clone() if torch else view.copy()
-            if self.increment():
-                return out
+            self._pending = view is not None
+            return view
+        left = self._take_lock(block, timeout)
+        if left is False:
+            return None
+        try:
+            while True:
+                view = self.look(block, left, torch)
+                if view is None:
+                    return None
+                out = view.clone() if torch else view.copy()
+                if self.increment():
+                    return out
+        finally:
+            self._lock.release()
 
     def frames(self, torch=False):
         """Iterate over the frames as zero-copy views until the stream ends;
         each is released when the next is asked for (one native call per
         frame)."""
         next_frame = _native.lib().zct_stream_read_next
-        handle, slot, whole = self._live(), self._slot, self._whole
+        out = self._out
+        handle, slot, whole = self._live(), out.slot, out.whole
         views = self._tensor_views() if torch else self._frames
         empty, interrupted = _native.E_EMPTY, _native.E_INTERRUPTED
         try:

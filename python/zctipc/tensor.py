@@ -110,7 +110,7 @@ class SharedTensor:
     @property
     def refcount(self) -> int:
         """How many holders the segment has now, across all processes."""
-        self._live()
+        memory = self._live()  # noqa: F841  (held: another thread may close meanwhile)
         out = _native.ffi().new("int64_t *")
         _native.check(_native.lib().zct_segment_refcount(self._handle, out))
         return out[0]

@@ -127,7 +127,9 @@ func TestAPIStream(t *testing.T) {
 	require.NoError(t, s.End())
 	_, err = r.Look(ctx)
 	require.ErrorIs(t, err, zctipc.ErrEnded)
-	require.EqualValues(t, 10, s.Published())
+	published, err := s.Published()
+	require.NoError(t, err)
+	require.EqualValues(t, 10, published)
 	require.NoError(t, r.Close())
 	require.NoError(t, w.Close())
 }

@@ -36,6 +36,14 @@ func get(t *testing.T, q *queue.Queue, deadline time.Time) ([]byte, error) {
 	return rec.Payload, nil
 }
 
+// qlen returns the queue's message count.
+func qlen(t *testing.T, q *queue.Queue) int {
+	t.Helper()
+	n, err := q.Len()
+	require.NoError(t, err)
+	return n
+}
+
 func mustQueue(t *testing.T, capacity, maxItems uint64) *queue.Queue {
 	t.Helper()
 	q, err := queue.Create("", capacity, maxItems)
@@ -51,7 +59,7 @@ func TestQueueOrderAndWrapAround(t *testing.T) {
 	for round := range 2000 {
 		// Keep a few variable-sized messages in flight so that records
 		// wrap around the small ring in every position.
-		for q.Len() < 3 {
+		for qlen(t, q) < 3 {
 			payload := make([]byte, 8+rng.IntN(700))
 			binary.LittleEndian.PutUint64(payload, uint64(next))
 			next++
@@ -75,7 +83,7 @@ func TestQueueFullAndEmpty(t *testing.T) {
 	require.NoError(t, q.Put(bytesRecord([]byte("a")), time.Now()))
 	require.NoError(t, q.Put(bytesRecord([]byte("b")), time.Now()))
 	require.ErrorIs(t, q.Put(bytesRecord([]byte("c")), time.Now()), queue.ErrFull, "maxItems")
-	require.Equal(t, 2, q.Len())
+	require.Equal(t, 2, qlen(t, q))
 
 	big := make([]byte, 5000)
 	require.ErrorIs(t, q.Put(bytesRecord(big), time.Now()), queue.ErrTooLarge)
@@ -85,7 +93,7 @@ func TestQueueFullAndEmpty(t *testing.T) {
 	var re *queue.RangeError
 	require.ErrorAs(t, err, &re)
 	require.Equal(t, 24, re.Need)
-	require.Equal(t, 2, q.Len(), "a message that did not fit stays")
+	require.Equal(t, 2, qlen(t, q), "a message that did not fit stays")
 }
 
 func TestQueueBlockedGetWakesOnPut(t *testing.T) {
@@ -113,7 +121,9 @@ func TestQueueTaskDoneAndJoin(t *testing.T) {
 	for range 3 {
 		require.NoError(t, q.Put(bytesRecord([]byte("x")), time.Time{}))
 	}
-	require.Equal(t, 3, q.Unfinished())
+	n, err := q.Unfinished()
+	require.NoError(t, err)
+	require.Equal(t, 3, n)
 	require.ErrorIs(t, q.Join(time.Now().Add(10*time.Millisecond)), queue.ErrFull)
 	done := make(chan error)
 	go func() { done <- q.Join(time.Time{}) }()
@@ -239,7 +249,7 @@ func TestQueueManyProducersManyConsumers(t *testing.T) {
 	for i := range total {
 		require.Equal(t, each, total[i], "every message of producer %d taken exactly once", i)
 	}
-	require.Zero(t, q.Len())
+	require.Zero(t, qlen(t, q))
 }
 
 func TestQueueSurvivesKilledConsumers(t *testing.T) {
@@ -313,7 +323,7 @@ func TestQueueBatches(t *testing.T) {
 	require.NoError(t, err)
 	require.Less(t, n, 200, "a 4 KiB ring does not hold 200 records of 32 bytes")
 	require.Positive(t, n)
-	require.Equal(t, n, q.Len())
+	require.Equal(t, n, qlen(t, q))
 
 	buf := make([]byte, 4096)
 	got, filled, err := q.GetMany(buf, 10, 0, time.Time{})

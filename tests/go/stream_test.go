@@ -13,6 +13,7 @@ import (
 	"github.com/zctipc/zctipc/go/dtype"
 	"github.com/zctipc/zctipc/go/event"
 	"github.com/zctipc/zctipc/go/header"
+	"github.com/zctipc/zctipc/go/shm"
 	"github.com/zctipc/zctipc/go/stream"
 	"golang.org/x/sys/unix"
 )
@@ -117,12 +118,12 @@ func TestStreamEveryReaderSeesEveryFrameInOrder(t *testing.T) {
 				for seq, g := range got[i] {
 					require.EqualValues(t, seq, g, "reader %d, in order, exactly once", i)
 				}
-				require.Zero(t, rs[i].Dropped())
-				require.EqualValues(t, frames, rs[i].Received())
+				require.Zero(t, rstats(t, rs[i]).Dropped)
+				require.EqualValues(t, frames, rstats(t, rs[i]).Received)
 				require.NoError(t, rs[i].Close())
 			}
 			require.NoError(t, w.Close())
-			require.EqualValues(t, frames, s.Published())
+			require.EqualValues(t, frames, stats(t, s).Published)
 		})
 	}
 }
@@ -181,10 +182,10 @@ func TestStreamOverwriteCountsWhatASlowReaderLoses(t *testing.T) {
 	wg.Wait()
 	require.NoError(t, slowErr)
 	require.NoError(t, fastErr)
-	require.Positive(t, slow.Dropped(), "the slow reader was lapped")
-	require.EqualValues(t, frames, uint64(len(slowGot))+slow.Dropped(), "received + dropped = published")
-	require.EqualValues(t, frames, uint64(len(fastGot))+fast.Dropped())
-	require.Equal(t, slow.Dropped()+fast.Dropped(), s.Dropped())
+	require.Positive(t, rstats(t, slow).Dropped, "the slow reader was lapped")
+	require.EqualValues(t, frames, uint64(len(slowGot))+rstats(t, slow).Dropped, "received + dropped = published")
+	require.EqualValues(t, frames, uint64(len(fastGot))+rstats(t, fast).Dropped)
+	require.Equal(t, rstats(t, slow).Dropped+rstats(t, fast).Dropped, stats(t, s).Dropped)
 	for i := 1; i < len(slowGot); i++ {
 		require.Greater(t, slowGot[i], slowGot[i-1], "in order")
 	}
@@ -287,7 +288,7 @@ func TestStreamEndWakesEveryone(t *testing.T) {
 	require.Equal(t, []uint64{0, 1}, got, "readers read what was published, then the end")
 	_, err = r.Look(time.Time{})
 	require.ErrorIs(t, err, stream.ErrEnded)
-	require.True(t, s.Ended())
+	require.True(t, stats(t, s).Ended)
 	require.NoError(t, r.Close())
 	require.NoError(t, w.Close())
 }
@@ -307,7 +308,7 @@ func TestStreamReaderSlotsAndWriterRole(t *testing.T) {
 	require.ErrorContains(t, err, "all 2 reader slots")
 	_, err = s.Reader(2)
 	require.ErrorIs(t, err, unix.EINVAL)
-	require.Equal(t, 2, s.Readers())
+	require.Equal(t, 2, stats(t, s).Readers)
 	require.NoError(t, a.Close())
 	c, err := s.Reader(-1)
 	require.NoError(t, err, "a reader that left frees its slot")
@@ -375,7 +376,7 @@ func TestStreamKilledReaderDoesNotStallTheWriter(t *testing.T) {
 		write(t, w, s, seq+1, time.Now().Add(5*time.Second))
 	}
 	require.Less(t, time.Since(start), 5*time.Second)
-	require.Zero(t, s.Readers(), "the dead reader's slot was taken away")
+	require.Zero(t, stats(t, s).Readers, "the dead reader's slot was taken away")
 	r, err := s.Reader(-1)
 	require.NoError(t, err, "and can be taken")
 	require.NoError(t, r.Close())
@@ -401,7 +402,7 @@ func TestStreamReaderTimeout(t *testing.T) {
 	require.GreaterOrEqual(t, time.Since(start), 100*time.Millisecond, "the writer waited for the timeout")
 	_, err = r.Look(time.Now())
 	require.ErrorIs(t, err, stream.ErrEmpty, "the evicted reader rejoins at the next frame")
-	require.EqualValues(t, 10, r.Dropped(), "having missed every frame written without it")
+	require.EqualValues(t, 10, rstats(t, r).Dropped, "having missed every frame written without it")
 	write(t, w, s, 10, time.Now())
 	slot, err := r.Look(time.Now())
 	require.NoError(t, err)
@@ -422,7 +423,7 @@ func TestStreamWriterKilledMidFrame(t *testing.T) {
 	require.Equal(t, "half-written", h.readLine(t))
 	require.NoError(t, h.cmd.Process.Signal(syscall.SIGKILL))
 	_ = h.cmd.Wait()
-	require.EqualValues(t, 1, s.Published(), "the frame being written was not published")
+	require.EqualValues(t, 1, stats(t, s).Published, "the frame being written was not published")
 	w, err := s.Writer()
 	require.NoError(t, err, "the dead writer's role is taken over")
 	write(t, w, s, 7, time.Now())
@@ -503,7 +504,7 @@ func TestEventAcrossGoroutinesAndTimeouts(t *testing.T) {
 	e, err := event.Create("")
 	require.NoError(t, err)
 	defer func() { require.NoError(t, e.Close()) }()
-	require.False(t, e.IsSet())
+	require.False(t, isSet(t, e))
 	start := time.Now()
 	set, err := e.Wait(time.Now().Add(30 * time.Millisecond))
 	require.NoError(t, err)
@@ -519,8 +520,154 @@ func TestEventAcrossGoroutinesAndTimeouts(t *testing.T) {
 	time.Sleep(20 * time.Millisecond)
 	require.NoError(t, e.Set())
 	require.True(t, <-done)
-	require.True(t, other.IsSet())
-	other.Clear()
-	require.False(t, e.IsSet())
+	require.True(t, isSet(t, other))
+	require.NoError(t, other.Clear())
+	require.False(t, isSet(t, e))
 	require.NoError(t, other.Close())
+}
+
+func stats(t *testing.T, s *stream.Stream) stream.Stats {
+	t.Helper()
+	st, err := s.Stats()
+	require.NoError(t, err)
+	return st
+}
+
+func rstats(t *testing.T, r *stream.Reader) stream.ReaderStats {
+	t.Helper()
+	st, err := r.Stats()
+	require.NoError(t, err)
+	return st
+}
+
+func isSet(t *testing.T, e *event.Event) bool {
+	t.Helper()
+	set, err := e.IsSet()
+	require.NoError(t, err)
+	return set
+}
+
+func TestStreamCloseWakesBlockedCalls(t *testing.T) {
+	s, err := stream.Create("", frameConfig(2, 1, stream.Block))
+	require.NoError(t, err)
+	w, err := s.Writer()
+	require.NoError(t, err)
+	r, err := s.Reader(-1)
+	require.NoError(t, err)
+	e, err := event.Create("")
+	require.NoError(t, err)
+
+	results := make(chan error, 3)
+	go func() { _, err := r.Look(time.Time{}); results <- err }() // nothing published: waits
+	go func() { _, err := e.Wait(time.Time{}); results <- err }() // never set: waits
+	time.Sleep(30 * time.Millisecond)
+	require.NoError(t, r.Close())
+	require.NoError(t, e.Close())
+	for range 2 {
+		select {
+		case err := <-results:
+			require.Error(t, err)
+			require.ErrorIs(t, err, shm.ErrClosed, "stream.ErrClosed or event.ErrClosed")
+		case <-time.After(5 * time.Second):
+			t.Fatal("a call blocked on a closed reader or event did not return")
+		}
+	}
+
+	// A writer waiting for room, with a reader that never reads.
+	slow, err := s.Reader(-1)
+	require.NoError(t, err)
+	write(t, w, s, 1, time.Time{})
+	write(t, w, s, 2, time.Time{})
+	go func() { _, err := w.Look(time.Time{}); results <- err }()
+	time.Sleep(30 * time.Millisecond)
+	require.NoError(t, w.Close())
+	select {
+	case err := <-results:
+		require.ErrorIs(t, err, stream.ErrClosed)
+	case <-time.After(5 * time.Second):
+		t.Fatal("a writer blocked on a closed handle did not return")
+	}
+
+	require.NoError(t, s.Close())
+	_, err = s.Stats()
+	require.ErrorIs(t, err, stream.ErrClosed)
+	require.ErrorIs(t, s.End(), stream.ErrClosed)
+	_, err = s.Writer()
+	require.ErrorIs(t, err, stream.ErrClosed)
+	require.ErrorIs(t, s.Close(), stream.ErrClosed, "a second Close")
+	_, err = r.Stats()
+	require.ErrorIs(t, err, stream.ErrClosed)
+	_, err = w.Look(time.Now())
+	require.ErrorIs(t, err, stream.ErrClosed)
+	require.ErrorIs(t, e.Set(), event.ErrClosed)
+	_, err = e.IsSet()
+	require.ErrorIs(t, err, event.ErrClosed)
+
+	// The reader outlives the stream handle it came from.
+	slot, err := slow.Look(time.Now())
+	require.NoError(t, err)
+	seq, err := frameSeq(s.Frame(slot))
+	require.NoError(t, err)
+	require.EqualValues(t, 1, seq)
+	require.NoError(t, slow.Close())
+}
+
+func TestStreamEndpointsSharedByGoroutines(t *testing.T) {
+	// Goroutines that share a writer and a reader: the calls are serialized,
+	// every frame is published once and read once, and -race sees no race.
+	s := mustStream(t, frameConfig(8, 1, stream.Block))
+	w, err := s.Writer()
+	require.NoError(t, err)
+	r, err := s.Reader(-1)
+	require.NoError(t, err)
+	const perWriter, writers = 500, 4
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	for range writers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range perWriter {
+				mu.Lock() // Look and Increment of one frame belong together
+				slot, err := w.Look(time.Time{})
+				if err == nil {
+					fillFrame(s.Frame(slot), 7)
+					err = w.Increment()
+				}
+				mu.Unlock()
+				if err != nil {
+					t.Errorf("write: %v", err)
+					return
+				}
+			}
+		}()
+	}
+	var read sync.WaitGroup
+	counts := make(chan int, 4)
+	for range 4 {
+		read.Add(1)
+		go func() {
+			defer read.Done()
+			n := 0
+			for {
+				_, _, err := r.Next(time.Now().Add(200 * time.Millisecond))
+				if err != nil {
+					counts <- n
+					return
+				}
+				n++
+			}
+		}()
+	}
+	wg.Wait()
+	read.Wait()
+	close(counts)
+	total := 0
+	for n := range counts {
+		total += n
+	}
+	require.Equal(t, perWriter*writers, total, "each frame looked at once")
+	require.EqualValues(t, perWriter*writers, stats(t, s).Published)
+	require.NoError(t, w.Close())
+	require.NoError(t, r.Close())
 }

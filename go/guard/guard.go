@@ -1,0 +1,59 @@
+// Package guard lets an object be closed by one goroutine while others are
+// still calling it.
+//
+// An object over shared memory must not unmap that memory while a call is
+// reading it, and a call blocked on a futex must not sleep through the
+// close. A Guard counts the calls in flight: Close marks the object closed
+// (calls that start afterwards fail at once), runs a wake function that
+// makes blocked calls look again (they see the mark and return), and waits
+// until the last call in flight has left. Only then may the closer free
+// what the calls touch.
+package guard
+
+import (
+	"sync"
+	"sync/atomic"
+)
+
+// Guard counts the calls in flight on one object. The zero value is an open
+// guard. It is safe for concurrent use.
+type Guard struct {
+	mu     sync.RWMutex
+	closed atomic.Bool
+}
+
+// Enter starts a call: it reports false, and the call must fail, once the
+// object is closed (or being closed). A call that entered must Leave.
+func (g *Guard) Enter() bool {
+	if g.closed.Load() {
+		return false
+	}
+	g.mu.RLock()
+	if g.closed.Load() {
+		g.mu.RUnlock()
+		return false
+	}
+	return true
+}
+
+// Leave ends a call that Enter started.
+func (g *Guard) Leave() { g.mu.RUnlock() }
+
+// Closed reports whether Close was called. A blocked call checks it each
+// time it wakes, after it has read the word it sleeps on.
+func (g *Guard) Closed() bool { return g.closed.Load() }
+
+// Close marks the object closed, calls wake (which makes every blocked call
+// wake and check Closed), and returns once no call is in flight. It reports
+// false, without waiting, when the object was already closed. It must not be
+// called from inside a call that entered.
+func (g *Guard) Close(wake func()) bool {
+	if g.closed.Swap(true) {
+		return false
+	}
+	if wake != nil {
+		wake()
+	}
+	g.mu.Lock() // held for good: no call enters a closed object
+	return true
+}

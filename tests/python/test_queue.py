@@ -459,3 +459,23 @@ def test_ctrl_c_interrupts_a_blocked_get():
     latency = float(out) - sent
     print(f"Ctrl-C reached the blocked get in {latency * 1000:.1f} ms")
     assert latency < 1.0, "a blocked get is interruptible"
+
+
+@pytest.mark.parametrize("max_bytes, first, then", [(4096, 2000, 3000), (16 << 20, 6_000_000, 11_000_000)])
+def test_an_empty_ring_takes_any_message_that_fits_it(max_bytes, first, then):
+    # A message that would run past the end of the ring goes on at its
+    # start: after any earlier message, an empty queue takes whatever fits
+    # its ring.
+    q = zctipc.Queue(max_bytes=max_bytes)
+    q.put(b"a" * first)
+    assert q.get() == b"a" * first
+    assert q.qsize() == 0 and q.empty() and not q.full()
+    q.put_nowait(b"b" * then)
+    assert q.qsize() == 1 and not q.full()
+    assert q.get_nowait() == b"b" * then
+    pickled = {"blob": "c" * (then - 100)}  # a pickle, not bytes
+    q.put_nowait(pickled)
+    assert q.get_nowait() == pickled
+    with pytest.raises(ValueError, match="max_bytes"):
+        q.put(b"d" * max_bytes)  # more than the ring itself
+    q.close()

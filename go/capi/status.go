@@ -41,6 +41,7 @@ var statuses = []struct {
 	{cuda.ErrNotShared, C.ZCT_E_NOT_FOUND},
 	{shm.ErrNoBroker, C.ZCT_E_NO_DAEMON},
 	{queue.ErrFull, C.ZCT_E_FULL},
+	{pool.ErrFull, C.ZCT_E_FULL},
 	{stream.ErrFull, C.ZCT_E_FULL},
 	{stream.ErrEmpty, C.ZCT_E_EMPTY},
 	{stream.ErrEnded, C.ZCT_E_ENDED},

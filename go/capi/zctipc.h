@@ -45,7 +45,7 @@ typedef enum zct_status {
     ZCT_E_NOT_ZCTIPC = -5,   /* the file does not start with the zctipc magic */
     ZCT_E_VERSION = -6,      /* a header layout version this library does not read */
     ZCT_E_CORRUPT = -7,      /* a header that fails validation: checksum, bounds, truncation */
-    ZCT_E_NO_SPACE = -8,     /* the shared-memory file system cannot hold the segment */
+    ZCT_E_NO_SPACE = -8,     /* no room in shared memory, now or by waiting */
     ZCT_E_DTYPE = -9,        /* an unknown dtype code */
     ZCT_E_CLOSED = -10,      /* the handle is closed or was never valid */
     ZCT_E_RANGE = -11,       /* an output buffer is too small; the needed size was written */
@@ -245,7 +245,11 @@ int zct_ref_decode(const void *buf, uint64_t len, zct_view *view);
 
 /* The pool. timeout_ms: -1 waits for ever, 0 not at all. */
 /* A slot of at least nbytes, with one count, its bytes not zeroed; *size
-   receives its size. ZCT_E_INVALID above the largest size class. */
+   receives its size. ZCT_E_INVALID above the largest size class;
+   ZCT_E_FULL when the pool stayed full until the timeout (a slot may be
+   freed later); ZCT_E_NO_SPACE at once when waiting cannot help (the
+   slot's arena is larger than the pool's limit, or the shared-memory file
+   system is full and no slot of its class is in use to come back). */
 int zct_pool_alloc(uint64_t nbytes, int64_t timeout_ms, zct_handle *ref, void **data, uint64_t *size);
 int zct_pool_stats_get(zct_pool_stats *stats);
 int zct_pool_set_limit(uint64_t bytes);

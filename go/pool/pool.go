@@ -15,12 +15,17 @@
 // of its slots, keep it mapped, and unmap it when its count reaches zero.
 //
 // The pool grows by adding arenas, up to a limit in bytes; at the limit it
-// frees arenas with no slot in use, and an allocation waits or fails.
+// frees arenas with no slot in use, and an allocation waits for a slot to
+// be freed, or fails. It fails at once when waiting cannot help: a buffer
+// whose arena alone is larger than the limit, or a shared-memory file
+// system too full for a new arena when no slot of the buffer's class is in
+// use to come back.
 package pool
 
 import (
 	"errors"
 	"fmt"
+	"math"
 	"math/bits"
 	"os"
 	"slices"
@@ -74,9 +79,13 @@ func ClassOf(n uint64) (int, bool) {
 
 // Errors an allocation returns.
 var (
-	// ErrFull means the pool is at its limit (or the shared-memory file
-	// system is full) and no slot of the class was freed in time.
+	// ErrFull means the pool is at its limit and no slot was freed before
+	// the deadline; one may be freed later.
 	ErrFull = fmt.Errorf("pool is full: %w", shm.ErrOutOfSharedMemory)
+	// ErrNoRoom means waiting cannot help: the buffer's arena is larger than
+	// the pool's limit, or the shared-memory file system is full and no slot
+	// of the class is in use to come back.
+	ErrNoRoom = fmt.Errorf("no room for the buffer: %w", shm.ErrOutOfSharedMemory)
 	// ErrTooLarge means the buffer is larger than the largest class.
 	ErrTooLarge = fmt.Errorf("buffer is larger than the largest pool class: %w", unix.EINVAL)
 	// ErrStale means a slot was freed, or handed out again, since the
@@ -359,9 +368,10 @@ func (p *Pool) Stats() Stats {
 }
 
 // Alloc returns a slot of at least n bytes, with a count of one. When the
-// pool is full it waits for a slot of the class to be freed until deadline
-// (not at all when deadline is in the past; forever when it is zero). The
-// slot keeps the bytes it had: it is not zeroed.
+// pool is full it waits for a slot to be freed until deadline (not at all
+// when deadline is in the past; forever when it is zero), then returns
+// ErrFull. When waiting cannot help it returns ErrNoRoom at once. The slot
+// keeps the bytes it had: it is not zeroed.
 func (p *Pool) Alloc(n uint64, deadline time.Time) (Slot, error) {
 	c, ok := ClassOf(n)
 	if !ok {
@@ -427,9 +437,16 @@ func (p *Pool) tryAlloc(c int) (Slot, *Arena, error) {
 }
 
 // grow adds an arena for class c, freeing idle arenas of other classes to
-// stay under the limit. The caller holds p.mu.
+// stay under the limit. The caller holds p.mu. It returns ErrFull when the
+// arenas in use fill the limit (their slots may come back), and ErrNoRoom
+// when no arena can be had by waiting.
 func (p *Pool) grow(c int) (*Arena, error) {
 	size := ClassSize(c)
+	if least := arenaSize(size, 1); least > p.limit {
+		return nil, fmt.Errorf("%w: a %s buffer needs an arena of %s, more than the pool's limit of %s "+
+			"(raise it with zctipc.set_pool_limit or %s)", ErrNoRoom, formatBytes(size), formatBytes(least),
+			formatBytes(p.limit), LimitEnv)
+	}
 	target := min(uint64(arenaBytes)<<len(p.arenas[c]), arenaMax)
 	nslots := max(1, min(target/size, maxSlots))
 	need := arenaSize(size, nslots)
@@ -442,14 +459,29 @@ func (p *Pool) grow(c int) (*Arena, error) {
 		}
 		need = arenaSize(size, nslots)
 		if p.reserved+need > p.limit {
+			// Every arena left has slots in use: when they come back, the
+			// arenas go and the buffer fits.
 			return nil, fmt.Errorf("%w: %s of arenas in use, the limit is %s (%s)", ErrFull,
 				formatBytes(p.reserved), formatBytes(p.limit), LimitEnv)
 		}
 	}
 	a, err := newArena(c, size, uint32(nslots))
+	if errors.Is(err, shm.ErrOutOfSharedMemory) {
+		// The file system is full: give back the idle arenas, and try the
+		// smallest arena that holds the buffer.
+		if terr := p.trim(math.MaxUint64); terr != nil {
+			return nil, errors.Join(err, terr)
+		}
+		nslots = 1
+		need = arenaSize(size, nslots)
+		a, err = newArena(c, size, uint32(nslots))
+	}
 	if err != nil {
 		if errors.Is(err, shm.ErrOutOfSharedMemory) {
-			return nil, fmt.Errorf("%w: %w", ErrFull, err)
+			if p.classInUse(c) {
+				return nil, fmt.Errorf("%w: %w", ErrFull, err) // a slot of the class comes back
+			}
+			return nil, fmt.Errorf("%w: nothing this pool holds can free more: %w", ErrNoRoom, err)
 		}
 		return nil, err
 	}
@@ -459,13 +491,25 @@ func (p *Pool) grow(c int) (*Arena, error) {
 	return a, nil
 }
 
+// classInUse reports whether an arena of class c has a slot in use. The
+// caller holds p.mu.
+func (p *Pool) classInUse(c int) bool {
+	for _, a := range p.arenas[c] {
+		if a.inUse() > 0 {
+			return true
+		}
+	}
+	return false
+}
+
 // trim frees arenas with no slot in use until need more bytes fit under the
-// limit, or none is left to free. The caller holds p.mu.
+// limit, or none is left to free (every idle one when need is more than
+// the limit). The caller holds p.mu.
 func (p *Pool) trim(need uint64) error {
 	var errs []error
 	for c := range p.arenas {
 		p.arenas[c] = slices.DeleteFunc(p.arenas[c], func(a *Arena) bool {
-			if p.reserved+need <= p.limit {
+			if need <= p.limit && p.reserved <= p.limit-need {
 				return false
 			}
 			// Idle means no pin besides the owner's count, rather than a full

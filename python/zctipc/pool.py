@@ -10,7 +10,7 @@ import time
 from typing import NamedTuple
 
 from . import _dtypes, _native, _views
-from .errors import InvalidArgument
+from .errors import InvalidArgument, OutOfSharedMemory
 
 __all__ = ["empty", "pool_stats", "set_pool_limit", "PoolStats"]
 
@@ -73,7 +73,9 @@ def alloc(nbytes, block=True, timeout=None):
     """A buffer of at least nbytes: (ref, address). A pool slot, or a
     segment of its own above the largest class. Waits for a free slot when
     the pool is full, as block and timeout say, then raises
-    OutOfSharedMemory."""
+    OutOfSharedMemory; raises it at once when waiting cannot help (the
+    buffer is larger than the pool's limit, or /dev/shm is full and nothing
+    of this pool can come back)."""
     ffi, lib = _native.ffi(), _native.lib()
     ref = ffi.new("zct_handle *")
     data = ffi.new("void **")
@@ -81,10 +83,12 @@ def alloc(nbytes, block=True, timeout=None):
     status = _native.E_FULL
     for ms in wait_slices(block, timeout):
         status = lib.zct_pool_alloc(nbytes, ms, ref, data, size)
-        if status not in (_native.E_INTERRUPTED, _native.E_NO_SPACE):  # full: wait again
+        if status != _native.E_FULL and status != _native.E_INTERRUPTED:
             break
     if status == _native.E_INVALID and nbytes > 0:  # above the largest class: a segment of its own
         return _segment_buffer(nbytes)
+    if status == _native.E_FULL:  # full until the deadline: not queue.Full, but the pool's own error
+        raise OutOfSharedMemory(_native.error(status).args[0])
     _native.check(status)
     return ref[0], data[0]
 
@@ -106,11 +110,15 @@ def _segment_buffer(nbytes):
         _native.check(lib.zct_segment_close(handle[0]))  # the ref holds it now
 
 
-def empty(shape, dtype="float32"):
+def empty(shape, dtype="float32", *, block=True, timeout=None):
     """A new array in shared memory from the pool, uninitialized like
     np.empty: a NumPy array, or a torch tensor when dtype is a torch dtype.
     It holds its buffer; sending it through a zctipc queue or pickling hook
-    sends a descriptor, not a copy."""
+    sends a descriptor, not a copy.
+
+    When the pool is at its limit it waits for a buffer to come back, as
+    ``block`` and ``timeout`` say, then raises OutOfSharedMemory; an array
+    larger than the limit raises it at once."""
     from .tensor import _shape_tuple
 
     code = _dtypes.code_of(dtype)
@@ -119,7 +127,7 @@ def empty(shape, dtype="float32"):
     nbytes = itemsize
     for d in dims:
         nbytes *= d
-    ref, address = alloc(max(nbytes, 1))
+    ref, address = alloc(max(nbytes, 1), block, timeout)
     memory = _views.owner(address, "zct_ref_release", ref, "releasing a buffer")
     strides = _c_strides(dims, itemsize)
     if type(dtype).__module__ == "torch":

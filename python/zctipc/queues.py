@@ -45,6 +45,16 @@ class _Oversized:
         self.obj = obj
 
 
+class _Failed:
+    """An object whose pickling raised: raised again once the objects
+    before it are in the queue."""
+
+    __slots__ = ("exc",)
+
+    def __init__(self, exc):
+        self.exc = exc
+
+
 class _Scratch(threading.local):
     """Per-thread buffers for taking messages; args holds them in the order
     zct_queue_get takes them after the timeout."""
@@ -184,6 +194,8 @@ class Queue:
             if type(obj) is _Oversized:
                 pending = obj.obj  # alone, in the next run
                 continue
+            if type(obj) is _Failed:
+                raise obj.exc
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
             self._put(_RECORD_PICKLE, payload, exports, block, left)
 

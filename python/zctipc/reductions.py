@@ -285,8 +285,10 @@ class QueuePickler:
         pickle has out-of-band buffers or would take the run past limit
         bytes. Returns (buffer, [end of each pickle], single): single is
         (obj, pickle, exports) for an object with buffers, (_Oversized(obj),
-        None, []) for one that did not fit, or None when objs ran out."""
-        from .queues import _Oversized
+        None, []) for one that did not fit, (_Failed(exc), None, []) for one
+        whose pickling raised exc after others were pickled, or None when
+        objs ran out."""
+        from .queues import _Failed, _Oversized
 
         self.busy = True
         self.exports = exports = []
@@ -300,7 +302,17 @@ class QueuePickler:
         try:
             for obj in (objs if first is None else _chain(first, objs)):
                 clear()
-                dump(obj)
+                try:
+                    dump(obj)
+                except Exception as exc:
+                    if not ends:
+                        raise
+                    # The objects before it go first, as puts one by one would.
+                    for e in exports:
+                        e.release()
+                    exports.clear()
+                    f.truncate(start)
+                    return f.getvalue(), ends, (_Failed(exc), None, [])
                 end = tell()
                 if exports:
                     payload = f.getvalue()[start:end]

@@ -91,6 +91,28 @@ func TestPoolFullWaitsOrFails(t *testing.T) {
 	require.NoError(t, big.Release())
 }
 
+func TestPoolImpossibleIsAnErrorAtOnce(t *testing.T) {
+	p := pool.New(8 << 20)
+	defer p.Close()
+	for _, n := range []uint64{16 << 20, 2 << 30} {
+		start := time.Now()
+		_, err := p.Alloc(n, time.Time{}) // no deadline: waiting could never end
+		require.ErrorIs(t, err, pool.ErrNoRoom, "%d bytes in a pool of 8 MiB", n)
+		require.NotErrorIs(t, err, pool.ErrFull)
+		require.ErrorIs(t, err, shm.ErrOutOfSharedMemory)
+		require.Contains(t, err.Error(), "8.0 MiB")
+		require.Less(t, time.Since(start), time.Second)
+	}
+	// What fits the limit once the slots in use come back waits instead.
+	s, err := p.Alloc(6<<20, time.Time{})
+	require.NoError(t, err)
+	start := time.Now()
+	_, err = p.Alloc(6<<20, time.Now().Add(100*time.Millisecond))
+	require.ErrorIs(t, err, pool.ErrFull)
+	require.GreaterOrEqual(t, time.Since(start), 100*time.Millisecond, "it waited for the deadline")
+	require.NoError(t, s.Release())
+}
+
 func TestPoolTooLarge(t *testing.T) {
 	p := pool.New(1 << 30)
 	defer p.Close()

@@ -13,6 +13,7 @@ import (
 
 	"github.com/zctipc/zctipc/go/buffer"
 	"github.com/zctipc/zctipc/go/dtype"
+	"github.com/zctipc/zctipc/go/fault"
 	"github.com/zctipc/zctipc/go/header"
 	"github.com/zctipc/zctipc/go/message"
 	"github.com/zctipc/zctipc/go/pool"
@@ -40,7 +41,7 @@ func describe(v *C.zct_view) (message.Descriptor, *buffer.Ref, error) {
 	if err != nil {
 		return message.Descriptor{}, nil, err
 	}
-	if v.ndim < 0 || v.ndim > header.MaxNDim || v.flags < 0 || v.flags > 3 {
+	if v.ndim < 0 || v.ndim > header.MaxNDim || v.flags < 0 || v.flags > 7 {
 		return message.Descriptor{}, nil, fmt.Errorf("a view with ndim %d and flags %d: %w", v.ndim, v.flags, unix.EINVAL)
 	}
 	shape := make([]int64, v.ndim)
@@ -528,11 +529,13 @@ func zct_queue_join(h C.zct_handle, timeoutMS C.int64_t) C.int {
 	})
 }
 
-// releaseRefs releases every ref this process still has, at exit.
+// releaseRefs releases every ref this process still has, at exit: each on
+// its own, so that one in a segment another process shrank does not keep
+// the others.
 func releaseRefs() error {
 	var errs []error
 	for _, r := range refs.drain() {
-		errs = append(errs, r.Release())
+		errs = append(errs, fault.Catch(r.Release))
 	}
 	return errors.Join(errs...)
 }

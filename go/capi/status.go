@@ -17,6 +17,7 @@ import (
 	"github.com/zctipc/zctipc/go/cuda"
 	"github.com/zctipc/zctipc/go/daemon"
 	"github.com/zctipc/zctipc/go/dtype"
+	"github.com/zctipc/zctipc/go/fault"
 	"github.com/zctipc/zctipc/go/futex"
 	"github.com/zctipc/zctipc/go/header"
 	"github.com/zctipc/zctipc/go/message"
@@ -51,6 +52,7 @@ var statuses = []struct {
 	{queue.ErrEmpty, C.ZCT_E_EMPTY},
 	{futex.ErrInterrupted, C.ZCT_E_INTERRUPTED},
 	{message.ErrMalformed, C.ZCT_E_CORRUPT},
+	{fault.ErrFault, C.ZCT_E_CORRUPT},
 	{pool.ErrStale, C.ZCT_E_CORRUPT},
 	{shm.ErrClosed, C.ZCT_E_CLOSED},
 	{shm.ErrOutOfSharedMemory, C.ZCT_E_NO_SPACE},
@@ -77,6 +79,11 @@ var poisoned atomic.Bool
 
 // fail records err as the calling thread's last error and returns its status.
 func fail(err error) C.int {
+	if fe, ok := err.(*fault.Error); ok { // a fault of the export itself: name its segment
+		if name, ok := shm.NameAt(fe.Addr); ok {
+			err = fmt.Errorf("%w: segment %q", err, name)
+		}
+	}
 	status := C.int(C.ZCT_E_OS)
 	for _, s := range statuses {
 		if errors.Is(err, s.err) {
@@ -116,8 +123,10 @@ func recoverPanic(status *C.int) {
 }
 
 // run runs the body of an export: it refuses the call once the library is
-// poisoned, turns a panic into ZCT_E_INTERNAL (and poisons the library), and
-// an error into its status and the thread's last error.
+// poisoned, turns a fault on mapped memory (a segment another process
+// shrank) into ZCT_E_CORRUPT, any other panic into ZCT_E_INTERNAL (and
+// poisons the library), and an error into its status and the thread's last
+// error.
 // cInt is C's int, the status every export returns, for the files of this
 // package that do not use cgo themselves.
 type cInt = C.int
@@ -127,7 +136,7 @@ func run(body func() error) (status C.int) {
 	if status, ok := enter(); !ok {
 		return status
 	}
-	if err := body(); err != nil {
+	if err := fault.Catch(body); err != nil {
 		return fail(err)
 	}
 	return C.ZCT_OK

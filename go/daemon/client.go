@@ -24,12 +24,22 @@ import (
 // daemon that a client starts waits idle before it exits.
 const IdleEnv = "ZCTIPC_DAEMON_IDLE"
 
-// connectFor bounds how long a client tries to reach a daemon it started.
-const connectFor = 5 * time.Second
+// Deadlines of a client.
+const (
+	// connectFor bounds how long a client tries to reach a daemon it
+	// started.
+	connectFor = 5 * time.Second
+	// answerFor bounds one exchange with the daemon: a stopped or wedged
+	// daemon makes the call fail with ErrUnavailable, never hang.
+	answerFor = 2 * time.Second
+	// collectFor bounds an exchange that runs an orphan collection.
+	collectFor = 60 * time.Second
+)
 
 // Client is a process's connection to its daemon, which it reconnects (and
 // restarts the daemon) when the daemon went away. It is the process's
-// broker of memfd segments.
+// broker of memfd segments. It is safe for concurrent use; every exchange
+// with the daemon has a deadline.
 type Client struct {
 	dir string
 	exe string // the daemon to start when none runs; "" to start none
@@ -66,21 +76,25 @@ func (c *Client) connect() error {
 	if err := EnsureDir(c.dir); err != nil {
 		return err
 	}
-	addr := &net.UnixAddr{Name: filepath.Join(c.dir, SocketName), Net: "unixpacket"}
+	path := filepath.Join(c.dir, SocketName)
+	dialer := net.Dialer{Timeout: answerFor}
 	deadline := time.Now().Add(connectFor)
 	var started time.Time
 	wait := time.Millisecond
 	for {
-		conn, err := net.DialUnix("unixpacket", nil, addr)
+		conn, err := dialer.Dial("unixpacket", path)
 		if err == nil {
-			c.conn = conn
+			c.conn = conn.(*net.UnixConn)
 			if err = c.hello(); err == nil {
 				return nil
 			}
 			conn.Close()
 			c.conn = nil
 			if !retryable(err) {
-				return err
+				if errors.Is(err, ErrUnavailable) {
+					return err
+				}
+				return fmt.Errorf("%w: %w", ErrUnavailable, err)
 			}
 		}
 		if c.exe == "" {
@@ -159,8 +173,15 @@ func (c *Client) roundTrip(req *Request, fd int) (*Reply, int, error) {
 	if fd >= 0 {
 		fds = []int{fd}
 	}
-	if err := fdpass.Send(c.conn, b, fds...); err != nil {
+	limit := answerFor
+	if req.Op == OpGC {
+		limit = collectFor
+	}
+	if err := c.conn.SetDeadline(time.Now().Add(limit)); err != nil {
 		return nil, -1, err
+	}
+	if err := fdpass.Send(c.conn, b, fds...); err != nil {
+		return nil, -1, c.timedOut(err, limit)
 	}
 	want := 0
 	if req.Op == OpGet {
@@ -168,7 +189,7 @@ func (c *Client) roundTrip(req *Request, fd int) (*Reply, int, error) {
 	}
 	n, got, err := fdpass.Recv(c.conn, c.buf, want)
 	if err != nil {
-		return nil, -1, err
+		return nil, -1, c.timedOut(err, limit)
 	}
 	if n == 0 {
 		closeFDs(got)
@@ -192,6 +213,18 @@ func (c *Client) roundTrip(req *Request, fd int) (*Reply, int, error) {
 	return &rep, out, nil
 }
 
+// timedOut turns a deadline that passed into ErrUnavailable, naming the
+// daemon that did not answer. The caller holds c.mu.
+func (c *Client) timedOut(err error, limit time.Duration) error {
+	if !errors.Is(err, os.ErrDeadlineExceeded) {
+		return err
+	}
+	c.conn.Close() // a late reply would answer the next request
+	c.conn = nil
+	return fmt.Errorf("%w: zctipcd (pid %d) of %s did not answer within %v: it is stopped, wedged or "+
+		"overloaded (see %s)", ErrUnavailable, RunningPID(c.dir), c.dir, limit, filepath.Join(c.dir, LogName))
+}
+
 // call sends a request, reconnecting once when the daemon went away.
 func (c *Client) call(req *Request, fd int) (*Reply, int, error) {
 	c.mu.Lock()
@@ -206,8 +239,10 @@ func (c *Client) call(req *Request, fd int) (*Reply, int, error) {
 		if err == nil || attempt > 0 || !retryable(err) {
 			return rep, out, err
 		}
-		c.conn.Close()
-		c.conn = nil
+		if c.conn != nil {
+			c.conn.Close()
+			c.conn = nil
+		}
 	}
 }
 

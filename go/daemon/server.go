@@ -16,6 +16,18 @@
 // directory, sweeps those of dead processes, removes the orphans they left
 // (package gc), and watches the rest. A daemon with nothing to watch exits
 // after a while.
+//
+// # Robustness
+//
+// A client never waits on the daemon without a deadline (see Client), and
+// the daemon never lets a client hold it: it raises its limit of open files
+// at start; at the limit it answers a new connection with an error and
+// closes it rather than stop accepting; a connection that says nothing for
+// Options.Silent is closed (one that watches a ledger may stay silent: its hang-up
+// is the news); a reply a client does not read within replyFor ends the
+// connection. Ledgers and segments are memory other processes can shrink: a
+// fault on them is an error in the log, never the daemon's death. A socket
+// someone deleted is made again.
 package daemon
 
 import (
@@ -33,6 +45,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/zctipc/zctipc/go/fault"
 	"github.com/zctipc/zctipc/go/fdpass"
 	"github.com/zctipc/zctipc/go/gc"
 	"github.com/zctipc/zctipc/go/header"
@@ -53,6 +66,14 @@ const (
 	// DefaultIdle is how long a daemon with nothing to watch waits before
 	// it exits.
 	DefaultIdle = 10 * time.Second
+	// DefaultSilent bounds the wait for the next request of a connection
+	// that watches no ledger.
+	DefaultSilent = 30 * time.Second
+	// replyFor bounds the write of one reply.
+	replyFor = 5 * time.Second
+	// acceptPause is how long accept waits after a failure, such as having
+	// no descriptor left for a new connection.
+	acceptPause = 10 * time.Millisecond
 )
 
 // ErrRunning is returned by Serve when another daemon serves the directory.
@@ -62,7 +83,10 @@ var ErrRunning = errors.New("another zctipcd serves this directory")
 type Options struct {
 	Dir  string        // the runtime directory (RuntimeDir when empty)
 	Idle time.Duration // DefaultIdle when zero
-	Log  io.Writer     // os.Stderr when nil
+	// Silent closes a connection that watches no ledger after this long
+	// without a request (DefaultSilent when zero).
+	Silent time.Duration
+	Log    io.Writer // os.Stderr when nil
 }
 
 // Server is a running daemon.
@@ -70,9 +94,12 @@ type Server struct {
 	dir     string
 	self    proc.Identity
 	idle    time.Duration
+	silent  time.Duration
 	log     *log.Logger
 	started time.Time
-	ln      *net.UnixListener
+	sock    string
+	ln      *net.UnixListener // owned by the goroutine of Serve
+	sockIno uint64            // the inode of the socket ln listens on
 
 	mu         sync.Mutex
 	collecting bool
@@ -119,6 +146,10 @@ func Serve(opts Options) error {
 	if s.idle <= 0 {
 		s.idle = DefaultIdle
 	}
+	s.silent = opts.Silent
+	if s.silent <= 0 {
+		s.silent = DefaultSilent
+	}
 	w := opts.Log
 	if w == nil {
 		w = os.Stderr
@@ -136,20 +167,16 @@ func Serve(opts Options) error {
 		return err
 	}
 	defer unix.Close(lockFD)
-	sock := filepath.Join(s.dir, SocketName)
-	if err := os.Remove(sock); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("remove the stale socket %s: %w", sock, err)
-	}
-	s.ln, err = net.ListenUnix("unixpacket", &net.UnixAddr{Name: sock, Net: "unixpacket"})
+	limit, err := raiseFileLimit()
 	if err != nil {
-		return fmt.Errorf("listen on %s: %w", sock, err)
+		s.log.Printf("open-file limit %d, not raised: %v", limit, err)
 	}
-	if err := os.Chmod(sock, 0o600); err != nil {
-		s.ln.Close()
+	s.sock = filepath.Join(s.dir, SocketName)
+	if err := s.listen(); err != nil {
 		return err
 	}
 	shm.SetBroker(s)
-	s.log.Printf("serving %s for segments in %s", s.dir, shm.Dir())
+	s.log.Printf("serving %s for segments in %s (open-file limit %d)", s.dir, shm.Dir(), limit)
 	s.stats = Status{PID: s.self.PID, Version: version.Version, Dir: s.dir, ShmDir: shm.Dir()}
 	s.busy = time.Now()
 
@@ -157,7 +184,6 @@ func Serve(opts Options) error {
 	// daemon that died, and collect at once what dead ones left.
 	s.watchLive(true)
 	s.collectAt = time.Now()
-	go s.accept()
 	s.loop()
 	s.ln.Close() // removes the socket
 	s.mu.Lock()
@@ -209,19 +235,107 @@ func RunningPID(dir string) int {
 	return pid
 }
 
-// accept serves each connection in its own goroutine, until the listener
-// closes.
-func (s *Server) accept() {
+// raiseFileLimit raises the soft limit of open files to the hard one, and
+// the hard one too where the daemon may (a client started under a low
+// limit hands it down). It returns the limit in force.
+func raiseFileLimit() (uint64, error) {
+	var lim unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &lim); err != nil {
+		return 0, err
+	}
+	if lim.Max < wantFiles {
+		if unix.Setrlimit(unix.RLIMIT_NOFILE, &unix.Rlimit{Cur: wantFiles, Max: wantFiles}) == nil {
+			return wantFiles, nil
+		}
+	}
+	return fdpass.RaiseLimit()
+}
+
+// wantFiles is the open-file limit the daemon asks for when its hard limit
+// is lower.
+const wantFiles = 1 << 16
+
+// listen makes the socket and serves it: each connection in its own
+// goroutine, until the listener closes. The caller is Serve's goroutine.
+func (s *Server) listen() error {
+	if err := os.Remove(s.sock); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("remove the stale socket %s: %w", s.sock, err)
+	}
+	ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: s.sock, Net: "unixpacket"})
+	if err != nil {
+		return fmt.Errorf("listen on %s: %w", s.sock, err)
+	}
+	var st unix.Stat_t
+	if err := errors.Join(os.Chmod(s.sock, 0o600), unix.Lstat(s.sock, &st)); err != nil {
+		ln.Close()
+		return err
+	}
+	s.ln, s.sockIno = ln, st.Ino
+	go s.accept(ln)
+	return nil
+}
+
+// keepSocket makes the socket again when it was deleted or replaced: a
+// client that cannot connect would start a daemon that cannot serve.
+func (s *Server) keepSocket() {
+	var st unix.Stat_t
+	if err := unix.Lstat(s.sock, &st); err == nil && st.Ino == s.sockIno && st.Mode&unix.S_IFMT == unix.S_IFSOCK {
+		return
+	}
+	old := s.ln
+	old.SetUnlinkOnClose(false) // the name is no longer its own
+	old.Close()
+	if err := s.listen(); err != nil {
+		s.log.Printf("the socket %s went away and could not be made again: %v", s.sock, err)
+		s.ln = old // closed: the next check tries again
+		return
+	}
+	s.log.Printf("the socket %s went away: made it again", s.sock)
+}
+
+// accept serves each connection of ln in its own goroutine, until ln
+// closes. Out of descriptors, it refuses the connection that waits (a
+// spare descriptor makes room to accept it and say why) and goes on.
+func (s *Server) accept(ln *net.UnixListener) {
+	spare, _ := unix.Open("/dev/null", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	defer func() {
+		if spare >= 0 {
+			unix.Close(spare)
+		}
+	}()
 	for {
-		c, err := s.ln.AcceptUnix()
-		if err != nil {
-			if !errors.Is(err, net.ErrClosed) {
-				s.log.Printf("accept: %v", err)
-			}
+		c, err := ln.AcceptUnix()
+		if err == nil {
+			go s.serve(c)
+			continue
+		}
+		if errors.Is(err, net.ErrClosed) {
 			return
 		}
-		go s.serve(c)
+		if errors.Is(err, unix.EMFILE) || errors.Is(err, unix.ENFILE) {
+			if spare >= 0 {
+				unix.Close(spare)
+				spare = -1
+				if c, err := ln.AcceptUnix(); err == nil {
+					s.refuse(c, fmt.Errorf("zctipcd is at its limit of open files: %w", unix.EMFILE))
+				}
+				spare, _ = unix.Open("/dev/null", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+			}
+		} else {
+			s.log.Printf("accept: %v", err)
+		}
+		time.Sleep(acceptPause)
 	}
+}
+
+// refuse answers a connection's first request with err and closes it.
+func (s *Server) refuse(c *net.UnixConn, err error) {
+	defer c.Close()
+	s.mu.Lock()
+	s.stats.Refused++
+	s.mu.Unlock()
+	rep := errReply(err)
+	s.reply(c, &rep, -1)
 }
 
 // loop checks the watched processes and the kept segments, runs orphan
@@ -240,6 +354,7 @@ func (s *Server) loop() {
 		full := now.Sub(lastFull) >= checkEvery
 		if full {
 			lastFull = now
+			s.keepSocket()
 		}
 		s.sweepDead(full)
 		s.mu.Lock()
@@ -280,7 +395,11 @@ func (s *Server) sweepDead(full bool) {
 	}
 	s.mu.Unlock()
 	for _, w := range dead {
-		res, err := gc.SweepLedger(w.m.Data(), s.self)
+		var res ledger.Result
+		err := fault.Catch(func() (err error) {
+			res, err = gc.SweepLedger(w.m.Data(), s.self)
+			return err
+		})
 		if !w.memfd {
 			if uerr := shm.Unlink(w.name); uerr != nil && !errors.Is(uerr, unix.ENOENT) {
 				err = errors.Join(err, uerr)
@@ -310,7 +429,11 @@ func (s *Server) collect() {
 		s.collecting = false
 		s.mu.Unlock()
 	}()
-	rep, err := gc.Collect(s.self, gc.Options{TrackedOnly: true, Confirm: confirmAfter, Source: s.source()})
+	var rep gc.Report
+	err := fault.Catch(func() (err error) {
+		rep, err = gc.Collect(s.self, gc.Options{TrackedOnly: true, Confirm: confirmAfter, Source: s.source()})
+		return err
+	})
 	if err != nil {
 		s.log.Printf("collect: %v", err)
 	}
@@ -368,7 +491,9 @@ func (s *Server) source() gc.Source {
 			}
 			s.mu.Unlock()
 			for _, w := range ws {
-				fn(w.name, w.m.Data())
+				if err := fault.Catch(func() error { fn(w.name, w.m.Data()); return nil }); err != nil {
+					s.log.Printf("reading the ledger %s: %v", w.name, err)
+				}
 			}
 		},
 	}
@@ -477,8 +602,21 @@ func (s *Server) serve(c *net.UnixConn) {
 	}()
 	buf := make([]byte, maxMessage)
 	for {
+		// A connection that watches a ledger may stay silent for its
+		// process's life; any other must speak up.
+		var until time.Time
+		if len(hello) == 0 {
+			until = time.Now().Add(s.silent)
+		}
+		if err := c.SetReadDeadline(until); err != nil {
+			return
+		}
 		n, fds, err := fdpass.Recv(c, buf, 1)
 		if err != nil {
+			if errors.Is(err, os.ErrDeadlineExceeded) {
+				s.log.Printf("pid %d said nothing for %v: closed its connection", peer.PID, s.silent)
+				return
+			}
 			if errors.Is(err, fdpass.ErrRejected) {
 				s.log.Printf("pid %d: %v", peer.PID, err)
 				if s.reply(c, &Reply{Error: err.Error(), Errno: int(unix.EINVAL)}, -1) == nil {
@@ -500,8 +638,12 @@ func (s *Server) serve(c *net.UnixConn) {
 		var out = -1
 		if err := json.Unmarshal(buf[:n], &req); err != nil {
 			rep = errReply(fmt.Errorf("bad request: %w", unix.EINVAL))
-		} else {
+		} else if err := fault.Catch(func() error {
 			out, rep = s.handle(peer, &req, fd, &hello)
+			return nil
+		}); err != nil {
+			s.log.Printf("pid %d: %q: %v", peer.PID, req.Op, err)
+			out, rep = -1, errReply(err)
 		}
 		if fd >= 0 {
 			unix.Close(fd) // handle duplicated what it keeps
@@ -532,6 +674,9 @@ func errReply(err error) Reply {
 }
 
 func (s *Server) reply(c *net.UnixConn, r *Reply, fd int) error {
+	if err := c.SetWriteDeadline(time.Now().Add(replyFor)); err != nil {
+		return err
+	}
 	b, err := encode(r)
 	if err != nil {
 		b, _ = encode(errReply(err))
@@ -680,8 +825,9 @@ func (s *Server) status() Status {
 	st := s.stats
 	st.Uptime = time.Since(s.started).Seconds()
 	for _, w := range s.watches {
-		st.Clients = append(st.Clients, Watched{PID: w.owner.PID, Ledger: w.name, Connected: w.conns > 0,
-			Counts: len(ledger.Entries(w.m.Data()))})
+		counts := -1 // a ledger that faults (shrunk by someone) has no count to show
+		fault.Catch(func() error { counts = len(ledger.Entries(w.m.Data())); return nil })
+		st.Clients = append(st.Clients, Watched{PID: w.owner.PID, Ledger: w.name, Connected: w.conns > 0, Counts: counts})
 	}
 	sort.Slice(st.Clients, func(i, j int) bool { return st.Clients[i].PID < st.Clients[j].PID })
 	for name := range s.kept {

@@ -54,6 +54,7 @@ func (g *Guard) Close(wake func()) bool {
 	if wake != nil {
 		wake()
 	}
-	g.mu.Lock() // held for good: no call enters a closed object
+	g.mu.Lock() // waits out the calls in flight
+	g.mu.Unlock()
 	return true
 }

@@ -48,7 +48,7 @@ var le = binary.LittleEndian
 // Descriptor is one buffer of a record.
 type Descriptor struct {
 	Kind       uint8
-	Flags      uint8 // bits 0-1: the Python type to rebuild (0 NumPy, 1 torch, 2 SharedTensor)
+	Flags      uint8 // bits 0-1: the Python type to rebuild (0 NumPy, 1 torch, 2 SharedTensor); bit 2: read-only
 	DType      dtype.DType
 	Shape      []int64
 	Strides    []int64 // bytes
@@ -70,7 +70,7 @@ func (d *Descriptor) Check() error {
 	switch {
 	case d.Kind != RefSegment && d.Kind != RefSlot:
 		return fmt.Errorf("%w: descriptor kind %d", ErrMalformed, d.Kind)
-	case d.Flags&^3 != 0:
+	case d.Flags&^7 != 0:
 		return fmt.Errorf("%w: descriptor flags %#x", ErrMalformed, d.Flags)
 	case len(d.Shape) > header.MaxNDim || len(d.Strides) != len(d.Shape):
 		return fmt.Errorf("%w: descriptor ndim %d", ErrMalformed, len(d.Shape))

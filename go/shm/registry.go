@@ -10,6 +10,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/zctipc/zctipc/go/fault"
 	"github.com/zctipc/zctipc/go/header"
 	"golang.org/x/sys/unix"
 )
@@ -176,7 +177,10 @@ func sweep() {
 // idled past cacheTTL, or all of them. The caller holds registry.mu.
 func evictIdle(now time.Time, all bool) {
 	for _, f := range registry.files {
-		if f.handles == 0 && (all || atomic.LoadInt64(f.rc) <= 0 || now.Sub(f.idle) > cacheTTL) {
+		if f.handles != 0 {
+			continue
+		}
+		if n, err := fault.LoadInt64(f.rc); all || err != nil || n <= 0 || now.Sub(f.idle) > cacheTTL {
 			registry.cached--
 			if err := forget(f); err != nil {
 				// munmap fails only for a bad range, which these are not.

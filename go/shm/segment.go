@@ -36,6 +36,7 @@ import (
 	"unsafe"
 
 	"github.com/zctipc/zctipc/go/dtype"
+	"github.com/zctipc/zctipc/go/fault"
 	"github.com/zctipc/zctipc/go/header"
 	"github.com/zctipc/zctipc/go/proc"
 	"golang.org/x/sys/unix"
@@ -632,7 +633,16 @@ func ReleaseAll() (int, error) {
 			continue // a ledger goes last, with its own Close
 		}
 		n++
-		if _, err := f.uncount(); err != nil {
+		err := fault.Catch(func() error {
+			_, err := f.uncount()
+			return err
+		})
+		if errors.Is(err, fault.ErrFault) {
+			// Another process shrank the file under its holders: what it
+			// held is lost for all of them, and its name goes now.
+			err = errors.Join(fmt.Errorf("segment %q: %w", f.name, err), f.unlinkIfSame())
+		}
+		if err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -743,8 +753,15 @@ func (m *Mapping) Header() header.Header { return m.f.hdr }
 // Data returns the data region.
 func (m *Mapping) Data() []byte { return m.f.region(false) }
 
-// Refcount returns the current value of the shared count.
-func (m *Mapping) Refcount() int64 { return atomic.LoadInt64(m.f.rc) }
+// Refcount returns the current value of the shared count; 0 when the
+// segment's header is gone (another process shrank the file).
+func (m *Mapping) Refcount() int64 {
+	n, err := fault.LoadInt64(m.f.rc)
+	if err != nil {
+		return 0
+	}
+	return n
+}
 
 // AddRef adds one to the shared count unless it reached zero.
 func (m *Mapping) AddRef() (int64, error) { return m.f.addRef() }
@@ -842,4 +859,22 @@ func Reclaim(name string, ino uint64, rc int64) (bool, error) {
 		return false, nil
 	}
 	return true, f.remove()
+}
+
+// NameAt returns the name of the segment whose mapping in this process
+// holds addr, for error messages; false when none does.
+func NameAt(addr uintptr) (string, bool) {
+	registry.mu.Lock()
+	defer registry.mu.Unlock()
+	for _, f := range registry.files {
+		for _, m := range [][]byte{f.rw, f.ro, f.ctl} {
+			if len(m) > 0 {
+				base := uintptr(unsafe.Pointer(&m[0]))
+				if addr >= base && addr-base < uintptr(len(m)) {
+					return f.name, true
+				}
+			}
+		}
+	}
+	return "", false
 }

@@ -192,8 +192,16 @@ def _register_exit():
 
 def _at_exit():
     """Let go of everything, then remove the ledger: nothing is left to
-    sweep."""
-    release_all()
+    sweep. What fails is said on stderr: the process is leaving, and one
+    broken segment (shrunk by another process, say) must not stop it."""
+    for step in (release_all, _disable_cleanup):
+        try:
+            step()
+        except errors.ZctipcError as exc:
+            sys.stderr.write(f"zctipc: at exit: {exc}\n")
+
+
+def _disable_cleanup():
     if _lib is not None:
         check(_lib.zct_cleanup_disable())
 
@@ -238,6 +246,10 @@ def report_finalizer_error(what, status):
     if status != E_CLOSED:
         sys.stderr.write(f"zctipc: {what} failed: {error(status)}\n")
 
+
+# The most dimensions a descriptor holds: ZCT_MAX_NDIM of zctipc.h, here
+# so that deciding how to send an array loads no library (tests check it).
+MAX_NDIM = 32
 
 # Status codes of zctipc.h that callers branch on (tests check them against
 # the library's enum).

@@ -12,8 +12,10 @@ import numpy as np
 
 from . import _dtypes, _native
 
-# Python types a descriptor asks to rebuild (its flags, bits 0-1).
+# Python types a descriptor asks to rebuild (its flags, bits 0-1), and the
+# flag of a read-only array (bit 2).
 NUMPY, TORCH, SHARED_TENSOR = 0, 1, 2
+READONLY = 4
 
 
 def owner(address, close, handle, what):
@@ -81,4 +83,4 @@ def from_view(view, pytype=None):
     kind = view.flags & 3 if pytype is None else pytype
     if kind == TORCH:
         return tensor(ndarray(memory, view.nbytes, _dtypes.storage_dtype(code), shape, strides), code)
-    return ndarray(memory, view.nbytes, _dtypes.numpy_dtype(code), shape, strides)
+    return ndarray(memory, view.nbytes, _dtypes.numpy_dtype(code), shape, strides, bool(view.flags & READONLY))

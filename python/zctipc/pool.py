@@ -9,8 +9,8 @@ larger than the largest class (3.5 GiB) get a segment of their own.
 import time
 from typing import NamedTuple
 
-from . import _dtypes, _native, _views
-from .errors import InvalidArgument, OutOfSharedMemory
+from . import _args, _dtypes, _native, _views
+from .errors import OutOfSharedMemory
 
 __all__ = ["empty", "pool_stats", "set_pool_limit", "PoolStats"]
 
@@ -41,8 +41,7 @@ def set_pool_limit(nbytes):
     """Set the most bytes of arenas this process's pool may hold (default:
     half of /dev/shm, or $ZCTIPC_POOL_LIMIT). At the limit, allocations wait
     for buffers to be freed, or raise OutOfSharedMemory."""
-    if not isinstance(nbytes, int) or nbytes < 0:
-        raise InvalidArgument(f"a pool limit is a number of bytes, not {nbytes!r}")
+    nbytes = _args.integer("a pool limit", nbytes, 0, (1 << 64) - 1)
     _native.check(_native.lib().zct_pool_set_limit(nbytes))
 
 
@@ -54,11 +53,10 @@ def wait_slices(block, timeout):
     if not block:
         yield 0
         return
+    timeout = _args.timeout(timeout)
     if timeout is None:
         while True:
             yield int(WAIT_SLICE * 1000)
-    if timeout < 0:
-        raise ValueError("'timeout' must be a non-negative number")
     deadline = time.monotonic() + timeout
     while True:
         left = deadline - time.monotonic()

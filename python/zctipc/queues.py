@@ -20,7 +20,7 @@ import time
 import weakref
 from multiprocessing import context as _mpcontext
 
-from . import _native, reductions
+from . import _args, _native, reductions
 from .errors import HandleClosed
 from .pool import wait_slices
 
@@ -88,10 +88,8 @@ class Queue:
     """
 
     def __init__(self, maxsize=0, *, max_bytes=DEFAULT_MAX_BYTES, ctx=None):
-        if not isinstance(maxsize, int) or isinstance(maxsize, bool):
-            raise TypeError(f"maxsize must be an int, not {type(maxsize).__name__}")
-        if not isinstance(max_bytes, int) or not 4096 <= max_bytes <= 1 << 30:
-            raise ValueError(f"max_bytes must be an int from 4096 to {1 << 30}, not {max_bytes!r}")
+        maxsize = _args.integer("maxsize", maxsize, high=1 << 30)  # 0 or less: no bound, as multiprocessing's
+        max_bytes = _args.integer("max_bytes", max_bytes, 4096, 1 << 30)
         ffi, lib = _native.ffi(), _native.lib()
         handle = ffi.new("zct_handle *")
         _native.check(lib.zct_queue_create(ffi.NULL, max_bytes, max(maxsize, 0), handle))
@@ -150,6 +148,8 @@ class Queue:
         else raise queue.Full."""
         if self._closed:
             self._check_open()
+        if timeout is not None:
+            timeout = _args.timeout(timeout)
         t = type(obj)
         if t is bytes:
             payload, exports, typ = obj, [], _RECORD_BYTES
@@ -176,7 +176,8 @@ class Queue:
         the objects before the one that did not fit are in the queue."""
         if self._closed:
             self._check_open()
-        deadline = None if timeout is None else time.monotonic() + max(timeout, 0)
+        timeout = _args.timeout(timeout)
+        deadline = None if timeout is None else time.monotonic() + timeout
         p = reductions.pickler()
         # Pickle a run of objects into one buffer, one after another, until
         # one has out-of-band buffers (it goes on its own) or the run would
@@ -268,6 +269,8 @@ class Queue:
         say, else raise queue.Empty."""
         if self._closed:
             self._check_open()
+        if timeout is not None:
+            timeout = _args.timeout(timeout)
         get = _native.lib().zct_queue_get
         s = self._scratch
         # Fast path: one try without waiting; the loop below waits.
@@ -292,8 +295,7 @@ class Queue:
         first waited for as get does, then those already behind it."""
         if self._closed:
             self._check_open()
-        if max_items < 1:
-            raise ValueError(f"max_items must be at least 1, not {max_items}")
+        max_items = _args.integer("max_items", max_items, 1)
         ffi, lib = _native.ffi(), _native.lib()
         s = self._scratch
         records, filled = ffi.new("int32_t *"), ffi.new("uint64_t *")

@@ -38,13 +38,14 @@ __all__ = ["init_reductions", "init_torch_reductions", "is_shared"]
 
 
 class Export:
-    """A buffer on its way out: a ref, and the array laid over it."""
+    """A buffer on its way out: a ref, and the array laid over it; flags
+    are the descriptor's (the Python type to rebuild, read-only)."""
 
-    __slots__ = ("ref", "offset", "code", "shape", "strides", "pytype")
+    __slots__ = ("ref", "offset", "code", "shape", "strides", "flags")
 
-    def __init__(self, ref, offset, code, shape, strides, pytype):
+    def __init__(self, ref, offset, code, shape, strides, flags):
         self.ref, self.offset, self.code = ref, offset, code
-        self.shape, self.strides, self.pytype = shape, strides, pytype
+        self.shape, self.strides, self.flags = shape, strides, flags
 
     def fill(self, view):
         """Write this export into a zct_view struct."""
@@ -54,7 +55,7 @@ class Export:
         view.ndim = len(self.shape)
         view.shape[0 : len(self.shape)] = self.shape
         view.strides[0 : len(self.strides)] = self.strides
-        view.flags = self.pytype
+        view.flags = self.flags
 
     def release(self):
         _native.check(_native.lib().zct_ref_release(self.ref))
@@ -100,14 +101,17 @@ def _slot_for(shape, code, block, timeout):
     return ref, _native.ffi().cast("char *", address), nbytes, _c_strides(shape, itemsize)
 
 
-def _export(address, code, shape, strides, pytype, fill, block, timeout, copy):
+def _export(address, code, shape, strides, flags, fill, block, timeout, copy):
     """An Export of the array at address: its own memory when that is zctipc
     memory, else (with copy) a fresh buffer that fill(memory, nbytes,
-    c_strides) copies it into, in C order."""
+    c_strides) copies it into, in C order. None for an array of more
+    dimensions than a descriptor holds: it is pickled in band."""
+    if len(shape) > _native.MAX_NDIM:
+        return None
     if address is not None and min(strides, default=0) >= 0:
         found = _find(address, _extent(shape, strides, _dtypes.ITEMSIZE[code]))
         if found is not None:
-            return Export(found[0], found[1], code, shape, strides, pytype)
+            return Export(found[0], found[1], code, shape, strides, flags)
     if not copy:
         return None
     ref, memory, nbytes, c_strides = _slot_for(shape, code, block, timeout)
@@ -116,7 +120,7 @@ def _export(address, code, shape, strides, pytype, fill, block, timeout, copy):
     except BaseException:
         _native.check(_native.lib().zct_ref_release(ref))
         raise
-    return Export(ref, 0, code, shape, c_strides, pytype)
+    return Export(ref, 0, code, shape, c_strides, flags)
 
 
 def export_array(arr, block=True, timeout=None, copy=True):
@@ -131,7 +135,8 @@ def export_array(arr, block=True, timeout=None, copy=True):
     def fill(memory, nbytes, c_strides):
         np.copyto(_views.ndarray(memory, nbytes, arr.dtype, arr.shape, c_strides), arr)
 
-    return _export(arr.__array_interface__["data"][0], code, arr.shape, arr.strides, _views.NUMPY, fill,
+    flags = _views.NUMPY if arr.flags.writeable else _views.NUMPY | _views.READONLY
+    return _export(arr.__array_interface__["data"][0], code, arr.shape, arr.strides, flags, fill,
                    block, timeout, copy)
 
 
@@ -346,6 +351,8 @@ class QueuePickler:
         _check_grad(t)
         if t.device.type == "cuda":
             return _reduce_cuda(t)
+        if t.layout in _sparse_layouts():
+            return _reduce_sparse(t)
         rv = self._export(t, export_tensor)
         if rv[0] is _rebuild and t.requires_grad:
             return _rebuild, (rv[1][0], True)
@@ -358,6 +365,51 @@ class QueuePickler:
 
     def _reduce_shared(self, st):
         return self._export(st, lambda st, block, timeout: export_shared_tensor(st))
+
+
+# Note [sparse tensors]: torch pickles a sparse tensor as its parts (indices
+# and values), and its rebuild function appends every tensor it makes to a
+# list that only torch.load drains, to validate them later. Unpickled by a
+# queue, they would stay in that list, and the pool buffers under their
+# parts with them, for the life of the process. zctipc pickles the parts
+# itself (out of band, as any tensor) and rebuilds the sparse tensor from
+# them without that list: dropping it frees its buffers.
+
+_SPARSE = {}  # torch layout -> its name, once torch is met
+
+
+def _sparse_layouts():
+    if not _SPARSE:
+        import torch
+
+        for name in ("coo", "csr", "csc", "bsr", "bsc"):
+            _SPARSE[getattr(torch, "sparse_" + name)] = name
+    return _SPARSE
+
+
+def _reduce_sparse(t):
+    """A sparse tensor as its parts (see Note [sparse tensors])."""
+    layout = _SPARSE[t.layout]
+    if layout == "coo":
+        parts = (t._indices(), t._values(), tuple(t.shape), t.is_coalesced())
+    elif layout in ("csr", "bsr"):
+        parts = (t.crow_indices(), t.col_indices(), t.values(), tuple(t.shape))
+    else:
+        parts = (t.ccol_indices(), t.row_indices(), t.values(), tuple(t.shape))
+    return _rebuild_sparse, (layout, parts, t.requires_grad)
+
+
+def _rebuild_sparse(layout, parts, requires_grad=False):
+    import torch
+
+    if layout == "coo":
+        indices, values, size, coalesced = parts
+        t = torch.sparse_coo_tensor(indices, values, size, is_coalesced=coalesced, check_invariants=False)
+    else:
+        compressed, plain, values, size = parts
+        t = torch.sparse_compressed_tensor(compressed, plain, values, size, layout=getattr(torch, "sparse_" + layout),
+                                           check_invariants=False)
+    return t.requires_grad_() if requires_grad else t
 
 
 _KNOWN_MODULES = ("torch", "pyarrow", "pandas", "polars")

@@ -28,7 +28,7 @@ import weakref
 
 import numpy as np
 
-from . import _dtypes, _native, _views
+from . import _args, _dtypes, _native, _views
 from .errors import HandleClosed, InvalidArgument, UnsupportedDtype
 from .pool import wait_slices
 from .tensor import _cname, _is_torch_tensor, _shape_tuple
@@ -68,14 +68,14 @@ class Stream:
         """
         if policy not in POLICIES:
             raise InvalidArgument(f"unknown stream policy {policy!r}; the policies are {', '.join(POLICIES)}")
-        if not isinstance(frames, int) or frames < 2:
-            raise InvalidArgument(f"frames must be an int of at least 2, not {frames!r}")
-        if not isinstance(readers, int) or not 1 <= readers <= 64:
-            raise InvalidArgument(f"readers must be an int from 1 to 64, not {readers!r}")
+        frames = _args.integer("frames", frames, 2, 1 << 20)
+        readers = _args.integer("readers", readers, 1, 64)
         timeout_ms = 0
         if reader_timeout is not None:
-            if reader_timeout <= 0:
-                raise InvalidArgument(f"reader_timeout must be positive seconds or None, not {reader_timeout!r}")
+            reader_timeout = _args.timeout(reader_timeout, "reader_timeout")
+            if not 0 < reader_timeout < (1 << 32) / 1000:
+                raise InvalidArgument(f"reader_timeout must be positive seconds (below 49 days) or None, "
+                                      f"not {reader_timeout!r}")
             timeout_ms = max(1, round(reader_timeout * 1000))
         dims = _shape_tuple(shape)
         code = _dtypes.code_of(dtype)
@@ -194,8 +194,8 @@ class Stream:
         """Join as a reader: of slot ``index``, or of the first free slot.
         The reader starts at the next frame published. Raises
         :class:`StreamBusy` when the slot, or every slot, is held."""
-        if index is not None and (not isinstance(index, int) or index < 0):
-            raise InvalidArgument(f"a reader slot is an int from 0 to {self.max_readers - 1}, not {index!r}")
+        if index is not None:
+            index = _args.integer("a reader slot", index, 0, self.max_readers - 1)
         ffi = _native.ffi()
         handle, slot = ffi.new("zct_handle *"), ffi.new("int32_t *")
         _native.check(_native.lib().zct_stream_reader(self._live(), -1 if index is None else index, handle, slot))
@@ -344,11 +344,10 @@ class _Endpoint:
         left of timeout, or False when the lock was not had in time."""
         if not block:
             return timeout if self._lock.acquire(False) else False
+        timeout = _args.timeout(timeout)
         if timeout is None:
             self._lock.acquire()
             return None
-        if timeout < 0:
-            raise ValueError("'timeout' must be a non-negative number")
         start = time.monotonic()
         if not self._lock.acquire(timeout=timeout):
             return False
@@ -582,6 +581,8 @@ class Event:
     def wait(self, timeout=None):
         """Wait until the event is set or ``timeout`` seconds pass; return
         whether it is set."""
+        if isinstance(timeout, (int, float)) and timeout < 0:
+            timeout = 0  # as threading.Event.wait
         out = _native.ffi().new("int32_t *")
         lib = _native.lib()
         for ms in wait_slices(True, timeout):

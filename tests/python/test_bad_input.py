@@ -192,3 +192,108 @@ def test_tensor_outside_host_memory_is_refused_clearly():
     meta = torch.empty(2, device="meta")
     with pytest.raises(zctipc.InvalidArgument, match="not in host memory"):
         zctipc.share(meta)
+
+
+def test_more_dimensions_than_a_descriptor_holds_go_pickled_in_band():
+    import torch
+
+    q = zctipc.Queue()
+    deep = np.arange(4.0).reshape((1,) * 31 + (2, 2))  # 33 dimensions
+    deep_tensor = torch.arange(4).reshape((1,) * 31 + (2, 2))
+    q.put(deep)
+    q.put({"deep": deep, "flat": np.arange(3)})
+    q.put(deep_tensor)
+    got = q.get()
+    assert got.shape == deep.shape and (got == deep).all()
+    both = q.get()
+    assert (both["deep"] == deep).all() and zctipc.is_shared(both["flat"]), "only the deep one is in band"
+    assert torch.equal(q.get(), deep_tensor)
+    q.close()
+
+
+def test_a_read_only_array_arrives_read_only():
+    from multiprocessing.reduction import ForkingPickler
+
+    q = zctipc.Queue()
+    frozen = np.arange(10.0)
+    frozen.setflags(write=False)
+    q.put(frozen)
+    q.put({"a": frozen})
+    for got in (q.get(), q.get()["a"]):
+        assert not got.flags.writeable
+        with pytest.raises(ValueError, match="read-only"):
+            got[0] = 1
+        with pytest.raises(ValueError):
+            got.setflags(write=True)
+    # zctipc memory made read-only stays so by descriptor, through the
+    # standard channels too.
+    shared = zctipc.empty(8, "float64")
+    shared[:] = 1
+    view = shared[2:]
+    view.setflags(write=False)
+    again = ForkingPickler.loads(bytes(ForkingPickler.dumps(view)))
+    assert not again.flags.writeable and again.sum() == 6
+    writable = ForkingPickler.loads(bytes(ForkingPickler.dumps(shared)))
+    writable[0] = 5
+    assert shared[0] == 5, "a writable one stays writable and shared"
+    q.close()
+
+
+@pytest.mark.parametrize("call, exc", [
+    (lambda: zctipc.Queue(max_bytes="4096"), TypeError),
+    (lambda: zctipc.Queue(max_bytes=4096.0), TypeError),
+    (lambda: zctipc.Queue(max_bytes=None), TypeError),
+    (lambda: zctipc.Queue(max_bytes=4095), ValueError),
+    (lambda: zctipc.Queue(max_bytes=(1 << 30) + 1), ValueError),
+    (lambda: zctipc.Queue(max_bytes=1 << 64), ValueError),
+    (lambda: zctipc.Queue(maxsize="4"), TypeError),
+    (lambda: zctipc.Queue(maxsize=4.5), TypeError),
+    (lambda: zctipc.Queue(maxsize=1 << 40), ValueError),
+    (lambda: zctipc.set_pool_limit("1G"), TypeError),
+    (lambda: zctipc.set_pool_limit(-1), ValueError),
+    (lambda: zctipc.set_pool_limit(1 << 64), ValueError),
+    (lambda: zctipc.empty(4, timeout="1"), TypeError),
+    (lambda: zctipc.empty(4, timeout=-1), ValueError),
+    (lambda: zctipc.Stream.create(shape=4, frames="8"), TypeError),
+    (lambda: zctipc.Stream.create(shape=4, frames=1 << 21), ValueError),
+    (lambda: zctipc.Stream.create(shape=4, readers=2.0), TypeError),
+    (lambda: zctipc.Stream.create(shape=4, reader_timeout="1"), TypeError),
+    (lambda: zctipc.Stream.create(shape=4, reader_timeout=float("nan")), ValueError),
+    (lambda: zctipc.Stream.create(shape=4, reader_timeout=1e12), ValueError),
+])
+def test_numeric_arguments_are_checked_as_python_checks_them(call, exc):
+    with pytest.raises(exc):
+        call()
+
+
+def test_queue_call_arguments_are_checked():
+    q = zctipc.Queue()
+    q.put(1)
+    for bad, exc in [("1", TypeError), (-1, ValueError), (float("nan"), ValueError), ([], TypeError)]:
+        with pytest.raises(exc):
+            q.put(2, timeout=bad)
+        with pytest.raises(exc):
+            q.get(timeout=bad)
+        with pytest.raises(exc):
+            q.put_many([2], timeout=bad)
+    with pytest.raises(TypeError):
+        q.get_many("3")
+    with pytest.raises(ValueError):
+        q.get_many(0)
+    assert q.get(timeout=np.float64(0.5)) == 1, "a NumPy number is a number of seconds"
+    assert q.qsize() == 0, "nothing bad went in"
+    s = zctipc.Stream.create(shape=4, frames=2, readers=2)
+    with pytest.raises(TypeError):
+        s.reader("0")
+    with pytest.raises(ValueError):
+        s.reader(2)
+    r = s.reader()
+    with pytest.raises(TypeError):
+        r.read(timeout="1")
+    e = zctipc.Event()
+    assert e.wait(-1) is False, "as threading.Event.wait"
+    with pytest.raises(TypeError):
+        e.wait("1")
+    r.close()
+    s.close()
+    q.close()

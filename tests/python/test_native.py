@@ -117,3 +117,16 @@ def test_environment_set_in_python_before_first_use_is_honoured(tmp_path):
     # The pool's arena, and the process's ledger, both in the directory.
     assert out.strip() == "['arena', 'ledger'] 2"
     assert os.listdir(tmp_path) == [], "released at exit"
+
+
+def test_constants_match_the_library():
+    # _native keeps the status codes it branches on, and the descriptor's
+    # most dimensions, as plain numbers; they are the library's.
+    lib = _native.lib()
+    names = {"OK": "ZCT_OK", "MAX_NDIM": "ZCT_MAX_NDIM"}
+    for name in dir(_native):
+        if name.startswith("E_"):
+            names[name] = "ZCT_" + name
+    assert len(names) > 10
+    for ours, theirs in names.items():
+        assert getattr(_native, ours) == getattr(lib, theirs), ours

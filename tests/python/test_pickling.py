@@ -9,6 +9,7 @@ import sys
 import textwrap
 
 import numpy as np
+import pytest
 import torch
 
 import zctipc
@@ -112,3 +113,25 @@ def test_is_shared_refuses_other_types():
 
     with pytest.raises(TypeError):
         zctipc.is_shared([1, 2])
+
+
+@pytest.mark.parametrize("layout", ["coo", "csr", "csc", "bsr"])
+def test_sparse_tensors_release_everything_when_dropped(layout):
+    import torch
+
+    q = zctipc.Queue()
+    dense = torch.tensor([[0.0, 1.0, 0.0, 0.0], [2.0, 0.0, 0.0, 3.0]])
+    make = {"coo": lambda: dense.to_sparse(), "csr": dense.to_sparse_csr, "csc": dense.to_sparse_csc,
+            "bsr": lambda: dense.to_sparse_bsr((1, 2))}[layout]
+    before = zctipc.pool_stats().slots_in_use
+    validate = torch._utils._get_sparse_tensors_to_validate()
+    pending = len(validate)
+    for _ in range(50):
+        q.put({"sparse": make()})
+        got = q.get()["sparse"]
+        assert got.layout == make().layout and torch.equal(got.to_dense(), dense)
+        del got
+    assert len(validate) == pending, "nothing waits in torch's list of tensors to validate"
+    gc.collect()
+    assert zctipc.pool_stats().slots_in_use == before, "every buffer under the parts went back"
+    q.close()

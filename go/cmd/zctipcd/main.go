@@ -1,7 +1,7 @@
 // Command zctipcd is the per-user cleanup daemon of zctipc (package daemon).
 // Clients start it on demand; it exits after a while with nothing to watch.
 //
-//	zctipcd [-dir DIR] [-shm-dir DIR] [-idle 10s] [-detach]
+//	zctipcd [-dir DIR] [-shm-dir DIR] [-idle 10s] [-silent 30s] [-detach]
 //
 // With -detach it starts itself again in a new session, with its output in
 // the runtime directory's daemon.log, and exits at once. It exits with
@@ -27,6 +27,7 @@ func main() {
 	dir := flag.String("dir", "", "runtime directory (default: $ZCTIPC_RUNTIME_DIR, $XDG_RUNTIME_DIR/zctipc or /tmp/zctipc-UID)")
 	shmDir := flag.String("shm-dir", "", "segment directory (default: $ZCTIPC_SHM_DIR or /dev/shm)")
 	idle := flag.Duration("idle", daemon.DefaultIdle, "exit after this long with nothing to watch")
+	silent := flag.Duration("silent", daemon.DefaultSilent, "close a connection that watches no ledger after this long without a request")
 	detach := flag.Bool("detach", false, "start in the background, detached, and return at once")
 	flag.Parse()
 	if *shmDir != "" {
@@ -43,7 +44,7 @@ func main() {
 		return
 	}
 	os.Chdir("/") // hold no directory busy
-	err := daemon.Serve(daemon.Options{Dir: *dir, Idle: *idle})
+	err := daemon.Serve(daemon.Options{Dir: *dir, Idle: *idle, Silent: *silent})
 	switch {
 	case errors.Is(err, daemon.ErrRunning):
 		fmt.Fprintln(os.Stderr, "zctipcd:", err)

@@ -37,7 +37,7 @@ gotest:
 	@$(GO) test -count=1 -v -run Cuda ./tests/go | grep -E "no GPU|CUDA unavailable" || true
 
 pytest: install
-	$(PY) -m pytest -q -rs --timeout=600 tests/python
+	ZCTIPC_SOAK_SECONDS=$${ZCTIPC_SOAK_SECONDS:-20} $(PY) -m pytest -q -rs --timeout=900 tests/python
 
 test: install vet gotest pytest
 

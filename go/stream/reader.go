@@ -3,11 +3,9 @@ package stream
 import (
 	"errors"
 	"fmt"
-	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/zctipc/zctipc/go/guard"
 	"github.com/zctipc/zctipc/go/proc"
 	"github.com/zctipc/zctipc/go/shm"
 	"golang.org/x/sys/unix"
@@ -27,8 +25,7 @@ const slotJoining = 3
 // released by the next Increment, whoever calls it). Close may be called
 // while another goroutine waits in Look, which then returns ErrClosed.
 type Reader struct {
-	guard   guard.Guard
-	mu      sync.Mutex // serializes the calls: they move pos and looking
+	calls   // serialized: they move pos and looking
 	s       *Stream
 	seg     *shm.Segment // the reader's own handle: the memory outlives the stream's
 	index   int
@@ -133,32 +130,15 @@ type ReaderStats struct {
 
 // Stats returns the reader's counts (ErrClosed once it is closed).
 func (r *Reader) Stats() (ReaderStats, error) {
-	if !r.guard.Enter() {
-		return ReaderStats{}, ErrClosed
+	if err := r.enter(); err != nil {
+		return ReaderStats{}, err
 	}
-	defer r.guard.Leave()
-	r.mu.Lock()
-	defer r.mu.Unlock()
+	defer r.leave()
 	return ReaderStats{
 		Position: r.pos,
 		Received: atomic.LoadUint64(u64(r.slot, rReceived)),
 		Dropped:  atomic.LoadUint64(u64(r.slot, rDropped)),
 	}, nil
-}
-
-// enter starts a call: it fails once the reader is closed, and serializes
-// the calls. The caller defers leave.
-func (r *Reader) enter() error {
-	if !r.guard.Enter() {
-		return ErrClosed
-	}
-	r.mu.Lock()
-	return nil
-}
-
-func (r *Reader) leave() {
-	r.mu.Unlock()
-	r.guard.Leave()
 }
 
 // Look returns the slot of the next frame, waiting for the writer to

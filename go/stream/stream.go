@@ -40,6 +40,7 @@ import (
 	"fmt"
 	"math"
 	"math/bits"
+	"sync"
 	"sync/atomic"
 	"time"
 	"unsafe"
@@ -337,6 +338,28 @@ func (s *Stream) Frame(i int) []byte {
 
 // FrameOffset returns where slot i starts in the data region.
 func (s *Stream) FrameOffset(i int) uint64 { return s.ringAt + uint64(i)*s.stride }
+
+// calls are the calls in flight on a reader or a writer: serialized, and
+// waited out by Close (guard).
+type calls struct {
+	guard guard.Guard
+	mu    sync.Mutex
+}
+
+// enter starts a call: it fails once the endpoint is closed, and waits for
+// the call before it. The caller defers leave.
+func (c *calls) enter() error {
+	if !c.guard.Enter() {
+		return ErrClosed
+	}
+	c.mu.Lock()
+	return nil
+}
+
+func (c *calls) leave() {
+	c.mu.Unlock()
+	c.guard.Leave()
+}
 
 // Stats are a stream's counts.
 type Stats struct {

@@ -4,12 +4,10 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"sync"
 	"sync/atomic"
 	"time"
 	"unsafe"
 
-	"github.com/zctipc/zctipc/go/guard"
 	"github.com/zctipc/zctipc/go/lock"
 	"github.com/zctipc/zctipc/go/proc"
 	"github.com/zctipc/zctipc/go/shm"
@@ -29,8 +27,7 @@ const takeWriterFor = 200 * time.Millisecond
 // may be called while another goroutine waits in Look, which then returns
 // ErrClosed.
 type Writer struct {
-	guard   guard.Guard
-	mu      sync.Mutex // serializes the calls: they move next and claimed
+	calls   // serialized: they move next and claimed
 	s       *Stream
 	seg     *shm.Segment // the writer's own handle: the memory outlives the stream's
 	role    lock.Mutex
@@ -118,21 +115,6 @@ func (w *Writer) Position() uint64 {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.next
-}
-
-// enter starts a call: it fails once the writer is closed, and serializes
-// the calls. The caller defers leave.
-func (w *Writer) enter() error {
-	if !w.guard.Enter() {
-		return ErrClosed
-	}
-	w.mu.Lock()
-	return nil
-}
-
-func (w *Writer) leave() {
-	w.mu.Unlock()
-	w.guard.Leave()
 }
 
 // Close gives up the writer role; a frame claimed and not published is not

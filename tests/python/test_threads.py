@@ -60,18 +60,24 @@ def test_queue_shared_by_producer_and_consumer_threads(interval):
     assert report["duplicates"] == 0 and report["corrupt"] == [] and report["left"] == 0
 
 
+def started(fn, raised):
+    """A thread running fn, which appends what fn raises to raised."""
+
+    def run():
+        try:
+            fn()
+        except BaseException as exc:  # what the thread saw, for the test
+            raised.append(exc)
+
+    t = threading.Thread(target=run)
+    t.start()
+    return t
+
+
 def test_close_wakes_a_thread_blocked_in_get():
     q = zctipc.Queue()
     got = []
-
-    def blocked():
-        try:
-            q.get()
-        except BaseException as exc:  # what the waiter saw
-            got.append(exc)
-
-    t = threading.Thread(target=blocked)
-    t.start()
+    t = started(q.get, got)
     time.sleep(0.2)
     start = time.monotonic()
     q.close()
@@ -93,25 +99,14 @@ def test_close_wakes_threads_blocked_on_a_stream():
     slow = s.reader()
     errors = []
 
-    def read():
-        try:
-            r.read()
-        except BaseException as exc:  # what the reader saw
-            errors.append(exc)
-
     def write():
-        try:
-            for i in range(10):  # the slow reader never reads: the third write waits
-                w.write(np.full(4, i))
-        except BaseException as exc:  # what the writer saw
-            errors.append(exc)
+        for i in range(10):  # the slow reader never reads: the third write waits
+            w.write(np.full(4, i))
 
-    threads = [threading.Thread(target=read)]
-    threads[0].start()
+    threads = [started(r.read, errors)]
     time.sleep(0.2)
     r.close()  # wakes the reader; its slot is free again
-    threads.append(threading.Thread(target=write))
-    threads[1].start()
+    threads.append(started(write, errors))
     time.sleep(0.3)
     w.close()
     for t in threads:

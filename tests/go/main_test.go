@@ -13,7 +13,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -31,7 +33,8 @@ func TestMain(m *testing.M) {
 	if name := os.Getenv(helperEnv); name != "" {
 		os.Exit(runHelper(name))
 	}
-	dir, err := os.MkdirTemp("/dev/shm", "zctipc-gotest-")
+	removeDeadRuns()
+	dir, err := os.MkdirTemp("/dev/shm", fmt.Sprintf("zctipc-gotest-%d-", os.Getpid()))
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "make segment directory:", err)
 		os.Exit(2)
@@ -64,6 +67,20 @@ func TestMain(m *testing.M) {
 		code = 1
 	}
 	os.Exit(code)
+}
+
+// removeDeadRuns removes the segment directories of test runs whose
+// process is gone: a fuzz worker is killed when fuzzing ends, and a run that
+// timed out never cleaned up.
+func removeDeadRuns() {
+	dirs, _ := filepath.Glob("/dev/shm/zctipc-gotest-*-*")
+	for _, dir := range dirs {
+		fields := strings.Split(filepath.Base(dir), "-")
+		pid, err := strconv.Atoi(fields[2])
+		if err == nil && syscall.Kill(pid, 0) == syscall.ESRCH {
+			os.RemoveAll(dir)
+		}
+	}
 }
 
 func runHelper(name string) int {

@@ -32,7 +32,7 @@ extern "C" {
 
 /* BEGIN CDEF (python/zctipc/_ffi_build.py feeds from here to END CDEF to cffi) */
 
-#define ZCT_ABI_VERSION 4
+#define ZCT_ABI_VERSION 5
 #define ZCT_MAX_NDIM 32
 #define ZCT_NAME_CAP 256
 

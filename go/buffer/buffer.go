@@ -113,8 +113,7 @@ func (r *Ref) Release() error {
 }
 
 // Describe returns a descriptor of the array laid over the ref's region at
-// offset, which carries the ref's count: once the descriptor is on its way,
-// call Sent (and not Release).
+// offset, which carries the ref's count once Send has sent it.
 func (r *Ref) Describe(offset uint64, dt dtype.DType, shape, strides []int64, flags uint8) (message.Descriptor, error) {
 	d := message.Descriptor{Kind: r.Kind(), Flags: flags, DType: dt, Shape: shape, Strides: strides, Offset: offset}
 	region := uint64(len(r.Data()))
@@ -136,22 +135,33 @@ func (r *Ref) Describe(offset uint64, dt dtype.DType, shape, strides []int64, fl
 	return d, d.Check()
 }
 
-// Sending clears the ledger's record of the ref's count just before the
-// descriptor that carries it is published: from then on the message holds
-// the count. Unsent records it again when the message could not be sent.
-func (r *Ref) Sending() { r.unrecord() }
-
-// Unsent records the count of a ref again after Sending, when its message
-// was not sent after all.
-func (r *Ref) Unsent() { recorded(r) }
-
-// Sent closes a ref whose count went out in a descriptor.
-func (r *Ref) Sent() error {
-	r.unrecord()
-	if r.seg != nil {
-		return r.seg.Close()
+// Send hands the counts of refs over to a message that publish makes
+// public (a queue put, descriptor bytes written for another process): the
+// one protocol of a count on its way out.
+//
+// The ledger's record of each count is cleared just before publish, since
+// from then on the message holds it (a process killed after publish must
+// not have it given up for it). When publish fails, the counts are recorded
+// again and stay the refs', which the caller still releases, and Send
+// returns false with publish's error. When it succeeds, the refs are spent:
+// they close (the error is of closing), and must not be released.
+func Send(refs []*Ref, publish func() error) (bool, error) {
+	for _, r := range refs {
+		r.unrecord()
 	}
-	return nil
+	if err := publish(); err != nil {
+		for _, r := range refs {
+			recorded(r)
+		}
+		return false, err
+	}
+	var errs []error
+	for _, r := range refs {
+		if r.seg != nil {
+			errs = append(errs, r.seg.Close())
+		}
+	}
+	return true, errors.Join(errs...)
 }
 
 // Adopt turns a received descriptor into a Ref that owns the count it

@@ -8,6 +8,9 @@ import "C"
 import (
 	"encoding/json"
 	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"time"
 
 	"github.com/zctipc/zctipc/go/daemon"
@@ -35,9 +38,26 @@ func zct_get_strategy(strategy *C.int32_t) C.int {
 //export zct_cleanup_enable
 func zct_cleanup_enable(daemonPath *C.zct_cchar) C.int {
 	return run(func() error {
-		_, err := daemon.Enable(goString(daemonPath))
+		path := goString(daemonPath)
+		if path == "" {
+			path = defaultDaemon()
+		}
+		_, err := daemon.Enable(daemon.Program(path))
 		return err
 	})
+}
+
+// defaultDaemon is the zctipcd beside libzctipc.so (as the Python wheel
+// ships it), else the one on PATH, else "" (start none).
+func defaultDaemon() string {
+	if lib := C.GoString(C.zct_library_path()); lib != "" {
+		beside := filepath.Join(filepath.Dir(lib), "zctipcd")
+		if _, err := os.Stat(beside); err == nil {
+			return beside
+		}
+	}
+	path, _ := exec.LookPath("zctipcd")
+	return path
 }
 
 //export zct_cleanup_disable
@@ -55,7 +75,7 @@ func client() *daemon.Client {
 	if daemon.RunningPID(daemon.RuntimeDir()) == 0 {
 		return nil
 	}
-	c, err := daemon.Dial(daemon.RuntimeDir(), "", nil)
+	c, err := daemon.Dial(daemon.RuntimeDir(), daemon.Launcher{}, nil)
 	if err != nil {
 		return nil
 	}

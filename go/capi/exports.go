@@ -26,6 +26,7 @@ import (
 	"github.com/zctipc/zctipc/go/dtype"
 	"github.com/zctipc/zctipc/go/header"
 	"github.com/zctipc/zctipc/go/shm"
+	"github.com/zctipc/zctipc/go/tensorref"
 	"github.com/zctipc/zctipc/go/version"
 	"golang.org/x/sys/unix"
 )
@@ -33,7 +34,6 @@ import (
 func main() {}
 
 func init() {
-	C.zct_version_string = C.CString(version.Version) // lives as long as the library
 	// Go copied the environment when the process started; a host such as
 	// Python may have set zctipc's variables since, before loading us.
 	for _, name := range []string{shm.DirEnv, shm.MapCacheEnv, shm.StrategyEnv, shm.StallEnv,
@@ -62,6 +62,16 @@ var segments = newTable[*shm.Segment]()
 
 //export zct_abi_version
 func zct_abi_version() C.int { return C.ZCT_ABI_VERSION }
+
+// versionString lives as long as the library.
+var versionString = C.CString(version.Version)
+
+// zct_version is a Go export, not a C function, so that a call waits for
+// the Go runtime (and this package's variables) to be initialized: a C
+// function could run before, and see nothing.
+//
+//export zct_version
+func zct_version() *C.zct_cchar { return versionString }
 
 //export zct_segment_create
 func zct_segment_create(name *C.zct_cchar, dt C.int32_t, ndim C.int32_t, shape *C.zct_cint64, out *C.zct_handle, info *C.zct_info) C.int {
@@ -107,6 +117,26 @@ func zct_segment_attach(name *C.zct_cchar, kind C.int32_t, readonly C.int32_t, o
 			return errNilArg
 		}
 		seg, err := shm.Attach(goString(name), header.Kind(kind), readonly != 0)
+		if err != nil {
+			return err
+		}
+		*out = C.zct_handle(segments.put(seg))
+		fillInfo(info, seg.Name(), seg.Header(), seg.Data(), seg.ReadOnly(), seg.Header().SegmentSize())
+		return nil
+	})
+}
+
+//export zct_tensor_ref_attach
+func zct_tensor_ref_attach(json *C.zct_cchar, length C.uint64_t, readonly C.int32_t, out *C.zct_handle, info *C.zct_info) C.int {
+	return run(func() error {
+		if json == nil || out == nil || info == nil {
+			return errNilArg
+		}
+		ref, err := tensorref.Parse(C.GoBytes(unsafe.Pointer(json), C.int(min(uint64(length), 1<<20))))
+		if err != nil {
+			return err
+		}
+		seg, err := tensorref.Attach(ref, readonly != 0)
 		if err != nil {
 			return err
 		}

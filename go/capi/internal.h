@@ -6,8 +6,8 @@
 
 #define ZCT_HIDDEN __attribute__((visibility("hidden")))
 
-extern ZCT_HIDDEN const char *zct_version_string;
 ZCT_HIDDEN void zct_set_last_error(const char *msg, size_t len, int errnum);
+ZCT_HIDDEN const char *zct_library_path(void);
 
 // Const-qualified spellings, so that the prototypes cgo generates for the
 // exports match the hand-written ones in zctipc.h exactly.

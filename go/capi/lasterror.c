@@ -1,6 +1,6 @@
-// The per-thread last error of the C ABI, and the library version string.
+// The per-thread last error of the C ABI.
 //
-// These live in C because Go has no thread-local storage: an exported Go
+// It lives in C because Go has no thread-local storage: an exported Go
 // function runs on the calling C thread, so storage keyed by that thread is
 // the caller's own. A pthread key is used rather than __thread: the Go
 // runtime's own TLS is initial-exec, which puts every __thread variable of
@@ -21,8 +21,6 @@ struct last_error {
 static pthread_key_t key;
 static pthread_once_t key_once = PTHREAD_ONCE_INIT;
 static const struct last_error none = {0, ""};
-
-ZCT_HIDDEN const char *zct_version_string = "";
 
 static void make_key(void) { pthread_key_create(&key, free); }
 
@@ -53,5 +51,3 @@ ZCT_HIDDEN void zct_set_last_error(const char *msg, size_t len, int errnum) {
 const char *zct_last_error(void) { return current()->message; }
 
 int zct_last_errno(void) { return current()->errnum; }
-
-const char *zct_version(void) { return zct_version_string; }

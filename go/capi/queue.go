@@ -174,11 +174,14 @@ func zct_ref_encode(view *C.zct_cview, buf unsafe.Pointer, capacity C.uint64_t, 
 		if uint64(capacity) < uint64(d.Size()) {
 			return errRange
 		}
-		d.Encode(unsafe.Slice((*byte)(buf), capacity))
 		if _, err := refs.take(uint64(v.ref)); err != nil {
 			return err
 		}
-		return r.Sent()
+		_, err = buffer.Send([]*buffer.Ref{r}, func() error {
+			d.Encode(unsafe.Slice((*byte)(buf), capacity))
+			return nil
+		})
+		return err
 	})
 }
 
@@ -348,21 +351,16 @@ func zct_queue_put(h C.zct_handle, typ C.int32_t, payload *C.zct_cvoid, length C
 		if err := rec.Check(); err != nil {
 			return err
 		}
-		for _, r := range sending {
-			r.Sending()
-		}
-		if err := q.Put(&rec, deadline(timeoutMS)); err != nil {
-			for _, r := range sending {
-				r.Unsent()
-			}
+		// On failure the refs stay the caller's, handles and all.
+		sent, err := buffer.Send(sending, func() error { return q.Put(&rec, deadline(timeoutMS)) })
+		if !sent {
 			return err
 		}
-		var errs []error
-		for i, r := range sending {
+		errs := []error{err}
+		for i := range vs {
 			if _, err := refs.take(uint64(vs[i].ref)); err != nil {
 				errs = append(errs, err)
 			}
-			errs = append(errs, r.Sent())
 		}
 		return errors.Join(errs...)
 	})
@@ -450,9 +448,9 @@ func zct_queue_put_many(h C.zct_handle, typ C.int32_t, data *C.zct_cvoid, ends *
 }
 
 //export zct_queue_get_many
-func zct_queue_get_many(h C.zct_handle, buf unsafe.Pointer, capacity C.uint64_t, maxRecords C.int32_t, timeoutMS C.int64_t, records *C.int32_t, filled *C.uint64_t, views *C.zct_view, viewsCap C.int32_t, nviews *C.int32_t) C.int {
+func zct_queue_get_many(h C.zct_handle, buf unsafe.Pointer, capacity C.uint64_t, maxRecords C.int32_t, timeoutMS C.int64_t, records *C.int32_t, recs *C.zct_record, filled *C.uint64_t, views *C.zct_view, viewsCap C.int32_t, nviews *C.int32_t) C.int {
 	return run(func() error {
-		if buf == nil || records == nil || filled == nil || nviews == nil || viewsCap < 0 || viewsCap > 0 && views == nil || maxRecords < 1 {
+		if buf == nil || records == nil || recs == nil || filled == nil || nviews == nil || viewsCap < 0 || viewsCap > 0 && views == nil || maxRecords < 1 {
 			return errNilArg
 		}
 		q, err := queues.get(uint64(h))
@@ -472,13 +470,21 @@ func zct_queue_get_many(h C.zct_handle, buf unsafe.Pointer, capacity C.uint64_t,
 		}
 		// Adopt every record's descriptors; a record that fails to decode has
 		// no views to give, and the error is reported after the others.
+		out := unsafe.Slice(recs, n)
 		var descs []message.Descriptor
 		var errs []error
-		for at := 0; at < size; {
-			rsize := int(*(*uint32)(unsafe.Pointer(&raw[at])))
-			rec, derr := message.DecodeRecord(raw[at : at+rsize])
-			if derr != nil {
-				errs = append(errs, derr)
+		for i, at := 0, 0; i < n; i++ {
+			rec, rsize, derr := message.NextRecord(raw[at:size])
+			if rsize == 0 {
+				errs = append(errs, derr) // the rest cannot be read: n stays, with empty records
+				clear(out[i:])
+				break
+			}
+			errs = append(errs, derr)
+			out[i] = C.zct_record{_type: C.int32_t(rec.Type), nviews: C.int32_t(len(rec.Descriptors)),
+				payload_offset: C.uint64_t(at + rsize), payload_len: C.uint64_t(len(rec.Payload))}
+			if len(rec.Payload) > 0 {
+				out[i].payload_offset = C.uint64_t(uintptr(unsafe.Pointer(&rec.Payload[0])) - uintptr(buf))
 			}
 			descs = append(descs, rec.Descriptors...)
 			at += rsize
@@ -486,6 +492,9 @@ func zct_queue_get_many(h C.zct_handle, buf unsafe.Pointer, capacity C.uint64_t,
 		if aerr := adopt(descs, unsafe.Slice(views, len(descs))); aerr != nil {
 			errs = append(errs, aerr)
 			descs = nil
+			for i := range out {
+				out[i].nviews = 0
+			}
 		}
 		*records = C.int32_t(n)
 		*filled = C.uint64_t(size)

@@ -106,6 +106,16 @@ typedef enum zct_record_type {
     ZCT_RECORD_BYTES = 3     /* raw bytes and no view */
 } zct_record_type;
 
+/* One record that zct_queue_get_many took, decoded: its zct_record_type,
+   how many views are its own (they follow those of the records before it),
+   and where its payload lies in the caller's buffer. */
+typedef struct {
+    int32_t type;
+    int32_t nviews;
+    uint64_t payload_offset;
+    uint64_t payload_len;
+} zct_record;
+
 typedef uint64_t zct_handle;
 
 /* What a segment header says, and where its data is mapped in this process. */
@@ -173,6 +183,12 @@ int zct_table_create(const char *name, uint64_t nbytes, zct_handle *segment, zct
 int zct_segment_attach(const char *name, int32_t kind, int32_t readonly,
                        zct_handle *out, zct_info *info);
 int zct_segment_info(zct_handle h, zct_info *info);
+/* Attach the tensor segment a TensorRef describes (its JSON, len bytes, as
+   Python's SharedTensor.ref() and Go's Tensor.Ref make it; docs/format.md),
+   after checking it against the segment's header: dtype, shape, strides,
+   offset, bytes, id and kind must all be the segment's. A mismatch is
+   ZCT_E_INVALID, naming what differs. */
+int zct_tensor_ref_attach(const char *json, uint64_t len, int32_t readonly, zct_handle *out, zct_info *info);
 int zct_segment_refcount(zct_handle h, int64_t *refcount);
 /* Add or drop one count on behalf of a holder that is not a process, such
    as a message in flight; the count that reaches zero unlinks the segment. */
@@ -195,7 +211,13 @@ int zct_segment_list(char *buf, uint64_t cap, uint64_t *len);
 int zct_release_all(int64_t *count);
 
 /* Crash safety. A process records the counts it holds in a ledger, which
-   the per-user cleanup daemon zctipcd gives up when the process dies. */
+   the per-user cleanup daemon zctipcd gives up when the process dies.
+
+   A C program that wants it calls zct_cleanup_enable(NULL) before its first
+   segment, and at a normal exit (an atexit handler, say) zct_release_all()
+   then zct_cleanup_disable(), so that it leaves nothing behind; when it is
+   killed instead, the daemon gives up what it held. Without cleanup, what a
+   C program holds at exit stays until zctipc gc. */
 
 /* Sharing strategies: where new segments live. */
 #define ZCT_STRATEGY_FILE_SYSTEM 0     /* files in /dev/shm (or $ZCTIPC_SHM_DIR) */
@@ -203,9 +225,11 @@ int zct_release_all(int64_t *count);
 int zct_set_strategy(int32_t strategy);
 int zct_get_strategy(int32_t *strategy);
 /* Make this process's ledger and say hello to the user's daemon, starting
-   the program daemon_path when none runs (none when NULL). The ledger is
-   kept when the daemon cannot be reached (ZCT_E_NO_DAEMON): the next daemon
-   finds it. */
+   the program daemon_path when none runs; with NULL or "", the zctipcd
+   beside libzctipc.so (as the Python wheel ships it), else the one on PATH,
+   else none. The ledger is kept when the daemon cannot be reached
+   (ZCT_E_NO_DAEMON): the next daemon finds it. Every exchange with the
+   daemon has a deadline (2 s). */
 int zct_cleanup_enable(const char *daemon_path);
 /* Remove the ledger and close the connection: after zct_release_all, at
    exit. */
@@ -280,15 +304,16 @@ int zct_queue_get(zct_handle queue, void *buf, uint64_t cap, int64_t timeout_ms,
    *written receives how many were appended. */
 int zct_queue_put_many(zct_handle queue, int32_t type, const void *data, const uint64_t *ends,
                        int32_t count, int64_t timeout_ms, int32_t *written);
-/* Take up to max_records records into buf, end to end as they lie in the
-   queue (docs/format.md): the first when there is one (waiting as
-   zct_queue_get does), then those that follow while they fit in buf and
-   their views in views. *records and *filled receive how many records and
-   bytes; views the views of all their descriptors, in order, each holding a
-   new ref. A first record that does not fit: ZCT_E_RANGE, as for
-   zct_queue_get. */
+/* Take up to max_records records into buf: the first when there is one
+   (waiting as zct_queue_get does), then those that follow while they fit in
+   buf and their views in views. *records receives how many, recs (room for
+   max_records) what each is and where its payload lies, views the views of
+   all their descriptors in order, each holding a new ref, and *filled the
+   bytes of buf used. A first record that does not fit: ZCT_E_RANGE, with
+   *filled and *nviews what it needs, as for zct_queue_get. */
 int zct_queue_get_many(zct_handle queue, void *buf, uint64_t cap, int32_t max_records, int64_t timeout_ms,
-                       int32_t *records, uint64_t *filled, zct_view *views, int32_t views_cap, int32_t *nviews);
+                       int32_t *records, zct_record *recs, uint64_t *filled,
+                       zct_view *views, int32_t views_cap, int32_t *nviews);
 int zct_queue_len(zct_handle queue, int64_t *items, int64_t *unfinished);
 int zct_queue_task_done(zct_handle queue);
 /* Wait until every message put was marked done; ZCT_E_FULL at the timeout. */

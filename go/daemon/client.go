@@ -41,9 +41,9 @@ const (
 // broker of memfd segments. It is safe for concurrent use; every exchange
 // with the daemon has a deadline.
 type Client struct {
-	dir string
-	exe string // the daemon to start when none runs; "" to start none
-	led *ledger.Ledger
+	dir    string
+	launch Launcher // how to start a daemon when none runs
+	led    *ledger.Ledger
 
 	mu   sync.Mutex
 	conn *net.UnixConn
@@ -52,9 +52,10 @@ type Client struct {
 }
 
 // Dial connects to the daemon of dir and says hello with led (when not
-// nil), first starting exe when no daemon runs and exe is not empty.
-func Dial(dir, exe string, led *ledger.Ledger) (*Client, error) {
-	c := &Client{dir: dir, exe: exe, led: led, buf: make([]byte, maxMessage)}
+// nil), first starting one with l when none runs (none with the zero
+// Launcher).
+func Dial(dir string, l Launcher, led *ledger.Ledger) (*Client, error) {
+	c := &Client{dir: dir, launch: l, led: led, buf: make([]byte, maxMessage)}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if err := c.connect(); err != nil {
@@ -97,12 +98,12 @@ func (c *Client) connect() error {
 				return fmt.Errorf("%w: %w", ErrUnavailable, err)
 			}
 		}
-		if c.exe == "" {
+		if c.launch.Path == "" {
 			return fmt.Errorf("%w: none serves %s: %w", ErrUnavailable, c.dir, err)
 		}
 		if time.Now().After(deadline) {
 			return fmt.Errorf("%w: %s did not come up in %v for %s: %w; see %s",
-				ErrUnavailable, c.exe, connectFor, c.dir, err, filepath.Join(c.dir, LogName))
+				ErrUnavailable, c.launch.Path, connectFor, c.dir, err, filepath.Join(c.dir, LogName))
 		}
 		if time.Since(started) > 500*time.Millisecond {
 			started = time.Now()
@@ -134,10 +135,10 @@ func (c *Client) start() error {
 	if v := os.Getenv(IdleEnv); v != "" {
 		args = append(args, "-idle", v+"s")
 	}
-	cmd := exec.Command(c.exe, args...)
-	cmd.Env = []string{} // everything it needs is in its arguments
+	cmd := exec.Command(c.launch.Path, args...)
+	cmd.Env = append([]string{}, c.launch.Env...) // all else it needs is in its arguments
 	if out, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("%w: start %s: %w: %s", ErrUnavailable, c.exe, err, out)
+		return fmt.Errorf("%w: start %s: %w: %s", ErrUnavailable, c.launch.Path, err, out)
 	}
 	return nil
 }
@@ -292,11 +293,11 @@ func (c *Client) Close() error {
 var current atomic.Pointer[Client]
 
 // Enable makes this process record its counts in a ledger and says hello to
-// the user's daemon, starting exe when none runs (none when exe is empty:
-// the ledger then waits for the next daemon to find it). The daemon becomes
-// the broker of memfd segments. It returns the client, or the error of
-// reaching the daemon (the ledger is kept either way).
-func Enable(exe string) (*Client, error) {
+// the user's daemon, starting one with l when none runs (none with the zero
+// Launcher: the ledger then waits for the next daemon to find it). The
+// daemon becomes the broker of memfd segments. It returns the client, or the
+// error of reaching the daemon (the ledger is kept either way).
+func Enable(l Launcher) (*Client, error) {
 	if c := current.Load(); c != nil {
 		return c, nil
 	}
@@ -309,7 +310,7 @@ func Enable(exe string) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	c, err := Dial(RuntimeDir(), exe, led)
+	c, err := Dial(RuntimeDir(), l, led)
 	if err != nil {
 		return nil, err
 	}

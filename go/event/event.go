@@ -3,6 +3,7 @@
 package event
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"math"
@@ -29,8 +30,9 @@ const (
 )
 
 const (
-	spinFor      = 20 * time.Microsecond
-	recheckEvery = time.Second
+	spinFor       = 20 * time.Microsecond
+	recheckEvery  = time.Second
+	cancelRecheck = 20 * time.Millisecond
 )
 
 // Event is an event segment attached in this process. It is safe for
@@ -116,17 +118,41 @@ func (e *Event) Clear() error {
 // Wait waits until the event is set or deadline passes (none when zero),
 // and reports whether it is set.
 func (e *Event) Wait(deadline time.Time) (bool, error) {
+	return e.wait(futex.Until{Deadline: deadline})
+}
+
+// WaitContext waits until the event is set or ctx is done, and reports
+// whether it is set; a cancellation wakes the wait at once.
+func (e *Event) WaitContext(ctx context.Context) (bool, error) {
+	deadline, _ := ctx.Deadline()
+	u := futex.Until{Deadline: deadline, Done: ctx.Done()}
+	if u.Done != nil {
+		defer context.AfterFunc(ctx, e.wakeAll)()
+	}
+	return e.wait(u)
+}
+
+func (e *Event) wait(u futex.Until) (bool, error) {
 	if !e.guard.Enter() {
 		return false, ErrClosed
 	}
 	defer e.guard.Leave()
 	seq := futex.Seq{Word: e.flag, Waiters: e.waiters()}
+	recheck := recheckEvery
+	if u.Done != nil {
+		// A cancellation wakes the sleeper, but cannot move the flag: one
+		// that comes just before the sleep is seen at the next recheck.
+		recheck = cancelRecheck
+	}
 	for !e.isSet() {
 		if e.guard.Closed() {
 			return false, ErrClosed
 		}
+		if u.Stopped() {
+			return false, nil
+		}
 		// Sleep while the flag stays 0: Set moves it.
-		err := seq.Sleep(0, spinFor, deadline, recheckEvery, e.interruptible)
+		err := seq.Sleep(0, spinFor, u.Deadline, recheck, e.interruptible)
 		if errors.Is(err, futex.ErrTimeout) {
 			return e.isSet(), nil
 		}

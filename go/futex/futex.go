@@ -3,6 +3,7 @@
 package futex
 
 import (
+	"context"
 	"errors"
 	"sync/atomic"
 	"time"
@@ -55,6 +56,39 @@ func Wake(addr *uint32, n int) (int, error) {
 		return 0, errno
 	}
 	return int(woken), nil
+}
+
+// Until says how long a wait may last: until Deadline (none when zero),
+// or until Done is closed (never when nil), whichever comes first. A wait
+// whose Done closes must also be woken (the word bumped and waiters woken:
+// see Wake), since a sleeper does not watch the channel.
+type Until struct {
+	Deadline time.Time
+	Done     <-chan struct{}
+}
+
+// Stopped reports whether Done is closed.
+func (u Until) Stopped() bool {
+	select {
+	case <-u.Done:
+		return true
+	default:
+		return false
+	}
+}
+
+// Cause adds why ctx ended (ctx.Err(), or DeadlineExceeded once its
+// deadline passed, which the wait may see before ctx does) to err, the
+// timeout error of a wait on ctx.
+func Cause(ctx context.Context, err error) error {
+	cause := ctx.Err()
+	if d, ok := ctx.Deadline(); cause == nil && ok && !time.Now().Before(d) {
+		cause = context.DeadlineExceeded
+	}
+	if cause == nil {
+		return err
+	}
+	return errors.Join(err, cause)
 }
 
 // spinsBeforeYield is how many times Sleep looks at the word before it

@@ -230,4 +230,20 @@ func DecodeRecord(src []byte) (Record, error) {
 	return r, r.Check()
 }
 
+// NextRecord decodes the record at the start of src, a run of records laid
+// one after another (as a queue's GetMany fills a buffer), and returns it
+// with its size. A record that fails to decode is reported with its size,
+// so that a walk goes on past it; one whose size cannot be read, with 0.
+func NextRecord(src []byte) (Record, int, error) {
+	if len(src) < RecordHeaderSize {
+		return Record{}, 0, fmt.Errorf("%w: %d bytes left for a record", ErrMalformed, len(src))
+	}
+	size := int(le.Uint32(src))
+	if size < RecordHeaderSize || size%8 != 0 || size > len(src) {
+		return Record{}, 0, fmt.Errorf("%w: a record of %d bytes with %d left", ErrMalformed, size, len(src))
+	}
+	r, err := DecodeRecord(src[:size])
+	return r, size, err
+}
+
 func align8(n int) int { return (n + 7) &^ 7 }

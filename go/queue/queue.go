@@ -28,6 +28,7 @@
 package queue
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"math/bits"
@@ -262,6 +263,50 @@ func (q *Queue) Put(rec *message.Record, deadline time.Time) error {
 // first, then appends as many of the others as fit at once, commits them
 // with one store, and returns how many it appended.
 func (q *Queue) PutMany(recs []*message.Record, deadline time.Time) (int, error) {
+	return q.putMany(recs, futex.Until{Deadline: deadline})
+}
+
+// PutContext appends the record, waiting for room until ctx is done: its
+// deadline (ErrFull), or its cancellation, which wakes the wait at once
+// (ErrFull and ctx.Err()).
+func (q *Queue) PutContext(ctx context.Context, rec *message.Record) error {
+	u, stop := q.until(ctx, offSpaceSeq, offSpaceWaiters)
+	defer stop()
+	_, err := q.putMany([]*message.Record{rec}, u)
+	if errors.Is(err, ErrFull) {
+		err = futex.Cause(ctx, err)
+	}
+	return err
+}
+
+// GetContext takes the next record into buf as Get does, waiting until ctx
+// is done: its deadline (ErrEmpty), or its cancellation, which wakes the
+// wait at once (ErrEmpty and ctx.Err()).
+func (q *Queue) GetContext(ctx context.Context, buf []byte, maxDescriptors int) (int, error) {
+	u, stop := q.until(ctx, offDataSeq, offDataWaiters)
+	defer stop()
+	n, size, err := q.getMany(buf, 1, maxDescriptors, u)
+	if n == 0 {
+		if errors.Is(err, ErrEmpty) {
+			err = futex.Cause(ctx, err)
+		}
+		return 0, err
+	}
+	return size, err
+}
+
+// until returns the wait of ctx, and arranges for its cancellation to wake
+// the waiters of the sequence word at seqOff; stop undoes that.
+func (q *Queue) until(ctx context.Context, seqOff, waitersOff int) (futex.Until, func() bool) {
+	deadline, _ := ctx.Deadline()
+	u := futex.Until{Deadline: deadline, Done: ctx.Done()}
+	if u.Done == nil {
+		return u, func() bool { return true }
+	}
+	return u, context.AfterFunc(ctx, func() { _ = q.signal(seqOff, waitersOff, 1<<30) })
+}
+
+func (q *Queue) putMany(recs []*message.Record, u futex.Until) (int, error) {
 	if !q.guard.Enter() {
 		return 0, ErrClosed
 	}
@@ -274,7 +319,7 @@ func (q *Queue) PutMany(recs []*message.Record, deadline time.Time) (int, error)
 			return 0, fmt.Errorf("a message of %d bytes in a queue of %d: %w", rec.Size(), q.capacity, ErrTooLarge)
 		}
 	}
-	if err := q.lock(q.putLock, deadline, ErrFull); err != nil {
+	if err := q.lock(q.putLock, u, ErrFull); err != nil {
 		return 0, err
 	}
 	var puts, tail, gets, head uint32
@@ -285,7 +330,7 @@ func (q *Queue) PutMany(recs []*message.Record, deadline time.Time) (int, error)
 		if q.room(tail, head, puts-gets, uint32(recs[0].Size())) {
 			break
 		}
-		if err := q.wait(q.putLock, offSpaceSeq, offSpaceWaiters, seen, deadline, ErrFull); err != nil {
+		if err := q.wait(q.putLock, offSpaceSeq, offSpaceWaiters, seen, u, ErrFull); err != nil {
 			return 0, err
 		}
 	}
@@ -358,11 +403,15 @@ func (q *Queue) Get(buf []byte, maxDescriptors int, deadline time.Time) (int, er
 // store. It returns how many records it took and the bytes they fill. A
 // first record that does not fit is left and reported as a *RangeError.
 func (q *Queue) GetMany(buf []byte, maxRecords, maxDescriptors int, deadline time.Time) (int, int, error) {
+	return q.getMany(buf, maxRecords, maxDescriptors, futex.Until{Deadline: deadline})
+}
+
+func (q *Queue) getMany(buf []byte, maxRecords, maxDescriptors int, u futex.Until) (int, int, error) {
 	if !q.guard.Enter() {
 		return 0, 0, ErrClosed
 	}
 	defer q.guard.Leave()
-	if err := q.lock(q.getLock, deadline, ErrEmpty); err != nil {
+	if err := q.lock(q.getLock, u, ErrEmpty); err != nil {
 		return 0, 0, err
 	}
 	var gets, head, tail uint32
@@ -373,7 +422,7 @@ func (q *Queue) GetMany(buf []byte, maxRecords, maxDescriptors int, deadline tim
 		if head != tail {
 			break
 		}
-		if err := q.wait(q.getLock, offDataSeq, offDataWaiters, seen, deadline, ErrEmpty); err != nil {
+		if err := q.wait(q.getLock, offDataSeq, offDataWaiters, seen, u, ErrEmpty); err != nil {
 			return 0, 0, err
 		}
 	}
@@ -448,14 +497,15 @@ func (q *Queue) Join(deadline time.Time) error {
 		if q.unfinished() == 0 {
 			return nil
 		}
-		if err := q.sleep(offJoinSeq, offJoinWaiters, seen, deadline, ErrFull); err != nil {
+		if err := q.sleep(offJoinSeq, offJoinWaiters, seen, futex.Until{Deadline: deadline}, ErrFull); err != nil {
 			return err
 		}
 	}
 }
 
-// lock takes m until deadline; a timeout is reported as timeoutErr.
-func (q *Queue) lock(m lock.Mutex, deadline time.Time, timeoutErr error) error {
+// lock takes m until u's deadline; a timeout is reported as timeoutErr.
+func (q *Queue) lock(m lock.Mutex, u futex.Until, timeoutErr error) error {
+	deadline := u.Deadline
 	if !deadline.IsZero() && !time.Now().Before(deadline) {
 		deadline = time.Now().Add(time.Millisecond) // a non-blocking call still waits out a brief lock
 	}
@@ -469,15 +519,15 @@ func (q *Queue) lock(m lock.Mutex, deadline time.Time, timeoutErr error) error {
 }
 
 // wait releases m, sleeps on the sequence word at seqOff until it moves
-// from seen or deadline passes, and takes m again.
-func (q *Queue) wait(m lock.Mutex, seqOff, waitersOff int, seen uint32, deadline time.Time, timeoutErr error) error {
+// from seen or u ends, and takes m again.
+func (q *Queue) wait(m lock.Mutex, seqOff, waitersOff int, seen uint32, u futex.Until, timeoutErr error) error {
 	if err := m.Unlock(); err != nil {
 		return err
 	}
-	if err := q.sleep(seqOff, waitersOff, seen, deadline, timeoutErr); err != nil {
+	if err := q.sleep(seqOff, waitersOff, seen, u, timeoutErr); err != nil {
 		return err
 	}
-	return q.lock(m, deadline, timeoutErr)
+	return q.lock(m, u, timeoutErr)
 }
 
 // seq returns the sequence word at seqOff with its waiters at waitersOff.
@@ -488,11 +538,14 @@ func (q *Queue) seq(seqOff, waitersOff int) futex.Seq {
 // sleep waits for the sequence word at seqOff to move from seen, after a
 // short spin, and for at most recheckEvery: a wake-up meant for a consumer
 // that was killed before passing it on is then made up for.
-func (q *Queue) sleep(seqOff, waitersOff int, seen uint32, deadline time.Time, timeoutErr error) error {
+func (q *Queue) sleep(seqOff, waitersOff int, seen uint32, u futex.Until, timeoutErr error) error {
 	if q.guard.Closed() {
 		return ErrClosed
 	}
-	err := q.seq(seqOff, waitersOff).Sleep(seen, spinFor, deadline, recheckEvery, q.interruptible)
+	if u.Stopped() {
+		return timeoutErr
+	}
+	err := q.seq(seqOff, waitersOff).Sleep(seen, spinFor, u.Deadline, recheckEvery, q.interruptible)
 	if errors.Is(err, futex.ErrTimeout) {
 		return timeoutErr
 	}

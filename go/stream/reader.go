@@ -1,11 +1,13 @@
 package stream
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"sync/atomic"
 	"time"
 
+	"github.com/zctipc/zctipc/go/futex"
 	"github.com/zctipc/zctipc/go/proc"
 	"github.com/zctipc/zctipc/go/shm"
 	"golang.org/x/sys/unix"
@@ -151,10 +153,27 @@ func (r *Reader) Look(deadline time.Time) (int, error) {
 		return 0, err
 	}
 	defer r.leave()
-	return r.look(deadline)
+	return r.look(futex.Until{Deadline: deadline})
 }
 
-func (r *Reader) look(deadline time.Time) (int, error) {
+// LookContext is Look, waiting until ctx is done: its deadline (ErrEmpty),
+// or its cancellation, which wakes the wait at once (ErrEmpty and
+// ctx.Err()).
+func (r *Reader) LookContext(ctx context.Context) (int, error) {
+	if err := r.enter(); err != nil {
+		return 0, err
+	}
+	defer r.leave()
+	u, stop := r.s.until(ctx)
+	defer stop()
+	slot, err := r.look(u)
+	if errors.Is(err, ErrEmpty) {
+		err = futex.Cause(ctx, err)
+	}
+	return slot, err
+}
+
+func (r *Reader) look(u futex.Until) (int, error) {
 	s := r.s
 	frames := uint64(s.cfg.Frames)
 	if r.looking {
@@ -180,13 +199,13 @@ func (r *Reader) look(deadline time.Time) (int, error) {
 		if s.ended() {
 			return 0, ErrEnded
 		}
-		if !deadline.IsZero() && !time.Now().Before(deadline) {
+		if !u.Deadline.IsZero() && !time.Now().Before(u.Deadline) {
 			return 0, ErrEmpty
 		}
 		if r.guard.Closed() {
 			return 0, ErrClosed
 		}
-		if err := s.sleep(data, seen, deadline, ErrEmpty); err != nil {
+		if err := s.sleep(data, seen, u, ErrEmpty); err != nil {
 			return 0, err
 		}
 	}
@@ -239,7 +258,7 @@ func (r *Reader) Next(deadline time.Time) (slot int, whole bool, err error) {
 			return 0, whole, err
 		}
 	}
-	slot, err = r.look(deadline)
+	slot, err = r.look(futex.Until{Deadline: deadline})
 	return slot, whole, err
 }
 

@@ -1,6 +1,7 @@
 package stream
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"math"
@@ -8,6 +9,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/zctipc/zctipc/go/futex"
 	"github.com/zctipc/zctipc/go/lock"
 	"github.com/zctipc/zctipc/go/proc"
 	"github.com/zctipc/zctipc/go/shm"
@@ -72,6 +74,27 @@ func (w *Writer) Look(deadline time.Time) (int, error) {
 		return 0, err
 	}
 	defer w.leave()
+	return w.look(futex.Until{Deadline: deadline})
+}
+
+// LookContext is Look, waiting until ctx is done: its deadline (ErrFull),
+// or its cancellation, which wakes the wait at once (ErrFull and
+// ctx.Err()).
+func (w *Writer) LookContext(ctx context.Context) (int, error) {
+	if err := w.enter(); err != nil {
+		return 0, err
+	}
+	defer w.leave()
+	u, stop := w.s.until(ctx)
+	defer stop()
+	slot, err := w.look(u)
+	if errors.Is(err, ErrFull) {
+		err = futex.Cause(ctx, err)
+	}
+	return slot, err
+}
+
+func (w *Writer) look(u futex.Until) (int, error) {
 	s := w.s
 	frames := uint64(s.cfg.Frames)
 	if w.claimed {
@@ -81,7 +104,7 @@ func (w *Writer) Look(deadline time.Time) (int, error) {
 		return 0, ErrEnded
 	}
 	if s.cfg.Policy == Block && w.next >= w.minPos+frames {
-		if err := w.waitForRoom(deadline); err != nil {
+		if err := w.waitForRoom(u); err != nil {
 			return 0, err
 		}
 	}
@@ -144,7 +167,7 @@ func (w *Writer) slowest() uint64 {
 // waitForRoom waits until every live reader has released the frame in the
 // slot of w.next, evicting the readers that died or, with a reader timeout,
 // were not seen for that long.
-func (w *Writer) waitForRoom(deadline time.Time) error {
+func (w *Writer) waitForRoom(u futex.Until) error {
 	s := w.s
 	frames := uint64(s.cfg.Frames)
 	need := w.next - frames + 1 // every reader must be at least here
@@ -172,10 +195,10 @@ func (w *Writer) waitForRoom(deadline time.Time) error {
 				continue
 			}
 		}
-		if !deadline.IsZero() && !time.Now().Before(deadline) {
+		if !u.Deadline.IsZero() && !time.Now().Before(u.Deadline) {
 			return ErrFull
 		}
-		if err := s.sleep(space, seen, deadline, ErrFull); err != nil {
+		if err := s.sleep(space, seen, u, ErrFull); err != nil {
 			return err
 		}
 	}

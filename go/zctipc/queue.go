@@ -3,34 +3,25 @@ package zctipc
 import (
 	"context"
 	"errors"
-	"time"
+	"sync"
 
 	"github.com/zctipc/zctipc/go/buffer"
 	"github.com/zctipc/zctipc/go/message"
 	"github.com/zctipc/zctipc/go/queue"
 )
 
-// waitSlice bounds one wait of a blocking call, so that it sees its
-// context's cancellation soon.
-const waitSlice = 50 * time.Millisecond
-
-// Errors of non-blocking or timed-out queue operations.
-var (
-	ErrFull  = queue.ErrFull
-	ErrEmpty = queue.ErrEmpty
-)
-
 // Queue is a zctipc queue: the ring Python's zctipc.Queue uses, so that Go
-// and Python programs exchange messages through it (docs/format.md).
-type Queue struct {
-	q   *queue.Queue
-	buf []byte
-}
+// and Python programs exchange messages through it (docs/format.md). It is
+// safe for concurrent use: any number of goroutines may put and get at
+// once, each Get taking its message into a buffer of its own, and Close
+// from any goroutine wakes the calls blocked on it, which return ErrClosed.
+type Queue struct{ q *queue.Queue }
 
 // NewQueue creates a queue whose ring holds maxBytes (rounded up to a power
-// of two). An empty name makes a random one.
+// of two; the largest message). An empty name makes a random one.
 func NewQueue(name string, maxBytes int) (*Queue, error) {
-	q, err := queue.Create(name, uint64(maxBytes), 0)
+	startCleanup()
+	q, err := queue.Create(name, uint64(maxBytes), 0) // a negative size is refused as too large
 	if err != nil {
 		return nil, err
 	}
@@ -39,6 +30,7 @@ func NewQueue(name string, maxBytes int) (*Queue, error) {
 
 // AttachQueue attaches the queue name (Python: Queue.name).
 func AttachQueue(name string) (*Queue, error) {
+	startCleanup()
 	q, err := queue.Attach(name)
 	if err != nil {
 		return nil, err
@@ -46,37 +38,69 @@ func AttachQueue(name string) (*Queue, error) {
 	return &Queue{q: q}, nil
 }
 
-// Name returns the queue's full segment name.
-func (q *Queue) Name() string { return q.q.Segment().Name() }
+func (q *Queue) check() error {
+	if q == nil || q.q == nil {
+		return nilErr("Queue")
+	}
+	return nil
+}
 
-// Len returns the number of messages in the queue (an error once the queue
-// is closed).
-func (q *Queue) Len() (int, error) { return q.q.Len() }
+// Name returns the queue's full segment name ("" for a nil Queue).
+func (q *Queue) Name() string {
+	if q.check() != nil {
+		return ""
+	}
+	return q.q.Segment().Name()
+}
 
-// Close closes this process's handle on the queue.
-func (q *Queue) Close() error { return q.q.Close() }
+// Len returns the number of messages in the queue.
+func (q *Queue) Len() (int, error) {
+	if err := q.check(); err != nil {
+		return 0, err
+	}
+	return q.q.Len()
+}
+
+// Close closes this process's handle on the queue, waking the calls
+// blocked on it. Closing twice returns ErrClosed.
+func (q *Queue) Close() error {
+	if err := q.check(); err != nil {
+		return err
+	}
+	return q.q.Close()
+}
 
 // PutTensor sends t as a descriptor (no copy): the receiver, Go or Python
 // (which gets a NumPy array), maps the same memory. The message holds its
-// own count, so t may be closed once PutTensor returned.
+// own count, so t may be closed once PutTensor returned. It waits for room
+// until ctx is done (ErrFull, with ctx.Err()).
 func (q *Queue) PutTensor(ctx context.Context, t *Tensor) error {
+	if err := q.check(); err != nil {
+		return err
+	}
+	if err := t.enter(); err != nil {
+		return err
+	}
+	defer t.guard.Leave()
 	d, r, err := t.describe()
 	if err != nil {
 		return err
 	}
 	rec := &message.Record{Type: message.TypeTensor, Descriptors: []message.Descriptor{d}}
-	r.Sending()
-	if err := retry(ctx, ErrFull, func(deadline time.Time) error { return q.q.Put(rec, deadline) }); err != nil {
-		r.Unsent()
+	sent, err := buffer.Send([]*buffer.Ref{r}, func() error { return q.q.PutContext(ctx, rec) })
+	if !sent {
 		return errors.Join(err, r.Release())
 	}
-	return r.Sent()
+	return err
 }
 
-// PutBytes sends raw bytes (Python receives them as bytes).
+// PutBytes sends raw bytes (Python receives them as bytes), waiting for
+// room as PutTensor does.
 func (q *Queue) PutBytes(ctx context.Context, b []byte) error {
-	rec := &message.Record{Type: message.TypeBytes, Payload: b}
-	return retry(ctx, ErrFull, func(deadline time.Time) error { return q.q.Put(rec, deadline) })
+	if err := q.check(); err != nil {
+		return err
+	}
+	return q.q.PutContext(ctx, &message.Record{Type: message.TypeBytes, Payload: b})
 }
 
 // Message is what Get takes: a tensor, raw bytes, or a Python pickle, which
@@ -88,26 +112,41 @@ type Message struct {
 	Pickle []byte
 }
 
-// Get takes the next message, waiting until ctx is done.
+// keptBuffer bounds the receive buffers kept for reuse.
+const keptBuffer = 1 << 20
+
+var receiveBuffers = sync.Pool{New: func() any { b := make([]byte, 64<<10); return &b }}
+
+// Get takes the next message, waiting until ctx is done (ErrEmpty, with
+// ctx.Err()); a cancellation wakes the wait at once.
 func (q *Queue) Get(ctx context.Context) (Message, error) {
-	if q.buf == nil {
-		q.buf = make([]byte, 64<<10)
-	}
-	var n int
-	err := retry(ctx, ErrEmpty, func(deadline time.Time) error {
-		var err error
-		n, err = q.q.Get(q.buf, message.MaxDescriptors, deadline)
-		var re *queue.RangeError
-		if errors.As(err, &re) {
-			q.buf = make([]byte, re.Need)
-			return ErrEmpty // try again at once with room for it
-		}
-		return err
-	})
-	if err != nil {
+	if err := q.check(); err != nil {
 		return Message{}, err
 	}
-	rec, err := message.DecodeRecord(q.buf[:n])
+	bp := receiveBuffers.Get().(*[]byte)
+	defer func() {
+		if cap(*bp) <= keptBuffer {
+			receiveBuffers.Put(bp)
+		}
+	}()
+	for {
+		n, err := q.q.GetContext(ctx, *bp, message.MaxDescriptors)
+		var re *queue.RangeError
+		if errors.As(err, &re) {
+			*bp = make([]byte, re.Need) // and take it at once
+			continue
+		}
+		if err != nil {
+			return Message{}, err
+		}
+		return decode((*bp)[:n])
+	}
+}
+
+// decode turns a record taken from the queue into a Message that owns what
+// it carries, copying the payload out of the receive buffer.
+func decode(raw []byte) (Message, error) {
+	rec, err := message.DecodeRecord(raw)
 	if err != nil {
 		return Message{}, err
 	}
@@ -123,22 +162,4 @@ func (q *Queue) Get(ctx context.Context) (Message, error) {
 		errs = append(errs, buffer.Drop(&rec.Descriptors[i]))
 	}
 	return Message{Pickle: append([]byte(nil), rec.Payload...)}, errors.Join(errs...)
-}
-
-// retry calls op with deadlines of at most waitSlice until it returns
-// something other than again, or ctx is done.
-func retry(ctx context.Context, again error, op func(deadline time.Time) error) error {
-	for {
-		deadline := time.Now().Add(waitSlice)
-		if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
-			deadline = d
-		}
-		err := op(deadline)
-		if !errors.Is(err, again) {
-			return err
-		}
-		if cerr := ctx.Err(); cerr != nil {
-			return errors.Join(err, cerr)
-		}
-	}
 }

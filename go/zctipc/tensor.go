@@ -3,16 +3,39 @@ package zctipc
 import (
 	"errors"
 	"fmt"
-	"strings"
+	"slices"
 	"unsafe"
 
 	"github.com/zctipc/zctipc/go/buffer"
 	"github.com/zctipc/zctipc/go/dtype"
+	"github.com/zctipc/zctipc/go/guard"
 	"github.com/zctipc/zctipc/go/header"
 	"github.com/zctipc/zctipc/go/message"
+	"github.com/zctipc/zctipc/go/queue"
 	"github.com/zctipc/zctipc/go/shm"
+	"github.com/zctipc/zctipc/go/stream"
+	"github.com/zctipc/zctipc/go/tensorref"
 	"golang.org/x/sys/unix"
 )
+
+// Errors callers branch on, with errors.Is.
+var (
+	// ErrClosed is returned by the methods of a closed (or nil) object, and
+	// by calls blocked on one when it was closed.
+	ErrClosed = shm.ErrClosed
+	// ErrFull means a queue (or a stream ring) had no room before the
+	// context was done.
+	ErrFull = queue.ErrFull
+	// ErrEmpty means nothing came before the context was done.
+	ErrEmpty = queue.ErrEmpty
+	// ErrEnded means the stream has ended.
+	ErrEnded = stream.ErrEnded
+	// ErrMismatch means a TensorRef does not describe its segment.
+	ErrMismatch = tensorref.ErrMismatch
+)
+
+// nilErr is the error of a method called on a nil object.
+func nilErr(what string) error { return fmt.Errorf("a nil *zctipc.%s: %w", what, ErrClosed) }
 
 // DType is an element type (docs/format.md's codes).
 type DType = dtype.DType
@@ -37,9 +60,12 @@ const (
 )
 
 // Tensor is an n-dimensional array in shared memory: a segment of its own
-// (NewTensor, AttachTensor) or memory another process sent through a Queue
-// (a segment or a pool slot). It holds one count on that memory until Close.
+// (NewTensor, AttachTensor, AttachRef) or memory another process sent
+// through a Queue (a segment or a pool slot). It holds one count on that
+// memory until Close. It is safe for concurrent use; its type, shape and
+// name stay readable after Close, its memory does not.
 type Tensor struct {
+	guard   guard.Guard
 	data    []byte
 	dt      DType
 	shape   []int64
@@ -54,6 +80,7 @@ type Tensor struct {
 // name gets the library prefix ("zctipc_"); an empty name makes a random
 // one. An existing segment is never reused.
 func NewTensor(name string, dt DType, shape ...int64) (*Tensor, error) {
+	startCleanup()
 	seg, err := shm.Create(name, header.KindTensor, dt, shape)
 	if err != nil {
 		return nil, err
@@ -64,12 +91,35 @@ func NewTensor(name string, dt DType, shape ...int64) (*Tensor, error) {
 // AttachTensor attaches the tensor segment name (with or without the
 // prefix), read-only if asked.
 func AttachTensor(name string, readOnly bool) (*Tensor, error) {
+	startCleanup()
 	seg, err := shm.Attach(name, header.KindTensor, readOnly)
 	if err != nil {
 		return nil, err
 	}
 	return segmentTensor(seg), nil
 }
+
+// TensorRef is a tensor segment described in a stable JSON form that any
+// language can be handed (docs/format.md): Tensor.Ref makes one, AttachRef
+// attaches it, Python's SharedTensor.ref() and zctipc.attach_ref do the
+// same there.
+type TensorRef = tensorref.Ref
+
+// AttachRef attaches the tensor segment r names, after checking r against
+// its header: a ref whose dtype, shape, strides, offset, bytes, id or kind
+// differ from the segment's is refused with ErrMismatch, never read as
+// another type.
+func AttachRef(r TensorRef) (*Tensor, error) {
+	startCleanup()
+	seg, err := tensorref.Attach(r, false)
+	if err != nil {
+		return nil, err
+	}
+	return segmentTensor(seg), nil
+}
+
+// ParseRef decodes a TensorRef's JSON.
+func ParseRef(data []byte) (TensorRef, error) { return tensorref.Parse(data) }
 
 func segmentTensor(seg *shm.Segment) *Tensor {
 	h := seg.Header()
@@ -86,26 +136,57 @@ func received(d *message.Descriptor) (*Tensor, error) {
 		offset: d.Offset, ref: r}, nil
 }
 
+// enter starts a call that touches the tensor's memory; the caller defers
+// t.guard.Leave.
+func (t *Tensor) enter() error {
+	if t == nil {
+		return nilErr("Tensor")
+	}
+	if !t.guard.Enter() {
+		return fmt.Errorf("tensor %s: %w", t.name, ErrClosed)
+	}
+	return nil
+}
+
 // Name returns the full name of the tensor's segment (or of the pool arena
 // it lies in).
-func (t *Tensor) Name() string { return t.name }
+func (t *Tensor) Name() string {
+	if t == nil {
+		return ""
+	}
+	return t.name
+}
 
 // DType returns the element type.
-func (t *Tensor) DType() DType { return t.dt }
+func (t *Tensor) DType() DType {
+	if t == nil {
+		return 0
+	}
+	return t.dt
+}
 
 // Shape returns the dimensions.
-func (t *Tensor) Shape() []int64 { return t.shape }
+func (t *Tensor) Shape() []int64 {
+	if t == nil {
+		return nil
+	}
+	return slices.Clone(t.shape)
+}
 
 // Strides returns the byte step of each dimension.
-func (t *Tensor) Strides() []int64 { return t.strides }
-
-// Bytes returns the tensor's memory, from its first element to the last
-// byte an element can touch: shared, not a copy.
-func (t *Tensor) Bytes() []byte { return t.data }
+func (t *Tensor) Strides() []int64 {
+	if t == nil {
+		return nil
+	}
+	return slices.Clone(t.strides)
+}
 
 // Contiguous reports whether the elements are laid out in C order without
 // gaps.
 func (t *Tensor) Contiguous() bool {
+	if t == nil {
+		return false
+	}
 	step := int64(t.dt.Size())
 	for i := len(t.shape) - 1; i >= 0; i-- {
 		if t.shape[i] != 1 && t.strides[i] != step {
@@ -116,6 +197,16 @@ func (t *Tensor) Contiguous() bool {
 	return true
 }
 
+// Bytes returns the tensor's memory, from its first element to the last
+// byte an element can touch: shared, not a copy, and valid until Close.
+func (t *Tensor) Bytes() ([]byte, error) {
+	if err := t.enter(); err != nil {
+		return nil, err
+	}
+	defer t.guard.Leave()
+	return t.data, nil
+}
+
 // Element is a Go type that a tensor's elements can be viewed as.
 type Element interface {
 	~bool | ~int8 | ~int16 | ~int32 | ~int64 | ~uint8 | ~uint16 | ~uint32 | ~uint64 | ~float32 | ~float64 |
@@ -123,13 +214,14 @@ type Element interface {
 }
 
 // Values returns the elements of a C-contiguous tensor as a []T over the
-// shared memory (unsafe.Slice: no copy). T must have the tensor's element
-// size and kind (float32 for Float32, uint16 for Float16 and BFloat16 bits).
+// shared memory (no copy), valid until Close. T must have the tensor's
+// element size and kind (float32 for Float32, uint16 for Float16 and
+// BFloat16 bits).
 func Values[T Element](t *Tensor) ([]T, error) {
-	var zero T
-	if !matches(t.dt, any(zero)) {
-		return nil, fmt.Errorf("a %s tensor viewed as %T: %w", t.dt, zero, unix.EINVAL)
+	if err := t.enter(); err != nil {
+		return nil, err
 	}
+	defer t.guard.Leave()
 	if !t.Contiguous() {
 		return nil, fmt.Errorf("a tensor of shape %v and strides %v is not C-contiguous: %w", t.shape, t.strides, unix.EINVAL)
 	}
@@ -137,10 +229,23 @@ func Values[T Element](t *Tensor) ([]T, error) {
 	for _, d := range t.shape {
 		n *= int(d)
 	}
+	return view[T](t.data, t.dt, n)
+}
+
+// view returns n elements of type T (which must match dt) at the start of
+// b.
+func view[T Element](b []byte, dt DType, n int) ([]T, error) {
+	var zero T
+	if !matches(dt, any(zero)) {
+		return nil, fmt.Errorf("%s elements viewed as %T: %w", dt, zero, unix.EINVAL)
+	}
 	if n == 0 {
 		return []T{}, nil
 	}
-	return unsafe.Slice((*T)(unsafe.Pointer(&t.data[0])), n), nil
+	if uintptr(len(b)) < uintptr(n)*unsafe.Sizeof(zero) {
+		return nil, fmt.Errorf("%d elements of %T in %d bytes: %w", n, zero, len(b), unix.EINVAL)
+	}
+	return unsafe.Slice((*T)(unsafe.Pointer(&b[0])), n), nil
 }
 
 func matches(dt DType, v any) bool {
@@ -178,6 +283,10 @@ func matches(dt DType, v any) bool {
 // Refcount returns how many holders the tensor's memory has, in every
 // process.
 func (t *Tensor) Refcount() (int64, error) {
+	if err := t.enter(); err != nil {
+		return 0, err
+	}
+	defer t.guard.Leave()
 	if t.seg != nil {
 		return t.seg.Refcount()
 	}
@@ -185,29 +294,61 @@ func (t *Tensor) Refcount() (int64, error) {
 }
 
 // Close gives up the tensor's count; the memory goes when no process holds
-// it. The tensor must not be used afterwards.
+// it. It waits for calls in flight on t; afterwards the memory methods
+// return ErrClosed, and slices from Bytes and Values must not be used.
+// Closing twice returns ErrClosed.
 func (t *Tensor) Close() error {
-	switch {
-	case t.seg != nil:
-		return t.seg.Close()
-	case t.ref != nil:
-		return t.ref.Release()
+	if t == nil {
+		return nilErr("Tensor")
 	}
-	return nil
+	if !t.guard.Close(nil) {
+		return fmt.Errorf("tensor %s: %w", t.name, ErrClosed)
+	}
+	if t.seg != nil {
+		return t.seg.Close()
+	}
+	return t.ref.Release()
 }
 
 // Unlink removes the tensor's segment name now; holders keep the memory.
 func (t *Tensor) Unlink() error {
+	if err := t.enter(); err != nil {
+		return err
+	}
+	defer t.guard.Leave()
 	if t.seg == nil {
 		return fmt.Errorf("a tensor received in a pool buffer has no segment of its own to unlink: %w", unix.EINVAL)
 	}
 	return shm.Unlink(t.seg.Name())
 }
 
+// Ref returns t's TensorRef: only a tensor that is the whole tensor of a
+// segment of its own has one (memory received in a pool buffer can be
+// handed on in a Queue).
+func (t *Tensor) Ref() (TensorRef, error) {
+	if err := t.enter(); err != nil {
+		return TensorRef{}, err
+	}
+	defer t.guard.Leave()
+	seg := t.seg
+	if seg == nil && t.ref != nil {
+		seg = t.ref.Segment()
+	}
+	if seg == nil {
+		return TensorRef{}, fmt.Errorf("a tensor in a pool buffer has no segment to name; send it in a queue: %w", unix.EINVAL)
+	}
+	r := tensorref.Of(seg.Name(), seg.Header())
+	if r.DType != t.dt.String() || !slices.Equal(r.Shape, t.shape) || !slices.Equal(r.Strides, t.strides) || t.offset != 0 {
+		return TensorRef{}, fmt.Errorf("tensor %s is a view of part of its segment, which a TensorRef cannot name: %w", t.name, unix.EINVAL)
+	}
+	return r, nil
+}
+
 // describe returns the descriptor of t and the ref whose count it carries.
+// The caller has entered t.
 func (t *Tensor) describe() (message.Descriptor, *buffer.Ref, error) {
 	if len(t.data) == 0 {
-		return message.Descriptor{}, nil, errors.New("an empty tensor has no memory to send")
+		return message.Descriptor{}, nil, fmt.Errorf("an empty tensor has no memory to send: %w", unix.EINVAL)
 	}
 	r, off, ok, err := buffer.Find(uintptr(unsafe.Pointer(&t.data[0])), uint64(len(t.data)))
 	if err != nil {
@@ -221,55 +362,4 @@ func (t *Tensor) describe() (message.Descriptor, *buffer.Ref, error) {
 		return message.Descriptor{}, nil, errors.Join(err, r.Release())
 	}
 	return d, r, nil
-}
-
-// TensorRef is a tensor's description in a stable JSON form that any
-// language can be handed: the segment that holds it and where.
-type TensorRef struct {
-	ID      string  `json:"id"`      // the segment name without the prefix
-	Segment string  `json:"segment"` // the full segment name
-	DType   string  `json:"dtype"`   // "float32", ...
-	Shape   []int64 `json:"shape"`
-	Strides []int64 `json:"strides"` // bytes
-	Offset  uint64  `json:"offset"`  // of the first element in the segment's data region
-	NBytes  uint64  `json:"nbytes"`  // bytes from Offset the tensor may touch
-	Device  string  `json:"device"`  // "cpu"
-}
-
-// Ref returns t's TensorRef. Only a tensor with a segment of its own has
-// one (memory received in a pool buffer can be handed on in a Queue).
-func (t *Tensor) Ref() (TensorRef, error) {
-	if t.seg == nil {
-		return TensorRef{}, fmt.Errorf("a tensor in a pool buffer has no segment to name; send it in a queue: %w", unix.EINVAL)
-	}
-	return TensorRef{ID: strings.TrimPrefix(t.name, shm.Prefix), Segment: t.name, DType: t.dt.String(),
-		Shape: t.shape, Strides: t.strides, Offset: t.offset, NBytes: uint64(len(t.data)), Device: "cpu"}, nil
-}
-
-// AttachRef attaches the tensor a TensorRef describes, checking the
-// description against the segment.
-func AttachRef(r TensorRef) (*Tensor, error) {
-	if r.Device != "" && r.Device != "cpu" {
-		return nil, fmt.Errorf("a tensor on device %q: only cpu tensors live in segments: %w", r.Device, unix.EINVAL)
-	}
-	dt, err := dtype.Parse(r.DType)
-	if err != nil {
-		return nil, err
-	}
-	d := message.Descriptor{Kind: message.RefSegment, DType: dt, Shape: r.Shape, Strides: r.Strides, Name: r.Segment,
-		Offset: r.Offset, NBytes: r.NBytes}
-	if err := d.Check(); err != nil {
-		return nil, err
-	}
-	seg, err := shm.Attach(r.Segment, header.KindTensor, false)
-	if err != nil {
-		return nil, err
-	}
-	data := seg.Data()
-	if r.Offset > uint64(len(data)) || r.NBytes > uint64(len(data))-r.Offset {
-		return nil, errors.Join(fmt.Errorf("%w: %d bytes at %d do not fit segment %s", header.ErrCorrupt, r.NBytes, r.Offset,
-			r.Segment), seg.Close())
-	}
-	return &Tensor{data: data[r.Offset : r.Offset+r.NBytes], dt: dt, shape: r.Shape, strides: r.Strides, name: seg.Name(),
-		offset: r.Offset, seg: seg}, nil
 }

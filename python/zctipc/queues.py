@@ -14,7 +14,6 @@ are bounded by max_bytes, the size of the ring.
 
 import io
 import pickle
-import struct
 import threading
 import time
 import weakref
@@ -30,10 +29,10 @@ __all__ = ["Queue", "SimpleQueue", "JoinableQueue", "DEFAULT_MAX_BYTES"]
 #: without its out-of-band buffers).
 DEFAULT_MAX_BYTES = 16 << 20
 
-_RECORD_PICKLE, _RECORD_TENSOR, _RECORD_BYTES = 1, 2, 3
-_RECORD = struct.Struct("<IBxHI")  # size, type, descriptors, payload bytes
-
 _HEADER = 16  # bytes of a record header; a descriptor is at most 32 + 16*32 + 256
+
+#: The most messages get_many takes in one call into the library.
+RECORDS_PER_CALL = 256
 
 
 class _Oversized:
@@ -66,6 +65,9 @@ class _Scratch(threading.local):
         self.plen = ffi.new("uint64_t *")
         self.nviews = ffi.new("int32_t *")
         self.put_view = ffi.new("zct_view *")
+        self.records = ffi.new("int32_t *")
+        self.filled = ffi.new("uint64_t *")
+        self.recs = ffi.new("zct_record[]", RECORDS_PER_CALL)
         self.resize(64 << 10, 16)
 
     def resize(self, cap, vcap):
@@ -150,18 +152,18 @@ class Queue:
             self._check_open()
         if timeout is not None:
             timeout = _args.timeout(timeout)
+        lib = _native.lib()
         t = type(obj)
         if t is bytes:
-            payload, exports, typ = obj, [], _RECORD_BYTES
+            payload, exports, typ = obj, [], lib.ZCT_RECORD_BYTES
         elif t in reductions.BARE and (e := reductions.export_bare(obj, block, timeout)) is not None:
-            # A bare array or tensor: a tensor record, no pickle either way.
-            payload, exports, typ = b"", [e], _RECORD_TENSOR
+            # A bare array, tensor or SharedTensor: a tensor record, no pickle.
+            payload, exports, typ = b"", [e], lib.ZCT_RECORD_TENSOR
         else:
             payload, exports = self._dumps(obj, block, timeout)
-            typ = _RECORD_PICKLE
+            typ = lib.ZCT_RECORD_PICKLE
         if not exports and len(payload) + _HEADER <= self._capacity:
             # Fast path: one try without waiting; the loop below waits.
-            lib = _native.lib()
             if lib.zct_queue_put(self._handle, typ, payload, len(payload), lib.NULL_VIEWS, 0, 0) == 0:
                 return
         self._put(typ, payload, exports, block, timeout)
@@ -198,7 +200,7 @@ class Queue:
             if type(obj) is _Failed:
                 raise obj.exc
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            self._put(_RECORD_PICKLE, payload, exports, block, left)
+            self._put(_native.lib().ZCT_RECORD_PICKLE, payload, exports, block, left)
 
     def _put_batch(self, data, ends, block, deadline):
         """Put pickled payloads with no buffers (data, split at ends), in as
@@ -212,7 +214,8 @@ class Queue:
             rest = ends if done == 0 else [e - base for e in ends[done:]]
             status = _native.E_FULL
             for ms in wait_slices(block, timeout):
-                status = lib.zct_queue_put_many(self._handle, _RECORD_PICKLE, buf + base, rest, count - done, ms, written)
+                status = lib.zct_queue_put_many(self._handle, lib.ZCT_RECORD_PICKLE, buf + base, rest, count - done, ms,
+                                                written)
                 if status not in (_native.E_FULL, _native.E_INTERRUPTED):
                     break
             _native.check(status)
@@ -296,55 +299,53 @@ class Queue:
         if self._closed:
             self._check_open()
         max_items = _args.integer("max_items", max_items, 1)
-        ffi, lib = _native.ffi(), _native.lib()
+        lib = _native.lib()
         s = self._scratch
-        records, filled = ffi.new("int32_t *"), ffi.new("uint64_t *")
+        records, filled, recs = s.records, s.filled, s.recs
         status = _native.E_EMPTY
         for ms in wait_slices(block, timeout):
-            status = lib.zct_queue_get_many(self._handle, s.buf, s.cap, min(max_items, 1 << 30), ms,
-                                            records, filled, s.views, s.vcap, s.nviews)
+            status = lib.zct_queue_get_many(self._handle, s.buf, s.cap, min(max_items, RECORDS_PER_CALL), ms,
+                                            records, recs, filled, s.views, s.vcap, s.nviews)
             if status == _native.E_RANGE:
                 s.resize(max(s.cap, filled[0]), max(s.vcap, s.nviews[0]))
             elif status not in (_native.E_EMPTY, _native.E_INTERRUPTED):
                 break
         _native.check(status)
         out = []
-        append, unpack, raw, mem = out.append, _RECORD.unpack_from, s.raw, s.mem
+        append, mem, views = out.append, s.mem, s.views
+        pickle_type, tensor_type = lib.ZCT_RECORD_PICKLE, lib.ZCT_RECORD_TENSOR
         # One unpickler reads every pickle in place: each stops at its STOP
         # opcode, and memo entries of one are never read by the next.
         stream = io.BytesIO(mem[: filled[0]])
         seek, load = stream.seek, pickle.Unpickler(stream).load
-        at = v = 0
-        for _ in range(records[0]):
-            size, typ, nviews, plen = unpack(raw, at)
+        v = 0
+        for i in range(records[0]):
+            r = recs[i]
+            typ, nviews, off = r.type, r.nviews, r.payload_offset
             if nviews == 0:
-                if typ == _RECORD_PICKLE:
-                    seek(at + _HEADER)
+                if typ == pickle_type:
+                    seek(off)
                     append(load())
                 else:
-                    append(bytes(mem[at + _HEADER : at + _HEADER + plen]))
-            elif typ == _RECORD_TENSOR:
-                append(reductions.build(s.views[v]))
+                    append(bytes(mem[off : off + r.payload_len]))
+            elif typ == tensor_type:
+                append(reductions.build(views[v]))
             else:
-                off = at + _HEADER
-                for _ in range(nviews):  # the descriptors come before the payload
-                    off += int.from_bytes(raw[off : off + 2], "little")
-                append(reductions.loads(mem[off : off + plen], [s.views[v + k] for k in range(nviews)], nviews))
-            at += size
+                append(reductions.loads(mem[off : off + r.payload_len], [views[v + k] for k in range(nviews)], nviews))
             v += nviews
         return out
 
     @staticmethod
     def _decode(s):
-        # The record's own header (docs/format.md) says what it holds.
-        _, typ, nviews, plen = _RECORD.unpack_from(s.raw)
-        if typ == _RECORD_TENSOR:
+        # What zct_queue_get said of the record it took.
+        typ, nviews, off, plen = s.typ[0], s.nviews[0], s.off[0], s.plen[0]
+        lib = _native.lib()
+        if typ == lib.ZCT_RECORD_TENSOR:
             return reductions.build(s.views[0])
+        data = s.mem[off : off + plen]
         if nviews == 0:
-            data = s.mem[_HEADER : _HEADER + plen]
-            return bytes(data) if typ == _RECORD_BYTES else pickle.loads(data)
-        off = s.off[0]
-        return reductions.loads(s.mem[off : off + plen], s.views, nviews)
+            return bytes(data) if typ == lib.ZCT_RECORD_BYTES else pickle.loads(data)
+        return reductions.loads(data, s.views, nviews)
 
     # -- state ------------------------------------------------------------------
 

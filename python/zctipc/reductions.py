@@ -183,18 +183,20 @@ def export_tensor(t, block=True, timeout=None, copy=True):
     return _export(address, code, shape, strides, _views.TORCH, fill, block, timeout, copy)
 
 
-#: Types a queue sends as a bare tensor record (torch.Tensor joins once
-#: zctipc has met torch).
-BARE = {np.ndarray}
+#: Types a queue sends as a bare tensor record, which a Go or C consumer
+#: reads as a tensor (torch.Tensor joins once zctipc has met torch).
+BARE = {np.ndarray, SharedTensor}
 
 
 def export_bare(obj, block=True, timeout=None):
-    """An Export for obj when it is a plain NumPy array or a plain torch
-    tensor without grad that can go out of band, else None (it is pickled
-    instead)."""
+    """An Export for obj when it is a plain NumPy array, a plain torch
+    tensor without grad that can go out of band, or an open SharedTensor;
+    else None (it is pickled instead)."""
     t = type(obj)
     if t is np.ndarray:
         return export_array(obj, block, timeout)
+    if t is SharedTensor:
+        return None if obj.closed else export_shared_tensor(obj)
     if t.__module__ == "torch" and t.__name__ == "Tensor" and not obj.requires_grad:
         return export_tensor(obj, block, timeout)
     return None

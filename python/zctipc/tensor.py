@@ -14,7 +14,7 @@ from typing import NamedTuple, Optional, Tuple
 import numpy as np
 
 from . import _dtypes, _native, _views
-from .errors import CorruptHeader, HandleClosed, InvalidArgument
+from .errors import HandleClosed, InvalidArgument
 
 __all__ = [
     "SharedTensor",
@@ -292,37 +292,25 @@ def attach_shared_tensor(name, readonly=False) -> SharedTensor:
     return SharedTensor._wrap(handle[0], info)
 
 
-_REF_KEYS = {"segment", "dtype", "shape", "strides", "offset", "nbytes"}
-
-
 def attach_ref(ref, readonly=False, torch=False):
     """Attach the tensor a TensorRef describes (a dict, or its JSON text, as
     :meth:`SharedTensor.ref` and Go's ``Tensor.Ref`` make it) and return a
     NumPy array (a torch tensor with ``torch=True``) over the same memory.
-    The description is checked against the segment."""
-    if isinstance(ref, (str, bytes)):
-        ref = json.loads(ref)
-    if not isinstance(ref, dict) or not _REF_KEYS <= ref.keys():
-        raise InvalidArgument(f"a TensorRef is a dict with {sorted(_REF_KEYS)}, not {ref!r}")
-    if ref.get("device", "cpu") != "cpu":
-        raise InvalidArgument(f"a tensor on device {ref['device']!r}: only cpu tensors live in segments")
-    code = _dtypes.code_of(ref["dtype"])
-    shape, strides = _shape_tuple(ref["shape"]), tuple(ref["strides"])
-    offset, nbytes = ref["offset"], ref["nbytes"]
-    itemsize = _dtypes.storage_dtype(code).itemsize
-    if len(strides) != len(shape) or min(strides, default=0) < 0 or offset < 0 or nbytes < 0:
-        raise InvalidArgument(f"TensorRef strides {strides} do not fit shape {shape}")
-    extent = 0 if 0 in shape else sum((d - 1) * st for d, st in zip(shape, strides)) + itemsize
-    if extent > nbytes:
-        raise InvalidArgument(f"TensorRef of shape {shape} and strides {strides} reaches {extent} bytes, past its {nbytes}")
-    st = attach_shared_tensor(ref["segment"], readonly)
-    if offset + nbytes > st._nbytes:
-        raise CorruptHeader(f"TensorRef: {nbytes} bytes at {offset} do not fit segment {st.name} ({st._nbytes} bytes)")
-    whole = _views.ndarray(st._live(), st._nbytes, np.uint8, (st._nbytes,), (1,), readonly)
-    arr = np.ndarray(shape, dtype=_dtypes.storage_dtype(code), buffer=whole[offset: offset + nbytes], strides=strides)
-    if torch:
-        return _views.tensor(arr, code, readonly)
-    return arr.view(_dtypes.numpy_dtype(code)) if code != _dtypes.BFLOAT16 else arr
+    The description is checked against the segment's header: a ref whose
+    dtype, shape, strides, bytes or id differ raises InvalidArgument."""
+    if isinstance(ref, dict):
+        ref = json.dumps(ref)
+    if isinstance(ref, str):
+        ref = ref.encode()
+    if not isinstance(ref, bytes):
+        raise InvalidArgument(f"a TensorRef is a dict or its JSON text, not {type(ref).__name__}")
+    # The library parses the ref and checks it against the segment's header.
+    ffi, lib = _native.ffi(), _native.lib()
+    handle = ffi.new("zct_handle *")
+    info = ffi.new("zct_info *")
+    _native.check(lib.zct_tensor_ref_attach(ref, len(ref), int(bool(readonly)), handle, info))
+    st = SharedTensor._wrap(handle[0], info)
+    return st.torch() if torch else st.numpy()
 
 
 def share(array):

@@ -53,24 +53,40 @@ func TestAPITensorValuesAndRefs(t *testing.T) {
 	require.EqualValues(t, 1, n, "one process, one count")
 	require.NoError(t, y.Close())
 
-	column := back
-	column.Shape, column.Strides, column.Offset, column.NBytes = []int64{2}, []int64{12}, 4, 16
-	c, err := zctipc.AttachRef(column)
+	// A ref is checked against the segment's header: nothing is read as
+	// another type, shape or part.
+	q, err := zctipc.NewQueue("", 1<<12)
 	require.NoError(t, err)
-	require.False(t, c.Contiguous())
-	_, err = zctipc.Values[float32](c)
-	require.ErrorIs(t, err, unix.EINVAL, "a strided view is not a slice")
-	require.NoError(t, c.Close())
-
-	for _, bad := range []zctipc.TensorRef{
-		{Segment: back.Segment, DType: "float32", Shape: []int64{100}, Strides: []int64{4}, NBytes: 400},
-		{Segment: back.Segment, DType: "float32", Shape: []int64{2}, Strides: []int64{4}, NBytes: 8, Device: "cuda:0"},
-		{Segment: back.Segment, DType: "no-such-type", Shape: []int64{2}, Strides: []int64{4}, NBytes: 8},
-		{Segment: back.Segment, DType: "float32", Shape: []int64{3}, Strides: []int64{4}, NBytes: 8},
+	defer q.Close()
+	wrong := func(edit func(r *zctipc.TensorRef)) zctipc.TensorRef {
+		r := back
+		edit(&r)
+		return r
+	}
+	for what, bad := range map[string]zctipc.TensorRef{
+		"dtype":     wrong(func(r *zctipc.TensorRef) { r.DType = "int32" }),
+		"shape":     wrong(func(r *zctipc.TensorRef) { r.Shape = []int64{3, 2} }),
+		"strides":   wrong(func(r *zctipc.TensorRef) { r.Strides = []int64{4, 8} }),
+		"a column":  wrong(func(r *zctipc.TensorRef) { r.Shape, r.Strides, r.Offset, r.NBytes = []int64{2}, []int64{12}, 4, 16 }),
+		"bytes":     wrong(func(r *zctipc.TensorRef) { r.NBytes = 400 }),
+		"id":        wrong(func(r *zctipc.TensorRef) { r.ID = "someone_else" }),
+		"device":    wrong(func(r *zctipc.TensorRef) { r.Device = "cuda:0" }),
+		"a queue":   wrong(func(r *zctipc.TensorRef) { r.ID, r.Segment = "", q.Name() }),
+		"no dtype":  wrong(func(r *zctipc.TensorRef) { r.DType = "no-such-type" }),
+		"no memory": wrong(func(r *zctipc.TensorRef) { r.Segment = "zctipc_no_such_segment" }),
 	} {
 		_, err := zctipc.AttachRef(bad)
-		require.Error(t, err, "%+v", bad)
+		require.Error(t, err, what)
+		if what != "no dtype" && what != "no memory" {
+			require.ErrorIs(t, err, zctipc.ErrMismatch, what)
+			require.ErrorIs(t, err, unix.EINVAL, what)
+		}
 	}
+	parsed, err := zctipc.ParseRef(text)
+	require.NoError(t, err)
+	require.Equal(t, back, parsed)
+	_, err = zctipc.ParseRef([]byte(`{"segment": "x", "dtype": "float32"}`))
+	require.ErrorIs(t, err, unix.EINVAL, "shape and strides are required")
 }
 
 func TestAPIQueueCarriesTensorsAndBytes(t *testing.T) {

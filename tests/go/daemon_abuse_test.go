@@ -35,7 +35,7 @@ func runDaemon(t *testing.T, dir string, args ...string) *exec.Cmd {
 	})
 	deadline := time.Now().Add(5 * time.Second)
 	for {
-		c, err := daemon.Dial(dir, "", nil)
+		c, err := daemon.Dial(dir, daemon.Launcher{}, nil)
 		if err == nil {
 			c.Close()
 			return cmd
@@ -55,7 +55,7 @@ func dialRaw(t *testing.T, dir string) *net.UnixConn {
 func TestAStoppedDaemonHoldsNoClientHostage(t *testing.T) {
 	dir := withRuntimeDir(t)
 	d := runDaemon(t, dir)
-	c, err := daemon.Dial(dir, "", nil)
+	c, err := daemon.Dial(dir, daemon.Launcher{}, nil)
 	require.NoError(t, err)
 	defer c.Close()
 	require.NoError(t, d.Process.Signal(syscall.SIGSTOP))
@@ -64,7 +64,7 @@ func TestAStoppedDaemonHoldsNoClientHostage(t *testing.T) {
 	_, err = c.Status()
 	require.ErrorIs(t, err, daemon.ErrUnavailable, "a connected client")
 	require.Contains(t, err.Error(), "did not answer")
-	_, err = daemon.Dial(dir, daemonExe(t), nil)
+	_, err = daemon.Dial(dir, daemon.Program(daemonExe(t)), nil)
 	require.ErrorIs(t, err, daemon.ErrUnavailable, "a new client, which may start a daemon")
 	require.Less(t, time.Since(start), 10*time.Second, "each exchange has a deadline")
 
@@ -102,7 +102,7 @@ func TestADaemonAtItsFileLimitGoesOnServing(t *testing.T) {
 	// With the flood gone, new clients are served, in bounded time.
 	deadline := time.Now().Add(5 * time.Second)
 	for {
-		c, err := daemon.Dial(dir, "", nil)
+		c, err := daemon.Dial(dir, daemon.Launcher{}, nil)
 		if err == nil {
 			st, err := c.Status()
 			c.Close()
@@ -127,7 +127,7 @@ func init() {
 		if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &unix.Rlimit{Cur: 64, Max: lim.Max}); err != nil {
 			return err
 		}
-		c, err := daemon.Dial(daemon.RuntimeDir(), os.Getenv("ZCTIPC_TEST_DAEMON"), nil)
+		c, err := daemon.Dial(daemon.RuntimeDir(), daemon.Program(os.Getenv("ZCTIPC_TEST_DAEMON")), nil)
 		if err != nil {
 			return err
 		}
@@ -195,7 +195,7 @@ func TestADaemonSurvivesATruncatedLedger(t *testing.T) {
 	require.NoError(t, d.Process.Signal(syscall.Signal(0)), "the daemon lives")
 	require.NoFileExists(t, ledgerFile)
 	// What the ledger held is the orphan collection's: one removes it.
-	c, err := daemon.Dial(dir, "", nil)
+	c, err := daemon.Dial(dir, daemon.Launcher{}, nil)
 	require.NoError(t, err)
 	defer c.Close()
 	_, err = c.Collect(false)

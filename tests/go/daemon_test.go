@@ -139,7 +139,7 @@ func init() {
 	// pool slot, and (with an argument) a segment another process made;
 	// it prints the names and waits to be killed.
 	helpers["tracked-holder"] = func(args []string) error {
-		if _, err := daemon.Enable(os.Getenv("ZCTIPC_TEST_DAEMON")); err != nil {
+		if _, err := daemon.Enable(daemon.Program(os.Getenv("ZCTIPC_TEST_DAEMON"))); err != nil {
 			return err
 		}
 		seg, err := shm.Create("", header.KindTensor, dtype.Uint8, []int64{4096})
@@ -188,7 +188,7 @@ func TestDaemonSweepsAKilledProcess(t *testing.T) {
 // status returns the status of the test's daemon.
 func status(t *testing.T) daemon.Status {
 	t.Helper()
-	c, err := daemon.Dial(daemon.RuntimeDir(), "", nil)
+	c, err := daemon.Dial(daemon.RuntimeDir(), daemon.Launcher{}, nil)
 	require.NoError(t, err)
 	defer c.Close()
 	st, err := c.Status()
@@ -244,7 +244,7 @@ func TestANewDaemonRecoversWhatAKilledOneLeft(t *testing.T) {
 		require.FileExists(t, filepath.Join(shm.Dir(), n), "nobody cleaned up yet")
 	}
 	// The next daemon: sweeps the dead one, watches the live one.
-	c, err := daemon.Dial(dir, daemonExe(t), nil)
+	c, err := daemon.Dial(dir, daemon.Program(daemonExe(t)), nil)
 	require.NoError(t, err)
 	defer c.Close()
 	waitGone(t, first[:3]...)
@@ -305,7 +305,7 @@ func countFDs(t *testing.T, pid int) int {
 
 func TestDaemonRefusesHostileRequests(t *testing.T) {
 	dir := withRuntimeDir(t)
-	c, err := daemon.Dial(dir, daemonExe(t), nil)
+	c, err := daemon.Dial(dir, daemon.Program(daemonExe(t)), nil)
 	require.NoError(t, err)
 	defer c.Close()
 	pid := daemon.RunningPID(dir)
@@ -348,7 +348,7 @@ func init() {
 	// memfd-holder makes, under the file_descriptor strategy, a tensor
 	// segment, a pool slot and a queue, prints their names, and waits.
 	helpers["memfd-holder"] = func(args []string) error {
-		if _, err := daemon.Enable(os.Getenv("ZCTIPC_TEST_DAEMON")); err != nil {
+		if _, err := daemon.Enable(daemon.Program(os.Getenv("ZCTIPC_TEST_DAEMON"))); err != nil {
 			return err
 		}
 		seg, err := shm.Create("", header.KindTensor, dtype.Uint8, []int64{1 << 16})
@@ -373,7 +373,7 @@ func init() {
 	// memfd-reader attaches a memfd segment by name (through the daemon)
 	// and prints the digest of its data.
 	helpers["memfd-reader"] = func(args []string) error {
-		if _, err := daemon.Enable(os.Getenv("ZCTIPC_TEST_DAEMON")); err != nil {
+		if _, err := daemon.Enable(daemon.Program(os.Getenv("ZCTIPC_TEST_DAEMON"))); err != nil {
 			return err
 		}
 		seg, err := shm.Attach(args[0], header.KindTensor, true)
@@ -401,7 +401,7 @@ func TestMemfdStrategyLeavesNothingWhateverDies(t *testing.T) {
 	fields := strings.Fields(r.readLine(t))
 	require.Equal(t, digest(want), fields[0], "the reader maps the producer's memfd")
 	require.Equal(t, before, dirNames(t), "nothing in the segment directory")
-	c, err := daemon.Dial(dir, "", nil)
+	c, err := daemon.Dial(dir, daemon.Launcher{}, nil)
 	require.NoError(t, err)
 	defer c.Close()
 	st, err := c.Status()
@@ -484,7 +484,7 @@ func init() {
 	// stalled-create enables cleanup and makes a segment with the stall
 	// point of $ZCTIPC_TEST_STALL, where it stops until it is killed.
 	helpers["stalled-create"] = func(args []string) error {
-		if _, err := daemon.Enable(os.Getenv("ZCTIPC_TEST_DAEMON")); err != nil {
+		if _, err := daemon.Enable(daemon.Program(os.Getenv("ZCTIPC_TEST_DAEMON"))); err != nil {
 			return err
 		}
 		fmt.Println(ledgerOf())

@@ -46,6 +46,9 @@ func TestMain(m *testing.M) {
 		os.Exit(2)
 	}
 	os.Setenv(daemon.RuntimeDirEnv, runtimeDir)
+	// The tests choose when this process and its helpers keep a ledger;
+	// package zctipc's default (on) is tested in a program of its own.
+	os.Setenv("ZCTIPC_CLEANUP", "0")
 	code := m.Run()
 	stopDaemon(runtimeDir)
 	os.RemoveAll(runtimeDir)

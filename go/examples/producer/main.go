@@ -19,7 +19,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math"
 	"os"
 	"strconv"
 	"time"
@@ -129,12 +128,12 @@ func stream(ctx context.Context, name string, k int) error {
 	}
 	defer w.Close()
 	for i := range k {
-		frame, err := w.Look(ctx)
+		frame, err := zctipc.WriterLook[float32](ctx, w)
 		if err != nil {
 			return err
 		}
-		for j := 0; j+4 <= len(frame); j += 4 {
-			binary.LittleEndian.PutUint32(frame[j:], math.Float32bits(float32(i)))
+		for j := range frame {
+			frame[j] = float32(i)
 		}
 		if err := w.Increment(); err != nil {
 			return err
@@ -157,7 +156,11 @@ func stamped(ctx context.Context, queue string, n, k int) error {
 	}
 	for _, t := range tensors {
 		time.Sleep(2 * time.Millisecond)
-		binary.LittleEndian.PutUint64(t.Bytes(), uint64(time.Now().UnixNano()))
+		b, err := t.Bytes()
+		if err != nil {
+			return err
+		}
+		binary.LittleEndian.PutUint64(b, uint64(time.Now().UnixNano()))
 		if err := q.PutTensor(ctx, t); err != nil {
 			return err
 		}

@@ -30,7 +30,17 @@ const (
 	DataAlign             = 64
 	RefcountOffset        = 64 // int64, the only field other processes change
 	checksumOffset        = 56
+	reservedOffset        = 60 // bytes 60-63 and 72-127: zero in version 1
 )
+
+func zero(b []byte) bool {
+	for _, c := range b {
+		if c != 0 {
+			return false
+		}
+	}
+	return true
+}
 
 // Kind says what the data region of a segment holds. It is the low byte of
 // the flags word.
@@ -238,6 +248,9 @@ func Decode(buf []byte, fileSize uint64) (Header, error) {
 	}
 	if h.Kind == 0 || h.Kind > maxKind {
 		return Header{}, fmt.Errorf("%w: unknown segment kind %d", ErrCorrupt, h.Kind)
+	}
+	if !zero(buf[reservedOffset:RefcountOffset]) || !zero(buf[RefcountOffset+8:FixedSize]) {
+		return Header{}, fmt.Errorf("%w: reserved header bytes are not zero", ErrCorrupt)
 	}
 	if err := h.DType.Check(); err != nil {
 		return Header{}, err

@@ -138,6 +138,7 @@ func goldenVectors(t testing.TB) []goldenVector {
 		})),
 		bad("data_offset_unaligned", "corrupt", mutated(t, dtype.Float32, f32, func(b []byte) []byte { le.PutUint64(b[16:], 161); return reseal(b) })),
 		bad("unknown_flag_bit", "corrupt", mutated(t, dtype.Float32, f32, func(b []byte) []byte { le.PutUint32(b[8:], 1|1<<9); return reseal(b) })),
+		bad("reserved_not_zero", "corrupt", mutated(t, dtype.Float32, f32, func(b []byte) []byte { b[100] = 1; return b })),
 		bad("unknown_kind", "corrupt", mutated(t, dtype.Float32, f32, func(b []byte) []byte { le.PutUint32(b[8:], 9); return reseal(b) })),
 		bad("unknown_dtype", "dtype", mutated(t, dtype.Float32, f32, func(b []byte) []byte { le.PutUint16(b[12:], 99); return reseal(b) })),
 	}

@@ -44,6 +44,8 @@ def decode(data, file_size):
         raise FormatError("corrupt", "checksum")
     if flags & ~(0xFF | FLAG_TRACKED) or (flags & 0xFF) not in KINDS:
         raise FormatError("corrupt", "flags")
+    if any(data[60:64]) or any(data[72:128]):
+        raise FormatError("corrupt", "reserved")
     if dtype not in ITEMSIZE:
         raise FormatError("dtype", "dtype")
     shape = struct.unpack_from(f"<{ndim}q", data, FIXED)

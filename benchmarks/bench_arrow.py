@@ -10,8 +10,12 @@
           clock from just before the put to the consumer holding the array:
           a Go producer (go/examples/producer, built with the Go toolchain)
           next to a Python producer
+  rates   32-byte messages through a zctipc.Queue, per second and per
+          message, with 1 and 4 producers and consumers: Python to Python
+          (processes), Go to Go (go/examples producer and consumer,
+          goroutines) and Go to Python
 
-    python benchmarks/bench_arrow.py [--only arrow,go] [--quick] [--json PATH] [--readme README.md]
+    python benchmarks/bench_arrow.py [--only arrow,go,rates] [--quick] [--json PATH] [--readme README.md]
 """
 
 import multiprocessing
@@ -172,9 +176,9 @@ def receive_stamped(q, k):
     return samples
 
 
-def build_producer():
-    out = os.path.join(tempfile.mkdtemp(prefix="zctipc-bench-"), "producer")
-    subprocess.run(["go", "build", "-o", out, "./go/examples/producer"], cwd=ROOT, check=True)
+def build_example(name):
+    out = os.path.join(tempfile.mkdtemp(prefix="zctipc-bench-"), name)
+    subprocess.run(["go", "build", "-o", out, f"./go/examples/{name}"], cwd=ROOT, check=True)
     return out
 
 
@@ -182,7 +186,7 @@ def suite_go(args, report):
     n, k = 1 << 18, (10 if args.tiny else 50 if args.quick else 500)
     rows, base = [], None
     try:
-        producer = build_producer()
+        producer = build_example("producer")
     except (OSError, subprocess.CalledProcessError) as exc:
         report["skipped"]["go"] = f"the Go producer could not be built: {exc}"
         return f"Go producer: skipped ({report['skipped']['go']})"
@@ -205,7 +209,88 @@ def suite_go(args, report):
                           rows)
 
 
-SUITES = {"arrow": suite_arrow, "go": suite_go}
+# -- rates ---------------------------------------------------------------------------
+
+MESSAGE = b"m" * 32
+
+
+def python_burst(q, k, start):
+    start.put(time.time_ns())
+    for _ in range(k):
+        q.put(MESSAGE)
+
+
+def python_take(q, k, end):
+    for _ in range(k):
+        q.get()
+    end.put(time.time_ns())
+
+
+def burst(pair, k, n, programs):
+    """Seconds from the first producer's start to the last message taken:
+    k messages of 32 bytes, n producers and n consumers (processes for
+    Python, goroutines of one process for Go)."""
+    q = zctipc.Queue()
+    ctx = zctipc.get_context("forkserver")
+    ends, starts, procs = ctx.SimpleQueue(), ctx.SimpleQueue(), []
+    share = [k // n + (1 if i < k % n else 0) for i in range(n)]
+    if pair.endswith("Python"):
+        procs = [ctx.Process(target=python_take, args=(q, s, ends)) for s in share]
+    else:
+        consumer = subprocess.Popen([programs["consumer"], "burst", q.name, str(k), str(n)], stdout=subprocess.PIPE,
+                                    text=True)
+    for p in procs:
+        p.start()
+    time.sleep(0.5)  # the consumers wait on the empty queue
+    if pair.startswith("Python"):
+        producers = [ctx.Process(target=python_burst, args=(q, s, starts)) for s in share]
+        for p in producers:
+            p.start()
+        first = min(starts.get() for _ in producers)
+        for p in producers:
+            p.join()
+    else:
+        out = subprocess.run([programs["producer"], "burst", q.name, str(k), str(n)], capture_output=True, text=True,
+                             check=True)
+        first = int(out.stdout.split()[1])
+    if procs:
+        last = max(ends.get() for _ in procs)
+        for p in procs:
+            p.join()
+    else:
+        last = int(consumer.communicate(timeout=600)[0].split()[1])
+    q.close()
+    return (last - first) / 1e9
+
+
+RATE_PAIRS = ("Python to Python", "Go to Go", "Go to Python")
+
+
+def suite_rates(args, report):
+    k = 2_000 if args.tiny else 50_000 if args.quick else 400_000
+    try:
+        programs = {name: build_example(name) for name in ("producer", "consumer")}
+    except (OSError, subprocess.CalledProcessError) as exc:
+        report["skipped"]["rates"] = f"the Go examples could not be built: {exc}"
+        return f"Go rates: skipped ({report['skipped']['rates']})"
+    rows = []
+    for n in (1, 4):
+        base = None
+        for pair in RATE_PAIRS:
+            seconds = burst(pair, k, n, programs)
+            per_second, per_message = k / seconds, seconds / k * 1e6
+            report["rates"].append({"pair": pair, "producers": n, "consumers": n, "messages": k,
+                                    "per_second": per_second, "per_message_us": per_message})
+            base = base or per_message
+            print(f"  rates {n}/{n} {pair:<18} {per_second / 1e3:,.0f} K msg/s, {fmt_us(per_message)} per message",
+                  flush=True)
+            rows.append((f"{n}/{n}", pair, f"{per_second / 1e3:,.0f} K/s", fmt_us(per_message),
+                         fmt_ratio(base / per_message)))
+    return markdown_table(["producers/consumers", "32-byte messages through a zctipc.Queue", "rate", "per message",
+                           "x Python to Python"], rows)
+
+
+SUITES = {"arrow": suite_arrow, "go": suite_go, "rates": suite_rates}
 
 
 def render(report):
@@ -219,7 +304,7 @@ def main(argv=None):
     parser = arguments(__doc__, "arrow", SUITES)
     args = parser.parse_args(argv)
     report = {"benchmark": "arrow", "date": now(), "machine": machine(), "versions": versions("zctipc", "pyarrow"),
-              "arrow": [], "go": [], "skipped": {}, "tables": {}}
+              "arrow": [], "go": [], "rates": [], "skipped": {}, "tables": {}}
     for name in args.only.split(","):
         report["tables"][name] = SUITES[name](args, report)
     finish(report, render(report), args.json, "bench_arrow", args.readme)

@@ -61,7 +61,7 @@ def expected_cells(suite, mode):
         "handoff": {"full": 18, "quick": 12, "tiny": 6},
         "queue": {"full": 14, "quick": 14, "tiny": 14},
         "stream": {"full": 28, "quick": 28, "tiny": 28},
-        "arrow": {"full": 6, "quick": 6, "tiny": 6},
+        "arrow": {"full": 12, "quick": 12, "tiny": 12},
         "gpu": {"full": 8, "quick": 8, "tiny": 8},
     }[suite][mode]
 
@@ -140,6 +140,9 @@ def floor_rows(report):
                      f"{fmt_ratio(r['median_us'] / memcpy_us)} a memcpy"))
     for r in suites.get("arrow", {}).get("go", []):
         rows.append(("arrow", f"{r['peer']}, 1 MiB tensor", fmt_us(r["median_us"]), fmt_ratio(r["median_us"] / wake)))
+    for r in suites.get("arrow", {}).get("rates", []):
+        rows.append(("arrow", f"{r['pair']} {r['producers']}/{r['consumers']}, per message", fmt_us(r["per_message_us"]),
+                     fmt_ratio(r["per_message_us"] / wake)))
     return rows
 
 

@@ -39,6 +39,9 @@ def test_every_suite_runs_and_the_report_has_its_shape(tmp_path):
     assert {s["peer"] for s in suites["handoff"]["skipped"]} == {"ray"}
     assert {r["peer"] for r in suites["stream"]["throughput"]} == {"zctipc"}
     assert {r["peer"] for r in suites["arrow"]["arrow"]} >= {"zctipc share/attach", "pa.ipc through a pipe"}
+    assert {(r["pair"], r["producers"]) for r in suites["arrow"]["rates"]} == {
+        (pair, n) for pair in ("Python to Python", "Go to Go", "Go to Python") for n in (1, 4)}
+    assert all(r["per_second"] > 0 for r in suites["arrow"]["rates"])
     assert suites["gpu"]["skipped"] or suites["gpu"]["rows"]
     text = (tmp_path / "report.md").read_text()
     assert "Skipped pythusa: left out by ZCTIPC_BENCH_WITHOUT." in text

@@ -5,18 +5,21 @@
 //	consumer queue QUEUE        take tensors until the bytes "done"; print "tensors K sum S"
 //	consumer stream STREAM      join as a reader (print "joined"), read frames until the
 //	                            stream ends; print "frames K sum S whole W"
+//	consumer burst QUEUE K G    take K messages with G goroutines at once; print "end T",
+//	                            the wall-clock time in ns when the last was taken
 //
 // Tensors must be float32; the sum is of every element of every tensor.
 package main
 
 import (
 	"context"
-	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"math"
 	"os"
+	"strconv"
+	"sync/atomic"
+	"time"
 
 	"github.com/zctipc/zctipc/go/zctipc"
 )
@@ -41,10 +44,13 @@ func sum(t *zctipc.Tensor) (float64, error) {
 }
 
 func run(args []string) error {
-	if len(args) != 2 {
-		return fmt.Errorf("usage: consumer tensor REF_JSON | queue QUEUE | stream STREAM")
-	}
 	ctx := context.Background()
+	if len(args) == 4 && args[0] == "burst" {
+		return burst(ctx, args[1], args[2], args[3])
+	}
+	if len(args) != 2 {
+		return fmt.Errorf("usage: consumer tensor REF_JSON | queue QUEUE | stream STREAM | burst QUEUE K G")
+	}
 	switch args[0] {
 	case "tensor":
 		var ref zctipc.TensorRef
@@ -104,7 +110,7 @@ func run(args []string) error {
 		fmt.Println("joined")
 		total, n, whole := 0.0, 0, true
 		for {
-			frame, err := r.Look(ctx)
+			frame, err := zctipc.ReaderLook[float32](ctx, r)
 			if errors.Is(err, zctipc.ErrEnded) {
 				fmt.Printf("frames %d sum %g whole %t\n", n, total, whole)
 				return nil
@@ -112,10 +118,8 @@ func run(args []string) error {
 			if err != nil {
 				return err
 			}
-			first := math.Float32frombits(binary.LittleEndian.Uint32(frame))
-			for j := 0; j+4 <= len(frame); j += 4 {
-				x := math.Float32frombits(binary.LittleEndian.Uint32(frame[j:]))
-				whole = whole && x == first
+			for _, x := range frame {
+				whole = whole && x == frame[0]
 				total += float64(x)
 			}
 			if _, err := r.Increment(); err != nil {
@@ -125,4 +129,42 @@ func run(args []string) error {
 		}
 	}
 	return fmt.Errorf("unknown mode %q", args[0])
+}
+
+// burst takes k messages from the queue with g goroutines at once, and
+// prints when the last was taken.
+func burst(ctx context.Context, name, k, g string) error {
+	total, err := strconv.Atoi(k)
+	if err != nil {
+		return err
+	}
+	workers, err := strconv.Atoi(g)
+	if err != nil {
+		return err
+	}
+	q, err := zctipc.AttachQueue(name)
+	if err != nil {
+		return err
+	}
+	defer q.Close()
+	var taken atomic.Int64
+	errs := make(chan error, workers)
+	for range workers {
+		go func() {
+			for taken.Add(1) <= int64(total) {
+				if _, err := q.Get(ctx); err != nil {
+					errs <- err
+					return
+				}
+			}
+			errs <- nil
+		}()
+	}
+	for range workers {
+		if err := <-errs; err != nil {
+			return err
+		}
+	}
+	fmt.Printf("end %d\n", time.Now().UnixNano())
+	return nil
 }

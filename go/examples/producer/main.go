@@ -10,6 +10,8 @@
 //	producer stamped QUEUE N K  put K float32 tensors of N elements, 2 ms apart, each
 //	                            stamped (its first 8 bytes) with the wall-clock time in ns
 //	                            just before the put: a hand-off latency probe
+//	producer burst QUEUE K G    put K messages of 32 bytes from G goroutines at once, after
+//	                            printing "start T", the wall-clock time in ns: a rate probe
 package main
 
 import (
@@ -34,10 +36,10 @@ func main() {
 }
 
 // counts says how many counts each mode takes after its name.
-var counts = map[string]int{"tensor": 1, "queue": 2, "stamped": 2, "stream": 1}
+var counts = map[string]int{"tensor": 1, "queue": 2, "stamped": 2, "stream": 1, "burst": 2}
 
 func run(args []string) error {
-	usage := errors.New("usage: producer tensor NAME N | queue QUEUE N K | stamped QUEUE N K | stream STREAM K")
+	usage := errors.New("usage: producer tensor NAME N | queue QUEUE N K | stamped QUEUE N K | stream STREAM K | burst QUEUE K G")
 	if len(args) < 2 || counts[args[0]] != len(args)-2 {
 		return usage
 	}
@@ -57,6 +59,8 @@ func run(args []string) error {
 		return queue(ctx, args[1], n[0], n[1])
 	case "stamped":
 		return stamped(ctx, args[1], n[0], n[1])
+	case "burst":
+		return burst(ctx, args[1], n[0], n[1])
 	}
 	return stream(ctx, args[1], n[0])
 }
@@ -165,6 +169,39 @@ func stamped(ctx context.Context, queue string, n, k int) error {
 			return err
 		}
 		if err := t.Close(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// burst puts k messages of 32 bytes from g goroutines at once.
+func burst(ctx context.Context, name string, k, g int) error {
+	q, err := zctipc.AttachQueue(name)
+	if err != nil {
+		return err
+	}
+	defer q.Close()
+	msg := make([]byte, 32)
+	fmt.Printf("start %d\n", time.Now().UnixNano())
+	errs := make(chan error, g)
+	for i := range g {
+		go func() {
+			n := k / g
+			if i < k%g {
+				n++
+			}
+			for range n {
+				if err := q.PutBytes(ctx, msg); err != nil {
+					errs <- err
+					return
+				}
+			}
+			errs <- nil
+		}()
+	}
+	for range g {
+		if err := <-errs; err != nil {
 			return err
 		}
 	}

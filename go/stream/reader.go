@@ -149,28 +149,14 @@ func (r *Reader) Stats() (ReaderStats, error) {
 // ended and every frame was read. Looking again before Increment returns the
 // same slot.
 func (r *Reader) Look(deadline time.Time) (int, error) {
-	if err := r.enter(); err != nil {
-		return 0, err
-	}
-	defer r.leave()
-	return r.look(futex.Until{Deadline: deadline})
+	return r.wait(context.Background(), r.s, deadline, r.look, ErrEmpty)
 }
 
 // LookContext is Look, waiting until ctx is done: its deadline (ErrEmpty),
 // or its cancellation, which wakes the wait at once (ErrEmpty and
 // ctx.Err()).
 func (r *Reader) LookContext(ctx context.Context) (int, error) {
-	if err := r.enter(); err != nil {
-		return 0, err
-	}
-	defer r.leave()
-	u, stop := r.s.until(ctx)
-	defer stop()
-	slot, err := r.look(u)
-	if errors.Is(err, ErrEmpty) {
-		err = futex.Cause(ctx, err)
-	}
-	return slot, err
+	return r.wait(ctx, r.s, time.Time{}, r.look, ErrEmpty)
 }
 
 func (r *Reader) look(u futex.Until) (int, error) {

@@ -362,6 +362,27 @@ func (c *calls) leave() {
 	c.guard.Leave()
 }
 
+// wait runs look, a waiting call of the endpoint of s, until ctx is done
+// (its cancellation wakes s's waiters) or deadline passes (none when zero);
+// a wait that ends so says why ctx ended beside timeoutErr.
+func (c *calls) wait(ctx context.Context, s *Stream, deadline time.Time, look func(futex.Until) (int, error),
+	timeoutErr error) (int, error) {
+	if err := c.enter(); err != nil {
+		return 0, err
+	}
+	defer c.leave()
+	u, stop := s.until(ctx)
+	defer stop()
+	if !deadline.IsZero() {
+		u.Deadline = deadline
+	}
+	slot, err := look(u)
+	if errors.Is(err, timeoutErr) {
+		err = futex.Cause(ctx, err)
+	}
+	return slot, err
+}
+
 // Stats are a stream's counts.
 type Stats struct {
 	Published uint64 // frames published so far

@@ -70,28 +70,14 @@ func (s *Stream) Writer() (*Writer, error) {
 // returns ErrFull when the deadline passed, ErrEnded once the stream ended.
 // Looking again before Increment returns the same slot.
 func (w *Writer) Look(deadline time.Time) (int, error) {
-	if err := w.enter(); err != nil {
-		return 0, err
-	}
-	defer w.leave()
-	return w.look(futex.Until{Deadline: deadline})
+	return w.wait(context.Background(), w.s, deadline, w.look, ErrFull)
 }
 
 // LookContext is Look, waiting until ctx is done: its deadline (ErrFull),
 // or its cancellation, which wakes the wait at once (ErrFull and
 // ctx.Err()).
 func (w *Writer) LookContext(ctx context.Context) (int, error) {
-	if err := w.enter(); err != nil {
-		return 0, err
-	}
-	defer w.leave()
-	u, stop := w.s.until(ctx)
-	defer stop()
-	slot, err := w.look(u)
-	if errors.Is(err, ErrFull) {
-		err = futex.Cause(ctx, err)
-	}
-	return slot, err
+	return w.wait(ctx, w.s, time.Time{}, w.look, ErrFull)
 }
 
 func (w *Writer) look(u futex.Until) (int, error) {

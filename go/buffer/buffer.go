@@ -22,7 +22,8 @@ import (
 //
 // The count a Ref owns, unless it is this process's own count on a segment
 // (which package shm records), is recorded in the process's ledger while
-// the Ref holds it.
+// the Ref holds it. A Ref is one count: it is not for concurrent use, and
+// is released or sent once.
 type Ref struct {
 	seg   *shm.Segment   // a tensor segment, open in this process
 	extra bool           // seg: the ref holds a count besides this process's

@@ -19,7 +19,7 @@ const HandleSize = 64
 
 // Export describes device memory shared by legacy IPC: the handle of the
 // allocation that holds it, where the memory lies in that allocation, and
-// the event recorded after the producer's stream work.
+// the event recorded after the producer's stream work. It is a value.
 type Export struct {
 	Device int
 	Handle [HandleSize]byte // cuIpcGetMemHandle of the allocation's base

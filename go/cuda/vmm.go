@@ -14,6 +14,7 @@ import (
 
 // Allocation is device memory made with cuMemCreate (here or in another
 // process, whose file descriptor was imported), mapped in this process.
+// It is not for concurrent use: its owner frees it once.
 type Allocation struct {
 	Resident int    // the device the memory lives on
 	Device   int    // the device it is mapped for here

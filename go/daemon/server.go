@@ -89,7 +89,8 @@ type Options struct {
 	Log    io.Writer // os.Stderr when nil
 }
 
-// Server is a running daemon.
+// Server is a running daemon. It is safe for concurrent use: its
+// connections are served by goroutines of their own.
 type Server struct {
 	dir     string
 	self    proc.Identity

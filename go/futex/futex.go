@@ -97,7 +97,8 @@ const spinsBeforeYield = 64
 
 // A Seq is a sequence word that signallers bump and waiters sleep on, with
 // the count of its sleepers beside it so that a signal with nobody asleep
-// costs no system call.
+// costs no system call. It is safe for concurrent use by any number of
+// signallers and sleepers, in any processes.
 type Seq struct {
 	Word    *uint32 // bumped by every Signal
 	Waiters *uint32 // how many are asleep on Word, or about to be

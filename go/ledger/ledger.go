@@ -68,7 +68,9 @@ const (
 	eFinal   = eName + nameCap
 )
 
-// Ledger is a process's own ledger.
+// Ledger is a process's own ledger. It is safe for concurrent use: a mutex
+// guards its free entries, and entries are written with atomic stores for
+// the daemon that reads them meanwhile.
 type Ledger struct {
 	mu       sync.Mutex
 	seg      *shm.Segment

@@ -45,6 +45,10 @@ var ErrTimeout = errors.New("timed out waiting for a lock")
 //	         others may be waiting
 //	+4  u32  the holder's pid, written after state
 //	+8  u64  the holder's process start time
+//
+// It is safe for concurrent use by the goroutines of one process and by
+// processes alike: a goroutine waits for the lock another of its process
+// holds.
 type Mutex struct {
 	state      *uint32
 	ownerPID   *uint32

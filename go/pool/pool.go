@@ -139,7 +139,8 @@ func (o owned) Count() int64 {
 
 func (o owned) Unmap() error { return o.Close() }
 
-// Arena is one arena segment mapped in this process.
+// Arena is one arena segment mapped in this process. It is safe for
+// concurrent use: slots are taken and freed with atomic operations.
 type Arena struct {
 	mem      memory
 	data     []byte
@@ -227,7 +228,7 @@ func (a *Arena) inUse() int64 {
 }
 
 // Slot is one count on a slot of an arena: the holder releases it, or hands
-// it on, once.
+// it on, once. It is a value: copies name the same count.
 type Slot struct {
 	arena      *Arena
 	Index      uint32
@@ -280,7 +281,7 @@ func (s Slot) Release() error {
 	return errors.Join(err, derr)
 }
 
-// Pool is the allocator of one process.
+// Pool is the allocator of one process. It is safe for concurrent use.
 type Pool struct {
 	mu       sync.Mutex
 	arenas   [NumClasses][]*Arena

@@ -697,6 +697,8 @@ func Stat(name string) (Info, error) {
 // Mapping is a segment mapped read-write without counting this process as a
 // holder, for memory whose life other counts keep (the slots of a pool
 // arena pin their arena). Its owner unmaps it once the count reached zero.
+// Its methods are safe for concurrent use; Unmap must not race with the
+// use of Data.
 type Mapping struct{ f *file }
 
 // Map maps segment name, which must be of the given kind, without counting

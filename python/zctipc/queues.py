@@ -294,8 +294,9 @@ class Queue:
         return self.get(False)
 
     def get_many(self, max_items=1 << 30, block=True, timeout=None):
-        """Return a list of up to max_items objects, taken in one call: the
-        first waited for as get does, then those already behind it."""
+        """Return a list of up to max_items objects (and at most
+        RECORDS_PER_CALL), taken in one call into the library: the first
+        waited for as get does, then those already behind it."""
         if self._closed:
             self._check_open()
         max_items = _args.integer("max_items", max_items, 1)

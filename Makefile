@@ -10,7 +10,7 @@ PIP := $(PY) -m pip
 GO_SOURCES := $(shell find go -type f \( -name '*.go' -o -name '*.c' -o -name '*.h' \)) go.mod go.sum
 FUZZTIME ?= 30s
 
-.PHONY: install lib test vet gotest pytest demo bench fuzz golden wheel clean
+.PHONY: install lib test vet lint gotest pytest demo bench fuzz golden wheel clean
 
 install: $(VENV)/.zctipc
 
@@ -18,7 +18,7 @@ install: $(VENV)/.zctipc
 $(VENV)/.deps: constraints.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
-	$(PIP) install --quiet -c constraints.txt setuptools wheel cffi numpy pytest pytest-timeout torch pyarrow pandas polars
+	$(PIP) install --quiet -c constraints.txt setuptools wheel cffi numpy pytest pytest-timeout import-linter torch pyarrow pandas polars
 	touch $@
 
 # The package, installed editable from python/: setup.py builds
@@ -32,6 +32,12 @@ lib: install
 vet:
 	$(GO) vet ./...
 
+# The Python package's layers import only downward and no module imports in
+# a cycle (contracts in pyproject.toml); git holds no build outputs.
+lint: install
+	$(VENV)/bin/lint-imports --no-cache
+	$(PY) .ci/check_tracked.py
+
 gotest:
 	$(GO) test -race -count=1 ./...
 	@$(GO) test -count=1 -v -run Cuda ./tests/go | grep -E "no GPU|CUDA unavailable" || true
@@ -39,7 +45,7 @@ gotest:
 pytest: install
 	ZCTIPC_SOAK_SECONDS=$${ZCTIPC_SOAK_SECONDS:-20} $(PY) -m pytest -q -rs --timeout=900 tests/python
 
-test: install vet gotest pytest
+test: install vet lint gotest pytest
 
 demo: install
 	$(PY) benchmarks/demo.py

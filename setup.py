@@ -5,6 +5,7 @@ libzctipc.so, the cleanup daemon zctipcd, the cffi extension and zctipc.h
 inside the ``zctipc`` package.
 """
 
+import glob
 import os
 import re
 import shutil
@@ -54,12 +55,24 @@ class BuildGoThenExtensions(build_ext):
     def run(self):
         library = build_go_library(LIB_DIR)
         daemon = build_go_daemon(LIB_DIR)
-        super().run()
         package_dir = os.path.join("python", "zctipc") if self.inplace else os.path.join(self.build_lib, "zctipc")
         os.makedirs(package_dir, exist_ok=True)
-        shutil.copy2(library, os.path.join(package_dir, "libzctipc.so"))
-        shutil.copy2(daemon, os.path.join(package_dir, "zctipcd"))
-        shutil.copy2(HEADER, os.path.join(package_dir, "zctipc.h"))
+        # build_ext writes the extension in place; unlinked first, a process
+        # that has the old one loaded keeps it.
+        for old in glob.glob(os.path.join(package_dir, "_zctipc_cffi*")):
+            os.remove(old)
+        super().run()
+        for source, name in ((library, "libzctipc.so"), (daemon, "zctipcd"), (HEADER, "zctipc.h")):
+            install_file(source, os.path.join(package_dir, name))
+
+
+def install_file(source, target):
+    """Copy source to target by a rename: a daemon or a process running
+    the old copy keeps it (writing over it in place would fail, or change
+    the code under the process)."""
+    tmp = target + ".new"
+    shutil.copy2(source, tmp)
+    os.replace(tmp, target)
 
 
 setup(

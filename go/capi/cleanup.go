@@ -17,6 +17,7 @@ import (
 	"github.com/zctipc/zctipc/go/gc"
 	"github.com/zctipc/zctipc/go/proc"
 	"github.com/zctipc/zctipc/go/shm"
+	"github.com/zctipc/zctipc/go/usersock"
 )
 
 //export zct_set_strategy
@@ -72,10 +73,10 @@ func client() *daemon.Client {
 	if c := daemon.Current(); c != nil {
 		return c
 	}
-	if daemon.RunningPID(daemon.RuntimeDir()) == 0 {
+	if daemon.RunningPID(usersock.RuntimeDir()) == 0 {
 		return nil
 	}
-	c, err := daemon.Dial(daemon.RuntimeDir(), daemon.Launcher{}, nil)
+	c, err := daemon.Dial(usersock.RuntimeDir(), daemon.Launcher{}, nil)
 	if err != nil {
 		return nil
 	}
@@ -167,7 +168,7 @@ type daemonStatus struct {
 //export zct_daemon_status
 func zct_daemon_status(buf *C.char, capacity C.uint64_t, length *C.uint64_t) C.int {
 	return run(func() error {
-		st := daemonStatus{Dir: daemon.RuntimeDir(), Strategy: shm.CurrentStrategy().String()}
+		st := daemonStatus{Dir: usersock.RuntimeDir(), Strategy: shm.CurrentStrategy().String()}
 		if c := client(); c != nil {
 			s, err := c.Status()
 			if err != nil {

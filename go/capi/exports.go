@@ -27,6 +27,7 @@ import (
 	"github.com/zctipc/zctipc/go/header"
 	"github.com/zctipc/zctipc/go/shm"
 	"github.com/zctipc/zctipc/go/tensorref"
+	"github.com/zctipc/zctipc/go/usersock"
 	"github.com/zctipc/zctipc/go/version"
 	"golang.org/x/sys/unix"
 )
@@ -37,7 +38,7 @@ func init() {
 	// Go copied the environment when the process started; a host such as
 	// Python may have set zctipc's variables since, before loading us.
 	for _, name := range []string{shm.DirEnv, shm.MapCacheEnv, shm.StrategyEnv, shm.StallEnv,
-		daemon.RuntimeDirEnv, daemon.IdleEnv, "XDG_RUNTIME_DIR"} {
+		usersock.RuntimeDirEnv, daemon.IdleEnv, "XDG_RUNTIME_DIR"} {
 		cname := C.CString(name)
 		value := C.getenv(cname)
 		C.free(unsafe.Pointer(cname))

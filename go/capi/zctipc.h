@@ -99,6 +99,16 @@ typedef enum zct_ref_kind {
     ZCT_REF_SLOT = 2         /* a slot of a pool arena */
 } zct_ref_kind;
 
+/* Descriptor flags (zct_view.flags): the Python type a receiver rebuilds,
+   in bits 0-1, and whether the array is read-only. */
+typedef enum zct_view_flags {
+    ZCT_VIEW_NUMPY = 0,
+    ZCT_VIEW_TORCH = 1,
+    ZCT_VIEW_SHARED_TENSOR = 2,
+    ZCT_VIEW_TYPE_MASK = 3,
+    ZCT_VIEW_READONLY = 4
+} zct_view_flags;
+
 /* Queue record types. */
 typedef enum zct_record_type {
     ZCT_RECORD_PICKLE = 1,   /* a pickle that refers to its views by index */

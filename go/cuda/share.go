@@ -12,8 +12,8 @@ import (
 	"strings"
 	"sync"
 
-	"github.com/zctipc/zctipc/go/daemon"
 	"github.com/zctipc/zctipc/go/fdpass"
+	"github.com/zctipc/zctipc/go/usersock"
 	"golang.org/x/sys/unix"
 )
 
@@ -23,6 +23,46 @@ import (
 // allocation's descriptor (SCM_RIGHTS) with its size and device, or an
 // error. Peers of another uid are refused (SO_PEERCRED). A share name is
 // "<pid>-<32 hex digits>": it says which process to ask.
+
+// Note [VMM descriptors are served by their exporter, not by zctipcd]
+//
+// The daemon already brokers descriptors (memfd segments; see broker.go
+// in package daemon), yet VMM allocations have a server of their own. They
+// stay here because the broker could not tell when to let a VMM descriptor
+// go, and a descriptor held too long holds GPU memory:
+//
+//   - The broker keeps a descriptor until the count in the segment's own
+//     header reaches zero: it maps the segment when it is put (shm.MapFD)
+//     and reads that count on every tick and on drop. It takes nothing
+//     else: put wants a sealed memfd with a zctipc header whose creator is
+//     the peer. A VMM allocation has no header and no shared count; who
+//     holds it is known only to the CUDA driver in each process (the
+//     handles and mappings that Free releases), and the daemon loads no
+//     CUDA.
+//   - A descriptor from cuMemExportToShareableHandle is itself a reference
+//     to the allocation: the driver frees the memory only once every handle
+//     on it, exported ones included, is released (cuMemRelease's documented
+//     rule). A copy kept by the daemon would keep the GPU memory allocated
+//     after its exporter freed it or died, for as long as the daemon kept
+//     it, and by the first point the daemon has no sign to stop on.
+//   - Here no descriptor outlives a request: serve exports a fresh one
+//     (ExportFD), sends it and closes it. A name can be fetched only while
+//     its exporter lives and shares it: Unshare, called before Free, takes
+//     the name away; StopSharing closes the socket before exit; and the
+//     listener of an exporter that was killed dies with it, so Fetch then
+//     fails with ErrNotShared. An importer holds only what it imported,
+//     and its own Free releases that.
+//   - Sharing VMM memory needs no daemon: it works with crash cleanup off
+//     or no zctipcd running. Through the broker it would not, and a missing
+//     or wedged daemon would stop the GPU data path, not only cleanup.
+//   - The reply here carries the allocation's size and resident device,
+//     which Import needs; the broker's reply to get carries a descriptor
+//     and nothing else.
+//
+// Moving these descriptors to the daemon would make it the owner of GPU
+// memory lifetime that it cannot observe, and the change could be tested
+// only on a GPU (the VMM tests in tests/go/cuda_test.go skip without one).
+// So the export window stays tied to the exporter's life.
 
 // ErrNotShared means no live process shares an allocation by that name.
 var ErrNotShared = fmt.Errorf("no such shared CUDA allocation: %w", unix.ENOENT)
@@ -40,7 +80,7 @@ var (
 )
 
 func socketPath(pid int) string {
-	return filepath.Join(daemon.RuntimeDir(), "cuda-"+strconv.Itoa(pid)+".sock")
+	return filepath.Join(usersock.RuntimeDir(), "cuda-"+strconv.Itoa(pid)+".sock")
 }
 
 // Share makes the allocation fetchable by other processes of this user and
@@ -99,8 +139,8 @@ func startServer() (*server, error) {
 	if serving != nil {
 		return serving, nil
 	}
-	dir := daemon.RuntimeDir()
-	if err := daemon.EnsureDir(dir); err != nil {
+	dir := usersock.RuntimeDir()
+	if err := usersock.EnsureDir(dir); err != nil {
 		return nil, err
 	}
 	path := socketPath(os.Getpid())
@@ -130,7 +170,7 @@ func (s *server) accept() {
 
 func (s *server) serve(c *net.UnixConn) {
 	defer c.Close()
-	if _, err := daemon.PeerOf(c); err != nil {
+	if _, err := usersock.PeerOf(c); err != nil {
 		_ = fdpass.Send(c, []byte("error: "+err.Error()))
 		return
 	}

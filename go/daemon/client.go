@@ -16,6 +16,7 @@ import (
 	"github.com/zctipc/zctipc/go/gc"
 	"github.com/zctipc/zctipc/go/ledger"
 	"github.com/zctipc/zctipc/go/shm"
+	"github.com/zctipc/zctipc/go/usersock"
 	"github.com/zctipc/zctipc/go/version"
 	"golang.org/x/sys/unix"
 )
@@ -74,7 +75,7 @@ func (c *Client) DaemonPID() int64 {
 // connect reaches the daemon, starting it when needed, and says hello. The
 // caller holds c.mu.
 func (c *Client) connect() error {
-	if err := EnsureDir(c.dir); err != nil {
+	if err := usersock.EnsureDir(c.dir); err != nil {
 		return err
 	}
 	path := filepath.Join(c.dir, SocketName)
@@ -310,7 +311,7 @@ func Enable(l Launcher) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	c, err := Dial(RuntimeDir(), l, led)
+	c, err := Dial(usersock.RuntimeDir(), l, led)
 	if err != nil {
 		return nil, err
 	}

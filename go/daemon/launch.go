@@ -11,6 +11,7 @@ import (
 	"syscall"
 
 	"github.com/zctipc/zctipc/go/shm"
+	"github.com/zctipc/zctipc/go/usersock"
 	"golang.org/x/sys/unix"
 )
 
@@ -61,7 +62,7 @@ func Main(args []string) int {
 		os.Setenv(shm.DirEnv, *shmDir)
 	}
 	if *dir == "" {
-		*dir = RuntimeDir()
+		*dir = usersock.RuntimeDir()
 	}
 	if *detach {
 		if err := detached(*dir, args); err != nil {

@@ -22,38 +22,45 @@ zctipc also stands in for multiprocessing (``import zctipc as
 multiprocessing``), with forkserver as its start method.
 
 Importing zctipc loads no native code: the Go library is loaded on first use.
+
+The package is three layers, each importing only those below it (checked
+by import-linter, ``make lint``): the core (``zctipc._core``: the native
+library, dtypes, layout, waiting, memory and views, the pool, segments),
+the wire (``zctipc._wire``: exports, the queue pickler, the ForkingPickler
+reducers, the Arrow and CUDA codecs), and the user API in the modules below.
 """
 
-from . import arrow, cleanup, context, cuda, errors, pipeline, pool, queues, reductions, streams, tensor
+from . import arrow, buffers, context, cuda, errors, events, pipeline, queues, strategy, streams, tensor
+from ._core import memory as _memory
+from ._core import native as _native
+from ._wire import reducers as _reducers
+from ._wire.reducers import init_reductions, init_torch_reductions, is_shared
 from .arrow import *  # noqa: F401,F403
-from .cleanup import *  # noqa: F401,F403
+from .buffers import *  # noqa: F401,F403
 from .errors import *  # noqa: F401,F403  (each name is in errors.__all__)
 from .pipeline import *  # noqa: F401,F403
-from .pool import *  # noqa: F401,F403
 from .queues import DEFAULT_MAX_BYTES
-from .reductions import *  # noqa: F401,F403
+from .strategy import *  # noqa: F401,F403
 from .streams import *  # noqa: F401,F403
 from .tensor import *  # noqa: F401,F403  (each name is in tensor.__all__)
-from .tensor import list_segments
 
 # The multiprocessing names, for ``import zctipc as multiprocessing``:
 # Process, Queue, SimpleQueue, JoinableQueue, Pool, Pipe, Lock, Event, ...
 # (context.MULTIPROCESSING_NAMES lists them all).
 globals().update(context.namespace())
 
-reductions.init_reductions()
+# zctipc's reducers go into ForkingPickler now, and its torch reducer once
+# zctipc first makes a torch view.
+init_reductions()
+_memory.when_torch_is_met(_reducers.init_torch_reductions)
 
-try:
-    from importlib.metadata import PackageNotFoundError, version as _version
-
-    __version__ = _version("zctipc")  # set from go/version/version.go at build time
-except PackageNotFoundError:  # running from a source tree that was never installed
-    __version__ = "0+unknown"
+__version__ = _native.package_version()
 
 #: The name zero-copy-tensor-ipc used for list_segments.
-list_active_segments = list_segments
+list_active_segments = list_segments  # noqa: F405
 
-__all__ = (tensor.__all__ + pool.__all__ + reductions.__all__ + cleanup.__all__ + streams.__all__ + pipeline.__all__
-           + arrow.__all__
-           + ["list_active_segments", "DEFAULT_MAX_BYTES"]
-           + context.MULTIPROCESSING_NAMES + errors.__all__)
+__all__ = sorted(set(
+    tensor.__all__ + buffers.__all__ + strategy.__all__ + streams.__all__ + pipeline.__all__ + arrow.__all__
+    + ["init_reductions", "init_torch_reductions", "is_shared", "list_active_segments", "DEFAULT_MAX_BYTES"]
+    + context.MULTIPROCESSING_NAMES + errors.__all__
+))

@@ -8,7 +8,8 @@ import resource
 import sys
 import time
 
-from . import _native, cleanup, tensor
+from . import strategy, tensor
+from ._core import native as _native
 
 # Below this, /dev/shm is too small for real tensors (Docker's default is 64 MB).
 SMALL_SHM = 1 << 30
@@ -60,7 +61,7 @@ def _ls(args):
 
 
 def _gc(args):
-    report = cleanup.collect_garbage(dry_run=args.dry_run)
+    report = strategy.collect_garbage(dry_run=args.dry_run)
     if args.json:
         print(json.dumps(report, indent=2))
         return 0
@@ -110,13 +111,11 @@ def _bench(argv):
 def _diagnose():
     """What doctor reports, as a dict of readable strings (and a list of
     warnings)."""
-    from . import __version__
-
     lib = _native.lib()
     ffi = _native.ffi()
     warnings = []
     out = {
-        "zctipc": __version__,
+        "zctipc": _native.package_version(),
         "libzctipc": f"{ffi.string(lib.zct_version()).decode()} (C ABI {lib.zct_abi_version()})",
         "python": sys.version.split()[0],
     }
@@ -138,7 +137,7 @@ def _diagnose():
         warnings.append(f"the open-files limit is {soft}: the file_descriptor strategy needs one per segment "
                         "a process receives at once; raise it with ulimit -n")
     out["huge pages"] = _huge_pages()
-    status = cleanup.daemon_status()
+    status = strategy.daemon_status()
     if status["running"]:
         s = status["status"]
         out["cleanup daemon"] = (f"running, pid {s['pid']}, {len(s['clients'] or [])} processes watched, "

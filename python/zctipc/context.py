@@ -13,6 +13,9 @@ import multiprocessing
 import multiprocessing.pool
 from multiprocessing import context as _mpcontext
 
+from .events import Event
+from .queues import DEFAULT_MAX_BYTES, JoinableQueue, Queue, SimpleQueue
+
 __all__ = ["get_context", "ForkServerContext", "SpawnContext", "DefaultContext", "DEFAULT_START_METHOD"]
 
 DEFAULT_START_METHOD = "forkserver"
@@ -22,23 +25,15 @@ class _ZctipcContext:
     """What zctipc's contexts change in multiprocessing's."""
 
     def Queue(self, maxsize=0, *, max_bytes=None):
-        from .queues import DEFAULT_MAX_BYTES, Queue
-
         return Queue(maxsize, max_bytes=max_bytes or DEFAULT_MAX_BYTES, ctx=self)
 
     def JoinableQueue(self, maxsize=0, *, max_bytes=None):
-        from .queues import DEFAULT_MAX_BYTES, JoinableQueue
-
         return JoinableQueue(maxsize, max_bytes=max_bytes or DEFAULT_MAX_BYTES, ctx=self)
 
     def SimpleQueue(self, *, max_bytes=None):
-        from .queues import DEFAULT_MAX_BYTES, SimpleQueue
-
         return SimpleQueue(max_bytes=max_bytes or DEFAULT_MAX_BYTES, ctx=self)
 
     def Event(self):
-        from .streams import Event
-
         return Event(ctx=self)
 
     def Pool(self, processes=None, initializer=None, initargs=(), maxtasksperchild=None):
@@ -141,9 +136,6 @@ MULTIPROCESSING_NAMES = [
 
 def namespace():
     """The objects of MULTIPROCESSING_NAMES, as zctipc exports them."""
-    from .queues import JoinableQueue, Queue, SimpleQueue
-    from .streams import Event
-
     names = {name: getattr(_default, name) for name in MULTIPROCESSING_NAMES}
     names.update(Queue=Queue, SimpleQueue=SimpleQueue, JoinableQueue=JoinableQueue, Event=Event, Process=Process)
     return names

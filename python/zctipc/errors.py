@@ -25,6 +25,8 @@ __all__ = [
     "StreamBusy",
     "StreamEnded",
     "ZctipcOSError",
+    "CorruptTable",
+    "PipelineError",
 ]
 
 
@@ -120,3 +122,17 @@ class StreamEnded(ZctipcError, EOFError):
 
 class ZctipcOSError(ZctipcError, OSError):
     """Another operating-system error, with its ``errno``."""
+
+
+class CorruptTable(ZctipcError, ValueError):
+    """A shared buffer does not hold a whole, valid Arrow IPC stream."""
+
+
+class PipelineError(ZctipcError, RuntimeError):
+    """A task of a pipeline raised or died; the message holds its traceback,
+    ``task`` names the task and ``traceback`` holds the traceback's text."""
+
+    def __init__(self, message, task=None, traceback=None):
+        super().__init__(message)
+        self.task = task
+        self.traceback = traceback

@@ -32,9 +32,10 @@ import time
 import traceback
 
 from . import context
-from .errors import StreamEnded, ZctipcError
+from .errors import PipelineError, StreamEnded
+from .events import Event
 from .queues import SimpleQueue
-from .streams import Event, Stream
+from .streams import Stream
 
 __all__ = ["Pipeline", "PipelineError"]
 
@@ -42,15 +43,6 @@ __all__ = ["Pipeline", "PipelineError"]
 STOP_TIMEOUT = 5.0
 # How long tasks may take to start and join their streams.
 START_TIMEOUT = 60.0
-
-
-class PipelineError(ZctipcError, RuntimeError):
-    """A task of a pipeline raised or died; the message holds its traceback."""
-
-    def __init__(self, message, task=None, traceback=None):
-        super().__init__(message)
-        self.task = task
-        self.traceback = traceback
 
 
 class _Task:

@@ -2,7 +2,7 @@
 JoinableQueue, over a ring in shared memory.
 
 Objects are pickled (protocol 5) with NumPy arrays, CPU torch tensors and
-SharedTensors out of band (see zctipc.reductions): what is already zctipc
+SharedTensors out of band (see zctipc._wire.pickler): what is already zctipc
 memory crosses as a descriptor; other buffers are copied once into this
 process's pool. The receiver gets views of shared memory.
 
@@ -19,9 +19,9 @@ import time
 import weakref
 from multiprocessing import context as _mpcontext
 
-from . import _args, _native, reductions
+from ._core import args, native, wait
+from ._wire import exports, pickler
 from .errors import HandleClosed
-from .pool import wait_slices
 
 __all__ = ["Queue", "SimpleQueue", "JoinableQueue", "DEFAULT_MAX_BYTES"]
 
@@ -35,31 +35,12 @@ _HEADER = 16  # bytes of a record header; a descriptor is at most 32 + 16*32 + 2
 RECORDS_PER_CALL = 256
 
 
-class _Oversized:
-    """An object whose pickle alone fills a run: it is put by itself."""
-
-    __slots__ = ("obj",)
-
-    def __init__(self, obj):
-        self.obj = obj
-
-
-class _Failed:
-    """An object whose pickling raised: raised again once the objects
-    before it are in the queue."""
-
-    __slots__ = ("exc",)
-
-    def __init__(self, exc):
-        self.exc = exc
-
-
 class _Scratch(threading.local):
     """Per-thread buffers for taking messages; args holds them in the order
     zct_queue_get takes them after the timeout."""
 
     def __init__(self):
-        ffi = _native.ffi()
+        ffi = native.ffi()
         self.typ = ffi.new("int32_t *")
         self.off = ffi.new("uint64_t *")
         self.plen = ffi.new("uint64_t *")
@@ -71,7 +52,7 @@ class _Scratch(threading.local):
         self.resize(64 << 10, 16)
 
     def resize(self, cap, vcap):
-        ffi = _native.ffi()
+        ffi = native.ffi()
         self.cap, self.vcap = cap, vcap
         # The record lands in a bytearray, which Python reads without cffi.
         self.raw = bytearray(cap)
@@ -90,35 +71,35 @@ class Queue:
     """
 
     def __init__(self, maxsize=0, *, max_bytes=DEFAULT_MAX_BYTES, ctx=None):
-        maxsize = _args.integer("maxsize", maxsize, high=1 << 30)  # 0 or less: no bound, as multiprocessing's
-        max_bytes = _args.integer("max_bytes", max_bytes, 4096, 1 << 30)
-        ffi, lib = _native.ffi(), _native.lib()
+        maxsize = args.integer("maxsize", maxsize, high=1 << 30)  # 0 or less: no bound, as multiprocessing's
+        max_bytes = args.integer("max_bytes", max_bytes, 4096, 1 << 30)
+        ffi, lib = native.ffi(), native.lib()
         handle = ffi.new("zct_handle *")
-        _native.check(lib.zct_queue_create(ffi.NULL, max_bytes, max(maxsize, 0), handle))
+        native.check(lib.zct_queue_create(ffi.NULL, max_bytes, max(maxsize, 0), handle))
         self._setup(handle[0])
 
     def _setup(self, handle):
-        ffi, lib = _native.ffi(), _native.lib()
+        ffi, lib = native.ffi(), native.lib()
         name = ffi.new("char[]", 256)
         capacity = ffi.new("uint64_t *")
         maxsize = ffi.new("uint64_t *")
-        _native.check(lib.zct_queue_describe(handle, name, 256, capacity, maxsize))
+        native.check(lib.zct_queue_describe(handle, name, 256, capacity, maxsize))
         self._handle = handle
         self._name = ffi.string(name).decode()
         self._capacity = capacity[0]
         self._maxsize = maxsize[0]
         self._closed = False
         self._scratch = _Scratch()
-        self._finalizer = weakref.finalize(self, _native.finalize, "zct_queue_close", handle, "closing a queue")
+        self._finalizer = weakref.finalize(self, native.finalize, "zct_queue_close", handle, "closing a queue")
 
     @classmethod
     def attach(cls, name, _adopt=False):
         """Open the queue ``name`` that another process made (a Go program,
         say: zctipc.NewQueue), by its full segment name. (A child process
         that unpickles a queue takes over the count its parent added.)"""
-        ffi, lib = _native.ffi(), _native.lib()
+        ffi, lib = native.ffi(), native.lib()
         handle = ffi.new("zct_handle *")
-        _native.check(lib.zct_queue_attach(name.encode(), int(_adopt), handle))
+        native.check(lib.zct_queue_attach(name.encode(), int(_adopt), handle))
         q = cls.__new__(cls)
         q._setup(handle[0])
         return q
@@ -139,8 +120,8 @@ class Queue:
         _mpcontext.assert_spawning(self)
         self._check_open()
         # The child takes over this count when it attaches (Note [counts in
-        # flight] in zctipc.reductions).
-        _native.check(_native.lib().zct_queue_addref(self._handle))
+        # flight] in zctipc._wire.pickler).
+        native.check(native.lib().zct_queue_addref(self._handle))
         return _rebuild_queue, (type(self), self._name)
 
     # -- putting --------------------------------------------------------------
@@ -151,22 +132,22 @@ class Queue:
         if self._closed:
             self._check_open()
         if timeout is not None:
-            timeout = _args.timeout(timeout)
-        lib = _native.lib()
+            timeout = args.timeout(timeout)
+        lib = native.lib()
         t = type(obj)
         if t is bytes:
-            payload, exports, typ = obj, [], lib.ZCT_RECORD_BYTES
-        elif t in reductions.BARE and (e := reductions.export_bare(obj, block, timeout)) is not None:
+            payload, buffers, typ = obj, [], lib.ZCT_RECORD_BYTES
+        elif t in exports.BARE and (e := exports.export_bare(obj, block, timeout)) is not None:
             # A bare array, tensor or SharedTensor: a tensor record, no pickle.
-            payload, exports, typ = b"", [e], lib.ZCT_RECORD_TENSOR
+            payload, buffers, typ = b"", [e], lib.ZCT_RECORD_TENSOR
         else:
-            payload, exports = self._dumps(obj, block, timeout)
+            payload, buffers = self._dumps(obj, block, timeout)
             typ = lib.ZCT_RECORD_PICKLE
-        if not exports and len(payload) + _HEADER <= self._capacity:
+        if not buffers and len(payload) + _HEADER <= self._capacity:
             # Fast path: one try without waiting; the loop below waits.
             if lib.zct_queue_put(self._handle, typ, payload, len(payload), lib.NULL_VIEWS, 0, 0) == 0:
                 return
-        self._put(typ, payload, exports, block, timeout)
+        self._put(typ, payload, buffers, block, timeout)
 
     def put_nowait(self, obj):
         return self.put(obj, False)
@@ -178,9 +159,9 @@ class Queue:
         the objects before the one that did not fit are in the queue."""
         if self._closed:
             self._check_open()
-        timeout = _args.timeout(timeout)
+        timeout = args.timeout(timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
-        p = reductions.pickler()
+        p = pickler.pickler()
         # Pickle a run of objects into one buffer, one after another, until
         # one has out-of-band buffers (it goes on its own) or the run would
         # not fit in the queue.
@@ -193,51 +174,48 @@ class Queue:
                 self._put_batch(payloads, ends, block, deadline)
             if single is None:
                 return
-            obj, payload, exports = single
-            if type(obj) is _Oversized:
+            obj, payload, buffers = single
+            if type(obj) is pickler.Oversized:
                 pending = obj.obj  # alone, in the next run
                 continue
-            if type(obj) is _Failed:
+            if type(obj) is pickler.Failed:
                 raise obj.exc
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            self._put(_native.lib().ZCT_RECORD_PICKLE, payload, exports, block, left)
+            self._put(native.lib().ZCT_RECORD_PICKLE, payload, buffers, block, left)
 
     def _put_batch(self, data, ends, block, deadline):
         """Put pickled payloads with no buffers (data, split at ends), in as
         few calls as they fit."""
-        ffi, lib = _native.ffi(), _native.lib()
+        ffi, lib = native.ffi(), native.lib()
         buf = ffi.from_buffer(data)
         written = ffi.new("int32_t *")
         done, count, base = 0, len(ends), 0
         timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
         while done < count:
             rest = ends if done == 0 else [e - base for e in ends[done:]]
-            status = _native.E_FULL
-            for ms in wait_slices(block, timeout):
-                status = lib.zct_queue_put_many(self._handle, lib.ZCT_RECORD_PICKLE, buf + base, rest, count - done, ms,
-                                                written)
-                if status not in (_native.E_FULL, _native.E_INTERRUPTED):
-                    break
-            _native.check(status)
+            status = wait.retry(lambda ms: lib.zct_queue_put_many(self._handle, lib.ZCT_RECORD_PICKLE, buf + base, rest,
+                                                                  count - done, ms, written),
+                                native.E_FULL, block, timeout)
+            native.check(status)
             done += written[0]
             base = ends[done - 1]
             timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
 
     @staticmethod
     def _dumps(obj, block, timeout):
-        return reductions.pickler().dumps(obj, block, timeout)
+        return pickler.pickler().dumps(obj, block, timeout)
 
-    def _put(self, typ, payload, exports, block, timeout):
-        ffi, lib = _native.ffi(), _native.lib()
-        n = len(exports)
+    def _put(self, typ, payload, buffers, block, timeout):
+        ffi, lib = native.ffi(), native.lib()
+        n = len(buffers)
         if n == 1 and len(payload) + _HEADER + 1024 <= self._capacity:
             # Fast path for one buffer (a bare array): one try without waiting.
             view = self._scratch.put_view
-            exports[0].fill(view)
+            buffers[0].fill(view)
             if lib.zct_queue_put(self._handle, typ, payload, len(payload), view, 1, 0) == 0:
                 return
         if len(payload) + _HEADER > self._capacity:
-            self._release(exports)
+            self._release(buffers)
             raise ValueError(
                 f"the object pickles to {len(payload)} bytes, more than this queue takes "
                 f"(max_bytes={self._capacity}); make the queue with a larger max_bytes"
@@ -245,24 +223,21 @@ class Queue:
         views = ffi.NULL
         if n:
             views = ffi.new("zct_view[]", n)
-            for i, e in enumerate(exports):
+            for i, e in enumerate(buffers):
                 e.fill(views[i])
-        status = _native.E_FULL
         try:
-            for ms in wait_slices(block, timeout):
-                status = lib.zct_queue_put(self._handle, typ, payload, len(payload), views, n, ms)
-                if status not in (_native.E_FULL, _native.E_INTERRUPTED):
-                    break
+            status = wait.retry(lambda ms: lib.zct_queue_put(self._handle, typ, payload, len(payload), views, n, ms),
+                                native.E_FULL, block, timeout)
         except BaseException:  # Ctrl-C between slices: the refs are still ours
-            self._release(exports)
+            self._release(buffers)
             raise
         if status != 0:
-            self._release(exports)
-            _native.check(status)
+            self._release(buffers)
+            native.check(status)
 
     @staticmethod
-    def _release(exports):
-        for e in exports:
+    def _release(buffers):
+        for e in buffers:
             e.release()
 
     # -- getting --------------------------------------------------------------
@@ -273,21 +248,24 @@ class Queue:
         if self._closed:
             self._check_open()
         if timeout is not None:
-            timeout = _args.timeout(timeout)
-        get = _native.lib().zct_queue_get
+            timeout = args.timeout(timeout)
+        get = native.lib().zct_queue_get
         s = self._scratch
-        # Fast path: one try without waiting; the loop below waits.
+        # Fast path: one try without waiting.
         status = get(self._handle, s.buf, s.cap, 0, *s.args)
         if status != 0:
-            for ms in wait_slices(block, timeout):
-                if status == _native.E_RANGE:
-                    s.resize(max(s.cap, s.plen[0]), max(s.vcap, s.nviews[0]))
-                elif status not in (_native.E_EMPTY, _native.E_INTERRUPTED):
-                    break
-                status = get(self._handle, s.buf, s.cap, ms, *s.args)
-                if status == 0:
-                    break
-            _native.check(status)
+            def attempt(ms):
+                while True:
+                    status = get(self._handle, s.buf, s.cap, ms, *s.args)
+                    if status != native.E_RANGE:
+                        return status
+                    s.resize(max(s.cap, s.plen[0]), max(s.vcap, s.nviews[0]))  # and take it at once
+
+            if status == native.E_RANGE:
+                status = attempt(0)
+            if status == native.E_EMPTY and block:
+                status = wait.retry(attempt, native.E_EMPTY, block, timeout)
+            native.check(status)
         return self._decode(s)
 
     def get_nowait(self):
@@ -299,19 +277,20 @@ class Queue:
         waited for as get does, then those already behind it."""
         if self._closed:
             self._check_open()
-        max_items = _args.integer("max_items", max_items, 1)
-        lib = _native.lib()
+        max_items = args.integer("max_items", max_items, 1)
+        lib = native.lib()
         s = self._scratch
         records, filled, recs = s.records, s.filled, s.recs
-        status = _native.E_EMPTY
-        for ms in wait_slices(block, timeout):
-            status = lib.zct_queue_get_many(self._handle, s.buf, s.cap, min(max_items, RECORDS_PER_CALL), ms,
-                                            records, recs, filled, s.views, s.vcap, s.nviews)
-            if status == _native.E_RANGE:
-                s.resize(max(s.cap, filled[0]), max(s.vcap, s.nviews[0]))
-            elif status not in (_native.E_EMPTY, _native.E_INTERRUPTED):
-                break
-        _native.check(status)
+
+        def attempt(ms):
+            while True:
+                status = lib.zct_queue_get_many(self._handle, s.buf, s.cap, min(max_items, RECORDS_PER_CALL), ms,
+                                                records, recs, filled, s.views, s.vcap, s.nviews)
+                if status != native.E_RANGE:
+                    return status
+                s.resize(max(s.cap, filled[0]), max(s.vcap, s.nviews[0]))  # and take it at once
+
+        native.check(wait.retry(attempt, native.E_EMPTY, block, timeout))
         out = []
         append, mem, views = out.append, s.mem, s.views
         pickle_type, tensor_type = lib.ZCT_RECORD_PICKLE, lib.ZCT_RECORD_TENSOR
@@ -330,9 +309,9 @@ class Queue:
                 else:
                     append(bytes(mem[off : off + r.payload_len]))
             elif typ == tensor_type:
-                append(reductions.build(views[v]))
+                append(exports.build(views[v]))
             else:
-                append(reductions.loads(mem[off : off + r.payload_len], [views[v + k] for k in range(nviews)], nviews))
+                append(pickler.loads(mem[off : off + r.payload_len], [views[v + k] for k in range(nviews)], nviews))
             v += nviews
         return out
 
@@ -340,20 +319,20 @@ class Queue:
     def _decode(s):
         # What zct_queue_get said of the record it took.
         typ, nviews, off, plen = s.typ[0], s.nviews[0], s.off[0], s.plen[0]
-        lib = _native.lib()
+        lib = native.lib()
         if typ == lib.ZCT_RECORD_TENSOR:
-            return reductions.build(s.views[0])
+            return exports.build(s.views[0])
         data = s.mem[off : off + plen]
         if nviews == 0:
             return bytes(data) if typ == lib.ZCT_RECORD_BYTES else pickle.loads(data)
-        return reductions.loads(data, s.views, nviews)
+        return pickler.loads(data, s.views, nviews)
 
     # -- state ------------------------------------------------------------------
 
     def _counts(self):
-        ffi = _native.ffi()
+        ffi = native.ffi()
         items = ffi.new("int64_t[2]")
-        _native.check(_native.lib().zct_queue_len(self._handle, items, items + 1))
+        native.check(native.lib().zct_queue_len(self._handle, items, items + 1))
         return items[0], items[1]
 
     def _qsize(self):
@@ -402,20 +381,16 @@ class JoinableQueue(Queue):
         """Mark one message taken from the queue as done; ValueError when
         called more often than messages were put."""
         self._check_open()
-        status = _native.lib().zct_queue_task_done(self._handle)
-        if status == _native.E_INVALID:
+        status = native.lib().zct_queue_task_done(self._handle)
+        if status == native.E_INVALID:
             raise ValueError("task_done() called too many times")
-        _native.check(status)
+        native.check(status)
 
     def join(self):
         """Wait until every message put was marked done."""
         self._check_open()
-        lib = _native.lib()
-        for ms in wait_slices(True, None):
-            status = lib.zct_queue_join(self._handle, ms)
-            if status not in (_native.E_FULL, _native.E_INTERRUPTED):
-                _native.check(status)
-                return
+        lib = native.lib()
+        native.check(wait.retry(lambda ms: lib.zct_queue_join(self._handle, ms), native.E_FULL))
 
 
 class SimpleQueue(Queue):

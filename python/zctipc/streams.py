@@ -28,12 +28,11 @@ import weakref
 
 import numpy as np
 
-from . import _args, _dtypes, _native, _views
+from ._core import args, dtypes, layout, memory, native, wait
 from .errors import HandleClosed, InvalidArgument, UnsupportedDtype
-from .pool import wait_slices
-from .tensor import _cname, _is_torch_tensor, _shape_tuple
+from .events import Event  # offered here too, where it was first
 
-__all__ = ["Stream", "StreamWriter", "StreamReader", "Event"]
+__all__ = ["Event", "Stream", "StreamWriter", "StreamReader"]
 
 POLICIES = ("block", "overwrite")
 
@@ -68,44 +67,44 @@ class Stream:
         """
         if policy not in POLICIES:
             raise InvalidArgument(f"unknown stream policy {policy!r}; the policies are {', '.join(POLICIES)}")
-        frames = _args.integer("frames", frames, 2, 1 << 20)
-        readers = _args.integer("readers", readers, 1, 64)
+        frames = args.integer("frames", frames, 2, 1 << 20)
+        readers = args.integer("readers", readers, 1, 64)
         timeout_ms = 0
         if reader_timeout is not None:
-            reader_timeout = _args.timeout(reader_timeout, "reader_timeout")
+            reader_timeout = args.timeout(reader_timeout, "reader_timeout")
             if not 0 < reader_timeout < (1 << 32) / 1000:
                 raise InvalidArgument(f"reader_timeout must be positive seconds (below 49 days) or None, "
                                       f"not {reader_timeout!r}")
             timeout_ms = max(1, round(reader_timeout * 1000))
-        dims = _shape_tuple(shape)
-        code = _dtypes.code_of(dtype)
-        ffi, lib = _native.ffi(), _native.lib()
+        dims = layout.shape_tuple(shape)
+        code = dtypes.code_of(dtype)
+        ffi, lib = native.ffi(), native.lib()
         handle = ffi.new("zct_handle *")
         info = ffi.new("zct_stream_info *")
-        cname = ffi.NULL if name is None else _cname(name)
-        _native.check(lib.zct_stream_create(cname, code, len(dims), ffi.new("int64_t[]", dims) if dims else ffi.NULL,
+        cname = ffi.NULL if name is None else layout.segment_name(name)
+        native.check(lib.zct_stream_create(cname, code, len(dims), ffi.new("int64_t[]", dims) if dims else ffi.NULL,
                                             frames, readers, POLICIES.index(policy), timeout_ms, handle, info))
         return cls._wrap(handle[0], info)
 
     @classmethod
     def attach(cls, name):
         """Open the stream ``name`` (with or without the prefix)."""
-        ffi, lib = _native.ffi(), _native.lib()
+        ffi, lib = native.ffi(), native.lib()
         handle = ffi.new("zct_handle *")
         info = ffi.new("zct_stream_info *")
-        _native.check(lib.zct_stream_attach(_cname(name), handle, info))
+        native.check(lib.zct_stream_attach(layout.segment_name(name), handle, info))
         return cls._wrap(handle[0], info)
 
     @classmethod
     def _wrap(cls, handle, info):
-        ffi = _native.ffi()
+        ffi = native.ffi()
         self = object.__new__(cls)
         self._handle = handle
         self._info = info
         self._name = ffi.string(info.name).decode()
         self._shape = tuple(info.shape[0:info.ndim])
         self._code = info.dtype
-        self._memory = _views.owner(info.data, "zct_stream_close", handle, "closing a stream")
+        self._memory = memory.owner(info.data, "zct_stream_close", handle, "closing a stream")
         self._frames_rw = self._frames_ro = None
         self._closed = False
         return self
@@ -125,7 +124,7 @@ class Stream:
     @property
     def dtype(self):
         """The NumPy dtype of a frame (``'bfloat16'`` when NumPy cannot say it)."""
-        return _dtypes.public_dtype(self._code)
+        return dtypes.public_dtype(self._code)
 
     @property
     def frames(self):
@@ -151,10 +150,10 @@ class Stream:
         return self._info.frame_bytes
 
     def _stats(self):
-        ffi = _native.ffi()
+        ffi = native.ffi()
         published, dropped = ffi.new("uint64_t *"), ffi.new("uint64_t *")
         readers, ended = ffi.new("int32_t *"), ffi.new("int32_t *")
-        _native.check(_native.lib().zct_stream_stats(self._live(), published, dropped, readers, ended))
+        native.check(native.lib().zct_stream_stats(self._live(), published, dropped, readers, ended))
         return published[0], dropped[0], readers[0], bool(ended[0])
 
     @property
@@ -178,7 +177,7 @@ class Stream:
 
     def __repr__(self):
         state = "closed" if self._closed else f"published={self.published}"
-        return (f"<Stream {self._name!r} frames={self.frames} shape={self._shape} dtype={_dtypes.NAMES.get(self._code)} "
+        return (f"<Stream {self._name!r} frames={self.frames} shape={self._shape} dtype={dtypes.NAMES.get(self._code)} "
                 f"policy={self.policy} {state}>")
 
     # -- use ------------------------------------------------------------------
@@ -186,8 +185,8 @@ class Stream:
     def writer(self):
         """Become the stream's writer (:class:`StreamBusy` while another live
         process is; the role of one that died is taken over)."""
-        handle = _native.ffi().new("zct_handle *")
-        _native.check(_native.lib().zct_stream_writer(self._live(), handle))
+        handle = native.ffi().new("zct_handle *")
+        native.check(native.lib().zct_stream_writer(self._live(), handle))
         return StreamWriter(self, handle[0])
 
     def reader(self, index=None):
@@ -195,16 +194,16 @@ class Stream:
         The reader starts at the next frame published. Raises
         :class:`StreamBusy` when the slot, or every slot, is held."""
         if index is not None:
-            index = _args.integer("a reader slot", index, 0)  # the library says how many there are
-        ffi = _native.ffi()
+            index = args.integer("a reader slot", index, 0)  # the library says how many there are
+        ffi = native.ffi()
         handle, slot = ffi.new("zct_handle *"), ffi.new("int32_t *")
-        _native.check(_native.lib().zct_stream_reader(self._live(), -1 if index is None else index, handle, slot))
+        native.check(native.lib().zct_stream_reader(self._live(), -1 if index is None else index, handle, slot))
         return StreamReader(self, handle[0], slot[0])
 
     def end(self):
         """End the stream: the writer can write no more, readers read what
         was published and then get :class:`StreamEnded`; waiters wake."""
-        _native.check(_native.lib().zct_stream_end(self._live()))
+        native.check(native.lib().zct_stream_end(self._live()))
 
     def close(self):
         """Let go of this object's hold; views and open readers and writers
@@ -237,9 +236,9 @@ class Stream:
         if cache is None:
             info = self._info
             size = info.ring_offset + info.stride * info.frames
-            buf = _native.ffi().buffer(self._memory, size)
+            buf = native.ffi().buffer(self._memory, size)
             base = np.frombuffer(buf if writable else memoryview(buf).toreadonly(), dtype=np.uint8)
-            dt = _dtypes.storage_dtype(self._code)
+            dt = dtypes.storage_dtype(self._code)
             cache = []
             for i in range(info.frames):
                 at = info.ring_offset + i * info.stride
@@ -259,7 +258,7 @@ class _Out(threading.local):
     """Per-thread out-parameters of an endpoint's native calls."""
 
     def __init__(self):
-        ffi = _native.ffi()
+        ffi = native.ffi()
         self.slot = ffi.new("int32_t *")
         self.whole = ffi.new("int32_t *")
 
@@ -282,7 +281,7 @@ class _Endpoint:
     _not_ready = None  # the status of a look that found nothing
 
     def __init__(self, stream, handle):
-        lib = _native.lib()
+        lib = native.lib()
         self._stream = stream
         self._handle = handle
         self._closed = False
@@ -295,7 +294,7 @@ class _Endpoint:
         verb = "write" if self._writable else "read"
         self._look = getattr(lib, f"zct_stream_{verb}_look")
         self._increment = getattr(lib, f"zct_stream_{verb}_increment")
-        self._finalizer = weakref.finalize(self, _native.finalize, f"zct_stream_{self._kind}_close", handle,
+        self._finalizer = weakref.finalize(self, native.finalize, f"zct_stream_{self._kind}_close", handle,
                                            f"closing a stream {self._kind}")
 
     @property
@@ -308,7 +307,7 @@ class _Endpoint:
         if not self._closed:
             self._closed = True
             self._finalizer.detach()
-            _native.check(getattr(_native.lib(), f"zct_stream_{self._kind}_close")(self._handle))
+            native.check(getattr(native.lib(), f"zct_stream_{self._kind}_close")(self._handle))
 
     def __enter__(self):
         return self
@@ -330,13 +329,10 @@ class _Endpoint:
         status = self._look(self._handle, 0, slot)
         if status != 0:
             if status == self._not_ready and block:
-                for ms in wait_slices(block, timeout):
-                    status = self._look(self._handle, ms, slot)
-                    if status != self._not_ready and status != _native.E_INTERRUPTED:
-                        break
-            if status == self._not_ready or status == _native.E_INTERRUPTED:
+                status = wait.retry(lambda ms: self._look(self._handle, ms, slot), self._not_ready, block, timeout)
+            if status == self._not_ready:
                 return None
-            _native.check(status)
+            native.check(status)
         return (self._tensor_views() if torch else self._frames)[slot[0]]
 
     def _take_lock(self, block, timeout):
@@ -344,7 +340,7 @@ class _Endpoint:
         left of timeout, or False when the lock was not had in time."""
         if not block:
             return timeout if self._lock.acquire(False) else False
-        timeout = _args.timeout(timeout)
+        timeout = args.timeout(timeout)
         if timeout is None:
             self._lock.acquire()
             return None
@@ -357,7 +353,7 @@ class _Endpoint:
         """torch views of every slot, made on first use."""
         if self._tensors is None:
             code = self._stream._code
-            self._tensors = [_views.tensor(a, code, readonly=not self._writable) for a in self._frames]
+            self._tensors = [memory.tensor(a, code, readonly=not self._writable) for a in self._frames]
         return self._tensors
 
 
@@ -367,7 +363,7 @@ class StreamWriter(_Endpoint):
 
     _kind = "writer"
     _writable = True
-    _not_ready = _native.E_FULL
+    _not_ready = native.E_FULL
 
     def look(self, block=True, timeout=None, torch=False):
         """A writable view (NumPy, or torch with ``torch=True``) of the next
@@ -380,20 +376,20 @@ class StreamWriter(_Endpoint):
         """Publish the frame returned by :meth:`look`."""
         status = self._increment(self._live())
         if status != 0:
-            _native.check(status)
+            native.check(status)
 
     def write(self, frame, block=True, timeout=None):
         """Copy ``frame`` (a NumPy array or CPU torch tensor of the stream's
         shape and dtype) into the next frame and publish it. Returns False
         when there was no room within the timeout."""
         s = self._stream
-        is_tensor = _is_torch_tensor(frame)
+        is_tensor = layout.is_torch_tensor(frame)
         if not is_tensor:
             frame = np.asarray(frame)
         if frame.shape != s._shape or _code_or_none(frame.dtype) != s._code:
             raise ValueError(f"a frame of shape {tuple(frame.shape)} and dtype "
-                             f"{_dtypes.NAMES.get(_code_or_none(frame.dtype), str(frame.dtype))} does not fit stream "
-                             f"{s.name!r}, whose frames are {s.shape} {_dtypes.NAMES[s._code]}")
+                             f"{dtypes.NAMES.get(_code_or_none(frame.dtype), str(frame.dtype))} does not fit stream "
+                             f"{s.name!r}, whose frames are {s.shape} {dtypes.NAMES[s._code]}")
         left = self._take_lock(block, timeout)
         if left is False:
             return False
@@ -413,7 +409,7 @@ class StreamWriter(_Endpoint):
 
 def _code_or_none(dtype):
     try:
-        return _dtypes.code_of(dtype)
+        return dtypes.code_of(dtype)
     except UnsupportedDtype:
         return None
 
@@ -423,7 +419,7 @@ class StreamReader(_Endpoint):
     ``increment()`` past it; ``read()``; or iterate."""
 
     _kind = "reader"
-    _not_ready = _native.E_EMPTY
+    _not_ready = native.E_EMPTY
 
     def __init__(self, stream, handle, index):
         super().__init__(stream, handle)
@@ -436,9 +432,9 @@ class StreamReader(_Endpoint):
         return self._index
 
     def _counts(self):
-        ffi = _native.ffi()
+        ffi = native.ffi()
         position, received, dropped = ffi.new("uint64_t *"), ffi.new("uint64_t *"), ffi.new("uint64_t *")
-        _native.check(_native.lib().zct_stream_reader_stats(self._live(), position, received, dropped))
+        native.check(native.lib().zct_stream_reader_stats(self._live(), position, received, dropped))
         return position[0], received[0], dropped[0]
 
     @property
@@ -475,7 +471,7 @@ class StreamReader(_Endpoint):
         whole = self._out.whole
         status = self._increment(self._live(), whole)
         if status != 0:
-            _native.check(status)
+            native.check(status)
         return whole[0] != 0
 
     def read(self, copy=True, block=True, timeout=None, torch=False):
@@ -507,24 +503,21 @@ class StreamReader(_Endpoint):
         """Iterate over the frames as zero-copy views until the stream ends;
         each is released when the next is asked for (one native call per
         frame)."""
-        next_frame = _native.lib().zct_stream_read_next
+        next_frame = native.lib().zct_stream_read_next
         out = self._out
         handle, slot, whole = self._live(), out.slot, out.whole
         views = self._tensor_views() if torch else self._frames
-        empty, interrupted = _native.E_EMPTY, _native.E_INTERRUPTED
+        empty = native.E_EMPTY
         try:
             while True:
                 status = next_frame(handle, 0, slot, whole)
                 self._pending = False
                 if status != 0:
                     if status == empty:
-                        for ms in wait_slices(True, None):
-                            status = next_frame(handle, ms, slot, whole)
-                            if status != empty and status != interrupted:
-                                break
-                    if status == _native.E_ENDED:
+                        status = wait.retry(lambda ms: next_frame(handle, ms, slot, whole), empty)
+                    if status == native.E_ENDED:
                         return
-                    _native.check(status)
+                    native.check(status)
                 self._pending = True
                 yield views[slot[0]]
         finally:
@@ -541,64 +534,3 @@ class StreamReader(_Endpoint):
     def close(self):
         self._pending = False
         super().close()
-
-
-class Event:
-    """multiprocessing.Event's API over a futex in shared memory: ``set``,
-    ``clear``, ``is_set``, ``wait(timeout=None)``. Passed to child
-    processes (as Process arguments, through queues), it names the same
-    event."""
-
-    def __init__(self, *, ctx=None):
-        ffi, lib = _native.ffi(), _native.lib()
-        handle = ffi.new("zct_handle *")
-        name = ffi.new("char[]", 256)
-        _native.check(lib.zct_event_create(ffi.NULL, handle, name, 256))
-        self._setup(handle[0], ffi.string(name).decode())
-
-    def _setup(self, handle, name):
-        self._handle = handle
-        self._name = name
-        self._finalizer = weakref.finalize(self, _native.finalize, "zct_event_close", handle, "closing an event")
-
-    def __reduce__(self):
-        return _attach_event, (self._name,)
-
-    def __repr__(self):
-        return f"<zctipc.Event {self._name!r} {'set' if self.is_set() else 'unset'}>"
-
-    def is_set(self):
-        out = _native.ffi().new("int32_t *")
-        _native.check(_native.lib().zct_event_is_set(self._handle, out))
-        return bool(out[0])
-
-    def set(self):
-        _native.check(_native.lib().zct_event_set(self._handle))
-
-    def clear(self):
-        _native.check(_native.lib().zct_event_clear(self._handle))
-
-    def wait(self, timeout=None):
-        """Wait until the event is set or ``timeout`` seconds pass; return
-        whether it is set."""
-        if isinstance(timeout, (int, float)) and timeout < 0:
-            timeout = 0  # as threading.Event.wait
-        out = _native.ffi().new("int32_t *")
-        lib = _native.lib()
-        for ms in wait_slices(True, timeout):
-            status = lib.zct_event_wait(self._handle, ms, out)
-            if status == _native.E_INTERRUPTED:
-                continue
-            _native.check(status)
-            if out[0]:
-                return True
-        return self.is_set()
-
-
-def _attach_event(name):
-    ffi, lib = _native.ffi(), _native.lib()
-    handle = ffi.new("zct_handle *")
-    _native.check(lib.zct_event_attach(name.encode(), handle))
-    e = Event.__new__(Event)
-    e._setup(handle[0], name)
-    return e

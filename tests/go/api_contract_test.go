@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/zctipc/zctipc/go/daemon"
 	"github.com/zctipc/zctipc/go/shm"
+	"github.com/zctipc/zctipc/go/usersock"
 	"github.com/zctipc/zctipc/go/zctipc"
 )
 
@@ -363,7 +364,7 @@ func TestAGoProgramLeavesNothing(t *testing.T) {
 			dir := filepath.Join(t.TempDir(), "run")
 			t.Cleanup(func() { stopDaemon(dir) })
 			cmd := exec.Command(bin, map[bool]string{true: "return", false: "wait"}[end == "return"])
-			cmd.Env = []string{"PATH=" + t.TempDir(), shm.DirEnv + "=" + shm.Dir(), daemon.RuntimeDirEnv + "=" + dir}
+			cmd.Env = []string{"PATH=" + t.TempDir(), shm.DirEnv + "=" + shm.Dir(), usersock.RuntimeDirEnv + "=" + dir}
 			cmd.Stderr = os.Stderr
 			stdout, err := cmd.StdoutPipe()
 			require.NoError(t, err)

@@ -18,6 +18,7 @@ import (
 	"github.com/zctipc/zctipc/go/daemon"
 	"github.com/zctipc/zctipc/go/fdpass"
 	"github.com/zctipc/zctipc/go/shm"
+	"github.com/zctipc/zctipc/go/usersock"
 	"golang.org/x/sys/unix"
 )
 
@@ -127,7 +128,7 @@ func init() {
 		if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &unix.Rlimit{Cur: 64, Max: lim.Max}); err != nil {
 			return err
 		}
-		c, err := daemon.Dial(daemon.RuntimeDir(), daemon.Program(os.Getenv("ZCTIPC_TEST_DAEMON")), nil)
+		c, err := daemon.Dial(usersock.RuntimeDir(), daemon.Program(os.Getenv("ZCTIPC_TEST_DAEMON")), nil)
 		if err != nil {
 			return err
 		}

@@ -27,6 +27,7 @@ import (
 	"github.com/zctipc/zctipc/go/proc"
 	"github.com/zctipc/zctipc/go/queue"
 	"github.com/zctipc/zctipc/go/shm"
+	"github.com/zctipc/zctipc/go/usersock"
 	"golang.org/x/sys/unix"
 )
 
@@ -84,7 +85,7 @@ func removeDaemonBuild() {
 func withRuntimeDir(t *testing.T) string {
 	t.Helper()
 	dir := filepath.Join(t.TempDir(), "run")
-	t.Setenv(daemon.RuntimeDirEnv, dir)
+	t.Setenv(usersock.RuntimeDirEnv, dir)
 	t.Cleanup(func() { stopDaemon(dir) })
 	return dir
 }
@@ -188,7 +189,7 @@ func TestDaemonSweepsAKilledProcess(t *testing.T) {
 // status returns the status of the test's daemon.
 func status(t *testing.T) daemon.Status {
 	t.Helper()
-	c, err := daemon.Dial(daemon.RuntimeDir(), daemon.Launcher{}, nil)
+	c, err := daemon.Dial(usersock.RuntimeDir(), daemon.Launcher{}, nil)
 	require.NoError(t, err)
 	defer c.Close()
 	st, err := c.Status()

@@ -19,8 +19,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
-	"github.com/zctipc/zctipc/go/daemon"
 	"github.com/zctipc/zctipc/go/shm"
+	"github.com/zctipc/zctipc/go/usersock"
 )
 
 const helperEnv = "ZCTIPC_TEST_HELPER"
@@ -45,7 +45,7 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, "make runtime directory:", err)
 		os.Exit(2)
 	}
-	os.Setenv(daemon.RuntimeDirEnv, runtimeDir)
+	os.Setenv(usersock.RuntimeDirEnv, runtimeDir)
 	// The tests choose when this process and its helpers keep a ledger;
 	// package zctipc's default (on) is tested in a program of its own.
 	os.Setenv("ZCTIPC_CLEANUP", "0")

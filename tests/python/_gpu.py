@@ -70,7 +70,7 @@ def vmm_child(q, back):
 def ipc_child(q, back, n):
     import ctypes
 
-    from zctipc import _native
+    from zctipc._core import native as _native
 
     data = q.get(timeout=60)
     ffi, lib = _native.ffi(), _native.lib()

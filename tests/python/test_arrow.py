@@ -60,7 +60,7 @@ def test_attached_columns_are_views_of_the_segment():
 
 def open_segment(name, readonly=True):
     """The table segment name, as a SharedTensor of its bytes."""
-    from zctipc import _native
+    from zctipc._core import native as _native
     from zctipc.tensor import SharedTensor
 
     ffi, lib = _native.ffi(), _native.lib()
@@ -131,7 +131,7 @@ def test_through_a_standard_multiprocessing_queue():
 
 def table_segment(content):
     """A table segment holding content, as a faulty writer could leave it."""
-    from zctipc import _native
+    from zctipc._core import native as _native
     from zctipc.tensor import SharedTensor
 
     ffi, lib = _native.ffi(), _native.lib()

@@ -14,6 +14,7 @@ import torch
 
 import zctipc
 from zctipc import cuda
+from zctipc._wire import gpu as cuda_codec
 
 import _gpu
 
@@ -45,7 +46,7 @@ def test_bad_input_is_refused_before_any_gpu_call():
     with pytest.raises(zctipc.UnsupportedDtype):
         cuda.empty(4, dtype=object)
     with pytest.raises(zctipc.InvalidArgument, match="CUDA descriptor of 3 bytes"):
-        cuda.rebuild_tensor(b"abc", b"", "float32", (1,), (1,), 0, 4)
+        cuda_codec.rebuild_tensor(b"abc", b"", "float32", (1,), (1,), 0, 4)
 
 
 def test_the_library_loads_and_cpu_work_goes_on_without_cuda():
@@ -106,14 +107,14 @@ def test_a_killed_consumer_leaves_the_producer_running_and_its_memory_freed():
     t = torch.ones(1 << 20, device="cuda:0")
     q.put(t)
     assert out.get(timeout=120) == float(1 << 20)
-    assert len(cuda._sent) == 1, "the producer keeps what a consumer holds"
+    assert len(cuda_codec._sent) == 1, "the producer keeps what a consumer holds"
     os.kill(p.pid, signal.SIGKILL)
     p.join()
     deadline = time.monotonic() + 15
-    while cuda._sent and time.monotonic() < deadline:
-        cuda._sweep()
+    while cuda_codec._sent and time.monotonic() < deadline:
+        cuda_codec._sweep()
         time.sleep(0.1)
-    assert not cuda._sent, "the producer let go once the dead consumer's count was given up"
+    assert not cuda_codec._sent, "the producer let go once the dead consumer's count was given up"
     assert t.sum().item() == float(1 << 20), "and survived"
 
 
@@ -226,7 +227,7 @@ def test_vmm_memory_travels_by_name_with_the_stand_in_driver(mock_env):
 def test_an_allocation_sent_ten_thousand_times_is_opened_once_with_the_stand_in_driver(mock_env):
     lines = run_with(mock_env, """
         import ctypes, zctipc, _gpu
-        from zctipc import _native
+        from zctipc._core import native as _native
         ffi, lib = _native.ffi(), _native.lib()
         ct = zctipc.cuda.empty((1000,), "int32")
         (ctypes.c_int32 * 1000).from_address(ct.data_ptr)[16] = 1234
@@ -249,7 +250,7 @@ def test_an_allocation_sent_ten_thousand_times_is_opened_once_with_the_stand_in_
 def test_cuda_errors_from_the_driver_are_clear_with_the_stand_in_driver(mock_env):
     lines = run_with(mock_env, """
         import zctipc
-        from zctipc import _native
+        from zctipc._core import native as _native
         ffi, lib = _native.ffi(), _native.lib()
         try:
             zctipc.cuda.empty(4, device=3)

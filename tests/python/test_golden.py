@@ -7,7 +7,7 @@ import os
 import pytest
 
 import zctipc
-from zctipc import _native
+from zctipc._core import native as _native
 
 from _format import FormatError, decode
 

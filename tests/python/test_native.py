@@ -10,7 +10,8 @@ import threading
 import pytest
 
 import zctipc
-from zctipc import _native
+from zctipc._core import dtypes, memory
+from zctipc._core import native as _native
 
 
 def run_python(code, env=None, timeout=60):
@@ -48,7 +49,7 @@ def test_environment_names_another_library(tmp_path):
 
 def test_a_library_of_another_abi_is_refused():
     out = run_python("""
-        from zctipc import _native
+        from zctipc._core import native as _native
         _native.ABI_VERSION = 999
         try:
             _native.lib()
@@ -130,3 +131,24 @@ def test_constants_match_the_library():
     assert len(names) > 10
     for ours, theirs in names.items():
         assert getattr(_native, ours) == getattr(lib, theirs), ours
+
+
+def test_view_flags_and_dtype_codes_are_the_librarys():
+    ffi, lib = _native.ffi(), _native.lib()
+    flags = {name[len("ZCT_VIEW_"):]: value for value, name in ffi.typeof("zct_view_flags").elements.items()}
+    assert {name: getattr(memory, name) for name in flags} == flags
+    codes = {name[len("ZCT_"):].lower(): value for value, name in ffi.typeof("zct_dtype").elements.items()}
+    assert dtypes.CODES == codes
+
+
+def test_every_status_becomes_a_specific_exception():
+    ffi = _native.ffi()
+    _native.lib()
+    for status, name in ffi.typeof("zct_status").elements.items():
+        if status == _native.OK:
+            continue
+        exc = _native.error(status)
+        if name == "ZCT_E_INTERRUPTED":
+            assert type(exc) is InterruptedError
+        else:
+            assert type(exc) is not zctipc.ZctipcError, f"{name} has no exception of its own"

@@ -12,6 +12,7 @@ import sys
 import textwrap
 import threading
 import time
+import weakref
 
 import numpy as np
 import pytest
@@ -53,6 +54,29 @@ def test_round_trips(q, obj):
     q.put(obj)
     got = q.get()
     assert got == obj and type(got) is type(obj)
+
+
+class _Tracked:
+    """An object whose death a weak reference sees."""
+
+    def __init__(self, payload):
+        self.payload = payload
+
+
+@pytest.mark.parametrize("payload", [1, np.zeros(4), torch.ones(3)], ids=["plain", "array", "tensor"])
+def test_the_queue_keeps_no_reference_to_what_was_put(q, payload):
+    # The pickler's memo is emptied at the end of each put: an object (and a
+    # buffer it holds) dies when its caller drops it, not at the next put.
+    obj = _Tracked(payload)
+    ref = weakref.ref(obj)
+    q.put(obj)
+    objs = [_Tracked(payload), _Tracked(2)]
+    refs = [weakref.ref(o) for o in objs]
+    q.put_many(objs)
+    del obj, objs
+    gc.collect()
+    assert ref() is None and [r() for r in refs] == [None, None]
+    assert isinstance(q.get(), _Tracked) and len(q.get_many(2)) == 2
 
 
 def test_get_timeout(q):

@@ -50,7 +50,8 @@ def run_threads(fn, n):
 @pytest.mark.parametrize("interval", [1e-6, 1e-4])
 def test_queue_shared_by_producer_and_consumer_threads(interval):
     # In a child process: a crash there is a failed exit, not a dead run.
-    out = subprocess.run([sys.executable, os.path.join(HERE, "_threads.py"), str(interval), str(SECONDS)],
+    out = subprocess.run([sys.executable, "-X", "faulthandler", os.path.join(HERE, "_threads.py"), str(interval),
+                          str(SECONDS)],
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, f"exit {out.returncode}: {out.stderr[-3000:]}"
     assert "Traceback" not in out.stderr, out.stderr[-3000:]

@@ -10,24 +10,25 @@ import warnings
 
 import numpy as np
 
-from . import _dtypes, _native
+from . import dtypes, native
 
-# Python types a descriptor asks to rebuild (its flags, bits 0-1), and the
-# flag of a read-only array (bit 2).
+# Descriptor flags (zct_view_flags of zctipc.h; a test checks them): the
+# Python type a receiver rebuilds, in bits 0-1, and read-only.
 NUMPY, TORCH, SHARED_TENSOR = 0, 1, 2
+TYPE_MASK = 3
 READONLY = 4
 
 
 def owner(address, close, handle, what):
     """A pointer to address whose collection calls the library's function
-    close (a name) on handle, as _native.finalize does."""
-    ffi = _native.ffi()
-    return ffi.gc(ffi.cast("char *", address), lambda _, h=handle: _native.finalize(close, h, what))
+    close (a name) on handle, as native.finalize does."""
+    ffi = native.ffi()
+    return ffi.gc(ffi.cast("char *", address), lambda _, h=handle: native.finalize(close, h, what))
 
 
 def ndarray(memory, nbytes, dtype, shape, strides, readonly=False):
     """A NumPy array over nbytes of memory (an owner or a view of one)."""
-    buffer = _native.ffi().buffer(memory, nbytes)
+    buffer = native.ffi().buffer(memory, nbytes)
     if readonly:
         # np.ndarray(buffer=...) would keep the writable object beneath a
         # read-only memoryview as its base, and let writeable be set back to
@@ -37,15 +38,21 @@ def ndarray(memory, nbytes, dtype, shape, strides, readonly=False):
 
 
 _torch = None
+_torch_hooks = []
+
+
+def when_torch_is_met(hook):
+    """Call hook() when zctipc first makes a torch view (the package
+    registers its torch reducers so)."""
+    _torch_hooks.append(hook)
 
 
 def _torch_module():
     global _torch
     import torch
 
-    from .reductions import init_torch_reductions
-
-    init_torch_reductions()  # torch tensors of zctipc memory pickle by descriptor
+    for hook in _torch_hooks:
+        hook()
     _torch = torch
     return torch
 
@@ -62,14 +69,14 @@ def tensor(arr, code, readonly=False):
             t = torch.from_numpy(arr)
     else:
         t = torch.from_numpy(arr)
-    if code == _dtypes.BFLOAT16:
+    if code == dtypes.BFLOAT16:
         t = t.view(torch.bfloat16)
     return t
 
 
 def release_ref(ref):
     """Release a ref: never raises, a no-op after fork."""
-    _native.finalize("zct_ref_release", ref, "releasing a buffer")
+    native.finalize("zct_ref_release", ref, "releasing a buffer")
 
 
 def from_view(view, pytype=None):
@@ -80,7 +87,7 @@ def from_view(view, pytype=None):
     shape = tuple(view.shape[0:ndim])
     strides = tuple(view.strides[0:ndim])
     memory = owner(view.data, "zct_ref_release", view.ref, "releasing a buffer")
-    kind = view.flags & 3 if pytype is None else pytype
+    kind = view.flags & TYPE_MASK if pytype is None else pytype
     if kind == TORCH:
-        return tensor(ndarray(memory, view.nbytes, _dtypes.storage_dtype(code), shape, strides), code)
-    return ndarray(memory, view.nbytes, _dtypes.numpy_dtype(code), shape, strides, bool(view.flags & READONLY))
+        return tensor(ndarray(memory, view.nbytes, dtypes.storage_dtype(code), shape, strides), code)
+    return ndarray(memory, view.nbytes, dtypes.numpy_dtype(code), shape, strides, bool(view.flags & READONLY))

@@ -7,7 +7,7 @@ bfloat16: such segments have torch views, and NumPy views only when the
 
 import numpy as np
 
-from .errors import UnsupportedDtype
+from ..errors import UnsupportedDtype
 
 # code -> name; the names are NumPy's and torch's spelling alike.
 NAMES = {

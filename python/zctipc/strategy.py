@@ -23,7 +23,7 @@ descriptor says what kind of segment it names.
 import json
 import os
 
-from . import _native
+from ._core import native as _native
 from .errors import InvalidArgument
 
 __all__ = [

@@ -18,6 +18,7 @@ library; ``ZCTIPC_DAEMON`` names another), which is started when none runs.
 
 import atexit
 import errno as _errno
+import importlib
 import os
 import queue as _queue
 import signal
@@ -25,7 +26,7 @@ import sys
 import threading
 import warnings
 
-from . import errors
+from .. import errors
 
 ABI_VERSION = 5
 LIBRARY_ENV = "ZCTIPC_LIBRARY"
@@ -98,7 +99,9 @@ def _load():
             # the soname libzctipc.so, so the packaged copy is not loaded.
             ctypes.CDLL(os.path.abspath(override), mode=ctypes.RTLD_GLOBAL)
         try:
-            from . import _zctipc_cffi
+            # The cffi extension beside the package's modules, imported by
+            # name: it is a compiled module, not a part of zctipc's layers.
+            _zctipc_cffi = importlib.import_module("zctipc._zctipc_cffi")
         except ImportError as exc:
             raise ImportError(
                 f"zctipc's native library is not built or not found ({exc}); build it with `make install`, "
@@ -110,6 +113,7 @@ def _load():
             raise ImportError(
                 f"libzctipc has C ABI version {got}, this package needs {ABI_VERSION}; reinstall zctipc"
             )
+        _EXCEPTIONS.update({getattr(library, name): cls for name, cls in _EXCEPTION_NAMES.items()})
         _ffi, _lib, _loaded_in_pid = _zctipc_cffi.ffi, library, os.getpid()
         _register_exit()
         if auto_cleanup and os.environ.get(CLEANUP_ENV) != "0":
@@ -117,9 +121,21 @@ def _load():
         return library
 
 
+def package_version():
+    """The installed package's version (set from go/version at build time),
+    or "0+unknown" in a source tree that was never installed."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("zctipc")
+    except PackageNotFoundError:
+        return "0+unknown"
+
+
 def daemon_path():
     """The zctipcd program that a process starts when no daemon runs."""
-    return os.environ.get(DAEMON_ENV) or os.path.join(os.path.dirname(os.path.abspath(__file__)), "zctipcd")
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return os.environ.get(DAEMON_ENV) or os.path.join(package, "zctipcd")
 
 
 def _enable_cleanup(library):
@@ -236,9 +252,6 @@ def finalize(function, handle, what):
         report_finalizer_error(what, status)
 
 
-E_CLOSED = -10
-
-
 def report_finalizer_error(what, status):
     """Say on stderr that a finalizer failed: it cannot raise. A handle that
     release_all already gave up (at exit, or cleanup_all_segments) is not a
@@ -251,12 +264,13 @@ def report_finalizer_error(what, status):
 # so that deciding how to send an array loads no library (tests check it).
 MAX_NDIM = 32
 
-# Status codes of zctipc.h that callers branch on (tests check them against
-# the library's enum).
+# Status codes of zctipc.h that callers branch on, here so that the hot
+# paths compare plain ints (tests check each against the library's enum).
 OK = 0
 E_INVALID = -1
 E_NOT_FOUND = -2
 E_NO_SPACE = -8
+E_CLOSED = -10
 E_RANGE = -11
 E_FULL = -12
 E_EMPTY = -13
@@ -267,30 +281,32 @@ E_ENDED = -17
 E_NO_CUDA = -18
 E_CUDA = -19
 
-# Status codes of zctipc.h and the exceptions they become.
-_EXCEPTIONS = {
-    E_FULL: _queue.Full,
-    E_EMPTY: _queue.Empty,
-    -1: errors.InvalidArgument,
-    -2: errors.SegmentNotFound,
-    -3: errors.SegmentExists,
-    -4: errors.PermissionDenied,
-    -5: errors.NotAZctipcSegment,
-    -6: errors.IncompatibleVersion,
-    -7: errors.CorruptHeader,
-    -8: errors.OutOfSharedMemory,
-    -9: errors.UnsupportedDtype,
-    -10: errors.HandleClosed,
-    -11: errors.InvalidArgument,
-    E_NO_DAEMON: errors.DaemonUnavailable,
-    E_BUSY: errors.StreamBusy,
-    E_ENDED: errors.StreamEnded,
-    E_NO_CUDA: errors.CudaUnavailable,
-    E_CUDA: errors.CudaError,
-    -20: errors.ZctipcOSError,
-    -98: errors.LibraryPoisoned,
-    -99: errors.LibraryPoisoned,
+# The exception each status of zctipc.h becomes, by the status's name in the
+# library's enum.
+_EXCEPTION_NAMES = {
+    "ZCT_E_FULL": _queue.Full,
+    "ZCT_E_EMPTY": _queue.Empty,
+    "ZCT_E_INVALID": errors.InvalidArgument,
+    "ZCT_E_NOT_FOUND": errors.SegmentNotFound,
+    "ZCT_E_EXISTS": errors.SegmentExists,
+    "ZCT_E_PERMISSION": errors.PermissionDenied,
+    "ZCT_E_NOT_ZCTIPC": errors.NotAZctipcSegment,
+    "ZCT_E_VERSION": errors.IncompatibleVersion,
+    "ZCT_E_CORRUPT": errors.CorruptHeader,
+    "ZCT_E_NO_SPACE": errors.OutOfSharedMemory,
+    "ZCT_E_DTYPE": errors.UnsupportedDtype,
+    "ZCT_E_CLOSED": errors.HandleClosed,
+    "ZCT_E_RANGE": errors.InvalidArgument,
+    "ZCT_E_NO_DAEMON": errors.DaemonUnavailable,
+    "ZCT_E_BUSY": errors.StreamBusy,
+    "ZCT_E_ENDED": errors.StreamEnded,
+    "ZCT_E_NO_CUDA": errors.CudaUnavailable,
+    "ZCT_E_CUDA": errors.CudaError,
+    "ZCT_E_OS": errors.ZctipcOSError,
+    "ZCT_E_INTERNAL": errors.LibraryPoisoned,
+    "ZCT_E_POISONED": errors.LibraryPoisoned,
 }
+_EXCEPTIONS = {}  # status -> exception, from _EXCEPTION_NAMES once the library is loaded
 
 # The errno an OSError subclass carries when the native side gave none.
 _DEFAULT_ERRNO = {

@@ -6,7 +6,7 @@ import math
 import numbers
 import operator
 
-from .errors import InvalidArgument
+from ..errors import InvalidArgument
 
 
 def integer(name, value, low=None, high=None):

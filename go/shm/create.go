@@ -1,0 +1,315 @@
+// Making new segments: a file made under a temporary name and renamed once
+// its header is written, or a memfd; its pages reserved, so that a full
+// directory is an error (ErrOutOfSharedMemory), never a SIGBUS.
+
+package shm
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"time"
+	"unsafe"
+
+	"github.com/zctipc/zctipc/go/dtype"
+	"github.com/zctipc/zctipc/go/header"
+	"github.com/zctipc/zctipc/go/proc"
+	"golang.org/x/sys/unix"
+)
+
+// Create makes a new segment named name (a random name if name is empty) for
+// a C-contiguous array of type dt and shape shape, reserves all its pages,
+// writes the header with a refcount of one, and maps it read-write. An
+// existing file is never adopted: the error then wraps unix.EEXIST. When the
+// directory is too small, the error wraps ErrOutOfSharedMemory and nothing is
+// left behind.
+//
+// Under the FileDescriptor strategy the segment is a memfd handed to the
+// broker, and it cannot be given a name.
+//
+// A file segment is made under a temporary name and renamed to its own once
+// its header is written, so that no process ever attaches a half-made
+// segment, and so that the tracker can tell what a creator that died left.
+func Create(name string, kind header.Kind, dt dtype.DType, shape []int64) (*Segment, error) {
+	hdr, err := header.New(kind, dt, shape)
+	if err != nil {
+		return nil, err
+	}
+	seg, _, err := create(name, hdr, 0, false)
+	return seg, err
+}
+
+// CreateSparse makes a new unnamed segment of kind whose data region is size
+// bytes of uint8, like Create, but reserves only the first reserve bytes of
+// its data; Reserve reserves more. Reading or writing past the reserved bytes
+// is not allowed: it could fault when the file system is full. It returns the
+// segment's file descriptor too, which the caller closes. A memfd segment
+// made so is not handed to the broker: only the processes the caller sends
+// the descriptor to can map it.
+func CreateSparse(kind header.Kind, size, reserve uint64) (*Segment, int, error) {
+	if size > math.MaxInt64 {
+		return nil, -1, fmt.Errorf("a segment of %d bytes: %w", size, unix.EINVAL)
+	}
+	hdr, err := header.New(kind, dtype.Uint8, []int64{int64(size)})
+	if err != nil {
+		return nil, -1, err
+	}
+	return create("", hdr, hdr.DataOffset+min(reserve, size), true)
+}
+
+// create makes a segment of header hdr, reserving its first reserve bytes
+// (all of it when reserve is zero), and returns its fd too with keepFD.
+func create(name string, hdr header.Header, reserve uint64, keepFD bool) (*Segment, int, error) {
+	self, err := proc.Self()
+	if err != nil {
+		return nil, -1, err
+	}
+	hdr.Creator = self
+	hdr.Refcount = 1
+	var t Tracker
+	if hdr.Kind != header.KindLedger {
+		t = currentTracker()
+	}
+	hdr.Tracked = t != nil
+	if reserve == 0 {
+		reserve = hdr.SegmentSize()
+	}
+	if CurrentStrategy() == FileDescriptor {
+		if name != "" {
+			return nil, -1, fmt.Errorf("segment %q: under the file_descriptor strategy segments have no name; "+
+				"create it without one and send it, or use the file_system strategy: %w", name, unix.EINVAL)
+		}
+		return createFD(hdr, reserve, t, keepFD)
+	}
+	random := name == ""
+	for {
+		full := RandomName()
+		if !random {
+			if full, err = FullName(name); err != nil {
+				return nil, -1, err
+			}
+		}
+		seg, fd, err := createFile(full, hdr, reserve, t, keepFD)
+		if random && errors.Is(err, unix.EEXIST) {
+			continue // 128 random bits collided with an existing name
+		}
+		return seg, fd, err
+	}
+}
+
+// closeUnlessKept closes *fd unless keep, when err is nil.
+func closeUnlessKept(fd *int, keep bool, err *error) {
+	if *err != nil || !keep {
+		unix.Close(*fd)
+		*fd = -1
+	}
+}
+
+// createFile makes file segment name: a temporary file, reserved, mapped and
+// written, then renamed.
+func createFile(name string, hdr header.Header, reserve uint64, t Tracker, keepFD bool) (seg *Segment, fd int, err error) {
+	tmp := randomName(TmpPrefix)
+	tmpPath := Dir() + "/" + tmp
+	entry := NoEntry
+	if t != nil {
+		entry = t.Creating(tmp, name)
+	}
+	fd, err = unix.Open(tmpPath, unix.O_RDWR|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		if t != nil {
+			t.Dropped(entry)
+		}
+		return nil, -1, fmt.Errorf("create segment %q in %s: %w", name, Dir(), err)
+	}
+	defer closeUnlessKept(&fd, keepFD, &err)
+	var mem []byte
+	defer func() {
+		if err == nil {
+			return
+		}
+		// Leave nothing half-created behind, then forget the entry.
+		if mem != nil {
+			err = errors.Join(err, unix.Munmap(mem))
+		}
+		if uerr := unix.Unlink(tmpPath); uerr != nil && !errors.Is(uerr, unix.ENOENT) {
+			err = errors.Join(err, fmt.Errorf("remove half-created segment %q: %w", name, uerr))
+		}
+		if t != nil {
+			t.Dropped(entry)
+		}
+	}()
+	var st unix.Stat_t
+	if err = unix.Fstat(fd, &st); err != nil {
+		return nil, fd, fmt.Errorf("fstat segment %q: %w", name, err)
+	}
+	if t != nil {
+		t.Opened(entry, st.Dev, st.Ino)
+	}
+	stall(hdr.Kind, "create-open")
+	if mem, err = prepare(fd, name, &hdr, reserve); err != nil {
+		return nil, fd, err
+	}
+	path := Dir() + "/" + name
+	if err = rename(tmpPath, path); err != nil {
+		if errors.Is(err, unix.EEXIST) {
+			return nil, fd, fmt.Errorf("segment %q already exists: %w", name, err)
+		}
+		return nil, fd, fmt.Errorf("create segment %q in %s: %w", name, Dir(), err)
+	}
+	stall(hdr.Kind, "create-rename")
+	if t != nil {
+		t.Created(entry)
+	}
+	return newFile(fileKey{st.Dev, st.Ino}, name, path, hdr, mem, t, entry), fd, nil
+}
+
+// createFD makes a memfd segment and hands it to the broker, unless the
+// caller keeps its fd.
+func createFD(hdr header.Header, reserve uint64, t Tracker, keepFD bool) (seg *Segment, fd int, err error) {
+	var b Broker
+	if !keepFD {
+		if b, err = currentBroker(); err != nil {
+			return nil, -1, err
+		}
+	}
+	name := randomName(FDPrefix)
+	if fd, err = createMemfd(name); err != nil {
+		return nil, -1, err
+	}
+	defer closeUnlessKept(&fd, keepFD, &err)
+	var mem []byte
+	defer func() {
+		if err != nil && mem != nil {
+			err = errors.Join(err, unix.Munmap(mem))
+		}
+	}()
+	if mem, err = prepare(fd, name, &hdr, reserve); err != nil {
+		return nil, fd, err
+	}
+	var st unix.Stat_t
+	if err = unix.Fstat(fd, &st); err != nil {
+		return nil, fd, fmt.Errorf("fstat segment %q: %w", name, err)
+	}
+	if err = seal(fd, name); err != nil {
+		return nil, fd, err
+	}
+	entry := NoEntry
+	if b != nil {
+		// Recorded before the broker has it: an entry for a name the broker
+		// never got is given up as nothing.
+		if t != nil {
+			entry = t.Holding(name)
+		}
+		if err = b.Put(name, fd); err != nil {
+			if t != nil {
+				t.Dropped(entry)
+			}
+			return nil, fd, fmt.Errorf("hand memfd segment %q to the cleanup daemon: %w", name, err)
+		}
+	}
+	return newFile(fileKey{st.Dev, st.Ino}, name, "", hdr, mem, t, entry), fd, nil
+}
+
+// prepare sizes and reserves the new file behind fd, maps it and writes
+// its header.
+func prepare(fd int, name string, hdr *header.Header, reserve uint64) ([]byte, error) {
+	if err := unix.Fchmod(fd, 0o600); err != nil {
+		return nil, fmt.Errorf("fchmod segment %q: %w", name, err)
+	}
+	size := hdr.SegmentSize()
+	if reserve < size {
+		if err := unix.Ftruncate(fd, int64(size)); err != nil {
+			return nil, fmt.Errorf("size segment %q: %w", name, err)
+		}
+	}
+	if err := reserveRange(fd, name, 0, min(reserve, size)); err != nil {
+		return nil, err
+	}
+	stall(hdr.Kind, "create-reserve")
+	// The creator writes the data: its page tables are filled at once when
+	// every page is reserved, rather than one fault per page.
+	mem, err := mmapFlags(fd, size, true, populateIf(reserve >= size))
+	if err != nil {
+		return nil, fmt.Errorf("map segment %q: %w", name, err)
+	}
+	hdr.CreatedNS = time.Now().UnixNano()
+	hdr.Encode(mem)
+	return mem, nil
+}
+
+// reserveRange allocates the pages of bytes [off, off+n) of the file behind
+// fd, so that touching them never faults for want of memory.
+func reserveRange(fd int, name string, off, n uint64) error {
+	if n == 0 {
+		return nil
+	}
+	if err := unix.Fallocate(fd, 0, int64(off), int64(n)); err != nil {
+		if errors.Is(err, unix.ENOSPC) || errors.Is(err, unix.ENOMEM) || errors.Is(err, unix.EFBIG) {
+			return outOfMemory(name, n, err)
+		}
+		return fmt.Errorf("reserve %d bytes for segment %q: %w", n, name, err)
+	}
+	return nil
+}
+
+// rename gives the file at from the name to, unless to exists.
+func rename(from, to string) error {
+	err := unix.Renameat2(unix.AT_FDCWD, from, unix.AT_FDCWD, to, unix.RENAME_NOREPLACE)
+	if !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOSYS) {
+		return err
+	}
+	// A file system without RENAME_NOREPLACE: link fails on an existing
+	// name as well.
+	if err := unix.Link(from, to); err != nil {
+		return err
+	}
+	return unix.Unlink(from)
+}
+
+// newFile registers a file this process just created, with the creator's
+// count and one handle, and returns that handle.
+func newFile(key fileKey, name, path string, hdr header.Header, mem []byte, t Tracker, entry int) *Segment {
+	f := &file{key: key, name: name, path: path, hdr: hdr, rw: mem, handles: 1, counted: true, tracker: t, entry: entry}
+	f.rc = (*int64)(unsafe.Pointer(&mem[header.RefcountOffset]))
+	registry.mu.Lock()
+	register(f)
+	registry.mu.Unlock()
+	return &Segment{f: f, data: f.region(false)}
+}
+
+// Reserve reserves the pages of the segment's data up to byte n of it, for
+// a segment made with CreateSparse; fd is the one CreateSparse returned.
+func (s *Segment) Reserve(fd int, n uint64) error {
+	if s.closed.Load() {
+		return ErrClosed
+	}
+	return reserveRange(fd, s.f.name, s.f.hdr.DataOffset, min(n, s.f.hdr.NBytes))
+}
+
+func outOfMemory(name string, size uint64, cause error) error {
+	dir := Dir()
+	var fs unix.Statfs_t
+	free, total := "unknown", "unknown"
+	if unix.Statfs(dir, &fs) == nil {
+		free = formatBytes(fs.Bavail * uint64(fs.Bsize))
+		total = formatBytes(fs.Blocks * uint64(fs.Bsize))
+	}
+	return fmt.Errorf("%w: segment %q needs %s (%d bytes) but %s has %s free of %s; "+
+		"give a container more with docker run --shm-size=<size>, or grow the mount with "+
+		"mount -o remount,size=<size> %s: %w",
+		ErrOutOfSharedMemory, name, formatBytes(size), size, dir, free, total, dir, cause)
+}
+
+func formatBytes(n uint64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	v, suffix := float64(n), "KMGTPE"
+	i := -1
+	for v >= unit && i < len(suffix)-1 {
+		v /= unit
+		i++
+	}
+	return fmt.Sprintf("%.1f %ciB", v, suffix[i])
+}

@@ -1,0 +1,35 @@
+"""CUDA device memory that views keep alive: what VMM tensors (zctipc.cuda)
+and tensors received by legacy IPC (the wire's CUDA codec) are made of."""
+
+import weakref
+
+import numpy as np
+
+KDL_CUDA = 2  # DLPack's device type for CUDA memory
+
+
+class DeviceMemory:
+    """nbytes of device memory at ptr, exposed with
+    ``__cuda_array_interface__`` as bytes; release() runs when the last view
+    of it is gone."""
+
+    def __init__(self, ptr, nbytes, device, release):
+        self.ptr, self.nbytes, self.device = ptr, nbytes, device
+        self._finalizer = weakref.finalize(self, release)
+
+    @property
+    def __cuda_array_interface__(self):
+        return {"shape": (self.nbytes,), "typestr": "|u1", "data": (self.ptr, False), "strides": None,
+                "version": 3, "stream": None}
+
+
+def torch_view(memory, dtype, shape, strides=None, storage_offset=0):
+    """A torch tensor of dtype over memory (DeviceMemory), laid out as shape
+    and strides (elements), which keeps memory alive."""
+    import torch
+
+    raw = torch.as_tensor(memory, device=f"cuda:{memory.device}")  # uint8, holds memory
+    typed = raw.view(dtype) if raw.numel() else raw.to(dtype)
+    if strides is None:
+        return typed[: int(np.prod(shape, dtype=np.int64))].view(shape)
+    return typed.as_strided(shape, strides, storage_offset)

@@ -1,0 +1,88 @@
+"""The process's pool of shared-memory buffers.
+
+Buffers come from arenas cut into size classes; freeing one (when its last
+view anywhere is gone) puts it back for the next allocation, so a steady
+stream of tensors makes no system call and touches no new page. Buffers
+larger than the largest class (3.5 GiB) get a segment of their own.
+"""
+
+from typing import NamedTuple
+
+from ..errors import OutOfSharedMemory
+from . import args, dtypes, layout, memory, native, wait
+
+
+class PoolStats(NamedTuple):
+    """The state of this process's pool."""
+
+    arenas: int
+    reserved: int  # bytes of arena segments
+    limit: int  # most bytes of arenas
+    slots_in_use: int  # buffers handed out and not yet freed, here or anywhere
+    bytes_in_use: int
+
+
+def stats():
+    """A snapshot of this process's pool."""
+    ffi, lib = native.ffi(), native.lib()
+    st = ffi.new("zct_pool_stats *")
+    native.check(lib.zct_pool_stats_get(st))
+    return PoolStats(st.arenas, st.reserved, st.limit, st.slots_in_use, st.bytes_in_use)
+
+
+def set_limit(nbytes):
+    """Set the most bytes of arenas the pool may hold."""
+    nbytes = args.integer("a pool limit", nbytes, 0, (1 << 64) - 1)
+    native.check(native.lib().zct_pool_set_limit(nbytes))
+
+
+def alloc(nbytes, block=True, timeout=None):
+    """A buffer of at least nbytes: (ref, address). A pool slot, or a
+    segment of its own above the largest class. Waits for a free slot when
+    the pool is full, as block and timeout say, then raises
+    OutOfSharedMemory; raises it at once when waiting cannot help (the
+    buffer is larger than the pool's limit, or /dev/shm is full and nothing
+    of this pool can come back)."""
+    ffi, lib = native.ffi(), native.lib()
+    ref = ffi.new("zct_handle *")
+    data = ffi.new("void **")
+    size = ffi.new("uint64_t *")
+    status = wait.retry(lambda ms: lib.zct_pool_alloc(nbytes, ms, ref, data, size), native.E_FULL, block, timeout)
+    if status == native.E_INVALID and nbytes > 0:  # above the largest class: a segment of its own
+        return _segment_buffer(nbytes)
+    if status == native.E_FULL:  # full until the deadline: not queue.Full, but the pool's own error
+        raise OutOfSharedMemory(native.error(status).args[0])
+    native.check(status)
+    return ref[0], data[0]
+
+
+def _segment_buffer(nbytes):
+    """A buffer of its own segment, as a ref (a count on the segment) and the
+    address of its data."""
+    ffi, lib = native.ffi(), native.lib()
+    handle = ffi.new("zct_handle *")
+    info = ffi.new("zct_info *")
+    shape = ffi.new("int64_t[]", [nbytes])
+    native.check(lib.zct_segment_create(ffi.NULL, dtypes.CODES["uint8"], 1, shape, handle, info))
+    try:
+        ref = ffi.new("zct_handle *")
+        offset = ffi.new("uint64_t *")
+        native.check(lib.zct_ref_find(info.data, nbytes, ref, offset))
+        return ref[0], info.data
+    finally:
+        native.check(lib.zct_segment_close(handle[0]))  # the ref holds it now
+
+
+def empty(shape, dtype="float32", block=True, timeout=None):
+    """A new array in a pool buffer, uninitialized: a NumPy array, or a
+    torch tensor when dtype is a torch dtype. It holds its buffer."""
+    code = dtypes.code_of(dtype)
+    dims = layout.shape_tuple(shape)
+    itemsize = dtypes.ITEMSIZE[code]
+    size = layout.nbytes(dims, itemsize)
+    ref, address = alloc(max(size, 1), block, timeout)
+    owner = memory.owner(address, "zct_ref_release", ref, "releasing a buffer")
+    strides = layout.c_strides(dims, itemsize)
+    if type(dtype).__module__ == "torch":
+        return memory.tensor(memory.ndarray(owner, size, dtypes.storage_dtype(code), dims, strides), code)
+    return memory.ndarray(owner, size, dtypes.numpy_dtype(code), dims, strides)

@@ -1,0 +1,44 @@
+"""Waiting: every blocking call waits in the library in slices, so that
+Python runs its signal handlers (Ctrl-C) in between, and honours block and
+timeout as multiprocessing does."""
+
+import time
+
+from . import args, native
+
+# Longest single wait inside the library, so that Ctrl-C is seen in time.
+WAIT_SLICE = 0.05
+
+
+def wait_slices(block, timeout):
+    """Yield how long each native wait may last (in ms) until the deadline:
+    0 once when not blocking; slices of WAIT_SLICE otherwise. Raises
+    TypeError or ValueError for a bad timeout."""
+    if not block:
+        yield 0
+        return
+    timeout = args.timeout(timeout)
+    if timeout is None:
+        while True:
+            yield int(WAIT_SLICE * 1000)
+    deadline = time.monotonic() + timeout
+    while True:
+        left = deadline - time.monotonic()
+        yield max(0, int(min(left, WAIT_SLICE) * 1000))
+        if left <= WAIT_SLICE:
+            if left > 0:
+                yield 0  # one last try at the deadline
+            return
+
+
+def retry(call, again, block=True, timeout=None):
+    """The status of call(ms), a native call that waits up to ms, called
+    again in wait slices while it returns again (the status of a wait that
+    timed out: nothing yet) or was interrupted by a signal, until block and
+    timeout say to stop. The caller checks what it returns."""
+    status = again
+    for ms in wait_slices(block, timeout):
+        status = call(ms)
+        if status != again and status != native.E_INTERRUPTED:
+            return status
+    return again

@@ -1,0 +1,8 @@
+"""The wire layer: how arrays, tensors, tables and CUDA tensors travel.
+
+Buffers leave as exports and arrive as views (exports); whole objects are
+pickled for queues with their buffers out of band (pickler); standard
+multiprocessing channels get reducers (reducers); Arrow tables and torch
+CUDA tensors have codecs of their own (tables, gpu). It imports the core
+layer and nothing above it.
+"""

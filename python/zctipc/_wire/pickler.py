@@ -1,0 +1,290 @@
+"""The queue pickler: whole objects pickled (protocol 5) for a zctipc
+queue, with every NumPy array, CPU torch tensor and SharedTensor inside them
+out of band: each goes as an Export whose descriptor travels in the record
+beside the pickle, which refers to it by index. Arrow tables and CUDA
+tensors go by their codecs.
+
+Note [counts in flight]: a descriptor carries one count on its memory,
+added when it is made. Whoever unpickles it takes that count over; a
+descriptor that is never unpickled keeps its memory until the cleanup of
+its segment (the queue's last holder drains unread messages).
+"""
+
+import copyreg
+import io
+import pickle
+import sys
+import threading
+
+import numpy as np
+
+from .._core import memory
+from .._core.segments import SharedTensor
+from . import exports, gpu, reducers, tables
+
+
+class Oversized:
+    """An object whose pickle alone fills a run: it is put by itself."""
+
+    __slots__ = ("obj",)
+
+    def __init__(self, obj):
+        self.obj = obj
+
+
+class Failed:
+    """An object whose pickling raised: raised again once the objects
+    before it are in the queue."""
+
+    __slots__ = ("exc",)
+
+    def __init__(self, exc):
+        self.exc = exc
+
+
+_receiving = threading.local()
+_sending = threading.local()
+
+
+def _rebuild(index, requires_grad=False):
+    """Unpickle the buffer at index of the message being received."""
+    ctx = _receiving.ctx
+    obj = ctx.objects[index]
+    if obj is None:
+        obj = ctx.objects[index] = exports.build(ctx.views[index])
+    if requires_grad:
+        obj.requires_grad_()
+    return obj
+
+
+# Note [the memo]: a pickler's memo holds a reference to every object it
+# has pickled, and clear_memo() drops them one by one before it empties the
+# table. An object freed there may run code that lets the garbage collector
+# in (a tensor's storage deleter, say), and the collector walks the
+# pickler's half-cleared memo. So the memo is emptied right after each
+# dump, while the caller still holds the object: nothing it holds dies
+# there, and no message's objects outlive its put.
+
+
+class QueuePickler:
+    """Pickles objects for a queue, with their arrays, tensors and
+    SharedTensors out of band; kept between messages, since making a pickler
+    costs more than pickling a small object."""
+
+    def __init__(self):
+        self.file = io.BytesIO()
+        self.pickler = pickle.Pickler(self.file, pickle.HIGHEST_PROTOCOL)
+        table = dict(copyreg.dispatch_table)
+        table[np.ndarray] = self._reduce_array
+        table[SharedTensor] = self._reduce_shared
+        torch = sys.modules.get("torch")
+        if torch is not None:
+            table[torch.Tensor] = self._reduce_tensor
+        for t in tables.table_types():
+            table[t] = tables.reduce_table
+        self.pickler.dispatch_table = table
+        self.modules = _modules()
+        self.busy = False
+        self.exports = []
+        self.block, self.timeout = True, None
+
+    def current(self):
+        """Whether this pickler still fits: no module it knows types of
+        (torch, pyarrow, pandas, polars) imported since."""
+        return self.modules == _modules()
+
+    def dumps(self, obj, block=True, timeout=None):
+        """(pickle bytes, [Export, ...]). On failure every buffer already
+        exported is released."""
+        self.busy = True
+        self.exports = out = []
+        self.block, self.timeout = block, timeout
+        f = self.file
+        try:
+            f.seek(0)
+            f.truncate()
+            self._dump(obj)
+            return f.getvalue(), out
+        except BaseException:
+            for e in out:
+                e.release()
+            raise
+        finally:
+            self.busy = False
+
+    def _dump(self, obj):
+        """Pickle obj and empty the memo while obj is still held (see
+        Note [the memo])."""
+        try:
+            self.pickler.dump(obj)
+        finally:
+            self.pickler.clear_memo()
+
+    def dump_run(self, objs, limit, block, timeout, first=None):
+        """Pickle objects from the iterator objs (after first, when given)
+        one after another into one buffer, stopping at the first whose
+        pickle has out-of-band buffers or would take the run past limit
+        bytes. Returns (buffer, [end of each pickle], single): single is
+        (obj, pickle, exports) for an object with buffers, (Oversized(obj),
+        None, []) for one that did not fit, (Failed(exc), None, []) for one
+        whose pickling raised exc after others were pickled, or None when
+        objs ran out."""
+        self.busy = True
+        self.exports = out = []
+        self.block, self.timeout = block, timeout
+        f, dump = self.file, self._dump
+        f.seek(0)
+        f.truncate()
+        ends, tell = [], f.tell
+        append = ends.append
+        start = 0
+        try:
+            for obj in (objs if first is None else _chain(first, objs)):
+                try:
+                    dump(obj)
+                except Exception as exc:
+                    if not ends:
+                        raise
+                    # The objects before it go first, as puts one by one would.
+                    for e in out:
+                        e.release()
+                    out.clear()
+                    f.truncate(start)
+                    return f.getvalue(), ends, (Failed(exc), None, [])
+                end = tell()
+                if out:
+                    payload = f.getvalue()[start:end]
+                    f.truncate(start)
+                    single, self.exports = (obj, payload, out), []
+                    return f.getvalue(), ends, single
+                if end > limit and ends:
+                    f.truncate(start)
+                    return f.getvalue(), ends, (Oversized(obj), None, [])
+                append(end)
+                start = end
+            return f.getvalue(), ends, None
+        except BaseException:
+            for e in out:
+                e.release()
+            raise
+        finally:
+            self.busy = False
+
+    def _export(self, obj, export):
+        e = export(obj, self.block, self.timeout)
+        if e is None:
+            return obj.__reduce_ex__(pickle.HIGHEST_PROTOCOL)
+        self.exports.append(e)
+        return _rebuild, (len(self.exports) - 1,)
+
+    def _reduce_array(self, arr):
+        return self._export(arr, exports.export_array)
+
+    def _reduce_tensor(self, t):
+        exports.check_grad(t)
+        if t.device.type == "cuda":
+            return gpu.reduce_cuda(t, reducers.torch_fallback())
+        if t.layout in _sparse_layouts():
+            return _reduce_sparse(t)
+        rv = self._export(t, exports.export_tensor)
+        if rv[0] is _rebuild and t.requires_grad:
+            return _rebuild, (rv[1][0], True)
+        return rv
+
+    def _reduce_shared(self, st):
+        return self._export(st, lambda st, block, timeout: exports.export_shared_tensor(st))
+
+
+# Note [sparse tensors]: torch pickles a sparse tensor as its parts (indices
+# and values), and its rebuild function appends every tensor it makes to a
+# list that only torch.load drains, to validate them later. Unpickled by a
+# queue, they would stay in that list, and the pool buffers under their
+# parts with them, for the life of the process. zctipc pickles the parts
+# itself (out of band, as any tensor) and rebuilds the sparse tensor from
+# them without that list: dropping it frees its buffers.
+
+_SPARSE = {}  # torch layout -> its name, once torch is met
+
+
+def _sparse_layouts():
+    if not _SPARSE:
+        import torch
+
+        for name in ("coo", "csr", "csc", "bsr", "bsc"):
+            _SPARSE[getattr(torch, "sparse_" + name)] = name
+    return _SPARSE
+
+
+def _reduce_sparse(t):
+    """A sparse tensor as its parts (see Note [sparse tensors])."""
+    layout = _SPARSE[t.layout]
+    if layout == "coo":
+        parts = (t._indices(), t._values(), tuple(t.shape), t.is_coalesced())
+    elif layout in ("csr", "bsr"):
+        parts = (t.crow_indices(), t.col_indices(), t.values(), tuple(t.shape))
+    else:
+        parts = (t.ccol_indices(), t.row_indices(), t.values(), tuple(t.shape))
+    return _rebuild_sparse, (layout, parts, t.requires_grad)
+
+
+def _rebuild_sparse(layout, parts, requires_grad=False):
+    import torch
+
+    if layout == "coo":
+        indices, values, size, coalesced = parts
+        t = torch.sparse_coo_tensor(indices, values, size, is_coalesced=coalesced, check_invariants=False)
+    else:
+        compressed, plain, values, size = parts
+        t = torch.sparse_compressed_tensor(compressed, plain, values, size, layout=getattr(torch, "sparse_" + layout),
+                                           check_invariants=False)
+    return t.requires_grad_() if requires_grad else t
+
+
+_KNOWN_MODULES = ("torch", "pyarrow", "pandas", "polars")
+
+
+def _modules():
+    """Which of the modules whose types zctipc sends its own way are
+    imported."""
+    return tuple(m in sys.modules for m in _KNOWN_MODULES)
+
+
+def _chain(first, rest):
+    yield first
+    yield from rest
+
+
+def pickler():
+    """A QueuePickler this thread may use now."""
+    p = getattr(_sending, "pickler", None)
+    if p is None or not p.current():
+        p = _sending.pickler = QueuePickler()
+    return QueuePickler() if p.busy else p
+
+
+def dumps(obj, block=True, timeout=None):
+    """Pickle obj for a queue: (pickle bytes, [Export, ...])."""
+    return pickler().dumps(obj, block, timeout)
+
+
+class _Receiving:
+    __slots__ = ("views", "objects")
+
+
+def loads(data, views, nviews):
+    """Unpickle a queue message whose buffers are views[0:nviews]. A buffer
+    the pickle does not use is released."""
+    if nviews == 0:
+        return pickle.loads(data)
+    ctx = _Receiving()
+    ctx.views = views
+    ctx.objects = [None] * nviews
+    saved = getattr(_receiving, "ctx", None)
+    _receiving.ctx = ctx
+    try:
+        return pickle.loads(data)
+    finally:
+        _receiving.ctx = saved
+        for i in range(nviews):
+            if ctx.objects[i] is None:
+                memory.release_ref(views[i].ref)

@@ -1,0 +1,65 @@
+"""The public API: every name a release offered is still offered, where it
+was. The lists are the API as it stood before the package was split into
+layers; names may be added, never removed."""
+
+import importlib
+
+import pytest
+
+import zctipc
+
+PACKAGE = """
+Array AuthenticationError Barrier BoundedSemaphore BufferTooShort Condition CorruptHeader CorruptTable CudaError
+CudaUnavailable DEFAULT_MAX_BYTES DaemonUnavailable Event ForkedProcessError HandleClosed IncompatibleVersion
+InvalidArgument JoinableQueue LibraryPoisoned Lock Manager NotAZctipcSegment OutOfSharedMemory PermissionDenied Pipe
+Pipeline PipelineError Pool PoolStats Process ProcessError Queue RLock RawArray RawValue SegmentExists SegmentInfo
+SegmentNotFound Semaphore SharedTensor SimpleQueue Stream StreamBusy StreamEnded StreamReader StreamWriter TableHandle
+TimeoutError UnsupportedDtype Value ZctipcError ZctipcOSError active_children attach_ref attach_shared_tensor
+attach_table cleanup_all_segments collect_garbage cpu_count create_shared_tensor current_process daemon_status empty
+freeze_support get_all_sharing_strategies get_all_start_methods get_context get_logger get_sharing_strategy
+get_start_method init_reductions init_torch_reductions is_shared list_active_segments list_segments log_to_stderr
+parent_process pool_stats set_forkserver_preload set_pool_limit set_sharing_strategy set_start_method share
+share_table
+""".split()
+
+SUBMODULES = {
+    "zctipc.cuda": "CudaTensor device_count empty ipc_opens is_available unavailable_reason",
+    "zctipc.arrow": "CorruptTable TableHandle attach_table share_table",
+    "zctipc.streams": "Event Stream StreamReader StreamWriter",
+    "zctipc.queues": "DEFAULT_MAX_BYTES JoinableQueue Queue SimpleQueue",
+    "zctipc.context": "DEFAULT_START_METHOD DefaultContext ForkServerContext SpawnContext get_context",
+    "zctipc.tensor": "SegmentInfo SharedTensor attach_ref attach_shared_tensor cleanup_all_segments "
+                     "create_shared_tensor list_segments share",
+    "zctipc.pipeline": "Pipeline PipelineError",
+}
+
+
+def test_the_package_offers_every_name_it_offered():
+    assert len(PACKAGE) == 84
+    missing = sorted(set(PACKAGE) - set(zctipc.__all__))
+    assert not missing, f"public names removed: {missing}"
+    for name in zctipc.__all__:
+        assert hasattr(zctipc, name), f"zctipc.__all__ names {name}, which zctipc lacks"
+
+
+@pytest.mark.parametrize("module", sorted(SUBMODULES))
+def test_each_public_module_offers_every_name_it_offered(module):
+    mod = importlib.import_module(module)
+    missing = sorted(set(SUBMODULES[module].split()) - set(mod.__all__))
+    assert not missing, f"{module} lost {missing}"
+    for name in mod.__all__:
+        assert hasattr(mod, name), f"{module}.__all__ names {name}, which it lacks"
+
+
+def test_every_exception_lives_in_errors():
+    for name in zctipc.__all__:
+        obj = getattr(zctipc, name)
+        if isinstance(obj, type) and issubclass(obj, BaseException) and obj.__module__.startswith("zctipc"):
+            assert obj.__module__ == "zctipc.errors", f"{name} is defined in {obj.__module__}"
+
+
+def test_event_is_one_class_wherever_it_is_imported_from():
+    from zctipc.events import Event
+    from zctipc.streams import Event as StreamsEvent
+
+    assert zctipc.Event is Event is StreamsEvent

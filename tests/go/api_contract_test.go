@@ -368,6 +368,9 @@ func TestAGoProgramLeavesNothing(t *testing.T) {
 			cmd.Stderr = os.Stderr
 			stdout, err := cmd.StdoutPipe()
 			require.NoError(t, err)
+			// It returns when its input ends: only after the files were seen.
+			stdin, err := cmd.StdinPipe()
+			require.NoError(t, err)
 			require.NoError(t, cmd.Start())
 			line, err := bufio.NewReader(stdout).ReadString('\n')
 			require.NoError(t, err)
@@ -377,6 +380,8 @@ func TestAGoProgramLeavesNothing(t *testing.T) {
 				require.FileExists(t, filepath.Join(shm.Dir(), n))
 			}
 			switch end {
+			case "return":
+				require.NoError(t, stdin.Close())
 			case "SIGTERM":
 				require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
 			case "SIGKILL":

@@ -1,12 +1,14 @@
 // Command leaver is a Go program that uses zctipc and ends without closing
 // anything: it makes a tensor, a queue holding a tensor, and a stream,
-// prints their names, and then returns from main ("return") or waits to be
-// killed ("wait"). What it held must not outlive it.
+// prints their names, and then returns from main once its standard input
+// ends ("return") or waits to be killed ("wait"). What it held must not
+// outlive it.
 package main
 
 import (
 	"context"
 	"fmt"
+	"io"
 	"os"
 
 	"github.com/zctipc/zctipc/go/zctipc"
@@ -26,6 +28,7 @@ func main() {
 	if len(os.Args) > 1 && os.Args[1] == "wait" {
 		select {}
 	}
+	_, _ = io.Copy(io.Discard, os.Stdin)
 }
 
 func check(err error) {

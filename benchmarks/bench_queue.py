@@ -10,6 +10,9 @@
              one np.copyto of 1 GiB in the same run
   alloc      zctipc.empty((256, 1024), float32) and release, from the pool vs
              a fresh segment each time, per second
+  pool       concurrent.futures.ProcessPoolExecutor mapping a function over
+             1,000 arrays of 4 MiB that returns arrays of the same size: with
+             zctipc's context vs the standard library's (fork and forkserver)
 
     python benchmarks/bench_queue.py [--only rate,big,copy-in,alloc] [--quick] [--json PATH] [--readme README.md]
 """
@@ -275,12 +278,53 @@ def suite_alloc(quick, report):
     return [[k, f"{v:,.0f}/s", fmt_ratio(base / v)] for k, v in results.items()]
 
 
-SUITES = {"rate": suite_rate, "big": suite_big, "copy-in": suite_copy_in, "alloc": suite_alloc}
+# -- pool ----------------------------------------------------------------------
+
+
+def _plus_one(a):
+    return a + 1
+
+
+def pool_map(ctx, arrays, tasks, workers=2):
+    """Seconds for ProcessPoolExecutor(mp_context=ctx) to map _plus_one over
+    tasks arrays (cycling through arrays) and hand back every result, its
+    workers started and warm beforehand; checks each result."""
+    import concurrent.futures
+
+    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=ctx) as ex:
+        list(ex.map(_plus_one, arrays[:workers] * 2))  # start and warm the workers
+        start = time.perf_counter()
+        for i, r in enumerate(ex.map(_plus_one, (arrays[i % len(arrays)] for i in range(tasks)))):
+            if r.shape != arrays[0].shape or r[0] != arrays[i % len(arrays)][0] + 1:
+                raise AssertionError(f"task {i} returned a wrong result")
+        return time.perf_counter() - start
+
+
+def suite_pool(quick, report):
+    tasks = 10 if TINY else 200 if quick else 1000
+    nbytes = (64 << 10) if TINY else 4 << 20
+    arrays = [np.full(nbytes // 4, i, np.float32) for i in range(8)]
+    peers = {"zctipc.get_context()": zctipc.get_context(),
+             "stdlib fork": multiprocessing.get_context("fork"),
+             "stdlib forkserver": multiprocessing.get_context("forkserver")}
+    results = {}
+    for peer, ctx in peers.items():
+        print(f"  pool {peer:<24}", end="", flush=True)
+        results[peer] = pool_map(ctx, arrays, tasks)
+        print(f" {results[peer]:.2f} s", flush=True)
+    base = results["zctipc.get_context()"]
+    report["pool"] = [{"peer": k, "tasks": tasks, "bytes": nbytes, "seconds": v} for k, v in results.items()]
+    return [[f"{tasks:,} x {fmt_bytes(nbytes)}", k, f"{v:.2f} s", f"{tasks / v:,.0f}/s", fmt_ratio(v / base)]
+            for k, v in results.items()]
+
+
+SUITES = {"rate": suite_rate, "big": suite_big, "copy-in": suite_copy_in, "alloc": suite_alloc, "pool": suite_pool}
 HEADERS = {
     "rate": ["producers/consumers", "peer and API", "messages per second", "zctipc put/get is", "zctipc at best is"],
     "big": ["big tensor, put to usable tensor", "median", "p99", "rounds", "vs zctipc"],
     "copy-in": ["plain array", "operation", "median", "vs np.copyto"],
     "alloc": ["allocation of a 1 MiB float32 array and release", "rate", "zctipc pool is"],
+    "pool": ["ProcessPoolExecutor.map, a + 1", "context", "end to end", "tasks", "zctipc is"],
 }
 
 

@@ -253,7 +253,11 @@ func zct_queue_create(name *C.zct_cchar, capacity C.uint64_t, maxsize C.uint64_t
 		if out == nil {
 			return errNilArg
 		}
-		q, err := queue.Create(goString(name), uint64(capacity), uint64(maxsize))
+		create := func() (*queue.Queue, error) { return queue.Create(goString(name), uint64(capacity), uint64(maxsize)) }
+		if capacity == 0 {
+			create = func() (*queue.Queue, error) { return queue.CreateUnbounded(goString(name), uint64(maxsize)) }
+		}
+		q, err := create()
 		if err != nil {
 			return err
 		}
@@ -524,10 +528,29 @@ func zct_queue_len(h C.zct_handle, items *C.int64_t, unfinished *C.int64_t) C.in
 	})
 }
 
+//export zct_queue_room
+func zct_queue_room(h C.zct_handle, bytes *C.uint64_t) C.int {
+	return with(queues, uint64(h), func(q *queue.Queue) error {
+		if bytes == nil {
+			return errNilArg
+		}
+		n, err := q.Room()
+		*bytes = C.uint64_t(n)
+		return err
+	})
+}
+
 //export zct_queue_task_done
 func zct_queue_task_done(h C.zct_handle) C.int {
 	return with(queues, uint64(h), func(q *queue.Queue) error {
 		return q.TaskDone()
+	})
+}
+
+//export zct_queue_wait
+func zct_queue_wait(h C.zct_handle, timeoutMS C.int64_t) C.int {
+	return with(queues, uint64(h), func(q *queue.Queue) error {
+		return q.WaitNonEmpty(deadline(timeoutMS))
 	})
 }
 

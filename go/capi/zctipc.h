@@ -32,7 +32,7 @@ extern "C" {
 
 /* BEGIN CDEF (python/zctipc/_ffi_build.py feeds from here to END CDEF to cffi) */
 
-#define ZCT_ABI_VERSION 5
+#define ZCT_ABI_VERSION 6
 #define ZCT_MAX_NDIM 32
 #define ZCT_NAME_CAP 256
 
@@ -288,7 +288,10 @@ int zct_pool_alloc(uint64_t nbytes, int64_t timeout_ms, zct_handle *ref, void **
 int zct_pool_stats_get(zct_pool_stats *stats);
 int zct_pool_set_limit(uint64_t bytes);
 
-/* Queues. */
+/* Queues. capacity: the ring's bytes, the largest message (rounded up to a
+   power of two); 0 makes an unbounded queue, whose ring of 1 GiB uses the
+   memory of the messages it holds (16 MiB, bounded, before Linux 5.14).
+   maxsize: the most messages at once, 0 for no limit. */
 int zct_queue_create(const char *name, uint64_t capacity, uint64_t maxsize, zct_handle *queue);
 /* Attach a queue; with adopt, take over a count a message in flight carried. */
 int zct_queue_attach(const char *name, int32_t adopt, zct_handle *queue);
@@ -325,9 +328,17 @@ int zct_queue_get_many(zct_handle queue, void *buf, uint64_t cap, int32_t max_re
                        int32_t *records, zct_record *recs, uint64_t *filled,
                        zct_view *views, int32_t views_cap, int32_t *nviews);
 int zct_queue_len(zct_handle queue, int64_t *items, int64_t *unfinished);
+/* The size of the largest record a put would find room for now, header
+   included (0 when maxsize messages are in the queue). */
+int zct_queue_room(zct_handle queue, uint64_t *bytes);
 int zct_queue_task_done(zct_handle queue);
 /* Wait until every message put was marked done; ZCT_E_FULL at the timeout. */
 int zct_queue_join(zct_handle queue, int64_t timeout_ms);
+/* Wait until the queue holds a message, without taking it (another consumer
+   may take it first); ZCT_E_EMPTY at the timeout. For waiting on a queue
+   among other things: zctipc's Python package signals a readiness file
+   descriptor from it. */
+int zct_queue_wait(zct_handle queue, int64_t timeout_ms);
 
 /* Streams: one writer and up to 64 readers of a ring of fixed-size frames
    (docs/format.md). timeout_ms: -1 waits for ever, 0 not at all. */

@@ -18,6 +18,21 @@
 // that every put (or get) bumps, after the waiter registered itself; a
 // signal interrupts the wait so that the caller's host can run its handler.
 //
+// # Unbounded queues
+//
+// A queue made with CreateUnbounded has a ring of MaxCapacity bytes whose
+// memory comes and goes with its messages (ring version 2): a producer
+// reserves the pages of a chunk before it writes into it (offReserved says
+// how far), and the consumer whose get leaves chunks behind gives their
+// pages back, after its commit and before it lets go of the get lock
+// (offGivenBack says how far). A producer writes only up to offGivenBack
+// plus the ring size, so it never writes into a chunk whose pages are being
+// given back. A consumer killed between its commit and giving back leaves
+// pages in use (the next get gives them back); a producer killed after
+// reserving leaves pages that the next one uses. So an unbounded queue
+// holds as many messages as /dev/shm has room for, up to a gibibyte of
+// pickled bytes, and uses the memory of the messages it holds.
+//
 // # Records wrap
 //
 // A record is written at its byte position modulo the ring size and, when
@@ -75,6 +90,12 @@ func (e *RangeError) Error() string {
 const (
 	MinCapacity = 4 << 10
 	MaxCapacity = 1 << 30
+	// FallbackCapacity is the ring of an unbounded queue on a kernel that
+	// cannot reserve pages on demand (before Linux 5.14): a bounded one.
+	FallbackCapacity = 16 << 20
+	// chunk is the unit in which an unbounded queue's ring pages are
+	// reserved and given back.
+	chunk = 2 << 20
 )
 
 const (
@@ -94,8 +115,10 @@ const (
 	offRingVersion  = 16  // u32 how records are laid in the ring
 	offPutLock      = 64  // lock.Size bytes
 	offTail         = 96  // u64 puts << 32 | tail
+	offReserved     = 104 // u32 ring version 2: pages are reserved up to this position
 	offGetLock      = 128 // lock.Size bytes
 	offHead         = 160 // u64 gets << 32 | head
+	offGivenBack    = 168 // u32 ring version 2: pages before this position were given back
 	offDone         = 192 // u32 task_done calls
 	offDataSeq      = 256 // u32 bumped on every put
 	offDataWaiters  = 260 // u32
@@ -109,7 +132,14 @@ const (
 // RingVersion is the ring layout this package writes and reads: version 1
 // records wrap at the end of the ring (docs/format.md). Rings of zctipc
 // 0.1.0 say 0 there and never wrapped a record; they are refused.
-const RingVersion = 1
+// SparseRingVersion marks the ring of an unbounded queue, whose pages are
+// reserved and given back as messages come and go (see Unbounded queues):
+// a library that does not know it refuses it rather than write into pages
+// that are not there.
+const (
+	RingVersion       = 1
+	SparseRingVersion = 2
+)
 
 // ErrRingVersion means a queue's ring was laid out by another version.
 var ErrRingVersion = fmt.Errorf("queue ring layout: %w", header.ErrVersion)
@@ -125,6 +155,10 @@ type Queue struct {
 	capacity uint32
 	mask     uint32
 	maxItems uint32
+	// sparse: ring version 2, whose pages come and go (see Unbounded
+	// queues); maxRecord is the largest record that fits.
+	sparse    bool
+	maxRecord uint32
 	putLock  lock.Mutex
 	getLock  lock.Mutex
 	// interruptible makes a wait return ErrInterrupted on a signal, for
@@ -151,11 +185,35 @@ func Create(name string, capacity, maxItems uint64) (*Queue, error) {
 	if err != nil {
 		return nil, err
 	}
-	d := seg.Data()
+	initialize(seg.Data(), capacity, maxItems, RingVersion)
+	return openOrClose(seg)
+}
+
+// CreateUnbounded makes a queue that holds as many messages as shared
+// memory has room for (at most maxItems, 0: no limit): a ring of
+// MaxCapacity bytes whose pages are reserved as messages come and given
+// back as they go. On a kernel that cannot reserve pages on demand (before
+// Linux 5.14) it makes a queue of FallbackCapacity bytes instead.
+func CreateUnbounded(name string, maxItems uint64) (*Queue, error) {
+	if !shm.PagesOnDemand() {
+		return Create(name, FallbackCapacity, maxItems)
+	}
+	if maxItems > 1<<30 {
+		return nil, fmt.Errorf("queue of %d messages: the limit is %d: %w", maxItems, 1<<30, unix.EINVAL)
+	}
+	seg, err := shm.CreatePartly(name, header.KindQueue, dtype.Uint8, []int64{ringAt + MaxCapacity}, ringAt)
+	if err != nil {
+		return nil, err
+	}
+	initialize(seg.Data(), MaxCapacity, maxItems, SparseRingVersion)
+	return openOrClose(seg)
+}
+
+// initialize writes the layout of a new queue's data region.
+func initialize(d []byte, capacity, maxItems uint64, version uint32) {
 	*(*uint64)(unsafe.Pointer(&d[offCapacity])) = capacity
 	*(*uint64)(unsafe.Pointer(&d[offMaxItems])) = maxItems
-	*(*uint32)(unsafe.Pointer(&d[offRingVersion])) = RingVersion
-	return openOrClose(seg)
+	*(*uint32)(unsafe.Pointer(&d[offRingVersion])) = version
 }
 
 // Attach attaches the queue segment name; Adopt does so with a count that
@@ -197,12 +255,23 @@ func open(seg *shm.Segment) (*Queue, error) {
 	if capacity < MinCapacity || capacity > MaxCapacity || capacity&(capacity-1) != 0 || uint64(len(d)) != ringAt+capacity || maxItems > 1<<30 {
 		return nil, fmt.Errorf("queue %q: %w: a %d-byte ring in %d bytes", seg.Name(), header.ErrCorrupt, capacity, len(d))
 	}
-	if v := *(*uint32)(unsafe.Pointer(&d[offRingVersion])); v != RingVersion {
-		return nil, fmt.Errorf("queue %q: %w %d (this library reads %d)", seg.Name(), ErrRingVersion, v, RingVersion)
+	v := *(*uint32)(unsafe.Pointer(&d[offRingVersion]))
+	if v != RingVersion && v != SparseRingVersion {
+		return nil, fmt.Errorf("queue %q: %w %d (this library reads %d and %d)", seg.Name(), ErrRingVersion, v,
+			RingVersion, SparseRingVersion)
+	}
+	sparse := v == SparseRingVersion
+	if sparse && capacity < 4*chunk {
+		return nil, fmt.Errorf("queue %q: %w: a %d-byte unbounded ring", seg.Name(), header.ErrCorrupt, capacity)
+	}
+	maxRecord := uint32(capacity)
+	if sparse {
+		maxRecord -= chunk // a chunk's pages may be on their way back
 	}
 	return &Queue{
 		seg: seg, data: d, ring: d[ringAt:],
 		capacity: uint32(capacity), mask: uint32(capacity - 1), maxItems: uint32(maxItems),
+		sparse: sparse, maxRecord: maxRecord,
 		putLock: lock.At(unsafe.Pointer(&d[offPutLock])),
 		getLock: lock.At(unsafe.Pointer(&d[offGetLock])),
 	}, nil
@@ -214,8 +283,13 @@ func (q *Queue) u32(off int) *uint32 { return (*uint32)(unsafe.Pointer(&q.data[o
 // Segment returns the queue's segment.
 func (q *Queue) Segment() *shm.Segment { return q.seg }
 
-// Capacity returns the ring's size: the largest record is this big.
-func (q *Queue) Capacity() int { return int(q.capacity) }
+// Capacity returns the size of the largest record: the ring's size, less a
+// chunk for an unbounded queue.
+func (q *Queue) Capacity() int { return int(q.maxRecord) }
+
+// Unbounded reports whether the queue's ring uses the memory of the
+// messages it holds (CreateUnbounded) rather than all of it at once.
+func (q *Queue) Unbounded() bool { return q.sparse }
 
 // MaxItems returns the most messages the queue holds at once (0: no limit).
 func (q *Queue) MaxItems() int { return int(q.maxItems) }
@@ -235,6 +309,24 @@ func (q *Queue) len() int {
 	puts, _ := split(atomic.LoadUint64(q.u64(offTail)))
 	gets, _ := split(atomic.LoadUint64(q.u64(offHead)))
 	return int(int32(puts - gets))
+}
+
+// Room returns the size of the largest record a put would find room for
+// now (0 when the message limit is reached). Others may change it.
+func (q *Queue) Room() (int, error) {
+	if !q.guard.Enter() {
+		return 0, ErrClosed
+	}
+	defer q.guard.Leave()
+	puts, tail := split(atomic.LoadUint64(q.u64(offTail)))
+	gets, head := split(atomic.LoadUint64(q.u64(offHead)))
+	if q.maxItems != 0 && puts-gets >= q.maxItems {
+		return 0, nil
+	}
+	if q.sparse {
+		head = atomic.LoadUint32(q.u32(offGivenBack))
+	}
+	return int(min(q.capacity-min(tail-head, q.capacity), q.maxRecord)), nil
 }
 
 // Unfinished returns the messages put and not yet marked done.
@@ -315,8 +407,8 @@ func (q *Queue) putMany(recs []*message.Record, u futex.Until) (int, error) {
 		return 0, nil
 	}
 	for _, rec := range recs {
-		if uint64(rec.Size()) > uint64(q.capacity) {
-			return 0, fmt.Errorf("a message of %d bytes in a queue of %d: %w", rec.Size(), q.capacity, ErrTooLarge)
+		if uint64(rec.Size()) > uint64(q.maxRecord) {
+			return 0, fmt.Errorf("a message of %d bytes in a queue that takes %d: %w", rec.Size(), q.maxRecord, ErrTooLarge)
 		}
 	}
 	if err := q.lock(q.putLock, u, ErrFull); err != nil {
@@ -330,15 +422,24 @@ func (q *Queue) putMany(recs []*message.Record, u futex.Until) (int, error) {
 		if q.room(tail, head, puts-gets, uint32(recs[0].Size())) {
 			break
 		}
+		if q.sparse && q.catchUp(head, u) {
+			continue // pages a killed consumer left are given back: look again
+		}
 		if err := q.wait(q.putLock, offSpaceSeq, offSpaceWaiters, seen, u, ErrFull); err != nil {
 			return 0, err
 		}
 	}
 	n := 0
+	var reserveErr error
 	for n < len(recs) {
 		size := uint32(recs[n].Size())
 		if !q.room(tail, head, puts+uint32(n)-gets, size) {
 			break
+		}
+		if q.sparse {
+			if reserveErr = q.reserve(tail + size); reserveErr != nil {
+				break
+			}
 		}
 		q.write(tail, recs[n])
 		tail += size
@@ -347,6 +448,9 @@ func (q *Queue) putMany(recs []*message.Record, u futex.Until) (int, error) {
 	atomic.StoreUint64(q.u64(offTail), uint64(puts+uint32(n))<<32|uint64(tail)) // commit
 	if err := q.putLock.Unlock(); err != nil {
 		return n, err
+	}
+	if n == 0 {
+		return 0, reserveErr // out of shared memory for the first record
 	}
 	// Wake a consumer when the queue was empty; one that then leaves
 	// messages behind wakes the next (see GetMany), so a busy queue makes
@@ -360,9 +464,72 @@ func (q *Queue) putMany(recs []*message.Record, u futex.Until) (int, error) {
 }
 
 // room reports whether a record of size fits after tail, with items
-// messages in the queue.
+// messages in the queue. In an unbounded queue it fits only before the
+// pages given back so far, a ring's size on (see Unbounded queues).
 func (q *Queue) room(tail, head, items, size uint32) bool {
+	if q.sparse {
+		head = atomic.LoadUint32(q.u32(offGivenBack))
+	}
 	return tail-head+size <= q.capacity && (q.maxItems == 0 || items < q.maxItems)
+}
+
+// reserve reserves the pages of an unbounded queue's ring up to position
+// end (rounded up to a chunk), under the put lock.
+func (q *Queue) reserve(end uint32) error {
+	reserved := atomic.LoadUint32(q.u32(offReserved))
+	if int32(end-reserved) <= 0 {
+		return nil
+	}
+	upTo := (end + chunk - 1) &^ (chunk - 1)
+	if err := q.pages(reserved, upTo, shm.ReservePages); err != nil {
+		return err
+	}
+	atomic.StoreUint32(q.u32(offReserved), upTo)
+	return nil
+}
+
+// giveBack gives back the pages of the chunks an unbounded queue's
+// consumers have left behind, up to head's chunk; under the get lock,
+// after the commit that left them.
+func (q *Queue) giveBack(head uint32) {
+	from, to := atomic.LoadUint32(q.u32(offGivenBack)), head&^(chunk-1)
+	if from == to {
+		return
+	}
+	// A failure keeps the pages in use: nothing is lost.
+	_ = q.pages(from, to, shm.ReleasePages)
+	atomic.StoreUint32(q.u32(offGivenBack), to)
+}
+
+// catchUp gives back, under the get lock, the chunks behind head that a
+// consumer killed after its commit did not: a producer calls it, holding the
+// put lock, when a record does not fit. It reports whether it gave any back.
+func (q *Queue) catchUp(head uint32, u futex.Until) bool {
+	if atomic.LoadUint32(q.u32(offGivenBack)) == head&^(chunk-1) {
+		return false
+	}
+	if q.lock(q.getLock, u, ErrFull) != nil {
+		return false
+	}
+	_, head = split(atomic.LoadUint64(q.u64(offHead)))
+	before := atomic.LoadUint32(q.u32(offGivenBack))
+	q.giveBack(head)
+	_ = q.getLock.Unlock()
+	return atomic.LoadUint32(q.u32(offGivenBack)) != before
+}
+
+// pages applies fn to the ring's memory between positions from and to
+// (from before to, less than a ring apart), in two parts when it wraps.
+func (q *Queue) pages(from, to uint32, fn func([]byte) error) error {
+	n := to - from
+	if n > q.capacity {
+		n = q.capacity
+	}
+	pos := from & q.mask
+	if pos+n <= q.capacity {
+		return fn(q.ring[pos : pos+n])
+	}
+	return errors.Join(fn(q.ring[pos:]), fn(q.ring[:pos+n-q.capacity]))
 }
 
 // write encodes rec at byte position at, going on at offset 0 when it runs
@@ -450,6 +617,9 @@ func (q *Queue) getMany(buf []byte, maxRecords, maxDescriptors int, u futex.Unti
 		n++
 	}
 	atomic.StoreUint64(q.u64(offHead), uint64(gets+uint32(n))<<32|uint64(head)) // commit
+	if q.sparse {
+		q.giveBack(head)
+	}
 	if err := q.getLock.Unlock(); err != nil {
 		return n, filled, err
 	}
@@ -461,6 +631,48 @@ func (q *Queue) getMany(buf []byte, maxRecords, maxDescriptors int, u futex.Unti
 		}
 	}
 	return n, filled, q.signal(offSpaceSeq, offSpaceWaiters, 1)
+}
+
+// WaitNonEmpty returns once the queue holds a message, without taking it,
+// waiting until deadline as Get does (ErrEmpty). Another consumer may take
+// the message first: it says that a Get would have found one, for a
+// caller that waits on many things at once (a readiness file descriptor).
+func (q *Queue) WaitNonEmpty(deadline time.Time) error {
+	return q.waitNonEmpty(futex.Until{Deadline: deadline})
+}
+
+// WaitNonEmptyContext waits as WaitNonEmpty does until ctx is done: its
+// deadline (ErrEmpty), or its cancellation, which wakes the wait at once
+// (ErrEmpty and ctx.Err()).
+func (q *Queue) WaitNonEmptyContext(ctx context.Context) error {
+	u, stop := q.until(ctx, offDataSeq, offDataWaiters)
+	defer stop()
+	err := q.waitNonEmpty(u)
+	if errors.Is(err, ErrEmpty) {
+		err = futex.Cause(ctx, err)
+	}
+	return err
+}
+
+func (q *Queue) waitNonEmpty(u futex.Until) error {
+	if !q.guard.Enter() {
+		return ErrClosed
+	}
+	defer q.guard.Leave()
+	for woken := false; ; woken = true {
+		seen := atomic.LoadUint32(q.u32(offDataSeq))
+		if q.len() > 0 {
+			if woken {
+				// A put wakes one waiter when the queue was empty; this one
+				// takes nothing, so it passes the wake-up on to a consumer.
+				return q.signal(offDataSeq, offDataWaiters, 1)
+			}
+			return nil
+		}
+		if err := q.sleep(offDataSeq, offDataWaiters, seen, u, ErrEmpty); err != nil {
+			return err
+		}
+	}
 }
 
 // TaskDone marks one message done, for Join.
@@ -593,7 +805,7 @@ func Descriptors(data []byte, fn func(*message.Descriptor) error) error {
 	if capacity < MinCapacity || capacity > MaxCapacity || capacity&(capacity-1) != 0 || uint64(len(data)) != ringAt+capacity {
 		return nil // not a queue we can read; nothing to release
 	}
-	if *(*uint32)(unsafe.Pointer(&data[offRingVersion])) != RingVersion {
+	if v := *(*uint32)(unsafe.Pointer(&data[offRingVersion])); v != RingVersion && v != SparseRingVersion {
 		return nil
 	}
 	q := &Queue{data: data, ring: data[ringAt:], capacity: uint32(capacity), mask: uint32(capacity - 1)}

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"sync"
 	"time"
 	"unsafe"
 
@@ -56,6 +57,73 @@ func CreateSparse(kind header.Kind, size, reserve uint64) (*Segment, int, error)
 	}
 	return create("", hdr, hdr.DataOffset+min(reserve, size), true)
 }
+
+// CreatePartly makes a new segment named name (random when empty) like
+// Create, but reserves only the first reserve bytes of its data: the
+// caller reserves the rest as it uses it, with ReservePages, and must not
+// touch a page it has not reserved (it could fault when the file system is
+// full). Pages it no longer needs it gives back with ReleasePages.
+func CreatePartly(name string, kind header.Kind, dt dtype.DType, shape []int64, reserve uint64) (*Segment, error) {
+	hdr, err := header.New(kind, dt, shape)
+	if err != nil {
+		return nil, err
+	}
+	seg, _, err := create(name, hdr, hdr.DataOffset+min(max(reserve, 1), hdr.NBytes), false)
+	return seg, err
+}
+
+// ReservePages reserves the memory pages that hold mem, a part of a
+// segment's read-write mapping, so that touching them cannot fault for want
+// of memory: it returns an error wrapping ErrOutOfSharedMemory instead.
+// It needs Linux 5.14 (MADV_POPULATE_WRITE); see PagesOnDemand.
+func ReservePages(mem []byte) error {
+	if len(mem) == 0 {
+		return nil
+	}
+	start, end := pageSpan(mem, false)
+	err := unix.Madvise(unsafe.Slice((*byte)(unsafe.Pointer(start)), end-start), unix.MADV_POPULATE_WRITE)
+	if errors.Is(err, unix.EFAULT) || errors.Is(err, unix.ENOMEM) {
+		return outOfMemory("(a queue's ring)", uint64(len(mem)), err)
+	}
+	return err
+}
+
+// ReleasePages gives back to the file system the memory pages that lie
+// wholly inside mem, a part of a segment's read-write mapping; they read
+// as zeros afterwards, in every process. Pages that mem only partly covers
+// are kept.
+func ReleasePages(mem []byte) error {
+	start, end := pageSpan(mem, true)
+	if end <= start {
+		return nil
+	}
+	return unix.Madvise(unsafe.Slice((*byte)(unsafe.Pointer(start)), end-start), unix.MADV_REMOVE)
+}
+
+// pageSpan returns the page-aligned addresses that cover mem (inner: that
+// lie inside it).
+func pageSpan(mem []byte, inner bool) (uintptr, uintptr) {
+	page := uintptr(unix.Getpagesize())
+	start := uintptr(unsafe.Pointer(unsafe.SliceData(mem)))
+	end := start + uintptr(len(mem))
+	if inner {
+		return (start + page - 1) &^ (page - 1), end &^ (page - 1)
+	}
+	return start &^ (page - 1), (end + page - 1) &^ (page - 1)
+}
+
+var onDemand = sync.OnceValue(func() bool {
+	mem, err := unix.Mmap(-1, 0, unix.Getpagesize(), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED|unix.MAP_ANONYMOUS)
+	if err != nil {
+		return false
+	}
+	defer unix.Munmap(mem)
+	return unix.Madvise(mem, unix.MADV_POPULATE_WRITE) == nil
+})
+
+// PagesOnDemand reports whether this kernel reserves pages on demand
+// (ReservePages works: Linux 5.14 and later).
+func PagesOnDemand() bool { return onDemand() }
 
 // create makes a segment of header hdr, reserving its first reserve bytes
 // (all of it when reserve is zero), and returns its fd too with keepFD.

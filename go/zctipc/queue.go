@@ -61,6 +61,17 @@ func (q *Queue) Len() (int, error) {
 	return q.q.Len()
 }
 
+// Wait returns once the queue holds a message, without taking it, or when
+// ctx is done (ErrEmpty, with ctx.Err()). Another consumer may take the
+// message first; it is for a goroutine that waits on the queue among other
+// things, as a select would.
+func (q *Queue) Wait(ctx context.Context) error {
+	if err := q.check(); err != nil {
+		return err
+	}
+	return q.q.WaitNonEmptyContext(ctx)
+}
+
 // Close closes this process's handle on the queue, waking the calls
 // blocked on it. Closing twice returns ErrClosed.
 func (q *Queue) Close() error {

@@ -53,8 +53,21 @@ globals().update(context.namespace())
 # zctipc first makes a torch view.
 init_reductions()
 _memory.when_torch_is_met(_reducers.init_torch_reductions)
+# Note [the fork default] in zctipc.context.
+_native.when_loaded(context.choose_start_method)
 
 __version__ = _native.package_version()
+
+#: multiprocessing's submodules, under zctipc's name, imported on first use.
+_SUBMODULES = {"connection", "managers", "pool", "reduction", "shared_memory", "synchronize", "util"}
+
+
+def __getattr__(name):
+    if name in _SUBMODULES:
+        import importlib
+
+        return importlib.import_module(f".{name}", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 #: The name zero-copy-tensor-ipc used for list_segments.
 list_active_segments = list_segments  # noqa: F405

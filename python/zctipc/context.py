@@ -4,17 +4,31 @@ that are safe with a Go runtime in the process.
 A Go runtime does not survive ``fork()``, so zctipc's contexts use
 ``forkserver`` (the default, Python 3.14's own default) or ``spawn``. Their
 ``Queue``, ``SimpleQueue``, ``JoinableQueue`` and ``Event`` are zctipc's;
-``Pool`` is multiprocessing's pool, started with the context; everything
-else (``Process``, ``Pipe``, ``Lock``, ``Manager``, ...) is
-multiprocessing's own.
+``Pool`` is multiprocessing's pool over zctipc's queues, started with the
+context; everything else (``Process``, ``Pipe``, ``Lock``, ``Manager``, ...)
+is multiprocessing's own, started with the context. Each context returns
+itself from ``get_context()``.
+
+Note [the fork default]: on Pythons whose default start method is fork
+(Linux before 3.14), a program that never chose one would fork children
+that cannot use zctipc. So when this process first loads zctipc's library
+and no start method was chosen, multiprocessing's *default* becomes
+forkserver, with a one-line warning (choose_start_method). The method is
+not fixed: set_start_method("spawn") still works afterwards, and a program
+that chose fork keeps it (its children then raise ForkedProcessError).
+
+The module also carries every name of multiprocessing.context, so that it
+stands in for it (``import zctipc as multiprocessing``).
 """
 
 import multiprocessing
 import multiprocessing.pool
+import sys
+import warnings
 from multiprocessing import context as _mpcontext
 
 from .events import Event
-from .queues import DEFAULT_MAX_BYTES, JoinableQueue, Queue, SimpleQueue
+from .queues import JoinableQueue, Queue, SimpleQueue
 
 __all__ = ["get_context", "ForkServerContext", "SpawnContext", "DefaultContext", "DEFAULT_START_METHOD"]
 
@@ -25,25 +39,23 @@ class _ZctipcContext:
     """What zctipc's contexts change in multiprocessing's."""
 
     def Queue(self, maxsize=0, *, max_bytes=None):
-        return Queue(maxsize, max_bytes=max_bytes or DEFAULT_MAX_BYTES, ctx=self)
+        return Queue(maxsize, max_bytes=max_bytes, ctx=self)
 
     def JoinableQueue(self, maxsize=0, *, max_bytes=None):
-        return JoinableQueue(maxsize, max_bytes=max_bytes or DEFAULT_MAX_BYTES, ctx=self)
+        return JoinableQueue(maxsize, max_bytes=max_bytes, ctx=self)
 
     def SimpleQueue(self, *, max_bytes=None):
-        return SimpleQueue(max_bytes=max_bytes or DEFAULT_MAX_BYTES, ctx=self)
+        return SimpleQueue(max_bytes=max_bytes, ctx=self)
 
     def Event(self):
         return Event(ctx=self)
 
     def Pool(self, processes=None, initializer=None, initargs=(), maxtasksperchild=None):
-        # The pool reaches inside its own task queues, which must stay
-        # multiprocessing's: it gets multiprocessing's context of the same
-        # start method.
-        mp_context = multiprocessing.get_context(self.get_context().get_start_method())
-        return multiprocessing.pool.Pool(processes, initializer, initargs, maxtasksperchild, context=mp_context)
+        return multiprocessing.pool.Pool(processes, initializer, initargs, maxtasksperchild, context=self.get_context())
 
     def get_context(self, method=None):
+        if method is None:
+            return self
         return get_context(method)
 
 
@@ -91,25 +103,26 @@ class Process(multiprocessing.process.BaseProcess):
 
 class DefaultContext(_ZctipcContext, _mpcontext.BaseContext):
     """The context behind zctipc's module-level names, like
-    multiprocessing's default context but with zctipc's start methods."""
+    multiprocessing's default context but with zctipc's start methods. The
+    start method is multiprocessing's own (set_start_method sets both), so
+    that multiprocessing.Process and children agree with zctipc."""
 
     Process = Process
 
-    def __init__(self):
-        self._actual = None
-
     def get_context(self, method=None):
         if method is None:
-            return self._actual or _CONTEXTS[DEFAULT_START_METHOD]
+            # multiprocessing's choice (a spawned child's parent made it),
+            # else its default, when zctipc has a context for it.
+            return _CONTEXTS.get(_multiprocessing_method(), _CONTEXTS[DEFAULT_START_METHOD])
         return get_context(method)
 
     def set_start_method(self, method, force=False):
-        if self._actual is not None and not force:
-            raise RuntimeError("context has already been set")
-        self._actual = None if method is None and force else get_context(method)
+        if method is not None:
+            get_context(method)  # refuses fork
+        multiprocessing.set_start_method(method, force)
 
     def get_start_method(self, allow_none=False):
-        if self._actual is None and allow_none:
+        if allow_none and multiprocessing.get_start_method(allow_none=True) is None:
             return None
         return self.get_context().get_start_method()
 
@@ -118,6 +131,36 @@ class DefaultContext(_ZctipcContext, _mpcontext.BaseContext):
 
 
 _default = DefaultContext()
+
+
+def _multiprocessing_method():
+    """The start method multiprocessing has fixed, else its default, without
+    fixing it."""
+    default = _mpcontext._default_context
+    return (default._actual_context or default._default_context).get_start_method()
+
+
+def choose_start_method():
+    """Note [the fork default]: make forkserver multiprocessing's default
+    start method when its default is fork and no method was chosen, saying
+    so once. Called when this process first loads zctipc's library."""
+    default = _mpcontext._default_context
+    if default._actual_context is None and default._default_context.get_start_method() == "fork":
+        default._default_context = _mpcontext._concrete_contexts[DEFAULT_START_METHOD]
+        warnings.warn(
+            "zctipc made 'forkserver' multiprocessing's default start method, since a process forked after "
+            "loading zctipc cannot use it; call multiprocessing.set_start_method('spawn') to choose another",
+            RuntimeWarning, stacklevel=_caller_level(),
+        )
+
+
+def _caller_level():
+    """The stacklevel of the first caller outside zctipc, for warnings."""
+    package = __file__.rsplit("/", 1)[0] + "/"
+    frame, level = sys._getframe(1), 1
+    while frame is not None and (frame.f_code.co_filename.startswith(package) or level == 1):
+        frame, level = frame.f_back, level + 1
+    return level
 
 #: The names zctipc provides in place of multiprocessing's, for
 #: ``import zctipc as multiprocessing``. Queue, SimpleQueue, JoinableQueue,
@@ -129,13 +172,24 @@ MULTIPROCESSING_NAMES = [
     "Value", "Array", "RawValue", "RawArray",
     "cpu_count", "current_process", "parent_process", "active_children", "freeze_support",
     "get_context", "get_start_method", "set_start_method", "get_all_start_methods",
-    "get_logger", "log_to_stderr", "set_forkserver_preload",
+    "get_logger", "log_to_stderr", "set_forkserver_preload", "set_executable", "allow_connection_pickling",
     "ProcessError", "BufferTooShort", "TimeoutError", "AuthenticationError",
 ]
 
 
 def namespace():
-    """The objects of MULTIPROCESSING_NAMES, as zctipc exports them."""
+    """The objects of MULTIPROCESSING_NAMES, as zctipc exports them, and
+    ``reducer``, multiprocessing's reduction module."""
     names = {name: getattr(_default, name) for name in MULTIPROCESSING_NAMES}
     names.update(Queue=Queue, SimpleQueue=SimpleQueue, JoinableQueue=JoinableQueue, Event=Event, Process=Process)
+    names["reducer"] = _default.reducer
     return names
+
+
+def __getattr__(name):
+    # The rest of multiprocessing.context: BaseContext, ForkServerProcess,
+    # assert_spawning, reduction, ...
+    try:
+        return getattr(_mpcontext, name)
+    except AttributeError:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None

@@ -29,7 +29,7 @@ class Event:
         return _attach_event, (self._name,)
 
     def __repr__(self):
-        return f"<zctipc.Event {self._name!r} {'set' if self.is_set() else 'unset'}>"
+        return f"<{type(self).__qualname__} at {id(self):#x} {self._name!r} {'set' if self.is_set() else 'unset'}>"
 
     def is_set(self):
         out = native.ffi().new("int32_t *")

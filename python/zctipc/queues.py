@@ -8,16 +8,32 @@ process's pool. The receiver gets views of shared memory.
 
 Differences from multiprocessing.Queue, all in the caller's favour: there is
 no feeder thread, so put() has finished when it returns (join_thread and
-cancel_join_thread have nothing to wait for), and the bytes of a message
-are bounded by max_bytes, the size of the ring.
+cancel_join_thread have nothing to wait for), and an object that cannot be
+pickled raises in the caller of put() (multiprocessing's feeder thread
+prints the error and drops the object).
+
+Note [waiting on a queue among other things]: a queue has no pipe, so the
+attributes through which the standard library waits on queues
+(``_reader.fileno()`` for multiprocessing.connection.wait, selectors and
+asyncio; ``_reader.recv``, ``_reader.poll``, ``_writer.send``, ``_poll``)
+are made over the ring: the first ``fileno()`` starts a thread that waits in
+the library until the queue holds a message (zct_queue_wait, which takes
+nothing) and then makes a pipe readable; a get through this queue object
+that leaves the queue empty drains the pipe and sends the thread back to
+waiting. So the descriptor is readable while this process may find a
+message, like a pipe's; like a pipe shared by readers, another process may
+take that message first.
 """
 
 import io
+import os
 import pickle
+import queue as _queue
 import threading
 import time
 import weakref
 from multiprocessing import context as _mpcontext
+from multiprocessing import queues as _mpqueues
 
 from ._core import args, native, wait
 from ._wire import exports, pickler
@@ -25,8 +41,10 @@ from .errors import HandleClosed
 
 __all__ = ["Queue", "SimpleQueue", "JoinableQueue", "DEFAULT_MAX_BYTES"]
 
-#: Default size of a queue's ring, the largest message it takes (pickled,
-#: without its out-of-band buffers).
+#: The ring of a queue made without max_bytes on a kernel that cannot
+#: reserve memory pages on demand (before Linux 5.14): the bound such a
+#: queue has, in pickled bytes. Elsewhere a queue without max_bytes is
+#: unbounded.
 DEFAULT_MAX_BYTES = 16 << 20
 
 _HEADER = 16  # bytes of a record header; a descriptor is at most 32 + 16*32 + 256
@@ -62,17 +80,119 @@ class _Scratch(threading.local):
         self.args = (self.typ, self.off, self.plen, self.views, vcap, self.nviews)
 
 
+class _Readiness:
+    """A pipe readable while a queue holds a message (Note [waiting on a
+    queue among other things]), and the thread that keeps it so. The
+    thread holds the queue's handle, not the queue: it ends when the handle
+    is closed, and closes the pipe."""
+
+    def __init__(self, handle, name):
+        self.handle = handle
+        self.read_fd, self.write_fd = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self.cond = threading.Condition(threading.Lock())
+        self.signalled = False
+        self.stopped = False
+        threading.Thread(target=self._run, name=f"zctipc readiness of {name}", daemon=True).start()
+
+    def _run(self):
+        lib = native.lib()
+        try:
+            while not self.stopped:
+                status = lib.zct_queue_wait(self.handle, 1000)
+                if status in (native.E_EMPTY, native.E_INTERRUPTED):
+                    continue
+                if status != 0:
+                    return  # the handle was closed
+                with self.cond:
+                    if not self.signalled:
+                        os.write(self.write_fd, b"\0")
+                        self.signalled = True
+                    while self.signalled and not self.stopped:
+                        self.cond.wait()
+        finally:
+            with self.cond:
+                self.stopped = True
+                os.close(self.read_fd)
+                os.close(self.write_fd)
+
+    def rearm(self, empty):
+        """After a get: when the queue is now empty (empty() says), make the
+        pipe unreadable and the thread wait again."""
+        with self.cond:
+            if self.signalled and not self.stopped and empty():
+                os.read(self.read_fd, 16)
+                self.signalled = False
+                self.cond.notify()
+
+    def stop(self):
+        with self.cond:
+            self.stopped = True
+            self.cond.notify()
+
+
+class _Reader:
+    """The receiving end of a queue as multiprocessing's Connection shows it
+    to the standard library's pools and to multiprocessing.connection.wait."""
+
+    __slots__ = ("_queue",)
+
+    def __init__(self, q):
+        self._queue = q
+
+    def fileno(self):
+        """A descriptor readable while the queue holds a message."""
+        return self._queue._readiness().read_fd
+
+    def recv(self):
+        return self._queue.get()
+
+    def poll(self, timeout=0.0):
+        return self._queue._poll(timeout)
+
+    def close(self):
+        """Nothing to close: the queue stays open (multiprocessing's pool
+        workers close the ends they do not use)."""
+
+    @property
+    def closed(self):
+        return self._queue._closed
+
+
+class _Writer:
+    """The sending end of a queue as multiprocessing's Connection shows it."""
+
+    __slots__ = ("_queue",)
+
+    def __init__(self, q):
+        self._queue = q
+
+    def send(self, obj):
+        self._queue.put(obj)
+
+    def close(self):
+        """Nothing to close: the queue stays open."""
+
+    @property
+    def closed(self):
+        return self._queue._closed
+
+
 class Queue:
     """A process-shared FIFO queue with multiprocessing.Queue's API.
 
-    ``maxsize`` bounds the messages in the queue (0: no bound but
-    ``max_bytes``); ``max_bytes`` is the size of its ring, and so of the
-    largest message (a larger one raises ValueError at put).
+    ``maxsize`` bounds the messages in the queue (0: no bound).
+    ``max_bytes``, when given, bounds the pickled bytes in it: it is the
+    size of its ring, and so of the largest message (a larger one raises
+    ValueError at put). Without it the queue is unbounded, as
+    multiprocessing's is: its ring (of 1 GiB of pickled bytes; arrays and
+    tensors go beside it) uses the memory of the messages it holds, and a
+    put waits, or raises OutOfSharedMemory, only when /dev/shm is full.
     """
 
-    def __init__(self, maxsize=0, *, max_bytes=DEFAULT_MAX_BYTES, ctx=None):
+    def __init__(self, maxsize=0, *, max_bytes=None, ctx=None):
         maxsize = args.integer("maxsize", maxsize, high=1 << 30)  # 0 or less: no bound, as multiprocessing's
-        max_bytes = args.integer("max_bytes", max_bytes, 4096, 1 << 30)
+        # 0 asks the library for an unbounded ring.
+        max_bytes = 0 if max_bytes is None else args.integer("max_bytes", max_bytes, 4096, 1 << 30)
         ffi, lib = native.ffi(), native.lib()
         handle = ffi.new("zct_handle *")
         native.check(lib.zct_queue_create(ffi.NULL, max_bytes, max(maxsize, 0), handle))
@@ -90,6 +210,11 @@ class Queue:
         self._maxsize = maxsize[0]
         self._closed = False
         self._scratch = _Scratch()
+        self._ready = None
+        self._reader, self._writer = _Reader(self), _Writer(self)
+        # What multiprocessing's queues lock around their pipe ends (its
+        # pool's shutdown takes _rlock); the ring needs neither.
+        self._rlock, self._wlock = threading.Lock(), threading.Lock()
         self._finalizer = weakref.finalize(self, native.finalize, "zct_queue_close", handle, "closing a queue")
 
     @classmethod
@@ -266,6 +391,8 @@ class Queue:
             if status == native.E_EMPTY and block:
                 status = wait.retry(attempt, native.E_EMPTY, block, timeout)
             native.check(status)
+        if self._ready is not None:
+            self._ready.rearm(self._empty)
         return self._decode(s)
 
     def get_nowait(self):
@@ -291,6 +418,8 @@ class Queue:
                 s.resize(max(s.cap, filled[0]), max(s.vcap, s.nviews[0]))  # and take it at once
 
         native.check(wait.retry(attempt, native.E_EMPTY, block, timeout))
+        if self._ready is not None:
+            self._ready.rearm(self._empty)
         out = []
         append, mem, views = out.append, s.mem, s.views
         pickle_type, tensor_type = lib.ZCT_RECORD_PICKLE, lib.ZCT_RECORD_TENSOR
@@ -348,8 +477,59 @@ class Queue:
         return self._qsize() == 0
 
     def full(self):
+        """Whether put_nowait of a small message would raise queue.Full now:
+        maxsize messages are in the queue, or its ring has no room (a queue
+        of max_bytes). Others may change it."""
         self._check_open()
-        return self._maxsize > 0 and self._qsize() >= self._maxsize
+        room = native.ffi().new("uint64_t *")
+        native.check(native.lib().zct_queue_room(self._handle, room))
+        return room[0] < _HEADER + 8  # the smallest record with a payload
+
+    def _empty(self):
+        return self._qsize() == 0
+
+    # -- waiting among other things (Note [waiting on a queue among other
+    # things]) -------------------------------------------------------------
+
+    def _readiness(self):
+        self._check_open()
+        if self._ready is None:
+            with self._rlock:
+                if self._ready is None:
+                    self._ready = _Readiness(self._handle, self._name)
+                    weakref.finalize(self, self._ready.stop)  # a queue collected unclosed
+        return self._ready
+
+    def _poll(self, timeout=0.0):
+        """Whether a message is there, waiting up to timeout seconds (None:
+        for ever) for one; it is not taken."""
+        self._check_open()
+        lib = native.lib()
+        status = wait.retry(lambda ms: lib.zct_queue_wait(self._handle, ms), native.E_EMPTY,
+                            timeout is None or timeout > 0, timeout)
+        if status == native.E_EMPTY:
+            return False
+        native.check(status)
+        return True
+
+    async def get_async(self):
+        """Remove and return an object, awaiting one without blocking the
+        event loop (the loop watches the queue's readiness descriptor)."""
+        import asyncio
+
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                return self.get(False)
+            except _queue.Empty:
+                pass
+            fd = self._reader.fileno()
+            ready = loop.create_future()
+            loop.add_reader(fd, lambda: ready.done() or ready.set_result(None))
+            try:
+                await ready
+            finally:
+                loop.remove_reader(fd)
 
     def close(self):
         """This process will use the queue no more: put and get raise
@@ -357,6 +537,8 @@ class Queue:
         threads are blocked in, and its hold on the queue goes."""
         if not self._closed:
             self._closed = True
+            if self._ready is not None:
+                self._ready.stop()
             self._finalizer()
 
     def join_thread(self):
@@ -397,7 +579,7 @@ class SimpleQueue(Queue):
     """multiprocessing.SimpleQueue's API (get, put, empty, close) over the
     same ring, without a bound on the number of messages."""
 
-    def __init__(self, *, max_bytes=DEFAULT_MAX_BYTES, ctx=None):
+    def __init__(self, *, max_bytes=None, ctx=None):
         super().__init__(0, max_bytes=max_bytes, ctx=ctx)
 
     def put(self, obj):
@@ -409,3 +591,12 @@ class SimpleQueue(Queue):
 
 def _rebuild_queue(cls, name):
     return cls.attach(name, _adopt=True)
+
+
+def __getattr__(name):
+    # The rest of multiprocessing.queues, for code that imports it by this
+    # name (``import zctipc as multiprocessing``).
+    try:
+        return getattr(_mpqueues, name)
+    except AttributeError:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None

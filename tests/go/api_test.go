@@ -122,6 +122,16 @@ func TestAPIQueueCarriesTensorsAndBytes(t *testing.T) {
 	go func() { time.Sleep(20 * time.Millisecond); stop() }()
 	_, err = q.Get(cancelled)
 	require.ErrorIs(t, err, context.Canceled, "a cancelled context ends a wait")
+
+	// Wait: told of a message without taking it.
+	short, cancel = context.WithTimeout(ctx, 30*time.Millisecond)
+	defer cancel()
+	require.ErrorIs(t, q.Wait(short), zctipc.ErrEmpty)
+	require.NoError(t, q.PutBytes(ctx, []byte("there")))
+	require.NoError(t, q.Wait(ctx))
+	n, err := q.Len()
+	require.NoError(t, err)
+	require.Equal(t, 1, n, "Wait takes nothing")
 }
 
 func TestAPIStream(t *testing.T) {

@@ -1,6 +1,7 @@
 package gotests
 
 import (
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -290,20 +291,27 @@ func TestQueueSurvivesKilledConsumers(t *testing.T) {
 }
 
 func TestQueueLastHolderReleasesWhatMessagesHold(t *testing.T) {
-	p := pool.New(16 << 20)
-	defer p.Close()
-	q, err := queue.Create("", 4096, 0)
-	require.NoError(t, err)
-	s, err := p.Alloc(100, time.Time{})
-	require.NoError(t, err)
-	d := message.Descriptor{Kind: message.RefSlot, DType: dtype.Uint8, Shape: []int64{100}, Strides: []int64{1},
-		Name: s.Arena().Name(), NBytes: 100, Slot: s.Index, Generation: s.Generation}
-	rec := &message.Record{Type: message.TypeTensor, Descriptors: []message.Descriptor{d}}
-	require.NoError(t, q.Put(rec, time.Time{})) // the slot's count goes with the message
-	require.EqualValues(t, 1, p.Stats().SlotsInUse)
-	require.NoError(t, q.Close())
-	require.EqualValues(t, 0, p.Stats().SlotsInUse, "the queue's last holder gave up the count its message carried")
-	require.False(t, exists(q.Segment().Name()))
+	for name, create := range map[string]func() (*queue.Queue, error){
+		"bounded":   func() (*queue.Queue, error) { return queue.Create("", 4096, 0) },
+		"unbounded": func() (*queue.Queue, error) { return queue.CreateUnbounded("", 0) },
+	} {
+		t.Run(name, func(t *testing.T) {
+			p := pool.New(16 << 20)
+			defer p.Close()
+			q, err := create()
+			require.NoError(t, err)
+			s, err := p.Alloc(100, time.Time{})
+			require.NoError(t, err)
+			d := message.Descriptor{Kind: message.RefSlot, DType: dtype.Uint8, Shape: []int64{100}, Strides: []int64{1},
+				Name: s.Arena().Name(), NBytes: 100, Slot: s.Index, Generation: s.Generation}
+			rec := &message.Record{Type: message.TypeTensor, Descriptors: []message.Descriptor{d}}
+			require.NoError(t, q.Put(rec, time.Time{})) // the slot's count goes with the message
+			require.EqualValues(t, 1, p.Stats().SlotsInUse)
+			require.NoError(t, q.Close())
+			require.EqualValues(t, 0, p.Stats().SlotsInUse, "the queue's last holder gave up the count its message carried")
+			require.False(t, exists(q.Segment().Name()))
+		})
+	}
 }
 
 func TestQueueRefusesBadSizes(t *testing.T) {
@@ -352,4 +360,176 @@ func TestQueueBatches(t *testing.T) {
 	require.NoError(t, err)
 	require.EqualValues(t, n, payload[0])
 	require.Positive(t, m)
+}
+
+func TestQueueWaitNonEmpty(t *testing.T) {
+	q := mustQueue(t, 4096, 0)
+	start := time.Now()
+	require.ErrorIs(t, q.WaitNonEmpty(time.Now().Add(30*time.Millisecond)), queue.ErrEmpty)
+	require.GreaterOrEqual(t, time.Since(start), 30*time.Millisecond, "a timeout is honoured")
+	require.NoError(t, q.Put(bytesRecord([]byte("a")), time.Time{}))
+	require.NoError(t, q.WaitNonEmpty(time.Now()), "a message is there")
+	require.Equal(t, 1, qlen(t, q), "and was not taken")
+	_, err := get(t, q, time.Now())
+	require.NoError(t, err)
+
+	// Cancelled while blocked: woken at once.
+	ctx, cancel := context.WithCancel(context.Background())
+	errs := make(chan error, 1)
+	go func() { errs <- q.WaitNonEmptyContext(ctx) }()
+	time.Sleep(30 * time.Millisecond)
+	cancel()
+	require.ErrorIs(t, <-errs, context.Canceled)
+}
+
+func TestQueueWaitNonEmptyPassesTheWakeUpOn(t *testing.T) {
+	// A put into an empty queue wakes one waiter. When that is a waiter
+	// that takes nothing, a Get blocked beside it must still wake, at once
+	// rather than at its periodic re-check.
+	q := mustQueue(t, 4096, 0)
+	for round := range 5 {
+		waited := make(chan error, 1)
+		go func() { waited <- q.WaitNonEmpty(time.Now().Add(5 * time.Second)) }()
+		time.Sleep(20 * time.Millisecond) // the waiter sleeps first
+		got := make(chan time.Time, 1)
+		go func() {
+			_, err := get(t, q, time.Now().Add(5*time.Second))
+			if err == nil {
+				got <- time.Now()
+			}
+			close(got)
+		}()
+		time.Sleep(20 * time.Millisecond)
+		put := time.Now()
+		require.NoError(t, q.Put(bytesRecord([]byte{byte(round)}), time.Time{}))
+		require.NoError(t, <-waited)
+		at, ok := <-got
+		require.True(t, ok, "the Get took the message")
+		require.Less(t, at.Sub(put), 500*time.Millisecond, "round %d: the Get woke with the put", round)
+	}
+}
+
+func TestQueueWaitNonEmptyEndsWithClose(t *testing.T) {
+	q, err := queue.Create("", 4096, 0)
+	require.NoError(t, err)
+	errs := make(chan error, 1)
+	go func() { errs <- q.WaitNonEmpty(time.Time{}) }()
+	time.Sleep(30 * time.Millisecond)
+	require.NoError(t, q.Close())
+	require.ErrorIs(t, <-errs, queue.ErrClosed)
+}
+
+// resident returns the bytes of memory a segment file uses.
+func resident(t *testing.T, q *queue.Queue) int64 {
+	t.Helper()
+	var st syscall.Stat_t
+	require.NoError(t, syscall.Stat(segmentPath(q.Segment().Name()), &st))
+	return st.Blocks * 512
+}
+
+func TestUnboundedQueueUsesTheMemoryOfWhatItHolds(t *testing.T) {
+	q, err := queue.CreateUnbounded("", 0)
+	require.NoError(t, err)
+	buf := make([]byte, 1<<20)
+	defer func() { require.NoError(t, q.Close()) }()
+	require.True(t, q.Unbounded())
+	require.Greater(t, q.Capacity(), 512<<20, "it takes messages of hundreds of megabytes")
+	require.Less(t, resident(t, q), int64(1<<20), "an empty queue uses next to nothing")
+
+	// With no consumer, it takes far more than a bounded queue's 16 MiB.
+	payload := make([]byte, 100<<10)
+	const held = 1000 // 100 MB
+	for i := range held {
+		binary.LittleEndian.PutUint64(payload, uint64(i))
+		require.NoError(t, q.Put(bytesRecord(payload), time.Now()), "put %d", i)
+	}
+	require.Equal(t, held, qlen(t, q))
+	require.Greater(t, resident(t, q), int64(held*100<<10))
+	for i := range held {
+		got, err := getInto(t, q, buf)
+		require.NoError(t, err)
+		require.EqualValues(t, i, binary.LittleEndian.Uint64(got))
+	}
+	require.Less(t, resident(t, q), int64(8<<20), "what its consumers took went back")
+
+	// Two laps of the ring, a few messages in flight: the memory in use
+	// stays that of the messages, and every one arrives whole.
+	rng := rand.New(rand.NewPCG(3, 4))
+	next, taken := 0, 0
+	var peak int64
+	for taken < 2*(1<<30)/(200<<10) {
+		for qlen(t, q) < 8 {
+			p := make([]byte, 8+rng.IntN(400<<10))
+			binary.LittleEndian.PutUint64(p, uint64(next))
+			p[len(p)-1] = byte(next)
+			next++
+			require.NoError(t, q.Put(bytesRecord(p), time.Now()))
+		}
+		got, err := getInto(t, q, buf)
+		require.NoError(t, err)
+		require.EqualValues(t, taken, binary.LittleEndian.Uint64(got))
+		require.Equal(t, byte(taken), got[len(got)-1])
+		taken++
+		if taken%500 == 0 {
+			peak = max(peak, resident(t, q))
+		}
+	}
+	require.Less(t, peak, int64(24<<20), "8 messages of at most 400 KiB, and the chunks they lie in")
+
+	require.ErrorIs(t, q.Put(bytesRecord(make([]byte, q.Capacity())), time.Now()), queue.ErrTooLarge)
+}
+
+func TestUnboundedQueueAcrossProcessesAndAttach(t *testing.T) {
+	q, err := queue.CreateUnbounded("", 3)
+	require.NoError(t, err)
+	buf := make([]byte, 1<<10)
+	defer func() { require.NoError(t, q.Close()) }()
+	other, err := queue.Attach(q.Segment().Name())
+	require.NoError(t, err)
+	defer func() { require.NoError(t, other.Close()) }()
+	require.True(t, other.Unbounded())
+	for i := range 3 {
+		require.NoError(t, q.Put(bytesRecord([]byte{byte(i)}), time.Now()))
+	}
+	require.ErrorIs(t, q.Put(bytesRecord([]byte{3}), time.Now()), queue.ErrFull, "maxItems still bounds it")
+	got, err := getInto(t, other, buf)
+	require.NoError(t, err)
+	require.Equal(t, []byte{0}, got)
+}
+
+// getInto takes one record into buf, without waiting, and returns its
+// payload.
+func getInto(t *testing.T, q *queue.Queue, buf []byte) ([]byte, error) {
+	t.Helper()
+	n, err := q.Get(buf, message.MaxDescriptors, time.Now())
+	if err != nil {
+		return nil, err
+	}
+	rec, err := message.DecodeRecord(buf[:n])
+	require.NoError(t, err)
+	return rec.Payload, nil
+}
+
+func TestQueueRoom(t *testing.T) {
+	q := mustQueue(t, 4096, 3)
+	room := func() int {
+		n, err := q.Room()
+		require.NoError(t, err)
+		return n
+	}
+	require.Equal(t, 4096, room())
+	require.NoError(t, q.Put(bytesRecord(make([]byte, 1000)), time.Now()))
+	require.Equal(t, 4096-1016, room())
+	require.NoError(t, q.Put(bytesRecord(make([]byte, 4096-1016-16-16)), time.Now()))
+	require.Equal(t, 16, room())
+	require.ErrorIs(t, q.Put(bytesRecord([]byte{1}), time.Now()), queue.ErrFull, "a 24-byte record does not fit")
+	require.NoError(t, q.Put(bytesRecord(nil), time.Now()), "a 16-byte one does")
+	require.Equal(t, 0, room(), "three messages: the limit")
+
+	u, err := queue.CreateUnbounded("", 0)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, u.Close()) }()
+	n, err := u.Room()
+	require.NoError(t, err)
+	require.Equal(t, u.Capacity(), n)
 }

@@ -131,12 +131,13 @@ def getter_pid(q):
         sys.stdout.flush()
 
 
-def put_arrays(q, n, nbytes):
-    """Put n messages, each a dict with an id and an array of nbytes."""
+def put_arrays(q, n, nbytes, blob=0):
+    """Put n messages, each a dict with an id, an array of nbytes and blob
+    bytes (pickled in band)."""
     import numpy as np
 
     for i in range(n):
-        q.put({"id": i, "data": np.full(nbytes, i % 251, dtype=np.uint8)})
+        q.put({"id": i, "data": np.full(nbytes, i % 251, dtype=np.uint8), "blob": bytes([i % 256]) * blob})
 
 
 def pool_in_use():
@@ -170,10 +171,11 @@ def read_from_pipe(conn):
     conn.send(shared)
 
 
-def killed_consumers_scenario(total=300, kills=12, seed=7):
+def killed_consumers_scenario(total=300, kills=12, seed=7, blob=0):
     """Consumers are SIGKILLed at random moments while they take messages
-    holding arrays. Prints a JSON report: what was lost, what came twice,
-    whether the queue still works, and the leak report."""
+    holding arrays (and blob bytes pickled in band each). Prints a JSON
+    report: what was lost, what came twice, whether the queue still works,
+    and the leak report."""
     import json
     import pickle
     import queue
@@ -187,7 +189,7 @@ def killed_consumers_scenario(total=300, kills=12, seed=7):
     import zctipc
 
     q = zctipc.Queue()
-    put_arrays(q, total, 5000)
+    put_arrays(q, total, 5000, blob)
     seen, rng = set(), random.Random(seed)
     code = "import sys, pickle, _workers; _workers.getter_pid(pickle.loads(bytes.fromhex(sys.argv[1])))"
     for _ in range(kills):
@@ -230,3 +232,37 @@ def hold_received(q, ready):
     ready.put("holding")
     time.sleep(3600)
     del held
+
+
+def plus_one(a):
+    """A pool task: a new array (or tensor) of the same size."""
+    return a + 1
+
+
+def start_method_seen(q):
+    """Put the start method this child reports, through zctipc and
+    multiprocessing."""
+    import multiprocessing
+
+    import zctipc
+
+    q.put((zctipc.get_start_method(), multiprocessing.get_start_method(), zctipc.get_context().get_start_method()))
+
+
+def put_later(q, obj, delay):
+    import time
+
+    time.sleep(delay)
+    q.put(obj)
+
+
+def process_name():
+    import multiprocessing
+
+    return multiprocessing.current_process().name
+
+
+def take_tasks(tasks, results):
+    """Take tasks until None, and put back each task's id and blob size."""
+    while (task := tasks.get()) is not None:
+        results.put((task["id"], len(task["blob"])))

@@ -126,3 +126,15 @@ def daemon_pid(run_dir):
                 return int(f.read().strip())
     except FileNotFoundError:
         return None
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Print the counts of CPython's multiprocessing tests run against
+    zctipc (test_cpython_conformance.py), when they ran."""
+    import sys
+
+    module = sys.modules.get("test_cpython_conformance")
+    if module is not None and module.SUMMARY_LINES:
+        terminalreporter.section("CPython's multiprocessing tests with zctipc")
+        for line in module.SUMMARY_LINES:
+            terminalreporter.write_line(line)

@@ -242,7 +242,7 @@ def test_a_read_only_array_arrives_read_only():
 @pytest.mark.parametrize("call, exc", [
     (lambda: zctipc.Queue(max_bytes="4096"), TypeError),
     (lambda: zctipc.Queue(max_bytes=4096.0), TypeError),
-    (lambda: zctipc.Queue(max_bytes=None), TypeError),
+    (lambda: zctipc.Queue(max_bytes=0), ValueError),
     (lambda: zctipc.Queue(max_bytes=4095), ValueError),
     (lambda: zctipc.Queue(max_bytes=(1 << 30) + 1), ValueError),
     (lambda: zctipc.Queue(max_bytes=1 << 64), ValueError),

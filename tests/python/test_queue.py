@@ -425,15 +425,19 @@ def test_four_producers_four_consumers_50000_each(ctx):
     results.close()
 
 
-def test_killed_consumers_lose_no_other_message():
+@pytest.mark.parametrize("blob", [0, 100_000], ids=["small", "more-than-16MiB-held"])
+def test_killed_consumers_lose_no_other_message(blob):
     """Consumers SIGKILLed at random moments while they take messages that
     hold arrays: each kill may take the message in its hands, no more, and
     the queue keeps working. The slots the killed consumers held are in the
-    producer's leak report."""
+    producer's leak report. With 100 KB pickled in each message, the
+    unbounded queue holds 30 MB, and consumers are killed while they give
+    back its ring's pages."""
     kills = 12
     env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.abspath(__file__)))
     before = {s.name for s in zctipc.list_segments()}
-    producer = subprocess.run([sys.executable, "-c", f"import _workers; _workers.killed_consumers_scenario(kills={kills})"],
+    producer = subprocess.run([sys.executable, "-c",
+                               f"import _workers; _workers.killed_consumers_scenario(kills={kills}, blob={blob})"],
                               capture_output=True, text=True, env=env, timeout=300)
     assert producer.returncode == 0, producer.stderr
     report = json.loads(producer.stdout)

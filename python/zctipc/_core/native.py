@@ -28,7 +28,7 @@ import warnings
 
 from .. import errors
 
-ABI_VERSION = 5
+ABI_VERSION = 6
 LIBRARY_ENV = "ZCTIPC_LIBRARY"
 DAEMON_ENV = "ZCTIPC_DAEMON"
 CLEANUP_ENV = "ZCTIPC_CLEANUP"
@@ -41,6 +41,13 @@ _lock = threading.Lock()
 _ffi = None
 _lib = None
 _loaded_in_pid = None  # the pid that loaded the library; a forked child differs
+_load_hooks = []
+
+
+def when_loaded(hook):
+    """Call hook() when this process loads the library (before its first
+    call returns)."""
+    _load_hooks.append(hook)
 
 
 def _after_fork_in_child():
@@ -118,6 +125,8 @@ def _load():
         _register_exit()
         if auto_cleanup and os.environ.get(CLEANUP_ENV) != "0":
             _enable_cleanup(library)
+        for hook in _load_hooks:
+            hook()
         return library
 
 
@@ -188,10 +197,16 @@ _exit_hook = _ExitHook()
 
 
 def _register_exit():
-    # atexit covers the main process and spawn children; forkserver children
-    # leave through os._exit, so multiprocessing's finalizers cover them.
-    atexit.register(_at_exit)
+    # Let go after multiprocessing's exit function has stopped its pools
+    # and joined its children (they may still use zctipc queues): from its
+    # last finalizers, which run at exit in the main process and in every
+    # child, forkserver's too (they leave through os._exit). It is
+    # registered with atexit again so that it runs before the handlers
+    # registered since multiprocessing was imported; a second run does
+    # nothing.
     from multiprocessing import util
+
+    atexit.register(util._exit_function)
 
     def finalize(_=None):
         util.Finalize(None, _at_exit, exitpriority=-100)

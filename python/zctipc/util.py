@@ -1,0 +1,11 @@
+"""multiprocessing.util, under zctipc's name (``import zctipc as
+multiprocessing``): every name is multiprocessing's own."""
+
+import multiprocessing.util as _mp
+from multiprocessing.util import *  # noqa: F401,F403
+
+__all__ = list(getattr(_mp, "__all__", ()))
+
+
+def __getattr__(name):
+    return getattr(_mp, name)

@@ -18,10 +18,17 @@ import (
 type Queue struct{ q *queue.Queue }
 
 // NewQueue creates a queue whose ring holds maxBytes (rounded up to a power
-// of two; the largest message). An empty name makes a random one.
+// of two; the largest message), or with maxBytes 0 an unbounded queue, as
+// Python's zctipc.Queue() is: its ring uses the memory of the messages it
+// holds, and a put fails only when shared memory is full. An empty name
+// makes a random one.
 func NewQueue(name string, maxBytes int) (*Queue, error) {
 	startCleanup()
-	q, err := queue.Create(name, uint64(maxBytes), 0) // a negative size is refused as too large
+	create := func() (*queue.Queue, error) { return queue.Create(name, uint64(maxBytes), 0) } // a negative size is refused as too large
+	if maxBytes == 0 {
+		create = func() (*queue.Queue, error) { return queue.CreateUnbounded(name, 0) }
+	}
+	q, err := create()
 	if err != nil {
 		return nil, err
 	}

@@ -123,13 +123,24 @@ func TestAPIQueueCarriesTensorsAndBytes(t *testing.T) {
 	_, err = q.Get(cancelled)
 	require.ErrorIs(t, err, context.Canceled, "a cancelled context ends a wait")
 
+	// An unbounded queue takes more than a bounded one's ring.
+	u, err := zctipc.NewQueue("", 0)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, u.Close()) }()
+	for range 300 {
+		require.NoError(t, u.PutBytes(ctx, make([]byte, 100<<10)))
+	}
+	n, err := u.Len()
+	require.NoError(t, err)
+	require.Equal(t, 300, n)
+
 	// Wait: told of a message without taking it.
 	short, cancel = context.WithTimeout(ctx, 30*time.Millisecond)
 	defer cancel()
 	require.ErrorIs(t, q.Wait(short), zctipc.ErrEmpty)
 	require.NoError(t, q.PutBytes(ctx, []byte("there")))
 	require.NoError(t, q.Wait(ctx))
-	n, err := q.Len()
+	n, err = q.Len()
 	require.NoError(t, err)
 	require.Equal(t, 1, n, "Wait takes nothing")
 }

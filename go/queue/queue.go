@@ -159,8 +159,8 @@ type Queue struct {
 	// queues); maxRecord is the largest record that fits.
 	sparse    bool
 	maxRecord uint32
-	putLock  lock.Mutex
-	getLock  lock.Mutex
+	putLock   lock.Mutex
+	getLock   lock.Mutex
 	// interruptible makes a wait return ErrInterrupted on a signal, for
 	// hosts (Python) that must run their signal handlers; otherwise a
 	// signal (the Go runtime's own preemption signals, say) is waited out.

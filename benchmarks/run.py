@@ -5,7 +5,8 @@ Suites (each is also a script of its own in this directory):
 
   handoff   hand-off latency by size and attach latency      bench_handoff.py
   queue     small-message rates 1/1 and 4/4, a 1 GiB tensor,  bench_queue.py
-            copy-in against np.copyto, pool allocation
+            copy-in against np.copyto, pool allocation,
+            ProcessPoolExecutor with zctipc's context
   stream    stream throughput (1, 2, 4 readers) and latency  bench_stream.py
   arrow     Arrow tables, and Go producers                   bench_arrow.py
   gpu       GPU tensor hand-off, where a GPU exists          bench_gpu.py
@@ -59,7 +60,7 @@ def expected_cells(suite, mode):
     """How many result lines a suite prints, for its progress bar."""
     return {
         "handoff": {"full": 18, "quick": 12, "tiny": 6},
-        "queue": {"full": 14, "quick": 14, "tiny": 14},
+        "queue": {"full": 17, "quick": 17, "tiny": 17},
         "stream": {"full": 28, "quick": 28, "tiny": 28},
         "arrow": {"full": 12, "quick": 12, "tiny": 12},
         "gpu": {"full": 8, "quick": 8, "tiny": 8},
@@ -128,6 +129,10 @@ def floor_rows(report):
         per = 1e6 / r["per_second"]
         rows.append(("queue", f"{r['peer']} {r['producers']}/{r['consumers']}, per message", fmt_us(per),
                      fmt_ratio(per / wake)))
+    for r in suites.get("queue", {}).get("pool", []):
+        per = r["seconds"] / r["tasks"] * 1e6
+        rows.append(("queue", f"ProcessPoolExecutor, {r['peer']}, per {fmt_bytes(r['bytes'])} task", fmt_us(per),
+                     f"{fmt_ratio(per / (r['bytes'] / copy * 1e6))} a memcpy"))
     for r in suites.get("stream", {}).get("latency", []):
         rows.append(("stream", f"{r['peer']}, one frame in flight", fmt_us(r["median_us"]), fmt_ratio(r["median_us"] / wake)))
     for r in suites.get("stream", {}).get("throughput", []):

@@ -218,13 +218,14 @@ class Queue:
         self._finalizer = weakref.finalize(self, native.finalize, "zct_queue_close", handle, "closing a queue")
 
     @classmethod
-    def attach(cls, name, _adopt=False):
+    def attach(cls, name):
         """Open the queue ``name`` that another process made (a Go program,
         say: zctipc.NewQueue), by its full segment name. (A child process
-        that unpickles a queue takes over the count its parent added.)"""
+        that unpickles a queue attaches it so: Note [queues handed to
+        children].)"""
         ffi, lib = native.ffi(), native.lib()
         handle = ffi.new("zct_handle *")
-        native.check(lib.zct_queue_attach(name.encode(), int(_adopt), handle))
+        native.check(lib.zct_queue_attach(name.encode(), 0, handle))
         q = cls.__new__(cls)
         q._setup(handle[0])
         return q
@@ -244,9 +245,7 @@ class Queue:
     def __reduce__(self):
         _mpcontext.assert_spawning(self)
         self._check_open()
-        # The child takes over this count when it attaches (Note [counts in
-        # flight] in zctipc._wire.pickler).
-        native.check(native.lib().zct_queue_addref(self._handle))
+        _hold_for_child(self._name, _mpcontext.get_spawning_popen())
         return _rebuild_queue, (type(self), self._name)
 
     # -- putting --------------------------------------------------------------
@@ -589,8 +588,29 @@ class SimpleQueue(Queue):
         return super().get()
 
 
+# Note [queues handed to children]: a child attaches a queue by name, with a
+# count of its own. Until it has, the parent's count must keep the queue, even
+# if the parent closes its Queue at once: so pickling a queue for a child
+# opens one more handle on it, which lives as long as the child's Popen object
+# (the Process object that started it, until it is collected), or until this
+# process exits when the spawner is no such object. Nothing is in flight: a
+# child killed before it attached leaves nothing behind (a count carried to it
+# would stay until this process exited).
+_held_for_children = []
+
+
+def _hold_for_child(name, popen):
+    ffi, lib = native.ffi(), native.lib()
+    handle = ffi.new("zct_handle *")
+    native.check(lib.zct_queue_attach(name.encode(), 0, handle))
+    try:
+        weakref.finalize(popen, native.finalize, "zct_queue_close", handle[0], "closing a queue")
+    except TypeError:  # not an object a weak reference can follow: until exit
+        _held_for_children.append(handle[0])
+
+
 def _rebuild_queue(cls, name):
-    return cls.attach(name, _adopt=True)
+    return cls.attach(name)
 
 
 def __getattr__(name):

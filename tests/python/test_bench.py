@@ -34,6 +34,8 @@ def test_every_suite_runs_and_the_report_has_its_shape(tmp_path):
     assert all(r["median_us"] > 0 for r in suites["handoff"]["results"])
     assert {s["peer"] for s in suites["queue"]["skipped"]} == {"faster-fifo"}
     assert all(r["per_second"] > 0 for r in suites["queue"]["rate"])
+    assert [r["peer"] for r in suites["queue"]["pool"]] == ["zctipc.get_context()", "stdlib fork", "stdlib forkserver"]
+    assert all(r["seconds"] > 0 and r["tasks"] == 10 for r in suites["queue"]["pool"])
     assert suites["stream"]["skipped_peers"]["pythusa"] == "left out by ZCTIPC_BENCH_WITHOUT"
     assert suites["stream"]["skipped_peers"]["iceoryx2"] == "left out by ZCTIPC_BENCH_WITHOUT"
     assert {s["peer"] for s in suites["handoff"]["skipped"]} == {"ray"}

@@ -180,6 +180,21 @@ def test_multiprocessing_pool_with_zctipc_context(method):
         assert pool._ctx is ctx
 
 
+def test_a_child_killed_before_it_attached_its_queue_leaves_nothing():
+    """multiprocessing's pools terminate workers that may not have started
+    yet: the queues handed to them must not outlive the parent's hold."""
+    q = zctipc.get_context("spawn").Queue()
+    p = zctipc.get_context("spawn").Process(target=_workers.put_later, args=(q, "never", 0))
+    p.start()
+    p.kill()  # long before a spawned interpreter unpickles its arguments
+    p.join(60)
+    name = q.name
+    q.close()
+    del p
+    gc.collect()
+    assert not os.path.exists(f"/dev/shm/{name}"), "nothing holds the queue once the parent let go"
+
+
 def test_connection_wait_on_queues_among_other_things():
     ctx = zctipc.get_context()
     a, b = zctipc.Queue(), zctipc.SimpleQueue()

@@ -4,8 +4,19 @@ Every view is built over an *owner*: a cffi pointer whose destructor gives
 the memory back (closes a segment handle, or releases a ref). The owner is
 held by the buffer the array is made from, so the memory lasts as long as
 any view of it, and goes when the last one does.
+
+Note [marked storages]: the storage of every torch tensor that zctipc
+makes over its own memory (tensor()) carries the attribute _zctipc_memory.
+zctipc moves a plain torch storage into its pool when it sends it (as
+torch.multiprocessing moves one into torch's shared memory), so it must
+know its own memory for what it is, even where find() cannot place it (a
+stream's slot): a marked storage is never moved. torch keeps a storage's
+Python object, and so the mark, as long as the storage lives. Views made
+for received descriptors (from_view) are not marked: find() always places
+them, and the mark would cost every get.
 """
 
+import threading
 import warnings
 
 import numpy as np
@@ -37,8 +48,33 @@ def ndarray(memory, nbytes, dtype, shape, strides, readonly=False):
     return np.ndarray(shape, dtype=dtype, buffer=buffer, strides=strides)
 
 
+class _FindOut(threading.local):
+    def __init__(self):
+        ffi = native.ffi()
+        self.ref = ffi.new("zct_handle *")
+        self.offset = ffi.new("uint64_t *")
+
+
+_find_out = None
+
+
+def find(address, nbytes):
+    """(ref, offset): one more count on the zctipc memory that holds the
+    nbytes at address, or None when it is not zctipc memory."""
+    global _find_out
+    if not native.loaded():
+        return None  # nothing of zctipc lives in this process
+    out = _find_out or (_find_out := _FindOut())
+    status = native.lib().zct_ref_find(native.ffi().cast("void *", address), nbytes, out.ref, out.offset)
+    if status == native.E_NOT_FOUND:
+        return None
+    native.check(status)
+    return out.ref[0], out.offset[0]
+
+
 _torch = None
 _torch_hooks = []
+_MARK = "_zctipc_memory"  # Note [marked storages]
 
 
 def when_torch_is_met(hook):
@@ -59,7 +95,25 @@ def _torch_module():
 
 def tensor(arr, code, readonly=False):
     """A torch tensor sharing the memory of arr, an array of the storage
-    dtype of code (uint16 bits for bfloat16)."""
+    dtype of code (uint16 bits for bfloat16), over zctipc memory: its
+    storage is marked so (Note [marked storages])."""
+    t = _tensor(arr, code, readonly)
+    setattr(t.untyped_storage(), _MARK, True)
+    return t
+
+
+def is_marked(storage):
+    """Whether storage is one that tensor() made over zctipc memory."""
+    return getattr(storage, _MARK, False)
+
+
+def storage(memory, nbytes):
+    """An unmarked torch UntypedStorage over nbytes of memory (an owner,
+    which it then holds, or a pointer to memory held elsewhere)."""
+    return _tensor(ndarray(memory, nbytes, np.uint8, (nbytes,), (1,)), dtypes.CODES["uint8"]).untyped_storage()
+
+
+def _tensor(arr, code, readonly=False):
     torch = _torch or _torch_module()
     if readonly:
         # torch has no read-only tensors and warns; the mapping itself is
@@ -89,5 +143,5 @@ def from_view(view, pytype=None):
     memory = owner(view.data, "zct_ref_release", view.ref, "releasing a buffer")
     kind = view.flags & TYPE_MASK if pytype is None else pytype
     if kind == TORCH:
-        return tensor(ndarray(memory, view.nbytes, dtypes.storage_dtype(code), shape, strides), code)
+        return _tensor(ndarray(memory, view.nbytes, dtypes.storage_dtype(code), shape, strides), code)
     return ndarray(memory, view.nbytes, dtypes.numpy_dtype(code), shape, strides, bool(view.flags & READONLY))

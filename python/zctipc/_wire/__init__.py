@@ -2,7 +2,8 @@
 
 Buffers leave as exports and arrive as views (exports); whole objects are
 pickled for queues with their buffers out of band (pickler); standard
-multiprocessing channels get reducers (reducers); Arrow tables and torch
-CUDA tensors have codecs of their own (tables, gpu). It imports the core
+multiprocessing channels get reducers (reducers); CPU torch tensors go as
+their storages, moved into zctipc memory to be shared (storages); Arrow
+tables and torch CUDA tensors have codecs of their own (tables, gpu). It imports the core
 layer and nothing above it.
 """

@@ -3,18 +3,19 @@ with the array laid over it, which a descriptor carries to another
 process; a received view becomes the object it stands for.
 
 Memory that is already zctipc memory goes as itself (zero copy, one more
-count on it); any other buffer is copied once into a pool buffer, in C
-order. Arrays of more dimensions than a descriptor holds, and element types
+count on it); any other NumPy buffer is copied once into a pool buffer, in
+C order. A CPU torch tensor's storage is moved into a pool buffer instead,
+in place, so that the sender keeps sharing it (zctipc._wire.storages).
+Arrays of more dimensions than a descriptor holds, and element types
 zctipc cannot share, do not go out of band: the caller pickles them in band.
 """
-
-import threading
 
 import numpy as np
 
 from ..errors import UnsupportedDtype
 from .._core import dtypes, layout, memory, native, pool
 from .._core.segments import SharedTensor
+from . import storages
 
 
 class Export:
@@ -41,28 +42,9 @@ class Export:
         native.check(native.lib().zct_ref_release(self.ref))
 
 
-class _FindOut(threading.local):
-    def __init__(self):
-        ffi = native.ffi()
-        self.ref = ffi.new("zct_handle *")
-        self.offset = ffi.new("uint64_t *")
-
-
-_find_out = None
-
-
-def find(address, nbytes):
-    """(ref, offset): one more count on the zctipc memory that holds the
-    nbytes at address, or None when it is not zctipc memory."""
-    global _find_out
-    if not native.loaded():
-        return None  # nothing of zctipc lives in this process
-    out = _find_out or (_find_out := _FindOut())
-    status = native.lib().zct_ref_find(native.ffi().cast("void *", address), nbytes, out.ref, out.offset)
-    if status == native.E_NOT_FOUND:
-        return None
-    native.check(status)
-    return out.ref[0], out.offset[0]
+#: (ref, offset): one more count on the zctipc memory that holds nbytes at
+#: an address, or None (zctipc._core.memory.find).
+find = memory.find
 
 
 def _export(address, code, shape, strides, flags, fill, block, timeout, copy):
@@ -108,13 +90,20 @@ def export_array(arr, block=True, timeout=None, copy=True):
 
 
 _TORCH_CODES = {}  # torch dtype -> code, filled as dtypes are met
+_COMPLEX = {dtypes.CODES["complex64"], dtypes.CODES["complex128"]}
+_strided = None  # torch.strided, once torch is met
 
 
 def _torch_layout(t):
-    """(type code, shape, byte strides) of a CPU strided tensor, or None."""
-    import torch
+    """(type code, shape, byte strides) of a CPU strided tensor whose memory
+    holds its elements as they read, or None: the pickled route sends the
+    others (conjugate and negative views, nested tensors) as they are."""
+    global _strided
+    if _strided is None:
+        import torch
 
-    if not t.is_cpu or t.layout is not torch.strided or t.is_quantized:
+        _strided = torch.strided
+    if not t.is_cpu or t.layout is not _strided or t.is_quantized or t.is_neg():
         return None
     code = _TORCH_CODES.get(t.dtype)
     if code is None:
@@ -122,8 +111,14 @@ def _torch_layout(t):
             code = _TORCH_CODES[t.dtype] = dtypes.code_of(t.dtype)
         except UnsupportedDtype:
             return None
+    if code in _COMPLEX and t.is_conj():
+        return None
+    try:
+        shape = tuple(t.shape)
+    except RuntimeError:  # a nested tensor has no shape
+        return None
     size = dtypes.ITEMSIZE[code]
-    return code, tuple(t.shape), tuple(s * size for s in t.stride())
+    return code, shape, tuple(s * size for s in t.stride())
 
 
 def check_grad(t):
@@ -137,10 +132,15 @@ def check_grad(t):
 
 
 def export_tensor(t, block=True, timeout=None, copy=True):
-    """An Export for a torch tensor, as export_array does for arrays."""
+    """An Export for a torch tensor, as export_array does for arrays: the
+    tensor's own elements, or (with copy) a copy of them."""
     found = _torch_layout(t)
     if found is None:
         return None
+    return _export_tensor(t, found, block, timeout, copy)
+
+
+def _export_tensor(t, found, block, timeout, copy):
     code, shape, strides = found
 
     def fill(owner, size, c_strides):
@@ -166,8 +166,63 @@ def export_bare(obj, block=True, timeout=None):
     if t is SharedTensor:
         return None if obj.closed else export_shared_tensor(obj)
     if not obj.requires_grad:  # a plain torch.Tensor: BARE holds no other type
-        return export_tensor(obj, block, timeout)
+        found = _torch_layout(obj)
+        if found is None:
+            return None
+        e = _export_tensor(obj, found, block, timeout, False)  # zctipc memory: itself
+        return _share_tensor(obj, found, block, timeout) if e is None else e
     return None
+
+
+def _share_tensor(t, found, block, timeout):
+    """An Export of a bare tensor that is not zctipc memory: its storage
+    moved into the pool (Note [moving storages] in zctipc._wire.storages),
+    then the tensor's elements there. None for a tensor in torch's shared
+    memory: pickled, it goes as torch sends it, without a copy. A copy for
+    an empty tensor, or one zctipc made over memory find() cannot place."""
+    if 0 not in found[1]:
+        s = t.untyped_storage()
+        if storages.is_torch_shared(s):
+            return None
+        if not memory.is_marked(s):
+            ref, _ = storages.move_into_pool(s, block, timeout)
+            native.check(native.lib().zct_ref_release(ref))
+            e = _export_tensor(t, found, block, timeout, False)
+            if e is not None:
+                return e
+    return _export_tensor(t, found, block, timeout, True)
+
+
+_UINT8 = dtypes.CODES["uint8"]
+
+
+def export_storage(storage, block=True, timeout=None):
+    """An Export of a whole CPU torch storage of at least one byte, as
+    uint8: its own memory when it is zctipc memory, else the pool buffer it
+    is moved into (Note [moving storages] in zctipc._wire.storages), or a
+    copy of one that zctipc made over memory find() cannot place (a
+    stream's slot). None for a storage in torch's own shared memory, which
+    torch's reducer sends without a copy."""
+    nbytes = storage.nbytes()
+    found = find(storage.data_ptr(), nbytes)
+    if found is None:
+        if storages.is_torch_shared(storage):
+            return None
+        if memory.is_marked(storage):
+            return _copy_storage(storage, block, timeout)
+        found = storages.move_into_pool(storage, block, timeout)
+    return Export(found[0], found[1], _UINT8, (nbytes,), (1,), memory.TORCH)
+
+
+def _copy_storage(storage, block, timeout):
+    nbytes = storage.nbytes()
+    ref, address = pool.alloc(nbytes, block, timeout)
+    try:
+        memory.storage(native.ffi().cast("char *", address), nbytes).copy_(storage)
+    except BaseException:
+        native.check(native.lib().zct_ref_release(ref))
+        raise
+    return Export(ref, 0, _UINT8, (nbytes,), (1,), memory.TORCH)
 
 
 def export_shared_tensor(st):

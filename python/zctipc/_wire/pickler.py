@@ -1,8 +1,10 @@
 """The queue pickler: whole objects pickled (protocol 5) for a zctipc
-queue, with every NumPy array, CPU torch tensor and SharedTensor inside them
-out of band: each goes as an Export whose descriptor travels in the record
-beside the pickle, which refers to it by index. Arrow tables and CUDA
-tensors go by their codecs.
+queue, with every NumPy array, CPU torch storage and SharedTensor inside
+them out of band: each goes as an Export whose descriptor travels in the
+record beside the pickle, which refers to it by index. A CPU torch tensor
+goes as its storage and where it lies in it, so that the tensors of one
+storage arrive over one storage, shared with the sender
+(zctipc._wire.storages). Arrow tables and CUDA tensors go by their codecs.
 
 Note [counts in flight]: a descriptor carries one count on its memory,
 added when it is made. Whoever unpickles it takes that count over; a
@@ -20,7 +22,7 @@ import numpy as np
 
 from .._core import memory
 from .._core.segments import SharedTensor
-from . import exports, gpu, reducers, tables
+from . import exports, gpu, reducers, storages, tables
 
 
 class Oversized:
@@ -57,6 +59,12 @@ def _rebuild(index, requires_grad=False):
     return obj
 
 
+def _rebuild_storage(index):
+    """Unpickle the torch storage at index of the message being received
+    (the pickle's memo gives every tensor of it the same one)."""
+    return _rebuild(index).untyped_storage()
+
+
 # Note [the memo]: a pickler's memo holds a reference to every object it
 # has pickled, and clear_memo() drops them one by one before it empties the
 # table. An object freed there may run code that lets the garbage collector
@@ -80,6 +88,7 @@ class QueuePickler:
         torch = sys.modules.get("torch")
         if torch is not None:
             table[torch.Tensor] = self._reduce_tensor
+            table[torch.UntypedStorage] = self._reduce_storage
         for t in tables.table_types():
             table[t] = tables.reduce_table
         self.pickler.dispatch_table = table
@@ -182,14 +191,24 @@ class QueuePickler:
 
     def _reduce_tensor(self, t):
         exports.check_grad(t)
-        if t.device.type == "cuda":
+        if storages.shareable(t):
+            return storages.reduce_tensor(t)  # its storage comes to _reduce_storage
+        if t.is_cuda:
             return gpu.reduce_cuda(t, reducers.torch_fallback())
         if t.layout in _sparse_layouts():
             return _reduce_sparse(t)
-        rv = self._export(t, exports.export_tensor)
-        if rv[0] is _rebuild and t.requires_grad:
-            return _rebuild, (rv[1][0], True)
-        return rv
+        return t.__reduce_ex__(pickle.HIGHEST_PROTOCOL)
+
+    def _reduce_storage(self, s):
+        if not storages.is_cpu(s):
+            return s.__reduce_ex__(pickle.HIGHEST_PROTOCOL)
+        if s.nbytes() == 0:
+            return storages.rebuild_empty, ()
+        e = exports.export_storage(s, self.block, self.timeout)
+        if e is None:  # in torch's shared memory
+            return storages.reduce_torch_shared(s)
+        self.exports.append(e)
+        return _rebuild_storage, (len(self.exports) - 1,)
 
     def _reduce_shared(self, st):
         return self._export(st, lambda st, block, timeout: exports.export_shared_tensor(st))

@@ -1,7 +1,12 @@
 """Reducers for multiprocessing's ForkingPickler (multiprocessing.Queue,
-Pipe, Pool arguments and results), registered the way torch.multiprocessing
-registers its own: zctipc memory goes as a descriptor inlined in the
-pickle; everything else pickles as before."""
+Pipe, Pool arguments and results, Process arguments under spawn and
+forkserver), registered the way torch.multiprocessing registers its own:
+zctipc memory goes as a descriptor inlined in the pickle, and so does a
+NumPy array of COPY_BYTES or more, copied once into the pool. A CPU torch
+tensor goes as its storage and where it lies in it; the storage is moved
+into zctipc memory first, so the receiver shares it, as torch.multiprocessing
+shares tensors (zctipc._wire.storages), or, in torch's shared memory
+already, goes as torch sends it. Everything else pickles as before."""
 
 import pickle
 import sys
@@ -11,9 +16,10 @@ import numpy as np
 
 from .._core import layout
 from .._core.segments import SharedTensor
-from . import exports, gpu, tables
+from . import exports, gpu, storages, tables
 
 _torch_fallback = None  # the torch tensor reducer registered before zctipc's
+_torch_storage_fallback = None  # and the torch storage reducer
 
 
 def torch_fallback():
@@ -22,8 +28,15 @@ def torch_fallback():
     return _torch_fallback
 
 
+#: A NumPy array of this many bytes or more that is not zctipc memory is
+#: copied once into the pool and sent as a descriptor (cheaper than pickling
+#: it through a pipe, which copies it four times); a smaller one pickles as
+#: before.
+COPY_BYTES = 1 << 20
+
+
 def _reduce_array(arr):
-    e = exports.export_array(arr, copy=False)
+    e = exports.export_array(arr, copy=arr.nbytes >= COPY_BYTES)
     if e is None:
         return arr.__reduce__()
     return exports.decode, (exports.encode(e),)
@@ -37,14 +50,31 @@ def _reduce_shared(st):
 
 def _reduce_tensor(t):
     exports.check_grad(t)
-    if t.device.type == "cuda":
+    if storages.shareable(t):
+        return storages.reduce_tensor(t)  # its storage comes to _reduce_storage
+    if t.is_cuda:
         return gpu.reduce_cuda(t, _torch_fallback)
-    e = exports.export_tensor(t, copy=False)
-    if e is None:
-        if _torch_fallback is not None:
-            return _torch_fallback(t)
-        return t.__reduce_ex__(pickle.DEFAULT_PROTOCOL)
-    return exports.decode, (exports.encode(e), t.requires_grad)
+    if _torch_fallback is not None:
+        return _torch_fallback(t)
+    return t.__reduce_ex__(pickle.DEFAULT_PROTOCOL)
+
+
+def _reduce_storage(s):
+    if storages.is_cpu(s):
+        if s.nbytes() == 0:
+            return storages.rebuild_empty, ()
+        e = exports.export_storage(s)
+        if e is not None:
+            return _rebuild_storage, (exports.encode(e),)
+    # In torch's shared memory, or on a device: torch's way.
+    if _torch_storage_fallback is not None:
+        return _torch_storage_fallback(s)
+    return s.__reduce_ex__(pickle.DEFAULT_PROTOCOL)
+
+
+def _rebuild_storage(data):
+    """The torch storage a descriptor (made by _reduce_storage) stands for."""
+    return exports.decode(data).untyped_storage()
 
 
 def init_reductions():
@@ -53,9 +83,11 @@ def init_reductions():
     imported, and for pyarrow Tables and RecordBatches and pandas and polars
     DataFrames when their modules are imported (call it again after
     importing one of them to send its tables through standard channels).
-    Tensors that are not zctipc memory keep the reducer that was registered
-    before (torch.multiprocessing's, if imported). zctipc calls this at
-    import and whenever it meets torch; calling it again is cheap."""
+    A CPU tensor is shared, its storage moved into zctipc memory if need
+    be; storages in torch's shared memory, and tensors zctipc does not send
+    itself (quantized, on other devices), keep the reducers registered
+    before (torch.multiprocessing's). zctipc calls this at import and when
+    it first meets torch; calling it again is cheap."""
     ForkingPickler.register(np.ndarray, _reduce_array)
     ForkingPickler.register(SharedTensor, _reduce_shared)
     init_torch_reductions()
@@ -64,28 +96,41 @@ def init_reductions():
 
 
 def init_torch_reductions():
-    """Register the torch tensor reducer if torch is imported and the
-    registered one is not zctipc's (torch.multiprocessing, imported later,
-    puts its own in place)."""
-    global _torch_fallback
+    """Register the torch tensor and storage reducers if torch is imported
+    and the registered ones are not zctipc's, over torch.multiprocessing's
+    (imported here first, so that importing it later keeps zctipc's), and
+    make torch's is_shared() and share_memory_() know zctipc memory."""
+    global _torch_fallback, _torch_storage_fallback
     torch = sys.modules.get("torch")
     if torch is not None:
+        import torch.multiprocessing  # noqa: F401  (registers torch's reducers, once)
+
+        storages.patch_torch()
         exports.BARE.add(torch.Tensor)
-        current = ForkingPickler._extra_reducers.get(torch.Tensor)
+        reducers = ForkingPickler._extra_reducers
+        current = reducers.get(torch.Tensor)
         if current is not _reduce_tensor:
             _torch_fallback = current
             ForkingPickler.register(torch.Tensor, _reduce_tensor)
+        current = reducers.get(torch.UntypedStorage)
+        if current is not _reduce_storage:
+            _torch_storage_fallback = current
+            ForkingPickler.register(torch.UntypedStorage, _reduce_storage)
 
 
 def is_shared(obj):
     """Whether obj (a NumPy array, a torch tensor or a SharedTensor) lies in
-    zctipc shared memory, so that zctipc sends it by descriptor."""
+    zctipc shared memory: an array or SharedTensor that zctipc sends by
+    descriptor, or a CPU tensor whose storage does (Tensor.is_shared() then
+    says True too), as a tensor that zctipc has sent does."""
     if isinstance(obj, SharedTensor):
         return not obj.closed
     if isinstance(obj, np.ndarray):
         e = exports.export_array(obj, copy=False)
     elif layout.is_torch_tensor(obj):
-        e = exports.export_tensor(obj, copy=False)
+        if not storages.shareable(obj):
+            return False
+        return storages.is_zctipc(obj.untyped_storage())
     else:
         raise TypeError(f"is_shared() takes an array, a tensor or a SharedTensor, not {type(obj).__name__}")
     if e is None:

@@ -1,0 +1,172 @@
+"""Torch storages in zctipc memory: a CPU tensor sent to another process
+is shared with it, as torch.multiprocessing shares one.
+
+A tensor goes as its storage and where it lies in it (offset, shape,
+strides), so that the tensors of one storage sent together arrive over one
+storage, and the receiver's writes are seen by the sender. A storage that
+is not zctipc memory is moved into a pool buffer first, in place (see
+Note [moving storages]); one already in torch's own shared memory
+(share_memory_(), or received through torch.multiprocessing) goes as torch
+sends it, without a copy.
+
+Note [moving storages]: torch.UntypedStorage._swap_data_ptr_ swaps the
+memory of two storages, so every tensor and view over a storage follows it
+into the pool buffer whose bytes were copied from it, and the old memory
+goes with the other storage. As with torch's share_memory_():
+- it is not safe while another thread uses the tensor: a write made
+  during the copy may be lost;
+- a tensor made with torch.from_numpy no longer aliases its NumPy array,
+  and an array made from the tensor before (.numpy()), or any raw pointer
+  to its data, points to freed memory afterwards;
+- every tensor of the storage (and the whole storage, however small the
+  tensor sent) is moved.
+A storage that zctipc made over its own memory is never moved (Note
+[marked storages] in zctipc._core.memory): where find() cannot place it
+(a stream's slot), it is copied, as before.
+"""
+
+import functools
+import sys
+import threading
+
+from .._core import memory, pool
+
+_lock = threading.Lock()  # one move at a time: re-checked under it
+
+
+def is_zctipc(storage):
+    """Whether a CPU storage lies in zctipc memory: marked as made by
+    zctipc, or placed by find()."""
+    if memory.is_marked(storage):
+        return True
+    found = memory.find(storage.data_ptr(), storage.nbytes())
+    if found is None:
+        return False
+    memory.release_ref(found[0])
+    return True
+
+
+def is_torch_shared(storage):
+    """Whether storage is in torch's own shared memory (what is_shared()
+    said before zctipc patched it)."""
+    return (_original_is_shared or type(storage).is_shared)(storage)
+
+
+def move_into_pool(storage, block=True, timeout=None):
+    """(ref, offset): a count on the pool buffer that holds the whole CPU
+    storage (of at least one byte) after moving its bytes there in place
+    (Note [moving storages]); a storage already in zctipc memory is not
+    moved. Waits for room in the pool as block and timeout say, then raises
+    OutOfSharedMemory (the storage is then left where it was). Not for a
+    marked storage, whose memory is zctipc's already."""
+    nbytes = storage.nbytes()
+    found = memory.find(storage.data_ptr(), nbytes)
+    if found is not None:
+        return found
+    ref, address = pool.alloc(nbytes, block, timeout)
+    new = memory.storage(memory.owner(address, "zct_ref_release", ref, "releasing a buffer"), nbytes)
+    with _lock:
+        # Another thread may have moved it while the buffer was made.
+        found = memory.find(storage.data_ptr(), nbytes)
+        if found is None:
+            new.copy_(storage)
+            storage._swap_data_ptr_(new)
+            found = memory.find(storage.data_ptr(), nbytes)
+    # new holds the old memory now (or the unused buffer), freed with it.
+    return found
+
+
+_torch = _cpu = _strided = None  # torch's, once torch is met
+_dtype_names = {}  # torch dtype -> its name, which pickles faster
+
+
+def _met_torch():
+    global _torch, _cpu, _strided
+    import torch
+
+    _torch, _cpu, _strided = torch, torch.device("cpu"), torch.strided
+    return torch
+
+
+def shareable(t):
+    """Whether torch tensor t is one that goes as its storage: a CPU
+    strided tensor, not quantized or nested."""
+    if _strided is None:
+        _met_torch()
+    return t.is_cpu and t.layout is _strided and not t.is_quantized and not t.is_nested
+
+
+def is_cpu(storage):
+    """Whether a torch storage is in CPU memory."""
+    if _cpu is None:
+        _met_torch()
+    return storage.device == _cpu
+
+
+# Tensors whose storage holds their elements other than as they read:
+# rebuilt with torch's view that reads them so.
+_PLAIN, _CONJ, _NEG = 0, 1, 2
+
+
+def reduce_tensor(t):
+    """The pickle reduction of a shareable tensor: its storage, which the
+    pickler sends its own way, and where the tensor lies in it."""
+    dtype = t.dtype
+    name = _dtype_names.get(dtype) or _dtype_names.setdefault(dtype, str(dtype).removeprefix("torch."))
+    bits = (_CONJ if t.is_conj() else _PLAIN) | (_NEG if t.is_neg() else _PLAIN)
+    args = (t.untyped_storage(), name, t.storage_offset(), tuple(t.shape), t.stride(), t.requires_grad)
+    return rebuild_tensor, (args + (bits,) if bits else args)
+
+
+def rebuild_tensor(storage, dtype, offset, shape, stride, requires_grad=False, bits=_PLAIN):
+    """A tensor over storage, as reduce_tensor described it (dtype is the
+    name of a torch dtype)."""
+    torch = _torch or _met_torch()
+    t = torch.empty(0, dtype=getattr(torch, dtype)).set_(storage, offset, shape, stride)
+    if bits & _NEG:
+        t = torch._neg_view(t)
+    if bits & _CONJ:
+        t = t.conj()
+    if requires_grad:
+        t.requires_grad_()
+    return t
+
+
+def rebuild_empty():
+    """A storage of no bytes (one is sent in band)."""
+    return (_torch or _met_torch()).UntypedStorage(0)
+
+
+def reduce_torch_shared(storage):
+    """A storage in torch's shared memory, as torch.multiprocessing
+    reduces it: without a copy."""
+    from torch.multiprocessing import reductions
+
+    return reductions.reduce_storage(storage)
+
+
+_original_is_shared = None
+_original_share_memory_ = None
+
+
+def patch_torch():
+    """Make torch.UntypedStorage (and so Tensor) say is_shared() for
+    storages in zctipc memory, and share_memory_() leave them where they
+    are (torch would move them into its own shared memory). Idempotent."""
+    global _original_is_shared, _original_share_memory_
+    cls = sys.modules["torch"].UntypedStorage
+    if _original_is_shared is not None:
+        return
+    _original_is_shared, _original_share_memory_ = cls.is_shared, cls.share_memory_
+
+    @functools.wraps(_original_is_shared)
+    def is_shared(self):
+        return _original_is_shared(self) or (is_cpu(self) and is_zctipc(self))
+
+    @functools.wraps(_original_share_memory_)
+    def share_memory_(self, *args, **kwargs):
+        if is_cpu(self) and is_zctipc(self):
+            return self
+        return _original_share_memory_(self, *args, **kwargs)
+
+    cls.is_shared, cls.share_memory_ = is_shared, share_memory_

@@ -1,0 +1,420 @@
+"""torch.multiprocessing's sharing semantics for CPU tensors: a tensor sent
+through a zctipc queue, a multiprocessing channel or a child's arguments is
+shared with the receiver, not copied; tensors of one storage arrive over
+one storage; a tensor in torch's own shared memory goes without a copy;
+is_shared() and share_memory_() know zctipc memory. NumPy arrays keep
+their rule (one copy into the pool)."""
+
+import gc
+import multiprocessing
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+import zctipc
+
+# Tests in this module send tensors through ForkingPickler before zctipc
+# has made a torch view of its own: register its torch reducers now.
+zctipc.init_torch_reductions()
+
+GET = 60  # seconds any get may wait for a child
+
+
+# -- the children's side (top level, for spawn and forkserver) ----------------
+
+
+def _write_then_read(inq, outq):
+    """Write into what arrives, say so, then report what the producer wrote."""
+    t = inq.get()
+    d = inq.get()
+    t[0] = 100
+    d["x"][0] = 200
+    outq.put("written")
+    assert inq.get() == "go"
+    outq.put((t[1].item(), d["x"][1].item()))
+
+
+def _views(inq, outq):
+    vs = inq.get()
+    same = all(v.untyped_storage() is vs[0].untyped_storage() for v in vs)
+    layout = [(v.storage_offset(), tuple(v.shape), v.stride()) for v in vs]
+    vs[1][0] = -7  # the producer's base[2]
+    outq.put((same, layout, vs[0][2].item(), vs[2][0, 1].item()))
+
+
+def _fill_each(inq, outq, n):
+    """Take n messages; report each one's layout and values, then fill every
+    tensor in it with -1."""
+    for _ in range(n):
+        obj = inq.get()
+        ts = obj if isinstance(obj, list) else [obj]
+        outq.put([(t.tolist(), tuple(t.shape), t.stride(), t.storage_offset(), str(t.dtype)) for t in ts])
+        for t in ts:
+            t.fill_(-1)
+    outq.put("filled")
+
+
+def _first_gets_last(inq, outq):
+    """Take a dict of tensors; report their dtypes, then copy each one's
+    last element into its first."""
+    d = inq.get()
+    outq.put({k: str(v.dtype) for k, v in d.items()})
+    for v in d.values():
+        v[0] = v[-1]
+    outq.put("written")
+
+
+def _grad_leafs(inq, outq):
+    ts = [inq.get(), inq.get()[0]]
+    outq.put([(t.requires_grad, t.is_leaf) for t in ts])
+    with torch.no_grad():
+        for t in ts:
+            t.add_(1)
+    outq.put("written")
+
+
+def _write_args(t, view, outq):
+    t[0] = 1
+    view[0] = 2  # the parent's t[2]
+    outq.put((view.untyped_storage() is t.untyped_storage(), view.storage_offset()))
+
+
+def _write_array(inq, outq):
+    a = inq.get()
+    a[0] = 1
+    outq.put("written")
+
+
+def _run(ctx, target, *args):
+    p = ctx.Process(target=target, args=args)
+    p.start()
+    return p
+
+
+def _join(p):
+    p.join(GET)
+    assert p.exitcode == 0
+
+
+# -- queues -----------------------------------------------------------------
+
+
+def test_an_ordinary_cpu_tensor_put_into_a_queue_is_shared_not_copied():
+    """The issue: "An ordinary CPU tensor put into zctipc.Queue arrives as
+    a copy"."""
+    q = zctipc.Queue()
+    try:
+        t = torch.arange(6.0)
+        q.put(t)
+        got = q.get()
+        got[0] = 42
+        assert t[0] == 42, "the receiver's write is the sender's"
+        t[5] = -5
+        assert got[5] == -5, "and the sender's the receiver's"
+        q.put({"t": t, "n": 1})
+        got = q.get()["t"]
+        got[1] = 43
+        assert t[1] == 43
+    finally:
+        q.close()
+
+
+def test_a_moved_tensor_gives_its_buffer_back_when_dropped():
+    q = zctipc.Queue()
+    try:
+        zctipc.empty(1)  # the pool exists
+        before = zctipc.pool_stats().slots_in_use
+        t = torch.ones(1000)
+        q.put({"t": t, "view": t[10:]})
+        got = q.get()
+        assert zctipc.pool_stats().slots_in_use == before + 1, "one buffer for the storage"
+        del t
+        gc.collect()
+        assert got["view"][0] == 1 and zctipc.pool_stats().slots_in_use == before + 1, "the receiver holds it"
+        del got
+        gc.collect()
+        assert zctipc.pool_stats().slots_in_use == before
+    finally:
+        q.close()
+
+
+def test_writes_are_seen_both_ways(ctx):
+    q, out = ctx.Queue(), ctx.Queue()
+    p = _run(ctx, _write_then_read, q, out)
+    t, x = torch.zeros(4), torch.zeros(4, dtype=torch.float64)
+    q.put(t)  # bare: a tensor record
+    q.put({"x": x})  # pickled
+    assert out.get(timeout=GET) == "written"
+    assert t[0] == 100 and x[0] == 200, "the consumer's writes are the producer's"
+    t[1], x[1] = 5, 6
+    q.put("go")
+    assert out.get(timeout=GET) == (5.0, 6.0), "and the producer's the consumer's"
+    _join(p)
+    assert t.is_shared() and zctipc.is_shared(t) and zctipc.is_shared(x)
+
+
+def test_views_of_one_storage_arrive_over_one_storage(ctx):
+    q, out = ctx.Queue(), ctx.Queue()
+    p = _run(ctx, _views, q, out)
+    base = torch.arange(24.0)
+    views = [base, base[2:10], base.view(4, 6).t(), base[1::3]]
+    q.put(views)
+    same, layout, seen, through_t = out.get(timeout=GET)
+    _join(p)
+    assert same, "one storage in the receiver"
+    assert layout == [(v.storage_offset(), tuple(v.shape), v.stride()) for v in views]
+    assert seen == -7, "a write through one view is read through another"
+    assert through_t == 6.0, "the transposed view reads what it read here"
+    assert base[2] == -7, "and the producer sees it"
+
+
+def test_a_tensor_in_torch_shared_memory_goes_without_a_copy(ctx):
+    q, out = ctx.Queue(), ctx.Queue()
+    p = _run(ctx, _fill_each, q, out, 2)
+    t = torch.zeros(5).share_memory_()
+    u = torch.zeros(3, dtype=torch.int32).share_memory_()
+    ptrs = (t.data_ptr(), u.data_ptr())
+    assert t.is_shared() and not zctipc.is_shared(t)
+    q.put(t)
+    q.put([u, u[1:]])
+    assert out.get(timeout=GET)[0][0] == [0.0] * 5
+    assert out.get(timeout=GET)[1][:2] == ([0, 0], (2,))
+    assert out.get(timeout=GET) == "filled"
+    _join(p)
+    assert t.tolist() == [-1.0] * 5 and u.tolist() == [-1] * 3, "the consumer wrote into the same memory"
+    assert (t.data_ptr(), u.data_ptr()) == ptrs, "not moved"
+    assert not zctipc.is_shared(t), "still in torch's shared memory"
+
+
+def test_non_contiguous_tensors(ctx):
+    q, out = ctx.Queue(), ctx.Queue()
+    p = _run(ctx, _fill_each, q, out, 3)
+    a = torch.arange(12.0).view(3, 4)
+    at = a.t()
+    b = torch.arange(20, dtype=torch.int64)
+    stepped = b[1::3]
+    c = torch.arange(30.0).view(5, 6)
+    block = c[1:4, 2:5]
+    # (the child writes into them: what it must see is taken first)
+    expected = [[(t.tolist(), tuple(t.shape), t.stride(), t.storage_offset(), str(t.dtype)) for t in ts]
+                for ts in ([at], [stepped], [block, c[::2, ::3]])]
+    expected[1][0] = expected[1][0][:3] + (0,) + expected[1][0][4:]  # bare: over its own elements
+    q.put(at)  # bare
+    q.put(stepped)  # bare
+    q.put([block, c[::2, ::3]])  # pickled: over the whole storage
+    for want in expected:
+        assert out.get(timeout=GET) == want
+    assert out.get(timeout=GET) == "filled"
+    _join(p)
+    assert (a == -1).all(), "the whole transposed tensor was written"
+    assert (stepped == -1).all() and b[0] == 0 and b[2] == 2, "only the stepped elements"
+    assert (block == -1).all() and c[0, 0] == -1 and c[0, 1] == 1 and c[1, 1] == 7
+
+
+def test_empty_tensors(ctx):
+    q, out = ctx.Queue(), ctx.Queue()
+    p = _run(ctx, _fill_each, q, out, 4)
+    sent = [torch.empty(0), torch.empty(0, 3, dtype=torch.int16), torch.arange(5.0)[5:], torch.empty(2, 0)]
+    q.put(sent[0])
+    q.put(sent[1])
+    q.put(sent[2])
+    q.put([sent[3], sent[0]])
+    for ts in ([sent[0]], [sent[1]], [sent[2]], [sent[3], sent[0]]):
+        got = out.get(timeout=GET)
+        assert [(g[1], g[4]) for g in got] == [(tuple(t.shape), str(t.dtype)) for t in ts]
+    assert out.get(timeout=GET) == "filled"
+    _join(p)
+
+
+DTYPES = [torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16,
+          torch.bfloat16, torch.float32, torch.float64, torch.complex64, torch.complex128,
+          torch.uint16, torch.uint32, torch.uint64]
+
+
+def test_every_dtype(ctx):
+    q, out = ctx.Queue(), ctx.Queue()
+    p = _run(ctx, _first_gets_last, q, out)
+    sent = {}
+    for dt in DTYPES:
+        name = str(dt).removeprefix("torch.")
+        if dt is torch.bool:
+            sent[name] = torch.tensor([False, False, True])
+        else:
+            sent[name] = torch.tensor([1, 2, 3]).to(dt)
+    q.put(sent)
+    assert out.get(timeout=GET) == {k: str(v.dtype) for k, v in sent.items()}
+    assert out.get(timeout=GET) == "written"
+    _join(p)
+    for name, t in sent.items():
+        assert t[0].item() == t[2].item(), name
+
+
+@pytest.mark.parametrize("dt", [torch.bool, torch.bfloat16, torch.int16, torch.complex128], ids=str)
+def test_dtypes_as_bare_tensors(dt):
+    q = zctipc.Queue()
+    try:
+        t = torch.zeros(4, dtype=dt)
+        q.put(t)
+        got = q.get()
+        assert got.dtype == dt
+        got[1] = 1
+        assert t[1].item() == 1
+    finally:
+        q.close()
+
+
+def test_requires_grad_leafs_keep_requires_grad(ctx):
+    q, out = ctx.Queue(), ctx.Queue()
+    p = _run(ctx, _grad_leafs, q, out)
+    w = torch.ones(3, requires_grad=True)
+    v = torch.zeros(2, requires_grad=True)
+    q.put(w)
+    q.put([v])
+    assert out.get(timeout=GET) == [(True, True), (True, True)]
+    assert out.get(timeout=GET) == "written"
+    _join(p)
+    assert w.tolist() == [2.0, 2.0, 2.0] and v.tolist() == [1.0, 1.0]
+    with pytest.raises(RuntimeError, match="non-leaf"):
+        q.put(w * 2)
+    q.close()
+    out.close()
+
+
+def test_a_tensor_in_a_childs_arguments_is_shared(ctx):
+    out = ctx.Queue()
+    t = torch.zeros(6)
+    p = _run(ctx, _write_args, t, t[2:], out)
+    assert out.get(timeout=GET) == (True, 2), "the view came over the same storage"
+    _join(p)
+    assert t.tolist() == [1.0, 0.0, 2.0, 0.0, 0.0, 0.0], "the child wrote into the parent's tensor"
+    assert zctipc.is_shared(t) and t.is_shared()
+
+
+def test_through_a_pipe_views_share_one_storage():
+    a, b = multiprocessing.Pipe()
+    t = torch.arange(8.0)
+    a.send((t, t[3:], t.view(2, 4).t()))
+    x, y, z = b.recv()
+    assert x.untyped_storage() is y.untyped_storage() is z.untyped_storage()
+    assert (y.storage_offset(), z.stride()) == (3, (1, 4))
+    y[0] = -3
+    assert t[3] == -3 and x[3] == -3 and z[3, 0] == -3
+
+
+def test_conjugate_and_negative_views_read_as_they_did():
+    q = zctipc.Queue()
+    try:
+        z = torch.tensor([1 + 2j, 3 - 1j])
+        c = z.conj()  # the conjugate bit over z's storage
+        im = c.imag  # the negative bit
+        q.put([z, c, im])
+        gz, gc, gim = q.get()
+        assert gc.is_conj() and gc.tolist() == c.tolist() and gim.tolist() == im.tolist() == [-2.0, 1.0]
+        assert gz.untyped_storage() is gc.untyped_storage() is gim.untyped_storage()
+        gz[0] = 5 + 5j
+        assert z[0] == 5 + 5j and c[0] == 5 - 5j and gc[0] == 5 - 5j
+        shared = zctipc.empty(2, torch.complex64)
+        shared[:] = z
+        q.put(shared.conj())  # bare, zctipc memory: it must not lose the bit
+        got = q.get()
+        assert got.tolist() == shared.conj().tolist()
+    finally:
+        q.close()
+
+
+def test_threads_sending_one_tensor_move_it_once():
+    q = zctipc.Queue()
+    try:
+        for _ in range(20):
+            t = torch.zeros(1000)
+            views = [t[k:] for k in range(8)]
+            start = threading.Barrier(8)
+
+            def put(v):
+                start.wait()
+                q.put(v)
+
+            threads = [threading.Thread(target=put, args=(v,)) for v in views]
+            for th in threads:
+                th.start()
+            for th in threads:
+                th.join()
+            got = [q.get() for _ in views]
+            for g in got:
+                g[-1] += 1  # the last element of every view is t[999]
+            assert t[999] == 8, "every receiver writes the one memory"
+            assert all(v.data_ptr() == t.data_ptr() + 4 * k for k, v in enumerate(views))
+    finally:
+        q.close()
+
+
+# -- is_shared and share_memory_ ---------------------------------------------
+
+
+def test_is_shared_knows_zctipc_memory():
+    t = zctipc.empty(3, torch.float32)
+    assert t.is_shared() and t[1:].is_shared() and zctipc.is_shared(t)
+    assert zctipc.empty(2, torch.bfloat16).is_shared()
+    plain = torch.ones(3)
+    assert not plain.is_shared() and not zctipc.is_shared(plain)
+    q = zctipc.Queue()
+    try:
+        q.put(plain)
+        got = q.get()
+        assert plain.is_shared() and zctipc.is_shared(plain), "moved into zctipc memory when put"
+        assert got.is_shared() and zctipc.is_shared(got)
+    finally:
+        q.close()
+
+
+def test_share_memory_keeps_zctipc_memory_where_it_is():
+    t = zctipc.empty(4, torch.float32)
+    t[:] = 3
+    ptr = t.data_ptr()
+    assert t.share_memory_() is t
+    assert t.data_ptr() == ptr and zctipc.is_shared(t) and t.tolist() == [3.0] * 4
+    t.untyped_storage().share_memory_()
+    assert t.data_ptr() == ptr and zctipc.is_shared(t)
+    plain = torch.ones(2)
+    plain.share_memory_()  # torch's own, as before
+    assert plain.is_shared() and not zctipc.is_shared(plain)
+
+
+def test_a_stream_view_is_copied_not_moved():
+    stream = zctipc.Stream.create(shape=(4,), dtype=np.float32, frames=2)
+    try:
+        with stream.writer() as w:
+            frame = w.look(torch=True)
+            frame[:] = 1
+            q = zctipc.Queue()
+            try:
+                q.put(frame)
+                got = q.get()
+                got[0] = 9
+                q.put([frame])
+                got2 = q.get()[0]
+                got2[1] = 9
+            finally:
+                q.close()
+            frame[2] = 5
+            assert frame.tolist() == [1.0, 1.0, 5.0, 1.0], "the writer's view is still the stream's slot"
+            assert w.look(torch=True) is frame
+            assert got.tolist() == [9.0, 1.0, 1.0, 1.0] and got2.tolist() == [1.0, 9.0, 1.0, 1.0]
+    finally:
+        stream.close()
+
+
+# -- NumPy keeps its rule ------------------------------------------------------
+
+
+def test_numpy_arrays_are_still_copied(ctx):
+    q, out = ctx.Queue(), ctx.Queue()
+    p = _run(ctx, _write_array, q, out)
+    a = np.zeros(3)
+    q.put(a)
+    assert out.get(timeout=GET) == "written"
+    _join(p)
+    assert a[0] == 0, "a plain array goes as one copy"
+    assert not zctipc.is_shared(a)

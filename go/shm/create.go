@@ -81,7 +81,7 @@ func ReservePages(mem []byte) error {
 		return nil
 	}
 	start, end := pageSpan(mem, false)
-	err := unix.Madvise(unsafe.Slice((*byte)(unsafe.Pointer(start)), end-start), unix.MADV_POPULATE_WRITE)
+	err := madvise(start, end-start, unix.MADV_POPULATE_WRITE)
 	if errors.Is(err, unix.EFAULT) || errors.Is(err, unix.ENOMEM) {
 		return outOfMemory("(a queue's ring)", uint64(len(mem)), err)
 	}
@@ -97,7 +97,16 @@ func ReleasePages(mem []byte) error {
 	if end <= start {
 		return nil
 	}
-	return unix.Madvise(unsafe.Slice((*byte)(unsafe.Pointer(start)), end-start), unix.MADV_REMOVE)
+	return madvise(start, end-start, unix.MADV_REMOVE)
+}
+
+// madvise advises on the n bytes of mapped memory at addr, page-aligned
+// addresses of a mapping that stays mapped for the call.
+func madvise(addr, n uintptr, advice int) error {
+	if _, _, errno := unix.Syscall(unix.SYS_MADVISE, addr, n, uintptr(advice)); errno != 0 {
+		return errno
+	}
+	return nil
 }
 
 // pageSpan returns the page-aligned addresses that cover mem (inner: that

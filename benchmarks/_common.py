@@ -142,3 +142,27 @@ def arguments(doc, name, suites=None):
     parser.add_argument("--json", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", f"{name}.json"))
     parser.add_argument("--readme")
     return parser
+
+
+class PlainPickling:
+    """multiprocessing's own pickling of the given types, for a peer that
+    stands for multiprocessing without zctipc: the reducers zctipc registers
+    with ForkingPickler (which send big arrays and tensors through shared
+    memory) are taken out until close(), or the end of a with block."""
+
+    def __init__(self, *types):
+        from multiprocessing.reduction import ForkingPickler
+
+        self._reducers = ForkingPickler._extra_reducers
+        self._saved = {t: self._reducers.pop(t) for t in types if t in self._reducers}
+
+    def close(self):
+        self._reducers.update(self._saved)
+        self._saved = {}
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+

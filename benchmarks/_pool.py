@@ -33,7 +33,7 @@ def run(context, tasks, nbytes, workers=2):
         ctx = multiprocessing.get_context(context)
     arrays = [np.full(nbytes // 4, i, np.float32) for i in range(8)]
     with concurrent.futures.ProcessPoolExecutor(workers, mp_context=ctx) as ex:
-        list(ex.map(plus_one, arrays[:workers] * 2))  # start and warm the workers
+        list(ex.map(plus_one, arrays * 2))  # start the workers, and warm them and the buffers they use
         start = time.perf_counter()
         for i, r in enumerate(ex.map(plus_one, (arrays[i % len(arrays)] for i in range(tasks)))):
             if r.shape != arrays[0].shape or r[0] != arrays[i % len(arrays)][0] + 1:

@@ -31,8 +31,8 @@ import pyarrow as pa
 import zctipc
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import (arguments, finish, fmt_bytes, fmt_ratio, fmt_us, machine, machine_line, markdown_table, now,  # noqa: E402
-                     summarize, versions)
+from _common import (PlainPickling, arguments, finish, fmt_bytes, fmt_ratio, fmt_us, machine, machine_line,  # noqa: E402
+                     markdown_table, now, summarize, versions)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COLUMNS = 10
@@ -115,21 +115,15 @@ def arrow_rounds(peer, table, rounds):
     else:
         # Plain pickling: without the reducer zctipc registers for tables,
         # which would send this one through shared memory.
-        from multiprocessing.reduction import ForkingPickler
-
-        zctipc_reducer = ForkingPickler._extra_reducers.pop(pa.Table, None)
         q = multiprocessing.get_context("spawn").Queue()
         p = ctx.Process(target=consume_queue, args=(q, out_send, rounds))
         p.start()
-        try:
+        with PlainPickling(pa.Table):
             for _ in range(rounds):
                 start = time.perf_counter_ns()
                 q.put(table)
                 done, rows = out_recv.recv()
                 samples.append(done - start)
-        finally:
-            if zctipc_reducer is not None:
-                ForkingPickler.register(pa.Table, zctipc_reducer)
     p.join()
     return samples
 

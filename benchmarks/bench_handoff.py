@@ -36,8 +36,8 @@ import numpy as np
 import zctipc
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import (fmt_bytes, fmt_ratio, fmt_us, machine, machine_line, markdown_table, now,  # noqa: E402
-                     summarize, finish, left_out, update_readme, versions)
+from _common import (PlainPickling, fmt_bytes, fmt_ratio, fmt_us, machine, machine_line, markdown_table,  # noqa: E402
+                     now, summarize, finish, left_out, update_readme, versions)
 
 STRIDE = 4096
 SIZES = {"1M": 1 << 20, "100M": 100 << 20, "1G": 1 << 30}
@@ -91,6 +91,7 @@ class PickleQueue:
         self.array = np.full(nbytes // 4, 0.5, dtype=np.float32)  # every page real
         fill(self.array)
         self.queue = multiprocessing.get_context(ctx.get_start_method()).Queue()  # not zctipc's
+        self.plain = PlainPickling(np.ndarray)  # nor zctipc's reducers
 
     def put(self):
         self.queue.put(self.array)
@@ -104,6 +105,8 @@ class PickleQueue:
 
     def close(self):
         self.queue.close()
+        self.queue.join_thread()  # the feeder has pickled everything
+        self.plain.close()
 
 
 class SharedMemoryByHand:

@@ -1,8 +1,10 @@
 package gotests
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"os"
@@ -46,6 +48,22 @@ func runDaemon(t *testing.T, dir string, args ...string) *exec.Cmd {
 	}
 }
 
+// waitStopped waits until process pid is stopped: kill(SIGSTOP) returns
+// before the process has taken the signal, and it may answer one more
+// request meanwhile.
+func waitStopped(t *testing.T, pid int) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			return false
+		}
+		// The state follows the command name, which is in parentheses.
+		fields := strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+1:]))
+		return len(fields) > 0 && fields[0] == "T"
+	}, 5*time.Second, time.Millisecond, "pid %d stopped", pid)
+}
+
 func dialRaw(t *testing.T, dir string) *net.UnixConn {
 	t.Helper()
 	conn, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: filepath.Join(dir, daemon.SocketName), Net: "unixpacket"})
@@ -60,6 +78,7 @@ func TestAStoppedDaemonHoldsNoClientHostage(t *testing.T) {
 	require.NoError(t, err)
 	defer c.Close()
 	require.NoError(t, d.Process.Signal(syscall.SIGSTOP))
+	waitStopped(t, d.Process.Pid)
 
 	start := time.Now()
 	_, err = c.Status()

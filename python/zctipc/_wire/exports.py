@@ -42,11 +42,6 @@ class Export:
         native.check(native.lib().zct_ref_release(self.ref))
 
 
-#: (ref, offset): one more count on the zctipc memory that holds nbytes at
-#: an address, or None (zctipc._core.memory.find).
-find = memory.find
-
-
 def _export(address, code, shape, strides, flags, fill, block, timeout, copy):
     """An Export of the array at address: its own memory when that is zctipc
     memory, else (with copy) a fresh pool buffer that fill(owner, nbytes,
@@ -56,7 +51,7 @@ def _export(address, code, shape, strides, flags, fill, block, timeout, copy):
         return None
     itemsize = dtypes.ITEMSIZE[code]
     if address is not None and min(strides, default=0) >= 0:
-        found = find(address, layout.extent(shape, strides, itemsize))
+        found = memory.find(address, layout.extent(shape, strides, itemsize))
         if found is not None:
             return Export(found[0], found[1], code, shape, strides, flags)
     if not copy:
@@ -91,19 +86,13 @@ def export_array(arr, block=True, timeout=None, copy=True):
 
 _TORCH_CODES = {}  # torch dtype -> code, filled as dtypes are met
 _COMPLEX = {dtypes.CODES["complex64"], dtypes.CODES["complex128"]}
-_strided = None  # torch.strided, once torch is met
 
 
 def _torch_layout(t):
     """(type code, shape, byte strides) of a CPU strided tensor whose memory
     holds its elements as they read, or None: the pickled route sends the
     others (conjugate and negative views, nested tensors) as they are."""
-    global _strided
-    if _strided is None:
-        import torch
-
-        _strided = torch.strided
-    if not t.is_cpu or t.layout is not _strided or t.is_quantized or t.is_neg():
+    if not storages.shareable(t) or t.is_neg():
         return None
     code = _TORCH_CODES.get(t.dtype)
     if code is None:
@@ -113,12 +102,8 @@ def _torch_layout(t):
             return None
     if code in _COMPLEX and t.is_conj():
         return None
-    try:
-        shape = tuple(t.shape)
-    except RuntimeError:  # a nested tensor has no shape
-        return None
     size = dtypes.ITEMSIZE[code]
-    return code, shape, tuple(s * size for s in t.stride())
+    return code, tuple(t.shape), tuple(s * size for s in t.stride())
 
 
 def check_grad(t):
@@ -185,11 +170,9 @@ def _share_tensor(t, found, block, timeout):
         if storages.is_torch_shared(s):
             return None
         if not memory.is_marked(s):
-            ref, _ = storages.move_into_pool(s, block, timeout)
-            native.check(native.lib().zct_ref_release(ref))
-            e = _export_tensor(t, found, block, timeout, False)
-            if e is not None:
-                return e
+            code, shape, strides = found
+            ref, offset = storages.move_into_pool(s, block, timeout)
+            return Export(ref, offset + t.storage_offset() * dtypes.ITEMSIZE[code], code, shape, strides, memory.TORCH)
     return _export_tensor(t, found, block, timeout, True)
 
 
@@ -204,31 +187,23 @@ def export_storage(storage, block=True, timeout=None):
     stream's slot). None for a storage in torch's own shared memory, which
     torch's reducer sends without a copy."""
     nbytes = storage.nbytes()
-    found = find(storage.data_ptr(), nbytes)
+    found = memory.find(storage.data_ptr(), nbytes)
     if found is None:
         if storages.is_torch_shared(storage):
             return None
         if memory.is_marked(storage):
-            return _copy_storage(storage, block, timeout)
+            def fill(owner, size, c_strides):
+                memory.storage(owner, size).copy_(storage)
+
+            return _export(None, _UINT8, (nbytes,), (1,), memory.TORCH, fill, block, timeout, True)
         found = storages.move_into_pool(storage, block, timeout)
     return Export(found[0], found[1], _UINT8, (nbytes,), (1,), memory.TORCH)
-
-
-def _copy_storage(storage, block, timeout):
-    nbytes = storage.nbytes()
-    ref, address = pool.alloc(nbytes, block, timeout)
-    try:
-        memory.storage(native.ffi().cast("char *", address), nbytes).copy_(storage)
-    except BaseException:
-        native.check(native.lib().zct_ref_release(ref))
-        raise
-    return Export(ref, 0, _UINT8, (nbytes,), (1,), memory.TORCH)
 
 
 def export_shared_tensor(st):
     """An Export for a SharedTensor: its own segment, by descriptor."""
     owner = st._live()
-    found = find(int(native.ffi().cast("uintptr_t", owner)), st.nbytes)
+    found = memory.find(int(native.ffi().cast("uintptr_t", owner)), st.nbytes)
     if found is None:
         raise RuntimeError(f"{st!r} is not mapped in this process")
     return Export(found[0], found[1], st._code, st.shape, st.strides, memory.SHARED_TENSOR)

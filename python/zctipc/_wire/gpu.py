@@ -100,7 +100,7 @@ def _sent_record(t, storage, stream):
 
 def _counter_descriptor(s):
     """Descriptor bytes carrying one more count on s's slot."""
-    ref, offset = exports.find(s.address, 8)
+    ref, offset = memory.find(s.address, 8)
     return exports.encode(exports.Export(ref, offset, dtypes.CODES["uint8"], (8,), (1,), memory.NUMPY))
 
 

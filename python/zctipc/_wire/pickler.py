@@ -105,13 +105,9 @@ class QueuePickler:
     def dumps(self, obj, block=True, timeout=None):
         """(pickle bytes, [Export, ...]). On failure every buffer already
         exported is released."""
-        self.busy = True
-        self.exports = out = []
-        self.block, self.timeout = block, timeout
+        out = self._begin(block, timeout)
         f = self.file
         try:
-            f.seek(0)
-            f.truncate()
             self._dump(obj)
             return f.getvalue(), out
         except BaseException:
@@ -120,6 +116,16 @@ class QueuePickler:
             raise
         finally:
             self.busy = False
+
+    def _begin(self, block, timeout):
+        """Start pickling into an empty file, with how exports wait for pool
+        buffers; returns the list the exports go to."""
+        self.busy = True
+        self.exports = out = []
+        self.block, self.timeout = block, timeout
+        self.file.seek(0)
+        self.file.truncate()
+        return out
 
     def _dump(self, obj):
         """Pickle obj and empty the memo while obj is still held (see
@@ -138,12 +144,8 @@ class QueuePickler:
         None, []) for one that did not fit, (Failed(exc), None, []) for one
         whose pickling raised exc after others were pickled, or None when
         objs ran out."""
-        self.busy = True
-        self.exports = out = []
-        self.block, self.timeout = block, timeout
+        out = self._begin(block, timeout)
         f, dump = self.file, self._dump
-        f.seek(0)
-        f.truncate()
         ends, tell = [], f.tell
         append = ends.append
         start = 0

@@ -55,14 +55,12 @@ def is_torch_shared(storage):
 def move_into_pool(storage, block=True, timeout=None):
     """(ref, offset): a count on the pool buffer that holds the whole CPU
     storage (of at least one byte) after moving its bytes there in place
-    (Note [moving storages]); a storage already in zctipc memory is not
-    moved. Waits for room in the pool as block and timeout say, then raises
-    OutOfSharedMemory (the storage is then left where it was). Not for a
-    marked storage, whose memory is zctipc's already."""
+    (Note [moving storages]), for a storage that find() did not place (one
+    another thread moved meanwhile is not moved again). Waits for room in
+    the pool as block and timeout say, then raises OutOfSharedMemory (the
+    storage is then left where it was). Not for a marked storage, whose
+    memory is zctipc's already."""
     nbytes = storage.nbytes()
-    found = memory.find(storage.data_ptr(), nbytes)
-    if found is not None:
-        return found
     ref, address = pool.alloc(nbytes, block, timeout)
     new = memory.storage(memory.owner(address, "zct_ref_release", ref, "releasing a buffer"), nbytes)
     with _lock:

@@ -163,8 +163,11 @@ def _share_tensor(t, found, block, timeout):
     """An Export of a bare tensor that is not zctipc memory: its storage
     moved into the pool (Note [moving storages] in zctipc._wire.storages),
     then the tensor's elements there. None for a tensor in torch's shared
-    memory: pickled, it goes as torch sends it, without a copy. A copy for
+    memory (pickled, it goes as torch sends it, without a copy) or of more
+    dimensions than a descriptor holds. A copy for
     an empty tensor, or one zctipc made over memory find() cannot place."""
+    if len(found[1]) > native.MAX_NDIM:
+        return None  # pickled: its storage goes as one dimension
     if 0 not in found[1]:
         s = t.untyped_storage()
         if storages.is_torch_shared(s):

@@ -91,6 +91,10 @@ func Find(addr uintptr, n uint64) (*Ref, uint64, bool, error) {
 	return recorded(&Ref{seg: seg, extra: true}), off, true, nil
 }
 
+// Holds reports whether the n bytes at addr are zctipc memory that Find
+// would return, without taking a count.
+func Holds(addr uintptr, n uint64) bool { return pool.Holds(addr, n) || shm.Holds(addr, n) }
+
 // Holders returns how many counts the ref's memory has, in every process:
 // the slot's count, or the segment's.
 func (r *Ref) Holders() (int64, error) {

@@ -29,11 +29,17 @@ var (
 // deadline turns a timeout in milliseconds into a deadline: -1 (or any
 // negative) is no deadline, 0 is now.
 func deadline(timeoutMS C.int64_t) time.Time {
-	if timeoutMS < 0 {
+	switch {
+	case timeoutMS < 0:
 		return time.Time{}
+	case timeoutMS == 0:
+		return expired // the clock is not read for a call that does not wait
 	}
 	return time.Now().Add(time.Duration(timeoutMS) * time.Millisecond)
 }
+
+// expired is a deadline that has passed.
+var expired = time.Unix(0, 1)
 
 // describe makes the descriptor of a view that Python filled in.
 func describe(v *C.zct_view) (message.Descriptor, *buffer.Ref, error) {
@@ -111,6 +117,19 @@ func zct_ref_find(addr *C.zct_cvoid, nbytes C.uint64_t, ref *C.zct_handle, offse
 		*offset = C.uint64_t(off)
 		return nil
 	})
+}
+
+//export zct_memory_holds
+func zct_memory_holds(addr *C.zct_cvoid, nbytes C.uint64_t) C.int {
+	held := false
+	status := run(func() error {
+		held = buffer.Holds(uintptr(unsafe.Pointer(addr)), uint64(nbytes))
+		return nil
+	})
+	if status != C.ZCT_OK || !held {
+		return status
+	}
+	return 1
 }
 
 //export zct_ref_holders
@@ -336,10 +355,17 @@ func zct_queue_put(h C.zct_handle, typ C.int32_t, payload *C.zct_cvoid, length C
 		if err != nil {
 			return err
 		}
-		rec := message.Record{Type: uint8(typ), Descriptors: make([]message.Descriptor, nviews)}
+		rec := message.Record{Type: uint8(typ)}
 		if length > 0 {
 			rec.Payload = unsafe.Slice((*byte)(unsafe.Pointer(payload)), length)
 		}
+		if nviews == 0 { // no refs change hands
+			if err := rec.Check(); err != nil {
+				return err
+			}
+			return q.Put(&rec, deadline(timeoutMS))
+		}
+		rec.Descriptors = make([]message.Descriptor, nviews)
 		vs := unsafe.Slice((*C.zct_view)(unsafe.Pointer(views)), nviews)
 		sending := make([]*buffer.Ref, nviews)
 		seen := make(map[C.zct_handle]bool, nviews)
@@ -373,40 +399,82 @@ func zct_queue_put(h C.zct_handle, typ C.int32_t, payload *C.zct_cvoid, length C
 //export zct_queue_get
 func zct_queue_get(h C.zct_handle, buf unsafe.Pointer, capacity C.uint64_t, timeoutMS C.int64_t, typ *C.int32_t, payloadOffset *C.uint64_t, payloadLen *C.uint64_t, views *C.zct_view, viewsCap C.int32_t, nviews *C.int32_t) C.int {
 	return run(func() error {
-		if buf == nil || typ == nil || payloadOffset == nil || payloadLen == nil || nviews == nil || viewsCap > 0 && views == nil || viewsCap < 0 {
+		if typ == nil || payloadOffset == nil || payloadLen == nil || nviews == nil {
 			return errNilArg
 		}
-		q, err := queues.get(uint64(h))
-		if err != nil {
-			return err
-		}
-		raw := unsafe.Slice((*byte)(buf), capacity)
-		n, err := q.Get(raw, int(viewsCap), deadline(timeoutMS))
+		rec, err := take(h, buf, capacity, timeoutMS, views, viewsCap)
 		var re *queue.RangeError
 		if errors.As(err, &re) {
 			*payloadLen = C.uint64_t(re.Need)
 			*nviews = C.int32_t(re.Descriptors)
-			return fmt.Errorf("%w: %w", errRange, err)
 		}
 		if err != nil {
 			return err
 		}
-		rec, err := message.DecodeRecord(raw[:n])
-		if err != nil {
-			return err
-		}
-		if err := adopt(rec.Descriptors, unsafe.Slice(views, len(rec.Descriptors))); err != nil {
-			return err
-		}
-		*typ = C.int32_t(rec.Type)
-		*payloadOffset = 0
-		if len(rec.Payload) > 0 {
-			*payloadOffset = C.uint64_t(uintptr(unsafe.Pointer(&rec.Payload[0])) - uintptr(buf))
-		}
-		*payloadLen = C.uint64_t(len(rec.Payload))
-		*nviews = C.int32_t(len(rec.Descriptors))
+		*typ = C.int32_t(rec.typ)
+		*payloadOffset = C.uint64_t(rec.offset)
+		*payloadLen = C.uint64_t(rec.length)
+		*nviews = C.int32_t(rec.views)
 		return nil
 	})
+}
+
+//export zct_queue_take
+func zct_queue_take(h C.zct_handle, buf unsafe.Pointer, capacity C.uint64_t, timeoutMS C.int64_t, views *C.zct_view, viewsCap C.int32_t) C.int64_t {
+	var rec taken
+	status := run(func() error {
+		var err error
+		rec, err = take(h, buf, capacity, timeoutMS, views, viewsCap)
+		return err
+	})
+	if status != C.ZCT_OK {
+		return C.int64_t(status)
+	}
+	return C.int64_t(rec.length | rec.offset<<30 | uint64(rec.typ)<<60)
+}
+
+// taken says what take copied into the caller's buffer.
+type taken struct {
+	typ            uint8
+	offset, length uint64 // of the payload in the buffer
+	views          int
+}
+
+// take takes the next record of queue h into buf, whole, and fills a view
+// for each of its descriptors (zct_queue_get and zct_queue_take). A record
+// that does not fit is left in the queue: a *queue.RangeError, wrapped in
+// errRange.
+func take(h C.zct_handle, buf unsafe.Pointer, capacity C.uint64_t, timeoutMS C.int64_t, views *C.zct_view, viewsCap C.int32_t) (taken, error) {
+	if buf == nil || viewsCap > 0 && views == nil || viewsCap < 0 {
+		return taken{}, errNilArg
+	}
+	q, err := queues.get(uint64(h))
+	if err != nil {
+		return taken{}, err
+	}
+	raw := unsafe.Slice((*byte)(buf), capacity)
+	n, err := q.Get(raw, int(viewsCap), deadline(timeoutMS))
+	var re *queue.RangeError
+	if errors.As(err, &re) {
+		return taken{}, fmt.Errorf("%w: %w", errRange, err)
+	}
+	if err != nil {
+		return taken{}, err
+	}
+	rec, err := message.DecodeRecord(raw[:n])
+	if err != nil {
+		return taken{}, err
+	}
+	if len(rec.Descriptors) > 0 {
+		if err := adopt(rec.Descriptors, unsafe.Slice(views, len(rec.Descriptors))); err != nil {
+			return taken{}, err
+		}
+	}
+	t := taken{typ: rec.Type, offset: uint64(n - len(rec.Payload)), length: uint64(len(rec.Payload)), views: len(rec.Descriptors)}
+	if len(rec.Payload) > 0 {
+		t.offset = uint64(uintptr(unsafe.Pointer(&rec.Payload[0])) - uintptr(buf))
+	}
+	return t, nil
 }
 
 //export zct_queue_put_many

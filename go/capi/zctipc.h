@@ -32,7 +32,7 @@ extern "C" {
 
 /* BEGIN CDEF (python/zctipc/_ffi_build.py feeds from here to END CDEF to cffi) */
 
-#define ZCT_ABI_VERSION 6
+#define ZCT_ABI_VERSION 7
 #define ZCT_MAX_NDIM 32
 #define ZCT_NAME_CAP 256
 
@@ -261,6 +261,9 @@ int zct_header_decode(const void *buf, uint64_t len, uint64_t file_size, zct_inf
    zct_ref_encode, or made by a get or zct_ref_decode; whoever has it either
    hands it on or releases it, once. */
 
+/* 1 when the nbytes at addr are zctipc memory that zct_ref_find finds, else
+   0 (or a negative status); no count is taken. */
+int zct_memory_holds(const void *addr, uint64_t nbytes);
 /* If the nbytes at addr lie in zctipc memory this process maps, make a ref
    with one more count on it; *offset receives addr's offset in the ref's
    memory. Otherwise ZCT_E_NOT_FOUND. */
@@ -311,6 +314,15 @@ int zct_queue_put(zct_handle queue, int32_t type, const void *payload, uint64_t 
 int zct_queue_get(zct_handle queue, void *buf, uint64_t cap, int64_t timeout_ms,
                   int32_t *type, uint64_t *payload_offset, uint64_t *payload_len,
                   zct_view *views, int32_t views_cap, int32_t *nviews);
+/* Take the next record as zct_queue_get does, in one call with few
+   arguments: the result, when it is not negative (a status), is the
+   payload's length | its offset in buf << 30 | the record type << 60. A
+   payload starts at offset 16 exactly when the record has no views;
+   otherwise the record's view count is in its header in buf (format.md).
+   A record that does not fit stays in the queue: ZCT_E_RANGE, and
+   zct_queue_get says what it needs. */
+int64_t zct_queue_take(zct_handle queue, void *buf, uint64_t cap, int64_t timeout_ms,
+                       zct_view *views, int32_t views_cap);
 /* Append count records of one type without views, their payloads laid end
    to end in data, payload i ending at ends[i]: the first when it fits
    (waiting as zct_queue_put does), then as many more as fit at once.

@@ -23,6 +23,7 @@ const (
 	TypePickle = 1 // a pickle (protocol 5) that refers to its descriptors by index
 	TypeTensor = 2 // one descriptor and no payload: a bare array
 	TypeBytes  = 3 // raw bytes and no descriptor
+	TypeInline = 4 // a small array copied into the payload (Inline), no descriptor
 )
 
 // Descriptor kinds: what the memory of a descriptor is.
@@ -176,10 +177,15 @@ func (r *Record) Check() error {
 		return fmt.Errorf("%w: %d descriptors", ErrMalformed, len(r.Descriptors))
 	case r.Type == TypeTensor && (len(r.Descriptors) != 1 || len(r.Payload) != 0):
 		return fmt.Errorf("%w: a tensor record holds one descriptor and no payload", ErrMalformed)
-	case r.Type == TypeBytes && len(r.Descriptors) != 0:
-		return fmt.Errorf("%w: a bytes record holds no descriptor", ErrMalformed)
-	case r.Type != TypePickle && r.Type != TypeTensor && r.Type != TypeBytes:
+	case (r.Type == TypeBytes || r.Type == TypeInline) && len(r.Descriptors) != 0:
+		return fmt.Errorf("%w: a bytes or inline record holds no descriptor", ErrMalformed)
+	case r.Type < TypePickle || r.Type > TypeInline:
 		return fmt.Errorf("%w: record type %d", ErrMalformed, r.Type)
+	}
+	if r.Type == TypeInline {
+		if _, err := DecodeInline(r.Payload); err != nil {
+			return err
+		}
 	}
 	for i := range r.Descriptors {
 		if err := r.Descriptors[i].Check(); err != nil {
@@ -247,3 +253,67 @@ func NextRecord(src []byte) (Record, int, error) {
 }
 
 func align8(n int) int { return (n + 7) &^ 7 }
+
+// InlineHeaderSize is the fixed part of an inline array's header; its shape
+// follows.
+const InlineHeaderSize = 8
+
+// Inline is a small array that travels inside its record (TypeInline): its
+// elements, in C order, follow its header in the payload.
+//
+//	+0  u16  dtype code
+//	+2  u8   flags, as a descriptor's: bits 0-1 the Python type to rebuild,
+//	         bit 2 read-only
+//	+3  u8   ndim, 0 to 32
+//	+4  u32  zero
+//	+8  i64  shape, ndim of them, not negative
+//	...      the elements: exactly the bytes the shape and dtype make
+type Inline struct {
+	DType dtype.DType
+	Flags uint8
+	Shape []int64
+	Data  []byte // the elements, in the payload
+}
+
+// EncodeInline writes the header of an inline array into dst (at least
+// InlineHeaderSize + 8*len(shape) bytes) and returns where its elements go.
+func EncodeInline(dst []byte, dt dtype.DType, flags uint8, shape []int64) int {
+	le.PutUint16(dst[0:], uint16(dt))
+	dst[2] = flags
+	dst[3] = uint8(len(shape))
+	le.PutUint32(dst[4:], 0)
+	for i, d := range shape {
+		le.PutUint64(dst[InlineHeaderSize+8*i:], uint64(d))
+	}
+	return InlineHeaderSize + 8*len(shape)
+}
+
+// DecodeInline reads and checks the inline array a TypeInline payload
+// holds; Data aliases the payload.
+func DecodeInline(payload []byte) (Inline, error) {
+	if len(payload) < InlineHeaderSize {
+		return Inline{}, fmt.Errorf("%w: an inline array of %d bytes", ErrMalformed, len(payload))
+	}
+	in := Inline{DType: dtype.DType(le.Uint16(payload)), Flags: payload[2]}
+	ndim := int(payload[3])
+	if ndim > header.MaxNDim || payload[2]&^7 != 0 || le.Uint32(payload[4:]) != 0 || len(payload) < InlineHeaderSize+8*ndim {
+		return Inline{}, fmt.Errorf("%w: an inline array header (ndim %d, flags %#x)", ErrMalformed, ndim, payload[2])
+	}
+	if err := in.DType.Check(); err != nil {
+		return Inline{}, fmt.Errorf("%w: %w", ErrMalformed, err)
+	}
+	in.Shape = make([]int64, ndim)
+	for i := range in.Shape {
+		in.Shape[i] = int64(le.Uint64(payload[InlineHeaderSize+8*i:]))
+		if in.Shape[i] < 0 {
+			return Inline{}, fmt.Errorf("%w: negative shape in an inline array", ErrMalformed)
+		}
+	}
+	n, ok := header.ByteCount(in.Shape, in.DType.Size())
+	at := InlineHeaderSize + 8*ndim
+	if !ok || n != uint64(len(payload)-at) {
+		return Inline{}, fmt.Errorf("%w: an inline array of shape %v holds %d bytes of elements", ErrMalformed, in.Shape, len(payload)-at)
+	}
+	in.Data = payload[at:]
+	return in, nil
+}

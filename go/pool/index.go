@@ -195,6 +195,29 @@ func Adopt(name string, slot uint32, generation uint32) (Slot, error) {
 func Find(addr uintptr, n uint64) (Slot, uint64, bool) {
 	index.RLock()
 	defer index.RUnlock()
+	s, off, ok := lookup(addr, n)
+	if !ok {
+		return Slot{}, 0, false
+	}
+	s, err := s.AddRef()
+	if err != nil {
+		return Slot{}, 0, false
+	}
+	return s, off, true
+}
+
+// Holds reports whether the n bytes at addr lie in one slot in use of an
+// arena this process maps, as Find would, without a count.
+func Holds(addr uintptr, n uint64) bool {
+	index.RLock()
+	defer index.RUnlock()
+	s, _, ok := lookup(addr, n)
+	return ok && s.Holders() > 0
+}
+
+// lookup finds the slot that holds the n bytes at addr, under the index's
+// lock.
+func lookup(addr uintptr, n uint64) (Slot, uint64, bool) {
 	i := sort.Search(len(index.byAddr), func(i int) bool { return index.byAddr[i].base > addr }) - 1
 	if i < 0 {
 		return Slot{}, 0, false
@@ -209,10 +232,5 @@ func Find(addr uintptr, n uint64) (Slot, uint64, bool) {
 	if slot >= uint64(a.nslots) || off+n > a.slotSize {
 		return Slot{}, 0, false
 	}
-	s := Slot{arena: a, Index: uint32(slot), Generation: atomic.LoadUint32(a.gen(uint32(slot)))}
-	s, err := s.AddRef()
-	if err != nil {
-		return Slot{}, 0, false
-	}
-	return s, off, true
+	return Slot{arena: a, Index: uint32(slot), Generation: atomic.LoadUint32(a.gen(uint32(slot)))}, off, true
 }

@@ -33,6 +33,22 @@
 // holds as many messages as /dev/shm has room for, up to a gibibyte of
 // pickled bytes, and uses the memory of the messages it holds.
 //
+// # The warm window
+//
+// A ring whose every record took fresh pages would pay for reserving and
+// giving back a page for every page of messages that pass. So an unbounded
+// queue made by this version (ring version 3) keeps the pages of the first
+// WarmWindow bytes of its ring for its life, and a producer whose record
+// does not fit in what is left of the window, when the queue is empty,
+// writes a skip record and goes on at the start of the next lap of the
+// ring: a queue that consumers keep up with cycles through the window's
+// pages and seldom reserves another. Only when messages pile up does the
+// ring go past the window, reserving pages in steps of reserveStep that
+// consumers give back as they pass. A consumer crosses a skip record as it
+// comes to it; so does a producer that finds no room because of one (the
+// consumers took nothing since), so that the positions a skip passes over
+// never make an unbounded queue full.
+//
 // # Records wrap
 //
 // A record is written at its byte position modulo the ring size and, when
@@ -94,8 +110,18 @@ const (
 	// cannot reserve pages on demand (before Linux 5.14): a bounded one.
 	FallbackCapacity = 16 << 20
 	// chunk is the unit in which an unbounded queue's ring pages are
-	// reserved and given back.
+	// given back (and reserved, in a ring of version 2).
 	chunk = 2 << 20
+	// WarmWindow is the part of a version 3 ring whose pages are kept (see
+	// The warm window).
+	WarmWindow = chunk
+	// reserveStep is the unit in which a version 3 ring reserves pages
+	// past its warm window.
+	reserveStep = 64 << 10
+	// typeSkip marks a skip record: the rest of the lap is unused, and the
+	// next record is at the start of the next lap. It is 8 bytes or more;
+	// only its size and type are read.
+	typeSkip = 0xFF
 )
 
 const (
@@ -139,6 +165,9 @@ const (
 const (
 	RingVersion       = 1
 	SparseRingVersion = 2
+	// WarmRingVersion marks the ring of an unbounded queue that keeps a
+	// warm window and skips to the next lap (see The warm window).
+	WarmRingVersion = 3
 )
 
 // ErrRingVersion means a queue's ring was laid out by another version.
@@ -159,8 +188,10 @@ type Queue struct {
 	// queues); maxRecord is the largest record that fits.
 	sparse    bool
 	maxRecord uint32
-	putLock   lock.Mutex
-	getLock   lock.Mutex
+	// warm: ring version 3, sparse with a warm window.
+	warm    bool
+	putLock lock.Mutex
+	getLock lock.Mutex
 	// interruptible makes a wait return ErrInterrupted on a signal, for
 	// hosts (Python) that must run their signal handlers; otherwise a
 	// signal (the Go runtime's own preemption signals, say) is waited out.
@@ -201,11 +232,11 @@ func CreateUnbounded(name string, maxItems uint64) (*Queue, error) {
 	if maxItems > 1<<30 {
 		return nil, fmt.Errorf("queue of %d messages: the limit is %d: %w", maxItems, 1<<30, unix.EINVAL)
 	}
-	seg, err := shm.CreatePartly(name, header.KindQueue, dtype.Uint8, []int64{ringAt + MaxCapacity}, ringAt)
+	seg, err := shm.CreatePartly(name, header.KindQueue, dtype.Uint8, []int64{ringAt + MaxCapacity}, ringAt+WarmWindow)
 	if err != nil {
 		return nil, err
 	}
-	initialize(seg.Data(), MaxCapacity, maxItems, SparseRingVersion)
+	initialize(seg.Data(), MaxCapacity, maxItems, WarmRingVersion)
 	return openOrClose(seg)
 }
 
@@ -256,11 +287,11 @@ func open(seg *shm.Segment) (*Queue, error) {
 		return nil, fmt.Errorf("queue %q: %w: a %d-byte ring in %d bytes", seg.Name(), header.ErrCorrupt, capacity, len(d))
 	}
 	v := *(*uint32)(unsafe.Pointer(&d[offRingVersion]))
-	if v != RingVersion && v != SparseRingVersion {
-		return nil, fmt.Errorf("queue %q: %w %d (this library reads %d and %d)", seg.Name(), ErrRingVersion, v,
-			RingVersion, SparseRingVersion)
+	if v != RingVersion && v != SparseRingVersion && v != WarmRingVersion {
+		return nil, fmt.Errorf("queue %q: %w %d (this library reads %d to %d)", seg.Name(), ErrRingVersion, v,
+			RingVersion, WarmRingVersion)
 	}
-	sparse := v == SparseRingVersion
+	sparse := v == SparseRingVersion || v == WarmRingVersion
 	if sparse && capacity < 4*chunk {
 		return nil, fmt.Errorf("queue %q: %w: a %d-byte unbounded ring", seg.Name(), header.ErrCorrupt, capacity)
 	}
@@ -271,7 +302,7 @@ func open(seg *shm.Segment) (*Queue, error) {
 	return &Queue{
 		seg: seg, data: d, ring: d[ringAt:],
 		capacity: uint32(capacity), mask: uint32(capacity - 1), maxItems: uint32(maxItems),
-		sparse: sparse, maxRecord: maxRecord,
+		sparse: sparse, maxRecord: maxRecord, warm: v == WarmRingVersion,
 		putLock: lock.At(unsafe.Pointer(&d[offPutLock])),
 		getLock: lock.At(unsafe.Pointer(&d[offGetLock])),
 	}, nil
@@ -347,7 +378,8 @@ func (q *Queue) unfinished() int {
 // is zero; not at all when it has passed). It returns ErrFull when there is
 // no room by then, and ErrTooLarge when the record can never fit.
 func (q *Queue) Put(rec *message.Record, deadline time.Time) error {
-	_, err := q.PutMany([]*message.Record{rec}, deadline)
+	one := [1]*message.Record{rec}
+	_, err := q.putMany(one[:], futex.Until{Deadline: deadline})
 	return err
 }
 
@@ -419,7 +451,8 @@ func (q *Queue) putMany(recs []*message.Record, u futex.Until) (int, error) {
 		seen := atomic.LoadUint32(q.u32(offSpaceSeq))
 		puts, tail = split(atomic.LoadUint64(q.u64(offTail)))
 		gets, head = split(atomic.LoadUint64(q.u64(offHead)))
-		if q.room(tail, head, puts-gets, uint32(recs[0].Size())) {
+		at, _ := q.skipTo(tail, head, puts-gets, uint32(recs[0].Size()))
+		if q.room(at, head, puts-gets, uint32(recs[0].Size())) {
 			break
 		}
 		if q.sparse && q.catchUp(head, u) {
@@ -433,11 +466,16 @@ func (q *Queue) putMany(recs []*message.Record, u futex.Until) (int, error) {
 	var reserveErr error
 	for n < len(recs) {
 		size := uint32(recs[n].Size())
+		if q.warm {
+			if tail, reserveErr = q.skip(tail, head, puts+uint32(n)-gets, size); reserveErr != nil {
+				break
+			}
+		}
 		if !q.room(tail, head, puts+uint32(n)-gets, size) {
 			break
 		}
 		if q.sparse {
-			if reserveErr = q.reserve(tail + size); reserveErr != nil {
+			if reserveErr = q.reserve(tail, tail+size); reserveErr != nil {
 				break
 			}
 		}
@@ -467,20 +505,71 @@ func (q *Queue) putMany(recs []*message.Record, u futex.Until) (int, error) {
 // messages in the queue. In an unbounded queue it fits only before the
 // pages given back so far, a ring's size on (see Unbounded queues).
 func (q *Queue) room(tail, head, items, size uint32) bool {
-	if q.sparse {
+	if q.sparse && !q.inWindow(tail, size) {
+		// The window's pages are never given back: a record there needs only
+		// the consumers to have taken what was there.
 		head = atomic.LoadUint32(q.u32(offGivenBack))
 	}
 	return tail-head+size <= q.capacity && (q.maxItems == 0 || items < q.maxItems)
 }
 
-// reserve reserves the pages of an unbounded queue's ring up to position
-// end (rounded up to a chunk), under the put lock.
-func (q *Queue) reserve(end uint32) error {
+// inWindow reports whether a record of size at position at lies in the
+// warm window of its lap.
+func (q *Queue) inWindow(at, size uint32) bool {
+	return q.warm && at&q.mask+size <= WarmWindow
+}
+
+// skip returns where a record of size goes in a version 3 ring: at tail,
+// or, when it does not fit in the rest of the warm window and the queue is
+// empty, at the start of the next lap, after a skip record written at
+// tail. Under the put lock; the commit of the record publishes the skip.
+func (q *Queue) skip(tail, head, items, size uint32) (uint32, error) {
+	next, ok := q.skipTo(tail, head, items, size)
+	if !ok {
+		return tail, nil
+	}
+	off := tail & q.mask
+	if err := q.reserve(tail, tail+8); err != nil {
+		return tail, err
+	}
+	*(*uint32)(unsafe.Pointer(&q.ring[off])) = q.capacity - off
+	*(*uint32)(unsafe.Pointer(&q.ring[off+4])) = typeSkip // and no descriptors
+	return next, nil
+}
+
+// skipTo returns the start of the next lap and true when a record of size
+// goes there rather than at tail (see skip).
+func (q *Queue) skipTo(tail, head, items, size uint32) (uint32, bool) {
+	off := tail & q.mask
+	if !q.warm || head != tail || off == 0 || off+size <= WarmWindow || size > WarmWindow {
+		return tail, false
+	}
+	next := tail + (q.capacity - off)
+	if next-head+size > q.capacity || q.maxItems != 0 && items >= q.maxItems {
+		return tail, false
+	}
+	return next, true
+}
+
+// reserve reserves the pages of an unbounded queue's ring for a record
+// from position start to end, under the put lock: up to end rounded up to a
+// chunk (version 2), or to a reserveStep past the warm window (version 3).
+func (q *Queue) reserve(start, end uint32) error {
+	if q.inWindow(start, end-start) {
+		return nil
+	}
 	reserved := atomic.LoadUint32(q.u32(offReserved))
 	if int32(end-reserved) <= 0 {
 		return nil
 	}
-	upTo := (end + chunk - 1) &^ (chunk - 1)
+	step := uint32(chunk)
+	if q.warm {
+		step = reserveStep
+		if window := start - start&q.mask + WarmWindow; int32(window-reserved) > 0 {
+			reserved = window // the lap's window is reserved for good
+		}
+	}
+	upTo := (end + step - 1) &^ (step - 1)
 	if err := q.pages(reserved, upTo, shm.ReservePages); err != nil {
 		return err
 	}
@@ -490,32 +579,79 @@ func (q *Queue) reserve(end uint32) error {
 
 // giveBack gives back the pages of the chunks an unbounded queue's
 // consumers have left behind, up to head's chunk; under the get lock,
-// after the commit that left them.
+// after the commit that left them. A version 3 ring keeps its warm window,
+// and has nothing to give back past the pages it reserved.
 func (q *Queue) giveBack(head uint32) {
 	from, to := atomic.LoadUint32(q.u32(offGivenBack)), head&^(chunk-1)
 	if from == to {
 		return
 	}
 	// A failure keeps the pages in use: nothing is lost.
-	_ = q.pages(from, to, shm.ReleasePages)
+	if !q.warm {
+		_ = q.pages(from, to, shm.ReleasePages)
+	} else {
+		reserved := atomic.LoadUint32(q.u32(offReserved))
+		for at := from; int32(to-at) > 0; {
+			lap := at - at&q.mask
+			if at-lap < WarmWindow {
+				at = lap + WarmWindow
+				continue
+			}
+			end := lap + q.capacity
+			if int32(end-to) > 0 {
+				end = to
+			}
+			if upTo := min32(end, reserved, at); int32(upTo-at) > 0 {
+				_ = q.pages(at, upTo, shm.ReleasePages)
+			}
+			at = end
+		}
+	}
 	atomic.StoreUint32(q.u32(offGivenBack), to)
+}
+
+// min32 returns the earlier of end and reserved as positions after at (at
+// when reserved is before it).
+func min32(end, reserved, at uint32) uint32 {
+	if int32(reserved-at) <= 0 {
+		return at
+	}
+	if int32(reserved-end) < 0 {
+		return reserved
+	}
+	return end
 }
 
 // catchUp gives back, under the get lock, the chunks behind head that a
 // consumer killed after its commit did not: a producer calls it, holding the
 // put lock, when a record does not fit. It reports whether it gave any back.
 func (q *Queue) catchUp(head uint32, u futex.Until) bool {
-	if atomic.LoadUint32(q.u32(offGivenBack)) == head&^(chunk-1) {
+	_, tail := split(atomic.LoadUint64(q.u64(offTail)))
+	if atomic.LoadUint32(q.u32(offGivenBack)) == head&^(chunk-1) && (head == tail || !q.skipAt(head)) {
 		return false
 	}
 	if q.lock(q.getLock, u, ErrFull) != nil {
 		return false
 	}
-	_, head = split(atomic.LoadUint64(q.u64(offHead)))
+	word := atomic.LoadUint64(q.u64(offHead))
+	gets, head := split(word)
+	if head != tail && q.skipAt(head) { // tail is still ours: the put lock is held
+		// Cross a skip record the consumers have not come to (see The warm
+		// window): it is no message.
+		head += *(*uint32)(unsafe.Pointer(&q.ring[head&q.mask]))
+		atomic.StoreUint64(q.u64(offHead), uint64(gets)<<32|uint64(head))
+	}
 	before := atomic.LoadUint32(q.u32(offGivenBack))
 	q.giveBack(head)
 	_ = q.getLock.Unlock()
-	return atomic.LoadUint32(q.u32(offGivenBack)) != before
+	return atomic.LoadUint32(q.u32(offGivenBack)) != before || atomic.LoadUint64(q.u64(offHead)) != word
+}
+
+// skipAt reports whether the record at position at is a skip record; the
+// caller knows that a record is there.
+func (q *Queue) skipAt(at uint32) bool {
+	pos := at & q.mask
+	return q.warm && q.ring[pos+4] == typeSkip && *(*uint32)(unsafe.Pointer(&q.ring[pos])) == q.capacity-pos
 }
 
 // pages applies fn to the ring's memory between positions from and to
@@ -597,6 +733,14 @@ func (q *Queue) getMany(buf []byte, maxRecords, maxDescriptors int, u futex.Unti
 	for n < maxRecords && head != tail {
 		pos := head & q.mask
 		size := *(*uint32)(unsafe.Pointer(&q.ring[pos]))
+		if q.warm && q.ring[pos+4] == typeSkip {
+			if size != q.capacity-pos || size > tail-head {
+				atomic.StoreUint64(q.u64(offHead), uint64(gets+uint32(n))<<32|uint64(tail))
+				return n, filled, errors.Join(fmt.Errorf("queue %q: %w: a skip of %d bytes at %d", q.seg.Name(), header.ErrCorrupt, size, pos), q.getLock.Unlock())
+			}
+			head += size // to the next lap: no message
+			continue
+		}
 		if size < message.RecordHeaderSize || size%8 != 0 || size > tail-head || pos%8 != 0 {
 			// A record that cannot be one: drop everything up to the tail
 			// rather than read out of bounds.
@@ -715,8 +859,12 @@ func (q *Queue) Join(deadline time.Time) error {
 	}
 }
 
-// lock takes m until u's deadline; a timeout is reported as timeoutErr.
+// lock takes m until u's deadline; a timeout is reported as timeoutErr. A
+// free lock is taken without reading the clock.
 func (q *Queue) lock(m lock.Mutex, u futex.Until, timeoutErr error) error {
+	if ok, err := m.TryLock(); ok || err != nil {
+		return err
+	}
 	deadline := u.Deadline
 	if !deadline.IsZero() && !time.Now().Before(deadline) {
 		deadline = time.Now().Add(time.Millisecond) // a non-blocking call still waits out a brief lock
@@ -754,8 +902,8 @@ func (q *Queue) sleep(seqOff, waitersOff int, seen uint32, u futex.Until, timeou
 	if q.guard.Closed() {
 		return ErrClosed
 	}
-	if u.Stopped() {
-		return timeoutErr
+	if u.Stopped() || !u.Deadline.IsZero() && !time.Now().Before(u.Deadline) {
+		return timeoutErr // a call that does not wait does not spin either
 	}
 	err := q.seq(seqOff, waitersOff).Sleep(seen, spinFor, u.Deadline, recheckEvery, q.interruptible)
 	if errors.Is(err, futex.ErrTimeout) {
@@ -805,15 +953,20 @@ func Descriptors(data []byte, fn func(*message.Descriptor) error) error {
 	if capacity < MinCapacity || capacity > MaxCapacity || capacity&(capacity-1) != 0 || uint64(len(data)) != ringAt+capacity {
 		return nil // not a queue we can read; nothing to release
 	}
-	if v := *(*uint32)(unsafe.Pointer(&data[offRingVersion])); v != RingVersion && v != SparseRingVersion {
+	v := *(*uint32)(unsafe.Pointer(&data[offRingVersion]))
+	if v != RingVersion && v != SparseRingVersion && v != WarmRingVersion {
 		return nil
 	}
-	q := &Queue{data: data, ring: data[ringAt:], capacity: uint32(capacity), mask: uint32(capacity - 1)}
+	q := &Queue{data: data, ring: data[ringAt:], capacity: uint32(capacity), mask: uint32(capacity - 1), warm: v == WarmRingVersion}
 	_, head := split(atomic.LoadUint64(q.u64(offHead)))
 	_, tail := split(atomic.LoadUint64(q.u64(offTail)))
 	var errs []error
 	for head != tail && tail-head <= q.capacity {
 		size := *(*uint32)(unsafe.Pointer(&q.ring[head&q.mask]))
+		if q.warm && q.ring[head&q.mask+4] == typeSkip && size == q.capacity-head&q.mask && size <= tail-head {
+			head += size
+			continue
+		}
 		if size < message.RecordHeaderSize || size%8 != 0 || head%8 != 0 || size > tail-head {
 			return errors.Join(append(errs, fmt.Errorf("%w: a record of %d bytes in a queue", header.ErrCorrupt, size))...)
 		}

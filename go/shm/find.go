@@ -15,6 +15,26 @@ import (
 func Find(addr uintptr, n uint64) (*Segment, uint64, bool) {
 	registry.mu.Lock()
 	defer registry.mu.Unlock()
+	f, data, readOnly, off, ok := lookup(addr, n)
+	if !ok {
+		return nil, 0, false
+	}
+	f.handles++
+	return &Segment{f: f, data: data, readOnly: readOnly}, off, true
+}
+
+// Holds reports whether the n bytes at addr lie in the data of a tensor
+// segment this process has open, as Find would, without a handle.
+func Holds(addr uintptr, n uint64) bool {
+	registry.mu.Lock()
+	defer registry.mu.Unlock()
+	_, _, _, _, ok := lookup(addr, n)
+	return ok
+}
+
+// lookup finds the open tensor segment whose data (read-only or not) holds
+// the n bytes at addr, under the registry's lock.
+func lookup(addr uintptr, n uint64) (f *file, data []byte, readOnly bool, off uint64, ok bool) {
 	for _, f := range registry.files {
 		if f.handles == 0 || f.hdr.Kind != header.KindTensor {
 			continue
@@ -29,12 +49,11 @@ func Find(addr uintptr, n uint64) (*Segment, uint64, bool) {
 			}
 			base := uintptr(unsafe.Pointer(&data[0]))
 			if addr >= base && uint64(addr-base)+n <= uint64(len(data)) {
-				f.handles++
-				return &Segment{f: f, data: data, readOnly: readOnly}, uint64(addr - base), true
+				return f, data, readOnly, uint64(addr - base), true
 			}
 		}
 	}
-	return nil, 0, false
+	return nil, nil, false, 0, false
 }
 
 // NameAt returns the name of the segment whose mapping in this process

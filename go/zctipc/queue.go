@@ -174,6 +174,12 @@ func decode(raw []byte) (Message, error) {
 		return Message{Tensor: t}, err
 	case message.TypeBytes:
 		return Message{Bytes: append([]byte(nil), rec.Payload...)}, nil
+	case message.TypeInline:
+		in, err := message.DecodeInline(rec.Payload)
+		if err != nil {
+			return Message{}, err
+		}
+		return Message{Tensor: inlineTensor(in)}, nil
 	}
 	var errs []error
 	for i := range rec.Descriptors {

@@ -1,6 +1,7 @@
 package zctipc
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"slices"
@@ -61,7 +62,9 @@ const (
 
 // Tensor is an n-dimensional array in shared memory: a segment of its own
 // (NewTensor, AttachTensor, AttachRef) or memory another process sent
-// through a Queue (a segment or a pool slot). It holds one count on that
+// through a Queue (a segment or a pool slot); or a small array that came
+// inside a Queue message, copied into this process's memory (its Name is
+// "(inline)"; it has no segment or TensorRef, and PutTensor refuses it). It holds one count on that
 // memory until Close. It is safe for concurrent use; its type, shape and
 // name stay readable after Close, its memory does not.
 type Tensor struct {
@@ -134,6 +137,18 @@ func received(d *message.Descriptor) (*Tensor, error) {
 	}
 	return &Tensor{data: data[:d.NBytes:d.NBytes], dt: d.DType, shape: d.Shape, strides: d.Strides, name: d.Name,
 		offset: d.Offset, ref: r}, nil
+}
+
+// inlineTensor makes a Tensor of a small array that came inside its
+// message: a copy in this process's memory, which no other process holds.
+func inlineTensor(in message.Inline) *Tensor {
+	strides := make([]int64, len(in.Shape))
+	step := int64(in.DType.Size())
+	for i := len(in.Shape) - 1; i >= 0; i-- {
+		strides[i] = step
+		step *= max(in.Shape[i], 1)
+	}
+	return &Tensor{data: bytes.Clone(in.Data), dt: in.DType, shape: in.Shape, strides: strides, name: "(inline)"}
 }
 
 // enter starts a call that touches the tensor's memory; the caller defers
@@ -287,10 +302,13 @@ func (t *Tensor) Refcount() (int64, error) {
 		return 0, err
 	}
 	defer t.guard.Leave()
-	if t.seg != nil {
+	switch {
+	case t.seg != nil:
 		return t.seg.Refcount()
+	case t.ref != nil:
+		return t.ref.Holders()
 	}
-	return t.ref.Holders()
+	return 1, nil // a copy that came inside its message
 }
 
 // Close gives up the tensor's count; the memory goes when no process holds
@@ -304,10 +322,13 @@ func (t *Tensor) Close() error {
 	if !t.guard.Close(nil) {
 		return fmt.Errorf("tensor %s: %w", t.name, ErrClosed)
 	}
-	if t.seg != nil {
+	switch {
+	case t.seg != nil:
 		return t.seg.Close()
+	case t.ref != nil:
+		return t.ref.Release()
 	}
-	return t.ref.Release()
+	return nil
 }
 
 // Unlink removes the tensor's segment name now; holders keep the memory.
@@ -317,7 +338,7 @@ func (t *Tensor) Unlink() error {
 	}
 	defer t.guard.Leave()
 	if t.seg == nil {
-		return fmt.Errorf("a tensor received in a pool buffer has no segment of its own to unlink: %w", unix.EINVAL)
+		return fmt.Errorf("a tensor received in a pool buffer or inline has no segment of its own to unlink: %w", unix.EINVAL)
 	}
 	return shm.Unlink(t.seg.Name())
 }

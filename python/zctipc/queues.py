@@ -39,7 +39,7 @@ from ._core import args, native, wait
 from ._wire import exports, pickler
 from .errors import HandleClosed
 
-__all__ = ["Queue", "SimpleQueue", "JoinableQueue", "DEFAULT_MAX_BYTES"]
+__all__ = ["Queue", "SimpleQueue", "JoinableQueue", "DEFAULT_MAX_BYTES", "INLINE_BYTES"]
 
 #: The ring of a queue made without max_bytes on a kernel that cannot
 #: reserve memory pages on demand (before Linux 5.14): the bound such a
@@ -48,14 +48,34 @@ __all__ = ["Queue", "SimpleQueue", "JoinableQueue", "DEFAULT_MAX_BYTES"]
 DEFAULT_MAX_BYTES = 16 << 20
 
 _HEADER = 16  # bytes of a record header; a descriptor is at most 32 + 16*32 + 256
+_PICKLE, _TENSOR, _BYTES, _INLINE = 1, 2, 3, 4  # record types (ZCT_RECORD_* of zctipc.h)
+
+#: The default of a queue's inline_bytes: NumPy arrays of this many bytes or
+#: fewer travel inside their message (Note [inline arrays] in
+#: zctipc._wire.exports), larger ones through a pool buffer. Measured on
+#: put+get in one process (benchmarks/bench_queue.py): the copies cost less
+#: than a pool buffer's bookkeeping up to about 200 KiB.
+INLINE_BYTES = 128 << 10
+_loads = pickle.loads
+_BARE = exports.BARE  # the set, which grows when torch is met
 
 #: The most messages get_many takes in one call into the library.
 RECORDS_PER_CALL = 256
 
 
-class _Scratch(threading.local):
-    """Per-thread buffers for taking messages; args holds them in the order
-    zct_queue_get takes them after the timeout."""
+# What zct_queue_take returns for a record it took: the payload's length,
+# its offset in the buffer, and the record type (zctipc.h).
+_LENGTH_BITS = 30
+_LENGTH_MASK = (1 << _LENGTH_BITS) - 1
+_TYPE_SHIFT = 60
+
+
+class _Scratch:
+    """Buffers for taking messages: a get takes one from its queue's free
+    list and gives it back, so that threads never share one."""
+
+    __slots__ = ("cap", "vcap", "raw", "mem", "buf", "views", "typ", "off", "plen", "nviews", "records", "filled",
+                 "recs", "put_view")
 
     def __init__(self):
         ffi = native.ffi()
@@ -77,7 +97,10 @@ class _Scratch(threading.local):
         self.mem = memoryview(self.raw)
         self.buf = ffi.from_buffer(self.raw)
         self.views = ffi.new("zct_view[]", vcap)
-        self.args = (self.typ, self.off, self.plen, self.views, vcap, self.nviews)
+
+    def get_args(self):
+        """zct_queue_get's arguments after the timeout."""
+        return self.typ, self.off, self.plen, self.views, self.vcap, self.nviews
 
 
 class _Readiness:
@@ -130,6 +153,16 @@ class _Readiness:
             self.cond.notify()
 
 
+# Note [polling a reader]: the standard library polls a pipe end and then
+# reads it (Pool's shutdown drains its task queue so: while poll(): recv()),
+# relying on a lock that its readers hold across process boundaries while
+# they read. A queue's consumers take no such lock, so a message that poll()
+# saw could be taken by another process before recv(), which would then
+# block for ever. So _Reader.poll takes the message it sees into the queue
+# object (its stash), and the next get, recv or get_many returns it first;
+# qsize() and empty() count it.
+
+
 class _Reader:
     """The receiving end of a queue as multiprocessing's Connection shows it
     to the standard library's pools and to multiprocessing.connection.wait."""
@@ -147,7 +180,11 @@ class _Reader:
         return self._queue.get()
 
     def poll(self, timeout=0.0):
-        return self._queue._poll(timeout)
+        """Whether recv() would return at once, waiting up to timeout
+        seconds (None: for ever): a message there is taken into this
+        process (Note [polling a reader]), so that another consumer cannot
+        take it between poll() and recv()."""
+        return self._queue._poll_take(timeout)
 
     def close(self):
         """Nothing to close: the queue stays open (multiprocessing's pool
@@ -189,16 +226,17 @@ class Queue:
     put waits, or raises OutOfSharedMemory, only when /dev/shm is full.
     """
 
-    def __init__(self, maxsize=0, *, max_bytes=None, ctx=None):
+    def __init__(self, maxsize=0, *, max_bytes=None, inline_bytes=None, ctx=None):
         maxsize = args.integer("maxsize", maxsize, high=1 << 30)  # 0 or less: no bound, as multiprocessing's
         # 0 asks the library for an unbounded ring.
         max_bytes = 0 if max_bytes is None else args.integer("max_bytes", max_bytes, 4096, 1 << 30)
+        inline_bytes = _inline_bytes(inline_bytes)
         ffi, lib = native.ffi(), native.lib()
         handle = ffi.new("zct_handle *")
         native.check(lib.zct_queue_create(ffi.NULL, max_bytes, max(maxsize, 0), handle))
-        self._setup(handle[0])
+        self._setup(handle[0], inline_bytes)
 
-    def _setup(self, handle):
+    def _setup(self, handle, inline_bytes):
         ffi, lib = native.ffi(), native.lib()
         name = ffi.new("char[]", 256)
         capacity = ffi.new("uint64_t *")
@@ -207,9 +245,16 @@ class Queue:
         self._handle = handle
         self._name = ffi.string(name).decode()
         self._capacity = capacity[0]
+        self._inline_bytes = inline_bytes  # as given: children get the same
+        if inline_bytes is None:
+            inline_bytes = INLINE_BYTES
+        # An inline array takes at most a quarter of a bounded ring; with
+        # inline_bytes=0 none goes inline, not even an empty one.
+        self._inline = min(inline_bytes, self._capacity // 4) if inline_bytes else -1
         self._maxsize = maxsize[0]
         self._closed = False
-        self._scratch = _Scratch()
+        self._scratches = [_Scratch()]  # free ones (see _Scratch)
+        self._stash = []  # Note [polling a reader]
         self._ready = None
         self._reader, self._writer = _Reader(self), _Writer(self)
         # What multiprocessing's queues lock around their pipe ends (its
@@ -218,16 +263,18 @@ class Queue:
         self._finalizer = weakref.finalize(self, native.finalize, "zct_queue_close", handle, "closing a queue")
 
     @classmethod
-    def attach(cls, name):
+    def attach(cls, name, *, inline_bytes=None):
         """Open the queue ``name`` that another process made (a Go program,
         say: zctipc.NewQueue), by its full segment name. (A child process
         that unpickles a queue attaches it so: Note [queues handed to
-        children].)"""
+        children].) inline_bytes is how this process puts small arrays,
+        as for Queue()."""
+        inline_bytes = _inline_bytes(inline_bytes)
         ffi, lib = native.ffi(), native.lib()
         handle = ffi.new("zct_handle *")
         native.check(lib.zct_queue_attach(name.encode(), 0, handle))
         q = cls.__new__(cls)
-        q._setup(handle[0])
+        q._setup(handle[0], inline_bytes)
         return q
 
     @property
@@ -246,7 +293,7 @@ class Queue:
         _mpcontext.assert_spawning(self)
         self._check_open()
         _hold_for_child(self._name, _mpcontext.get_spawning_popen())
-        return _rebuild_queue, (type(self), self._name)
+        return _rebuild_queue, (type(self), self._name, self._inline_bytes)
 
     # -- putting --------------------------------------------------------------
 
@@ -257,21 +304,32 @@ class Queue:
             self._check_open()
         if timeout is not None:
             timeout = args.timeout(timeout)
-        lib = native.lib()
         t = type(obj)
         if t is bytes:
-            payload, buffers, typ = obj, [], lib.ZCT_RECORD_BYTES
-        elif t in exports.BARE and (e := exports.export_bare(obj, block, timeout)) is not None:
-            # A bare array, tensor or SharedTensor: a tensor record, no pickle.
-            payload, buffers, typ = b"", [e], lib.ZCT_RECORD_TENSOR
+            payload, buffers, typ = obj, (), _BYTES
+        elif t in _BARE and (bare := self._bare(obj, block, timeout)) is not None:
+            payload, buffers, typ = bare
         else:
-            payload, buffers = self._dumps(obj, block, timeout)
-            typ = lib.ZCT_RECORD_PICKLE
-        if not buffers and len(payload) + _HEADER <= self._capacity:
-            # Fast path: one try without waiting; the loop below waits.
+            payload, buffers = pickler.dumps(obj, block, timeout, self._inline)
+            typ = _PICKLE
+        if not buffers and len(payload) <= self._capacity - _HEADER:
+            # Fast path: one try without waiting; _put waits.
+            lib = native.lib()
             if lib.zct_queue_put(self._handle, typ, payload, len(payload), lib.NULL_VIEWS, 0, 0) == 0:
                 return
         self._put(typ, payload, buffers, block, timeout)
+
+    def _bare(self, obj, block, timeout):
+        """(payload, buffers, record type) of a bare array, tensor or
+        SharedTensor, or None to pickle it: a small array inline (Note
+        [inline arrays] in zctipc._wire.exports), others as a tensor record
+        whose one buffer is zctipc memory."""
+        if obj.__class__ is exports.ndarray and obj.nbytes <= self._inline:
+            payload = exports.inline_payload(obj)
+            if payload is not None:
+                return payload, (), _INLINE
+        e = exports.export_bare(obj, block, timeout)
+        return None if e is None else (b"", [e], _TENSOR)
 
     def put_nowait(self, obj):
         return self.put(obj, False)
@@ -292,7 +350,7 @@ class Queue:
         objs = iter(objs)
         pending = None
         while True:
-            payloads, ends, single = p.dump_run(objs, self._capacity - _HEADER, block, timeout, pending)
+            payloads, ends, single = p.dump_run(objs, self._capacity - _HEADER, block, timeout, pending, self._inline)
             pending = None
             if ends:
                 self._put_batch(payloads, ends, block, deadline)
@@ -334,10 +392,14 @@ class Queue:
         n = len(buffers)
         if n == 1 and len(payload) + _HEADER + 1024 <= self._capacity:
             # Fast path for one buffer (a bare array): one try without waiting.
-            view = self._scratch.put_view
-            buffers[0].fill(view)
-            if lib.zct_queue_put(self._handle, typ, payload, len(payload), view, 1, 0) == 0:
-                return
+            free = self._scratches
+            s = free.pop() if free else _Scratch()
+            try:
+                buffers[0].fill(s.put_view)
+                if lib.zct_queue_put(self._handle, typ, payload, len(payload), s.put_view, 1, 0) == 0:
+                    return
+            finally:
+                free.append(s)
         if len(payload) + _HEADER > self._capacity:
             self._release(buffers)
             raise ValueError(
@@ -373,26 +435,56 @@ class Queue:
             self._check_open()
         if timeout is not None:
             timeout = args.timeout(timeout)
-        get = native.lib().zct_queue_get
-        s = self._scratch
-        # Fast path: one try without waiting.
-        status = get(self._handle, s.buf, s.cap, 0, *s.args)
-        if status != 0:
-            def attempt(ms):
-                while True:
-                    status = get(self._handle, s.buf, s.cap, ms, *s.args)
-                    if status != native.E_RANGE:
-                        return status
-                    s.resize(max(s.cap, s.plen[0]), max(s.vcap, s.nviews[0]))  # and take it at once
+        if self._stash:
+            return self._stash.pop(0)
+        free = self._scratches
+        s = free.pop() if free else _Scratch()
+        try:
+            # Fast path: one try without waiting.
+            r = native.lib().zct_queue_take(self._handle, s.buf, s.cap, 0, s.views, s.vcap)
+            if r < 0:
+                r = self._take(s, r, block, timeout)
+            if self._ready is not None:
+                self._ready.rearm(self._empty)
+            off = (r >> _LENGTH_BITS) & _LENGTH_MASK
+            if off == _HEADER:  # no views
+                typ = r >> _TYPE_SHIFT
+                if typ == _PICKLE:
+                    return _loads(s.mem[off:])  # a pickle ends at its STOP
+                if typ == _INLINE:
+                    return exports.build_inline(s.mem, off, r & _LENGTH_MASK)
+                return bytes(s.mem[off : off + (r & _LENGTH_MASK)])
+            return self._decode(s, r >> _TYPE_SHIFT, off, r & _LENGTH_MASK)
+        finally:
+            free.append(s)
 
-            if status == native.E_RANGE:
-                status = attempt(0)
-            if status == native.E_EMPTY and block:
-                status = wait.retry(attempt, native.E_EMPTY, block, timeout)
+    def _take(self, s, status, block, timeout):
+        """Take a record into s after a first try found none (status), as
+        block and timeout say; what zct_queue_take returns."""
+        lib = native.lib()
+        take = lib.zct_queue_take
+
+        def attempt(ms):
+            while True:
+                r = take(self._handle, s.buf, s.cap, ms, s.views, s.vcap)
+                if r != native.E_RANGE:
+                    return r
+                # What it needs, said by zct_queue_get (which takes it).
+                status = lib.zct_queue_get(self._handle, s.buf, s.cap, 0, *s.get_args())
+                if status == native.E_RANGE:
+                    s.resize(max(s.cap, s.plen[0]), max(s.vcap, s.nviews[0]))  # and take it at once
+                elif status == 0:
+                    return s.plen[0] | s.off[0] << _LENGTH_BITS | s.typ[0] << _TYPE_SHIFT
+                else:
+                    return status
+
+        if status == native.E_RANGE:
+            status = attempt(0)
+        if status == native.E_EMPTY and block:
+            status = wait.retry(attempt, native.E_EMPTY, block, timeout)
+        if status < 0:
             native.check(status)
-        if self._ready is not None:
-            self._ready.rearm(self._empty)
-        return self._decode(s)
+        return status
 
     def get_nowait(self):
         return self.get(False)
@@ -404,8 +496,18 @@ class Queue:
         if self._closed:
             self._check_open()
         max_items = args.integer("max_items", max_items, 1)
+        if self._stash:
+            out, self._stash = self._stash[:max_items], self._stash[max_items:]
+            return out
+        free = self._scratches
+        s = free.pop() if free else _Scratch()
+        try:
+            return self._get_many(s, max_items, block, timeout)
+        finally:
+            free.append(s)
+
+    def _get_many(self, s, max_items, block, timeout):
         lib = native.lib()
-        s = self._scratch
         records, filled, recs = s.records, s.filled, s.recs
 
         def attempt(ms):
@@ -434,6 +536,8 @@ class Queue:
                 if typ == pickle_type:
                     seek(off)
                     append(load())
+                elif typ == _INLINE:
+                    append(exports.build_inline(mem, off, r.payload_len))
                 else:
                     append(bytes(mem[off : off + r.payload_len]))
             elif typ == tensor_type:
@@ -444,16 +548,12 @@ class Queue:
         return out
 
     @staticmethod
-    def _decode(s):
-        # What zct_queue_get said of the record it took.
-        typ, nviews, off, plen = s.typ[0], s.nviews[0], s.off[0], s.plen[0]
-        lib = native.lib()
-        if typ == lib.ZCT_RECORD_TENSOR:
+    def _decode(s, typ, off, plen):
+        """The object of a record with views that zct_queue_take put in s."""
+        if typ == _TENSOR:
             return exports.build(s.views[0])
-        data = s.mem[off : off + plen]
-        if nviews == 0:
-            return bytes(data) if typ == lib.ZCT_RECORD_BYTES else pickle.loads(data)
-        return pickler.loads(data, s.views, nviews)
+        nviews = int.from_bytes(s.mem[6:8], "little")  # the record header's view count (format.md)
+        return pickler.loads(s.mem[off : off + plen], s.views, nviews)
 
     # -- state ------------------------------------------------------------------
 
@@ -464,7 +564,7 @@ class Queue:
         return items[0], items[1]
 
     def _qsize(self):
-        return self._counts()[0]
+        return self._counts()[0] + len(self._stash)
 
     def qsize(self):
         """The number of messages in the queue now (others may change it)."""
@@ -499,10 +599,23 @@ class Queue:
                     weakref.finalize(self, self._ready.stop)  # a queue collected unclosed
         return self._ready
 
+    def _poll_take(self, timeout=0.0):
+        """_Reader.poll (Note [polling a reader])."""
+        if self._stash:
+            return True
+        try:
+            obj = Queue.get(self, timeout is None or timeout > 0, timeout)  # SimpleQueue's takes no timeout
+        except _queue.Empty:
+            return False
+        self._stash.append(obj)
+        return True
+
     def _poll(self, timeout=0.0):
         """Whether a message is there, waiting up to timeout seconds (None:
         for ever) for one; it is not taken."""
         self._check_open()
+        if self._stash:
+            return True
         lib = native.lib()
         status = wait.retry(lambda ms: lib.zct_queue_wait(self._handle, ms), native.E_EMPTY,
                             timeout is None or timeout > 0, timeout)
@@ -578,8 +691,8 @@ class SimpleQueue(Queue):
     """multiprocessing.SimpleQueue's API (get, put, empty, close) over the
     same ring, without a bound on the number of messages."""
 
-    def __init__(self, *, max_bytes=None, ctx=None):
-        super().__init__(0, max_bytes=max_bytes, ctx=ctx)
+    def __init__(self, *, max_bytes=None, inline_bytes=None, ctx=None):
+        super().__init__(0, max_bytes=max_bytes, inline_bytes=inline_bytes, ctx=ctx)
 
     def put(self, obj):
         super().put(obj)
@@ -609,8 +722,13 @@ def _hold_for_child(name, popen):
         _held_for_children.append(handle[0])
 
 
-def _rebuild_queue(cls, name):
-    return cls.attach(name)
+def _inline_bytes(value):
+    """A queue's inline_bytes checked: None (the default) or a size."""
+    return None if value is None else args.integer("inline_bytes", value, 0, 1 << 30)
+
+
+def _rebuild_queue(cls, name, inline_bytes=None):
+    return cls.attach(name, inline_bytes=inline_bytes)
 
 
 def __getattr__(name):

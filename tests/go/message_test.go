@@ -84,3 +84,52 @@ func FuzzRecordDecode(f *testing.F) {
 		require.Equal(t, len(raw), len(again), "DecodeRecord then Encode changed the size")
 	})
 }
+
+func TestInlineRoundTrip(t *testing.T) {
+	shape := []int64{2, 3}
+	payload := make([]byte, message.InlineHeaderSize+8*len(shape)+24)
+	at := message.EncodeInline(payload, dtype.Float32, 0, shape)
+	for i := range payload[at:] {
+		payload[at+i] = byte(i)
+	}
+	rec := message.Record{Type: message.TypeInline, Payload: payload}
+	require.NoError(t, rec.Check())
+	buf := make([]byte, rec.Size())
+	rec.Encode(buf)
+	back, err := message.DecodeRecord(buf)
+	require.NoError(t, err)
+	in, err := message.DecodeInline(back.Payload)
+	require.NoError(t, err)
+	require.Equal(t, dtype.Float32, in.DType)
+	require.Equal(t, shape, in.Shape)
+	require.Equal(t, payload[at:], in.Data)
+}
+
+func TestInlineRefusesMalformedPayloads(t *testing.T) {
+	good := func() []byte {
+		p := make([]byte, message.InlineHeaderSize+8+8)
+		message.EncodeInline(p, dtype.Int32, 0, []int64{2})
+		return p
+	}
+	tests := map[string]func([]byte) []byte{
+		"truncated header": func(p []byte) []byte { return p[:4] },
+		"unknown dtype":    func(p []byte) []byte { p[0] = 0xEE; return p },
+		"flags":            func(p []byte) []byte { p[2] = 8; return p },
+		"ndim past 32":     func(p []byte) []byte { p[3] = 33; return p },
+		"reserved bytes":   func(p []byte) []byte { p[5] = 1; return p },
+		"shape past data":  func(p []byte) []byte { p[3] = 3; return p },
+		"negative shape":   func(p []byte) []byte { p[15] = 0x80; return p },
+		"too few elements": func(p []byte) []byte { return p[:len(p)-4] },
+		"too many":         func(p []byte) []byte { return append(p, 0, 0, 0, 0) },
+	}
+	for name, mutate := range tests {
+		t.Run(name, func(t *testing.T) {
+			_, err := message.DecodeInline(mutate(good()))
+			require.ErrorIs(t, err, message.ErrMalformed)
+			rec := message.Record{Type: message.TypeInline, Payload: mutate(good())}
+			require.ErrorIs(t, rec.Check(), message.ErrMalformed)
+		})
+	}
+	rec := message.Record{Type: message.TypeInline, Payload: good(), Descriptors: sampleRecord().Descriptors}
+	require.ErrorIs(t, rec.Check(), message.ErrMalformed, "an inline record holds no descriptor")
+}

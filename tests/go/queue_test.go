@@ -434,7 +434,7 @@ func TestUnboundedQueueUsesTheMemoryOfWhatItHolds(t *testing.T) {
 	defer func() { require.NoError(t, q.Close()) }()
 	require.True(t, q.Unbounded())
 	require.Greater(t, q.Capacity(), 512<<20, "it takes messages of hundreds of megabytes")
-	require.Less(t, resident(t, q), int64(1<<20), "an empty queue uses next to nothing")
+	require.LessOrEqual(t, resident(t, q), int64(queue.WarmWindow+64<<10), "an empty queue uses its warm window")
 
 	// With no consumer, it takes far more than a bounded queue's 16 MiB.
 	payload := make([]byte, 100<<10)
@@ -477,6 +477,55 @@ func TestUnboundedQueueUsesTheMemoryOfWhatItHolds(t *testing.T) {
 	require.Less(t, peak, int64(24<<20), "8 messages of at most 400 KiB, and the chunks they lie in")
 
 	require.ErrorIs(t, q.Put(bytesRecord(make([]byte, q.Capacity())), time.Now()), queue.ErrTooLarge)
+}
+
+func TestUnboundedQueueCyclesThroughItsWarmWindow(t *testing.T) {
+	q, err := queue.CreateUnbounded("", 0)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, q.Close()) }()
+	buf := make([]byte, 1<<20)
+	window := int64(queue.WarmWindow)
+	// A consumer that keeps up: 20 laps of the window, and never a page
+	// past it.
+	payload := make([]byte, 16<<10)
+	for i := range 20 * queue.WarmWindow / len(payload) {
+		binary.LittleEndian.PutUint64(payload, uint64(i))
+		require.NoError(t, q.Put(bytesRecord(payload), time.Now()))
+		got, err := getInto(t, q, buf)
+		require.NoError(t, err)
+		require.EqualValues(t, i, binary.LittleEndian.Uint64(got))
+		require.Len(t, got, len(payload))
+	}
+	require.LessOrEqual(t, resident(t, q), window+64<<10, "the window's pages, over and over")
+	// One that falls behind: the ring goes past the window, and back to it
+	// once the consumer has caught up; every message arrives in order.
+	next, taken := 0, 0
+	put := func() {
+		binary.LittleEndian.PutUint64(payload, uint64(next))
+		next++
+		require.NoError(t, q.Put(bytesRecord(payload), time.Now()))
+	}
+	take := func() {
+		got, err := getInto(t, q, buf)
+		require.NoError(t, err)
+		require.EqualValues(t, taken, binary.LittleEndian.Uint64(got))
+		taken++
+	}
+	for range 3 {
+		for range 300 { // 4.8 MB: past the window
+			put()
+		}
+		require.Greater(t, resident(t, q), window+2<<20)
+		for qlen(t, q) > 0 {
+			take()
+		}
+		for range 2 * queue.WarmWindow / len(payload) {
+			put()
+			take()
+		}
+		require.LessOrEqual(t, resident(t, q), window+2<<20, "back in the window, the rest given back")
+	}
+	require.Equal(t, next, taken)
 }
 
 func TestUnboundedQueueAcrossProcessesAndAttach(t *testing.T) {

@@ -197,7 +197,7 @@ def test_tensor_outside_host_memory_is_refused_clearly():
 def test_more_dimensions_than_a_descriptor_holds_go_pickled_in_band():
     import torch
 
-    q = zctipc.Queue()
+    q = zctipc.Queue(inline_bytes=0)  # small arrays by descriptor too
     deep = np.arange(4.0).reshape((1,) * 31 + (2, 2))  # 33 dimensions
     deep_tensor = torch.arange(4).reshape((1,) * 31 + (2, 2))
     q.put(deep)

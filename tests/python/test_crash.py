@@ -91,7 +91,7 @@ def test_a_killed_consumers_counts_are_repaired():
     child = ctx.Process(target=_workers.hold_received, args=(q, ready))
     child.start()
     q.put(t.numpy())
-    q.put(np.ones(10000))  # a pool buffer
+    q.put(np.ones(100000))  # a pool buffer (a small array would go inline)
     assert ready.get(timeout=60) == "holding"
     assert t.refcount == 2
     slots = zctipc.pool_stats().slots_in_use

@@ -188,7 +188,8 @@ def test_batches_keep_order_across_kinds():
     np.testing.assert_array_equal(got[1], np.arange(3))
     assert torch.equal(got[5], torch.ones(2))
     np.testing.assert_array_equal(got[6]["k"], np.zeros(2))
-    assert zctipc.is_shared(got[1]) and zctipc.is_shared(got[6]["k"])
+    assert not zctipc.is_shared(got[1]) and not zctipc.is_shared(got[6]["k"]), "small arrays travel inline"
+    assert zctipc.is_shared(got[5]), "a tensor is shared"
     q.close()
 
 
@@ -254,7 +255,9 @@ def test_many_threads_put_and_get(q):
     assert sorted(got) == [(k, i) for k in range(threads) for i in range(n)]
 
 
-def test_mixed_dict_round_trip(q):
+@pytest.mark.parametrize("inline_bytes", [None, 0])
+def test_mixed_dict_round_trip(inline_bytes):
+    q = zctipc.Queue(inline_bytes=inline_bytes)
     msg = {
         "f32": np.arange(12, dtype=np.float32).reshape(3, 4),
         "strided": np.arange(20)[::3],
@@ -275,7 +278,8 @@ def test_mixed_dict_round_trip(q):
     for k in ("f32", "strided", "transposed", "zero_d", "empty"):
         np.testing.assert_array_equal(got[k], msg[k])
         assert type(got[k]) is np.ndarray and got[k].dtype == msg[k].dtype
-        assert zctipc.is_shared(got[k]), k
+        # Small arrays travel inline, as copies, unless inline_bytes=0.
+        assert zctipc.is_shared(got[k]) == (inline_bytes == 0), k
     for k in ("i64", "bf16", "view"):
         assert torch.equal(got[k], msg[k]) and got[k].dtype == msg[k].dtype
         assert zctipc.is_shared(got[k]), k
@@ -283,6 +287,7 @@ def test_mixed_dict_round_trip(q):
     assert got["objects"][0] == {"a": 1}, "object arrays go by pickle"
     np.testing.assert_array_equal(got["nested"][0], np.ones(3))
     assert torch.equal(got["nested"][1][1], torch.ones(2, 2))
+    q.close()
 
 
 def test_shared_memory_goes_by_descriptor_and_writes_are_shared(q):
@@ -310,6 +315,63 @@ def test_bare_arrays_and_tensors_go_as_tensor_records(q):
     assert torch.equal(q.get(), torch.arange(3))
 
 
+INLINE_CASES = [
+    np.arange(10, dtype=np.float32),
+    np.zeros((0, 5)),
+    np.array(3.5),
+    np.arange(12).reshape(3, 4)[:, ::2],  # not contiguous: sent in C order
+    np.arange(6)[::-1],  # negative strides
+    np.ones((2, 3), dtype=np.bool_),
+    np.arange(4, dtype=np.complex64),
+    np.arange(2048, dtype=np.uint8).reshape(2, 1024),
+]
+
+
+@pytest.mark.parametrize("max_bytes", [None, 1 << 20])
+def test_small_arrays_travel_inline_as_private_copies(max_bytes):
+    q = zctipc.Queue(max_bytes=max_bytes)
+    slots = zctipc.pool_stats().slots_in_use
+    for a in INLINE_CASES:
+        q.put(a)
+        q.put({"a": a, "n": 1})
+        q.put_many([a, (a,)])
+        for got in (q.get(), q.get()["a"], *q.get_many(2)):
+            got = got[0] if type(got) is tuple else got
+            assert got.dtype == a.dtype and got.shape == a.shape and np.array_equal(got, a)
+            assert got.flags.writeable and not zctipc.is_shared(got), "a copy of its own, not shared"
+            got[...] = 0  # the copy is the receiver's: the sender's array is untouched
+            assert not np.shares_memory(got, a)
+    assert zctipc.pool_stats().slots_in_use == slots, "no pool buffer was used"
+    frozen = np.arange(3.0)
+    frozen.setflags(write=False)
+    q.put(frozen)
+    assert not q.get().flags.writeable, "read-only, as the sender's was"
+    q.close()
+
+
+def test_inline_bytes_sets_the_bound_and_zctipc_memory_never_goes_inline():
+    q = zctipc.Queue(inline_bytes=100)
+    small, big = np.arange(12, dtype=np.int64), np.arange(13, dtype=np.int64)  # 96 and 104 bytes
+    q.put(small)
+    q.put(big)
+    assert not zctipc.is_shared(q.get()) and zctipc.is_shared(q.get()), "104 bytes go through the pool"
+    a = zctipc.empty(4, "int32")
+    a[:] = 5
+    q.put(a)
+    q.put({"a": a})
+    for got in (q.get(), q.get()["a"]):
+        got[0] = 6
+        assert a[0] == 6, "zctipc memory goes by descriptor, shared"
+    off = zctipc.Queue(inline_bytes=0)
+    off.put(np.arange(2))
+    assert zctipc.is_shared(off.get())
+    for bad, exc in [(-1, ValueError), ("1", TypeError), (1.5, TypeError)]:
+        with pytest.raises(exc):
+            zctipc.Queue(inline_bytes=bad)
+    q.close()
+    off.close()
+
+
 def test_requires_grad_is_kept_and_non_leaf_refused(q):
     w = torch.ones(3, requires_grad=True)
     q.put(w)
@@ -320,9 +382,10 @@ def test_requires_grad_is_kept_and_non_leaf_refused(q):
 
 
 def test_buffers_go_back_to_the_pool(q):
+    gc.collect()  # what earlier tests left
     in_use = zctipc.pool_stats().slots_in_use
     for _ in range(20):
-        q.put({"x": np.ones(10000), "y": torch.ones(100)})
+        q.put({"x": np.ones(100000), "y": torch.ones(100)})
         got = q.get()
         del got
     gc.collect()
@@ -506,4 +569,25 @@ def test_an_empty_ring_takes_any_message_that_fits_it(max_bytes, first, then):
     assert q.get_nowait() == pickled
     with pytest.raises(ValueError, match="max_bytes"):
         q.put(b"d" * max_bytes)  # more than the ring itself
+    q.close()
+
+
+def test_a_polled_message_is_kept_for_recv():
+    # Note [polling a reader]: Pool's shutdown drains its task queue with
+    # `while _reader.poll(): _reader.recv()`; another consumer (here another
+    # handle on the queue) must not take what poll() saw.
+    q = zctipc.Queue()
+    other = zctipc.Queue.attach(q.name)
+    q.put("task")
+    assert q._reader.poll() and q.qsize() == 1 and not q.empty()
+    with pytest.raises(queue.Empty):
+        other.get(timeout=0.05)
+    assert q._reader.poll(), "still there for this reader"
+    assert q._reader.recv() == "task"
+    assert not q._reader.poll() and q.empty()
+    q.put_many([1, 2, 3])
+    assert q._reader.poll(timeout=None)
+    assert q.get_many() == [1], "the polled message comes first, alone"
+    assert q.get_many() == [2, 3]
+    other.close()
     q.close()

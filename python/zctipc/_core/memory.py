@@ -72,6 +72,19 @@ def find(address, nbytes):
     return out.ref[0], out.offset[0]
 
 
+def zctipc_memory(address, nbytes):
+    """Whether the nbytes at address (an integer, or a cffi pointer) are
+    zctipc memory that find() finds; no count is taken."""
+    if not native.loaded():
+        return False  # nothing of zctipc lives in this process
+    if type(address) is int:
+        address = native.ffi().cast("void *", address)
+    held = native.lib().zct_memory_holds(address, nbytes)
+    if held < 0:
+        native.check(held)
+    return held == 1
+
+
 _torch = None
 _torch_hooks = []
 _MARK = "_zctipc_memory"  # Note [marked storages]

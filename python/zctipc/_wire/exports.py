@@ -10,6 +10,8 @@ Arrays of more dimensions than a descriptor holds, and element types
 zctipc cannot share, do not go out of band: the caller pickles them in band.
 """
 
+import struct
+
 import numpy as np
 
 from ..errors import UnsupportedDtype
@@ -84,7 +86,22 @@ def export_array(arr, block=True, timeout=None, copy=True):
                    block, timeout, copy)
 
 
-_TORCH_CODES = {}  # torch dtype -> code, filled as dtypes are met
+_CODES = {}  # torch or NumPy dtype -> code (None: unsupported), filled as dtypes are met
+
+
+def _code(dtype):
+    """The type code of a torch or NumPy dtype, or None when zctipc cannot
+    share it."""
+    try:
+        return _CODES[dtype]
+    except KeyError:
+        pass
+    try:
+        code = dtypes.code_of(dtype)
+    except UnsupportedDtype:
+        code = None
+    _CODES[dtype] = code
+    return code
 _COMPLEX = {dtypes.CODES["complex64"], dtypes.CODES["complex128"]}
 
 
@@ -94,12 +111,9 @@ def _torch_layout(t):
     others (conjugate and negative views, nested tensors) as they are."""
     if not storages.shareable(t) or t.is_neg():
         return None
-    code = _TORCH_CODES.get(t.dtype)
+    code = _code(t.dtype)
     if code is None:
-        try:
-            code = _TORCH_CODES[t.dtype] = dtypes.code_of(t.dtype)
-        except UnsupportedDtype:
-            return None
+        return None
     if code in _COMPLEX and t.is_conj():
         return None
     size = dtypes.ITEMSIZE[code]
@@ -210,6 +224,71 @@ def export_shared_tensor(st):
     if found is None:
         raise RuntimeError(f"{st!r} is not mapped in this process")
     return Export(found[0], found[1], st._code, st.shape, st.strides, memory.SHARED_TENSOR)
+
+
+# Note [inline arrays]: a NumPy array of a queue's inline_bytes or fewer
+# that is not zctipc memory travels inside its record (type 4, "inline"),
+# copied into the ring and out of it, instead of into a pool buffer whose
+# count and mapping the receiver takes over: below some tens of KiB the
+# copies cost less than the pool's bookkeeping. The payload is a header
+# (dtype code u16, flags u8, ndim u8, zero u32, shape i64 x ndim; format.md)
+# and the elements in C order. The receiver gets a copy of its own, as a
+# pickled array would be. zctipc memory always goes by descriptor.
+
+ndarray = np.ndarray
+_INLINE_HEAD = struct.Struct("<HBBI")
+_SHAPES = [struct.Struct(f"<{n}q") for n in range(native.MAX_NDIM + 1)]
+
+
+def inline_payload(arr):
+    """The payload of an inline record of the NumPy array arr, or None
+    when it must go otherwise: it is zctipc memory (by descriptor), or of
+    a dtype or rank a descriptor cannot hold (pickled)."""
+    ndim = arr.ndim
+    if ndim > native.MAX_NDIM:
+        return None
+    code = _code(arr.dtype)
+    if code is None or in_zctipc_memory(arr):
+        return None
+    flags = memory.NUMPY if arr.flags.writeable else memory.NUMPY | memory.READONLY
+    if not arr.flags.c_contiguous:
+        arr = np.ascontiguousarray(arr)
+    return b"".join((_INLINE_HEAD.pack(code, flags, ndim, 0), _SHAPES[ndim].pack(*arr.shape), arr.data))
+
+
+def in_zctipc_memory(arr):
+    """Whether the NumPy array arr lies in zctipc memory that its
+    descriptor can name (an array with negative strides is copied)."""
+    if not arr.nbytes or min(arr.strides, default=0) < 0:
+        return False
+    if arr.flags.c_contiguous:
+        return memory.zctipc_memory(native.ffi().from_buffer(arr, require_writable=False), arr.nbytes)
+    extent = layout.extent(arr.shape, arr.strides, arr.itemsize)
+    return memory.zctipc_memory(arr.__array_interface__["data"][0], extent)
+
+
+def build_inline(mem, off, length):
+    """A new NumPy array of the inline record payload at mem[off:off+length]
+    (the library checked it against its header)."""
+    code, flags, ndim, _ = _INLINE_HEAD.unpack_from(mem, off)
+    shape = _SHAPES[ndim].unpack_from(mem, off + 8)
+    start = off + 8 + 8 * ndim
+    dt = dtypes.numpy_dtype(code)
+    end = off + length
+    if flags & memory.READONLY:
+        # The sender's was read-only: a copy over bytes, which stays so.
+        arr = np.frombuffer(bytes(mem[start:end]), dt, (end - start) // dt.itemsize)
+    elif start == end:
+        arr = np.empty(shape, dt)
+    else:
+        arr = np.frombuffer(mem, dt, (end - start) // dt.itemsize, start).copy()
+    return arr if ndim == 1 else arr.reshape(shape)
+
+
+def rebuild_inline(payload):
+    """Unpickle a small array that a queue pickled in band, as its inline
+    payload."""
+    return build_inline(payload, 0, len(payload))
 
 
 def build(view):

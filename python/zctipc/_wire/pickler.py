@@ -13,7 +13,6 @@ its segment (the queue's last holder drains unread messages).
 """
 
 import copyreg
-import io
 import pickle
 import sys
 import threading
@@ -80,8 +79,10 @@ class QueuePickler:
     costs more than pickling a small object."""
 
     def __init__(self):
-        self.file = io.BytesIO()
-        self.pickler = pickle.Pickler(self.file, pickle.HIGHEST_PROTOCOL)
+        # The pickler hands what it wrote to its file's write() at the end of
+        # each dump (and at each 64 KiB frame of a large one): into a list.
+        self.chunks = []
+        self.pickler = pickle.Pickler(_Sink(self.chunks.append), pickle.HIGHEST_PROTOCOL)
         table = dict(copyreg.dispatch_table)
         table[np.ndarray] = self._reduce_array
         table[SharedTensor] = self._reduce_shared
@@ -93,39 +94,53 @@ class QueuePickler:
             table[t] = tables.reduce_table
         self.pickler.dispatch_table = table
         self.modules = _modules()
+        self.nmodules = len(sys.modules)
         self.busy = False
         self.exports = []
-        self.block, self.timeout = True, None
+        self.block, self.timeout, self.inline = True, None, -1
 
     def current(self):
         """Whether this pickler still fits: no module it knows types of
-        (torch, pyarrow, pandas, polars) imported since."""
-        return self.modules == _modules()
+        (torch, pyarrow, pandas, polars) imported since. Looked at only when
+        the number of modules changed."""
+        if self.nmodules != len(sys.modules):
+            if self.modules != _modules():
+                return False
+            self.nmodules = len(sys.modules)
+        return True
 
-    def dumps(self, obj, block=True, timeout=None):
-        """(pickle bytes, [Export, ...]). On failure every buffer already
+    def dumps(self, obj, block=True, timeout=None, inline=-1):
+        """(pickle bytes, [Export, ...]); NumPy arrays of inline bytes or
+        fewer (-1: none) that are not zctipc memory are pickled in band (Note [inline
+        arrays] in zctipc._wire.exports). On failure every buffer already
         exported is released."""
-        out = self._begin(block, timeout)
-        f = self.file
+        out = self._begin(block, timeout, inline)
         try:
             self._dump(obj)
-            return f.getvalue(), out
+            return self._take(), out
         except BaseException:
             for e in out:
                 e.release()
             raise
         finally:
+            self.chunks.clear()
             self.busy = False
 
-    def _begin(self, block, timeout):
-        """Start pickling into an empty file, with how exports wait for pool
-        buffers; returns the list the exports go to."""
+    def _begin(self, block, timeout, inline):
+        """Start pickling, with how exports wait for pool buffers and the
+        arrays that go in band; returns the list the exports go to."""
         self.busy = True
         self.exports = out = []
-        self.block, self.timeout = block, timeout
-        self.file.seek(0)
-        self.file.truncate()
+        self.block, self.timeout, self.inline = block, timeout, inline
+        self.chunks.clear()
         return out
+
+    def _take(self):
+        """The pickle just dumped."""
+        chunks = self.chunks
+        data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        chunks.clear()
+        return data
 
     def _dump(self, obj):
         """Pickle obj and empty the memo while obj is still held (see
@@ -135,7 +150,7 @@ class QueuePickler:
         finally:
             self.pickler.clear_memo()
 
-    def dump_run(self, objs, limit, block, timeout, first=None):
+    def dump_run(self, objs, limit, block, timeout, first=None, inline=-1):
         """Pickle objects from the iterator objs (after first, when given)
         one after another into one buffer, stopping at the first whose
         pickle has out-of-band buffers or would take the run past limit
@@ -144,11 +159,9 @@ class QueuePickler:
         None, []) for one that did not fit, (Failed(exc), None, []) for one
         whose pickling raised exc after others were pickled, or None when
         objs ran out."""
-        out = self._begin(block, timeout)
-        f, dump = self.file, self._dump
-        ends, tell = [], f.tell
-        append = ends.append
-        start = 0
+        out = self._begin(block, timeout, inline)
+        dump, take = self._dump, self._take
+        pickles, ends, total = [], [], 0
         try:
             for obj in (objs if first is None else _chain(first, objs)):
                 try:
@@ -160,25 +173,23 @@ class QueuePickler:
                     for e in out:
                         e.release()
                     out.clear()
-                    f.truncate(start)
-                    return f.getvalue(), ends, (Failed(exc), None, [])
-                end = tell()
+                    return b"".join(pickles), ends, (Failed(exc), None, [])
+                payload = take()
                 if out:
-                    payload = f.getvalue()[start:end]
-                    f.truncate(start)
                     single, self.exports = (obj, payload, out), []
-                    return f.getvalue(), ends, single
-                if end > limit and ends:
-                    f.truncate(start)
-                    return f.getvalue(), ends, (Oversized(obj), None, [])
-                append(end)
-                start = end
-            return f.getvalue(), ends, None
+                    return b"".join(pickles), ends, single
+                if total + len(payload) > limit and ends:
+                    return b"".join(pickles), ends, (Oversized(obj), None, [])
+                pickles.append(payload)
+                total += len(payload)
+                ends.append(total)
+            return b"".join(pickles), ends, None
         except BaseException:
             for e in out:
                 e.release()
             raise
         finally:
+            self.chunks.clear()
             self.busy = False
 
     def _export(self, obj, export):
@@ -189,6 +200,8 @@ class QueuePickler:
         return _rebuild, (len(self.exports) - 1,)
 
     def _reduce_array(self, arr):
+        if arr.nbytes <= self.inline and (payload := exports.inline_payload(arr)) is not None:
+            return exports.rebuild_inline, (payload,)  # in band
         return self._export(arr, exports.export_array)
 
     def _reduce_tensor(self, t):
@@ -275,6 +288,15 @@ def _chain(first, rest):
     yield from rest
 
 
+class _Sink:
+    """A file for a pickler whose write() is given."""
+
+    __slots__ = ("write",)
+
+    def __init__(self, write):
+        self.write = write
+
+
 def pickler():
     """A QueuePickler this thread may use now."""
     p = getattr(_sending, "pickler", None)
@@ -283,9 +305,28 @@ def pickler():
     return QueuePickler() if p.busy else p
 
 
-def dumps(obj, block=True, timeout=None):
-    """Pickle obj for a queue: (pickle bytes, [Export, ...])."""
-    return pickler().dumps(obj, block, timeout)
+def dumps(obj, block=True, timeout=None, inline=-1):
+    """Pickle obj for a queue: (pickle bytes, [Export, ...]), as
+    QueuePickler.dumps does. Once per message: the pickler of this thread,
+    when free and current, is used inline."""
+    p = getattr(_sending, "pickler", None)
+    if p is None or p.busy or p.nmodules != len(sys.modules):
+        return pickler().dumps(obj, block, timeout, inline)
+    p.busy = True
+    p.exports = out = []
+    p.block, p.timeout, p.inline = block, timeout, inline
+    chunks = p.chunks
+    try:
+        p.pickler.dump(obj)
+        return (chunks[0] if len(chunks) == 1 else b"".join(chunks)), out
+    except BaseException:
+        for e in out:
+            e.release()
+        raise
+    finally:
+        p.pickler.clear_memo()  # Note [the memo]
+        chunks.clear()
+        p.busy = False
 
 
 class _Receiving:

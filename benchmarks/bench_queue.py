@@ -1,5 +1,11 @@
 """Queue benchmarks, every peer in one run on one machine.
 
+  local      put+get in one process of a 5-tuple, 32 bytes, 10 float32 and a
+             64 KiB array: the per-message cost of each side, with the
+             floor of a message (one pickle, one load, two native calls)
+  latency    one small message in flight between two processes, 1 ms apart:
+             put to get, p50 and p99, with the consumer's CPU; zctipc asleep
+             on a futex (the default) and polling
   rate       small messages (a 5-tuple of ints), 1 producer / 1 consumer and
              4 / 4: messages per second for zctipc.Queue, multiprocessing.Queue
              and faster-fifo (when installed)
@@ -14,9 +20,10 @@
              1,000 arrays of 4 MiB that returns arrays of the same size: with
              zctipc's context vs the standard library's (fork and forkserver)
 
-    python benchmarks/bench_queue.py [--only rate,big,copy-in,alloc] [--quick] [--json PATH] [--readme README.md]
+    python benchmarks/bench_queue.py [--only local,rate,latency,big,copy-in,alloc,pool] [--quick] [--json PATH] [--readme README.md]
 """
 
+import contextlib
 import multiprocessing
 import os
 import sys
@@ -136,6 +143,134 @@ def suite_rate(quick, report):
                                    "per_second": r})
             rows.append([f"{producers}/{consumers}", label, f"{r / 1e3:,.0f} K/s",
                          fmt_ratio(single / r), fmt_ratio(best / r)])
+    return rows
+
+
+# -- local -----------------------------------------------------------------
+
+
+def _local_objects():
+    return {"5-tuple of ints": MSG, "32 bytes": b"x" * 32, "10 float32": np.arange(10, dtype=np.float32),
+            "64 KiB float32": np.ones(16384, np.float32)}
+
+
+def _per_pair(put, get, obj, seconds):
+    """Seconds per put+get of obj in this process, the best of three runs."""
+    for _ in range(200):
+        put(obj)
+        get()
+    best = None
+    for _ in range(3):
+        n, start = 0, time.perf_counter()
+        while True:
+            for _ in range(100):
+                put(obj)
+                get()
+            n += 100
+            elapsed = time.perf_counter() - start
+            if elapsed > seconds:
+                break
+        best = min(best or elapsed / n, elapsed / n)
+    return best
+
+
+def message_floor(obj, seconds=0.2):
+    """What a message that is not an array cannot cost less than: one
+    pickle of obj, one load of it, and two calls into the native library
+    (one to put, one to get) that do nothing; bytes are not pickled. None
+    for an array, which zctipc does not pickle."""
+    import pickle
+
+    from zctipc._core import native
+
+    noop = native.lib().zct_abi_version
+    if isinstance(obj, np.ndarray):
+        return None
+    if type(obj) is bytes:
+        return _per_pair(lambda o: noop(), lambda: noop(), obj, seconds)
+    data = pickle.dumps(obj, 5)
+    dumps, loads = pickle.dumps, pickle.loads
+    return _per_pair(lambda o: (dumps(o, 5), noop()), lambda: (loads(data), noop()), obj, seconds)
+
+
+def suite_local(quick, report):
+    """put+get pairs in one process: the cost of a message on each side,
+    without a second process or a wake-up."""
+    seconds = 0.05 if TINY else 0.2 if quick else 1.0
+    peers = ["zctipc.Queue", "faster-fifo", "multiprocessing.Queue"]
+    rows = []
+    for label, obj in _local_objects().items():
+        results = {}
+        for peer in peers:
+            if peer == "faster-fifo" and left_out("faster-fifo", "faster_fifo"):
+                continue
+            q, _ = _make_queue(peer)
+            with (PlainPickling(np.ndarray) if peer == "multiprocessing.Queue" else contextlib.nullcontext()):
+                results[peer] = _per_pair(q.put, q.get, obj, seconds)
+            if hasattr(q, "close"):
+                q.close()
+        floor = message_floor(obj, seconds)
+        base = results["zctipc.Queue"]
+        for peer, per in results.items():
+            report["local"].append({"object": label, "peer": peer, "per_pair_us": per * 1e6,
+                                    "floor_us": None if floor is None else floor * 1e6})
+            print(f"  local {label:<16} {peer:<24} {per * 1e6:8.2f} us", flush=True)
+            rows.append([label, peer, fmt_us(per * 1e6), fmt_ratio(per / base),
+                         "-" if floor is None else fmt_ratio(per / floor)])
+        if floor is not None:
+            rows.append([label, "floor: a pickle, a load, 2 native calls", fmt_us(floor * 1e6), "-", "1.0x"])
+    return rows
+
+
+# -- latency ---------------------------------------------------------------
+
+
+def _latency_consumer(q, rounds, wait, results):
+    if wait:
+        q.set_wait(wait)
+    lat = []
+    wall, cpu = time.perf_counter(), time.process_time()
+    for _ in range(rounds):
+        sent = q.get()[1]
+        lat.append(time.perf_counter_ns() - sent)
+    results.put((lat, (time.process_time() - cpu) / (time.perf_counter() - wall)))
+
+
+def latency(peer, rounds, wait=None):
+    """One small message in flight, 1 ms apart: the time from put to the
+    consumer holding it, and the consumer's CPU use while it waits."""
+    q, ctx = _make_queue(peer)
+    results = multiprocessing.get_context("forkserver").SimpleQueue()
+    p = ctx.Process(target=_latency_consumer, args=(q, rounds + 10, wait, results))
+    p.start()
+    time.sleep(1.0)
+    for i in range(rounds + 10):
+        time.sleep(0.001)
+        q.put((i, time.perf_counter_ns()))
+    lat, cpu = results.get()
+    p.join(60)
+    if hasattr(q, "close"):
+        q.close()
+    return lat[10:], cpu
+
+
+def suite_latency(quick, report):
+    rounds = 20 if TINY else 300 if quick else 2000
+    peers = [("zctipc.Queue", "sleep"), ("zctipc.Queue", "poll"), ("multiprocessing.Queue", None),
+             ("faster-fifo", None)]
+    rows, base = [], None
+    for peer, wait in peers:
+        if peer == "faster-fifo" and left_out("faster-fifo", "faster_fifo"):
+            continue
+        label = f"{peer} ({wait})" if wait else peer
+        lat, cpu = latency(peer, rounds, wait)
+        st = summarize(lat)
+        report["latency"].append({"peer": label, "consumer_cpu": cpu, **st})
+        print(f"  latency {label:<28} p50 {fmt_us(st['median_us'])} p99 {fmt_us(st['p99_us'])} CPU {cpu:.0%}",
+              flush=True)
+        base = base or st["median_us"]
+        rows.append([label, fmt_us(st["median_us"]), fmt_us(st["p99_us"]), st["rounds"],
+                     fmt_ratio(st["median_us"] / base), f"{cpu:.0%}"])
     return rows
 
 
@@ -315,8 +450,12 @@ def suite_pool(quick, report):
             for k, v in results.items()]
 
 
-SUITES = {"rate": suite_rate, "big": suite_big, "copy-in": suite_copy_in, "alloc": suite_alloc, "pool": suite_pool}
+SUITES = {"local": suite_local, "rate": suite_rate, "latency": suite_latency, "big": suite_big,
+          "copy-in": suite_copy_in, "alloc": suite_alloc, "pool": suite_pool}
 HEADERS = {
+    "local": ["object", "peer, put+get in one process", "per message", "vs zctipc", "vs the message floor"],
+    "latency": ["one message in flight, 1 ms apart", "p50", "p99", "messages", "p50 vs zctipc sleeping",
+                "consumer CPU"],
     "rate": ["producers/consumers", "peer and API", "messages per second", "zctipc put/get is", "zctipc at best is"],
     "big": ["big tensor, put to usable tensor", "median", "p99", "rounds", "vs zctipc"],
     "copy-in": ["plain array", "operation", "median", "vs np.copyto"],
@@ -344,7 +483,7 @@ def main(argv=None):
     BIG = (1 << 20) if TINY else GIB
     report = {"benchmark": "queue", "date": now(), "machine": machine(),
               "versions": versions("zctipc", "numpy", "torch", "faster-fifo"),
-              "rate": [], "big": [], "skipped": [], "tables": {}}
+              "local": [], "rate": [], "latency": [], "big": [], "skipped": [], "tables": {}}
     for name in args.only.split(","):
         report["tables"][name] = SUITES[name](args.quick, report)
     finish(report, render(report), args.json, "bench_queue", args.readme)

@@ -5,7 +5,9 @@
               of every frame (a checksum), for a fixed time: aggregate Gbit/s
               and frames/s of zctipc.Stream against pythusa's shared ring and
               iceoryx2 publish-subscribe (a u8 slice payload, no loss)
-  latency     one 32 KiB frame in flight: writer-to-reader time, p50 and p99
+  latency     one 32 KiB frame in flight: writer-to-reader time, p50 and p99,
+              and the reader's CPU; zctipc with its reader asleep (the
+              default) and polling
   floor       single-core memcpy bandwidth in the same run, which one reader
               is compared against
 
@@ -75,8 +77,9 @@ def zctipc_writer(stream, seconds, ready, results, go):
     results.put(("writer", n, time.perf_counter() - start))
 
 
-def zctipc_latency_reader(stream, ready, results):
+def zctipc_latency_reader(stream, ready, results, wait="sleep"):
     r = stream.reader()
+    r.set_wait(wait)
     ready.put(r.index)
     samples = []
     wall, cpu = time.perf_counter(), time.process_time()
@@ -108,11 +111,11 @@ def run_zctipc(samples, readers, seconds):
     return _run(procs, ready, results, go)
 
 
-def latency_zctipc(samples, rounds):
+def latency_zctipc(samples, rounds, wait="sleep"):
     ctx = zctipc.get_context()
     s = zctipc.Stream.create(shape=(samples,), dtype=np.float32, frames=FRAMES, readers=1)
     ready, results = zctipc.Queue(), zctipc.Queue()
-    return _latency(ctx.Process(target=zctipc_latency_reader, args=(s, ready, results)),
+    return _latency(ctx.Process(target=zctipc_latency_reader, args=(s, ready, results, wait)),
                     ctx.Process(target=zctipc_latency_writer, args=(s, rounds, ready)), ready, results)
 
 
@@ -452,6 +455,7 @@ def _latency(reader, writer, ready, results):
 
 PEERS = {
     "zctipc": (run_zctipc, latency_zctipc),
+    "zctipc polling": (None, lambda samples, rounds: latency_zctipc(samples, rounds, "poll")),
     "pythusa": (lambda *a: run_pythusa(*a, "defaults"), latency_pythusa),
     "pythusa tuned": (lambda *a: run_pythusa(*a, "tuned"), None),
     "iceoryx2": (run_iceoryx2, latency_iceoryx2),
@@ -465,7 +469,7 @@ def suite_throughput(args, report):
         for readers in READERS:
             by_peer = {}
             for peer, (run, _) in PEERS.items():
-                if peer.split()[0] in report["skipped_peers"]:
+                if run is None or peer.split()[0] in report["skipped_peers"]:
                     continue
                 try:
                     published, elapsed, reads = run(samples, readers, seconds)

@@ -4,8 +4,9 @@ and `make bench` run this.
 Suites (each is also a script of its own in this directory):
 
   handoff   hand-off latency by size and attach latency      bench_handoff.py
-  queue     small-message rates 1/1 and 4/4, a 1 GiB tensor,  bench_queue.py
-            copy-in against np.copyto, pool allocation,
+  queue     put+get in one process, small-message rates 1/1   bench_queue.py
+            and 4/4, latency asleep and polling, a 1 GiB
+            tensor, copy-in against np.copyto, pool allocation,
             ProcessPoolExecutor with zctipc's context
   stream    stream throughput (1, 2, 4 readers) and latency  bench_stream.py
   arrow     Arrow tables, and Go producers                   bench_arrow.py
@@ -60,8 +61,8 @@ def expected_cells(suite, mode):
     """How many result lines a suite prints, for its progress bar."""
     return {
         "handoff": {"full": 18, "quick": 12, "tiny": 6},
-        "queue": {"full": 17, "quick": 17, "tiny": 17},
-        "stream": {"full": 28, "quick": 28, "tiny": 28},
+        "queue": {"full": 33, "quick": 33, "tiny": 33},
+        "stream": {"full": 29, "quick": 29, "tiny": 29},
         "arrow": {"full": 12, "quick": 12, "tiny": 12},
         "gpu": {"full": 8, "quick": 8, "tiny": 8},
     }[suite][mode]
@@ -125,16 +126,28 @@ def floor_rows(report):
     suites = report["suites"]
     for r in suites.get("handoff", {}).get("results", []):
         rows.append(("handoff", f"{r['peer']}, {fmt_bytes(r['bytes'])}", fmt_us(r["median_us"]), fmt_ratio(r["median_us"] / wake)))
+    # A message's floor: a pickle, a load and two native calls (bench_queue's
+    # message_floor), measured in the queue suite's in-process table.
+    message = next((r["floor_us"] for r in suites.get("queue", {}).get("local", []) if r["floor_us"]), None)
+    for r in suites.get("queue", {}).get("local", []):
+        if r["peer"] == "zctipc.Queue" or r["floor_us"]:
+            floor = f"{fmt_ratio(r['per_pair_us'] / r['floor_us'])} a message's" if r["floor_us"] else "-"
+            rows.append(("queue", f"{r['peer']} put+get in one process, {r['object']}", fmt_us(r["per_pair_us"]),
+                         floor))
     for r in suites.get("queue", {}).get("rate", []):
         per = 1e6 / r["per_second"]
         rows.append(("queue", f"{r['peer']} {r['producers']}/{r['consumers']}, per message", fmt_us(per),
-                     fmt_ratio(per / wake)))
+                     f"{fmt_ratio(per / message)} a message's" if message else "-"))
+    for r in suites.get("queue", {}).get("latency", []):
+        rows.append(("queue", f"{r['peer']}, one message in flight (consumer CPU {r['consumer_cpu']:.0%})",
+                     fmt_us(r["median_us"]), fmt_ratio(r["median_us"] / wake)))
     for r in suites.get("queue", {}).get("pool", []):
         per = r["seconds"] / r["tasks"] * 1e6
         rows.append(("queue", f"ProcessPoolExecutor, {r['peer']}, per {fmt_bytes(r['bytes'])} task", fmt_us(per),
                      f"{fmt_ratio(per / (r['bytes'] / copy * 1e6))} a memcpy"))
     for r in suites.get("stream", {}).get("latency", []):
-        rows.append(("stream", f"{r['peer']}, one frame in flight", fmt_us(r["median_us"]), fmt_ratio(r["median_us"] / wake)))
+        rows.append(("stream", f"{r['peer']}, one frame in flight (reader CPU {r['reader_cpu']:.0%})",
+                     fmt_us(r["median_us"]), fmt_ratio(r["median_us"] / wake)))
     for r in suites.get("stream", {}).get("throughput", []):
         if r["readers"] == 1:
             rows.append(("stream", f"{r['peer']}, {r['size']} frames, one reader", f"{r['gbit_per_s']:.1f} Gbit/s",
@@ -147,7 +160,7 @@ def floor_rows(report):
         rows.append(("arrow", f"{r['peer']}, 1 MiB tensor", fmt_us(r["median_us"]), fmt_ratio(r["median_us"] / wake)))
     for r in suites.get("arrow", {}).get("rates", []):
         rows.append(("arrow", f"{r['pair']} {r['producers']}/{r['consumers']}, per message", fmt_us(r["per_message_us"]),
-                     fmt_ratio(r["per_message_us"] / wake)))
+                     f"{fmt_ratio(r['per_message_us'] / message)} a message's" if message else "-"))
     return rows
 
 
@@ -211,7 +224,10 @@ def render(report, out_dir, readme_dir=None):
              "",
              f"Floor, measured in this run: a process asleep on a futex wakes {fmt_us(floor['futex_wake']['median_us'])} "
              f"(p99 {fmt_us(floor['futex_wake']['p99_us'])}) after another wakes it; one core copies "
-             f"{floor['memcpy_bytes_per_s'] / 1e9:.1f} GB/s."]
+             f"{floor['memcpy_bytes_per_s'] / 1e9:.1f} GB/s. Each row below is set against the floor that bounds "
+             "it: the futex wake for a hand-off or one message or frame in flight (a polling waiter can beat it), "
+             "memcpy for copies and streams, and for a message's cost a pickle, a load and two native calls "
+             "(measured in the queue suite's in-process table)."]
     for peer, why in report["skipped"].items():
         lines += ["", f"Skipped {peer}: {why}."]
     rows = floor_rows(report)

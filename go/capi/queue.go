@@ -14,6 +14,7 @@ import (
 	"github.com/zctipc/zctipc/go/buffer"
 	"github.com/zctipc/zctipc/go/dtype"
 	"github.com/zctipc/zctipc/go/fault"
+	"github.com/zctipc/zctipc/go/futex"
 	"github.com/zctipc/zctipc/go/header"
 	"github.com/zctipc/zctipc/go/message"
 	"github.com/zctipc/zctipc/go/pool"
@@ -325,6 +326,29 @@ func zct_queue_describe(h C.zct_handle, name *C.char, capacity C.uint64_t, size 
 		*size = C.uint64_t(q.Capacity())
 		*maxsize = C.uint64_t(q.MaxItems())
 		return nil
+	})
+}
+
+// policy makes the wait policy that the set_wait exports describe: poll,
+// and how long to spin or poll before sleeping (negative: for ever).
+func policy(poll C.int32_t, spinNS C.int64_t) (futex.Policy, error) {
+	if poll != 0 && poll != 1 {
+		return futex.Policy{}, fmt.Errorf("a wait policy of %d (0 sleeps, 1 polls): %w", poll, unix.EINVAL)
+	}
+	if poll == 0 && spinNS < 0 {
+		return futex.Policy{}, fmt.Errorf("a sleeping wait that spins for ever: %w", unix.EINVAL)
+	}
+	return futex.Policy{Poll: poll == 1, Spin: time.Duration(spinNS)}, nil
+}
+
+//export zct_queue_set_wait
+func zct_queue_set_wait(h C.zct_handle, poll C.int32_t, spinNS C.int64_t) C.int {
+	return with(queues, uint64(h), func(q *queue.Queue) error {
+		p, err := policy(poll, spinNS)
+		if err == nil {
+			q.SetWait(p)
+		}
+		return err
 	})
 }
 

@@ -300,6 +300,11 @@ int zct_queue_create(const char *name, uint64_t capacity, uint64_t maxsize, zct_
 int zct_queue_attach(const char *name, int32_t adopt, zct_handle *queue);
 /* The queue's name, ring bytes and most messages (0: no limit). */
 int zct_queue_describe(zct_handle queue, char *name, uint64_t cap, uint64_t *capacity, uint64_t *maxsize);
+/* How this handle's calls wait for messages or room: poll 0 spins for
+   spin_ns (yielding the CPU between looks) and then sleeps on a futex (the
+   default: 50 us); poll 1 polls without yielding for spin_ns, or for ever
+   when it is negative, before sleeping. */
+int zct_queue_set_wait(zct_handle queue, int32_t poll, int64_t spin_ns);
 /* Add one count to the queue for a message in flight (pickled handles). */
 int zct_queue_addref(zct_handle queue);
 int zct_queue_close(zct_handle queue);
@@ -400,6 +405,10 @@ int zct_stream_read_increment(zct_handle reader, int32_t *whole);
    says; 1 when none was), then look at the next: one call per frame. */
 int zct_stream_read_next(zct_handle reader, int64_t timeout_ms, int32_t *slot, int32_t *whole);
 int zct_stream_reader_stats(zct_handle reader, uint64_t *position, uint64_t *received, uint64_t *dropped);
+/* How the reader waits for frames, and the writer for room, as
+   zct_queue_set_wait says. */
+int zct_stream_reader_set_wait(zct_handle reader, int32_t poll, int64_t spin_ns);
+int zct_stream_writer_set_wait(zct_handle writer, int32_t poll, int64_t spin_ns);
 int zct_stream_reader_close(zct_handle reader);
 
 /* Events: a flag in shared memory that processes set, clear and wait for. */

@@ -118,25 +118,27 @@ func (e *Event) Clear() error {
 // Wait waits until the event is set or deadline passes (none when zero),
 // and reports whether it is set.
 func (e *Event) Wait(deadline time.Time) (bool, error) {
+	if !e.guard.Enter() {
+		return false, ErrClosed
+	}
+	defer e.guard.Leave()
 	return e.wait(futex.Until{Deadline: deadline})
 }
 
 // WaitContext waits until the event is set or ctx is done, and reports
 // whether it is set; a cancellation wakes the wait at once.
 func (e *Event) WaitContext(ctx context.Context) (bool, error) {
-	deadline, _ := ctx.Deadline()
-	u := futex.Until{Deadline: deadline, Done: ctx.Done()}
-	if u.Done != nil {
-		defer context.AfterFunc(ctx, e.wakeAll)()
-	}
-	return e.wait(u)
-}
-
-func (e *Event) wait(u futex.Until) (bool, error) {
 	if !e.guard.Enter() {
 		return false, ErrClosed
 	}
 	defer e.guard.Leave()
+	u, stop := futex.WakeOnDone(ctx, e.wakeAll)
+	defer stop() // before Leave: Close waits for the wake
+	return e.wait(u)
+}
+
+// wait waits as Wait does, in a call that entered.
+func (e *Event) wait(u futex.Until) (bool, error) {
 	seq := futex.Seq{Word: e.flag, Waiters: e.waiters()}
 	recheck := recheckEvery
 	if u.Done != nil {
@@ -152,7 +154,7 @@ func (e *Event) wait(u futex.Until) (bool, error) {
 			return false, nil
 		}
 		// Sleep while the flag stays 0: Set moves it.
-		err := seq.Sleep(0, spinFor, u.Deadline, recheck, e.interruptible)
+		err := seq.Sleep(0, futex.Sleeping(spinFor), u.Deadline, recheck, e.interruptible)
 		if errors.Is(err, futex.ErrTimeout) {
 			return e.isSet(), nil
 		}

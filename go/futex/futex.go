@@ -38,6 +38,23 @@ func Wait(addr *uint32, val uint32, timeout time.Duration) error {
 	}
 	_, _, errno := unix.Syscall6(unix.SYS_FUTEX, uintptr(unsafe.Pointer(addr)), futexWait, uintptr(val),
 		uintptr(unsafe.Pointer(ts)), 0, 0)
+	return waitResult(errno)
+}
+
+// waitBriefly is Wait for at most a short timeout without telling the Go
+// scheduler: a thread that returns from a long system call may find that
+// the scheduler gave its processor away, and getting one back costs about
+// as much as the wake-up itself. It holds its processor meanwhile (the
+// garbage collector waits for it to stop), so it is used only for
+// briefWait.
+func waitBriefly(addr *uint32, val uint32, timeout time.Duration) error {
+	t := unix.NsecToTimespec(int64(timeout))
+	_, _, errno := unix.RawSyscall6(unix.SYS_FUTEX, uintptr(unsafe.Pointer(addr)), futexWait, uintptr(val),
+		uintptr(unsafe.Pointer(&t)), 0, 0)
+	return waitResult(errno)
+}
+
+func waitResult(errno unix.Errno) error {
 	switch errno {
 	case 0, unix.EAGAIN:
 		return nil
@@ -65,6 +82,30 @@ func Wake(addr *uint32, n int) (int, error) {
 type Until struct {
 	Deadline time.Time
 	Done     <-chan struct{}
+}
+
+// WakeOnDone arranges for wake to run when ctx is done (wake bumps the
+// words its waiters sleep on), and returns the Until of ctx and a stop
+// function that undoes the arrangement. stop waits for a wake that has
+// started to finish: a caller that defers stop before it lets go of the
+// memory wake touches (a call in flight, which Close waits for) never has
+// wake run on memory unmapped.
+func WakeOnDone(ctx context.Context, wake func()) (Until, func()) {
+	deadline, _ := ctx.Deadline()
+	u := Until{Deadline: deadline, Done: ctx.Done()}
+	if u.Done == nil {
+		return u, func() {}
+	}
+	done := make(chan struct{})
+	stop := context.AfterFunc(ctx, func() {
+		defer close(done)
+		wake()
+	})
+	return u, func() {
+		if !stop() {
+			<-done
+		}
+	}
 }
 
 // Stopped reports whether Done is closed.
@@ -95,6 +136,31 @@ func Cause(ctx context.Context, err error) error {
 // yields the CPU between looks.
 const spinsBeforeYield = 64
 
+// Policy says how a waiter waits for a sequence word to move.
+type Policy struct {
+	// Spin is how long it looks at the word before it sleeps on it; a
+	// negative Spin looks until the deadline and never sleeps.
+	Spin time.Duration
+	// Poll looks without yielding the CPU, with a spin-wait hint between
+	// looks: the waiter takes a core while it looks and sees a change
+	// within a few hundred nanoseconds. Otherwise it yields the CPU
+	// between looks after the first few (a sched_yield system call each),
+	// which costs others little when there are more waiters than cores.
+	Poll bool
+}
+
+// Sleeping is the default policy: a short spin that yields, then a sleep.
+func Sleeping(spin time.Duration) Policy { return Policy{Spin: spin} }
+
+// briefWait bounds the part of a sleep that holds the scheduler's
+// processor (waitBriefly): the longest a garbage collection may wait for a
+// sleeper to stop.
+const briefWait = 2 * time.Millisecond
+
+// pollsPerClockRead is how many looks a polling waiter takes between
+// readings of the clock.
+const pollsPerClockRead = 256
+
 // A Seq is a sequence word that signallers bump and waiters sleep on, with
 // the count of its sleepers beside it so that a signal with nobody asleep
 // costs no system call. It is safe for concurrent use by any number of
@@ -108,28 +174,27 @@ type Seq struct {
 // caller has found it must wait.
 func (s Seq) Load() uint32 { return atomic.LoadUint32(s.Word) }
 
-// Sleep waits for the word to move from seen. It spins for spin first (an
-// event that comes within it costs no wake-up), yielding the CPU between
-// looks after the first few, then sleeps for at most
+// Sleep waits for the word to move from seen, as the policy p says. It
+// looks for p.Spin first (an event that comes within it costs no wake-up),
+// then sleeps for at most
 // recheck, and not past deadline (none when zero). It returns nil when the
 // word moved or the sleep ended early (callers re-check their condition:
 // a bounded sleep makes up for a wake-up lost with a killed process),
 // ErrTimeout once deadline has passed, and ErrInterrupted when a signal
 // arrived and interruptible is set (otherwise a signal is a spurious wake).
-func (s Seq) Sleep(seen uint32, spin time.Duration, deadline time.Time, recheck time.Duration, interruptible bool) error {
-	spinUntil := time.Now().Add(spin)
-	for i := 0; ; i++ {
-		if atomic.LoadUint32(s.Word) != seen {
-			return nil
+func (s Seq) Sleep(seen uint32, p Policy, deadline time.Time, recheck time.Duration, interruptible bool) error {
+	if p.Poll {
+		// Polling for ever still returns every recheck, so that the caller
+		// looks again as it would after a sleep.
+		limit := p.Spin
+		if limit < 0 || limit > recheck {
+			limit = recheck
 		}
-		if i >= spinsBeforeYield {
-			// Give the CPU to whoever will change the word, when it waits
-			// for one (more processes than cores); else this returns at once.
-			_, _, _ = unix.RawSyscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
-			if i%8 == 7 && time.Now().After(spinUntil) {
-				break
-			}
+		if moved, err := s.poll(seen, limit, deadline); moved || err != nil || p.Spin < 0 {
+			return err
 		}
+	} else if s.spin(seen, p.Spin) {
+		return nil
 	}
 	timeout := recheck
 	if !deadline.IsZero() {
@@ -140,7 +205,14 @@ func (s Seq) Sleep(seen uint32, spin time.Duration, deadline time.Time, recheck 
 		timeout = min(timeout, left)
 	}
 	atomic.AddUint32(s.Waiters, 1)
-	err := Wait(s.Word, seen, timeout)
+	// The first part of the sleep holds on to the scheduler's processor
+	// (waitBriefly), so that an event that comes soon wakes the waiter in
+	// one futex wake-up; the rest lets the processor go.
+	brief := min(timeout, briefWait)
+	err := waitBriefly(s.Word, seen, brief)
+	if errors.Is(err, ErrTimeout) && timeout > brief && atomic.LoadUint32(s.Word) == seen {
+		err = Wait(s.Word, seen, timeout-brief)
+	}
 	atomic.AddUint32(s.Waiters, ^uint32(0))
 	switch {
 	case errors.Is(err, ErrTimeout):
@@ -152,6 +224,46 @@ func (s Seq) Sleep(seen uint32, spin time.Duration, deadline time.Time, recheck 
 		return nil
 	}
 	return err
+}
+
+// poll looks at the word without yielding, for spin or until deadline: it
+// reports whether the word moved, and ErrTimeout at the deadline.
+func (s Seq) poll(seen uint32, spin time.Duration, deadline time.Time) (bool, error) {
+	until := time.Now().Add(spin)
+	for i := 1; ; i++ {
+		if atomic.LoadUint32(s.Word) != seen {
+			return true, nil
+		}
+		pause()
+		if i%pollsPerClockRead == 0 {
+			now := time.Now()
+			if !deadline.IsZero() && !now.Before(deadline) {
+				return false, ErrTimeout
+			}
+			if now.After(until) {
+				return false, nil
+			}
+		}
+	}
+}
+
+// spin looks at the word for spin, yielding the CPU between looks after
+// the first few; it reports whether the word moved.
+func (s Seq) spin(seen uint32, spin time.Duration) bool {
+	spinUntil := time.Now().Add(spin)
+	for i := 0; ; i++ {
+		if atomic.LoadUint32(s.Word) != seen {
+			return true
+		}
+		if i >= spinsBeforeYield {
+			// Give the CPU to whoever will change the word, when it waits
+			// for one (more processes than cores); else this returns at once.
+			_, _, _ = unix.RawSyscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
+			if i%8 == 7 && time.Now().After(spinUntil) {
+				return false
+			}
+		}
+	}
 }
 
 // Signal bumps the word and wakes up to n of its sleepers.

@@ -196,7 +196,22 @@ type Queue struct {
 	// hosts (Python) that must run their signal handlers; otherwise a
 	// signal (the Go runtime's own preemption signals, say) is waited out.
 	interruptible bool
+	// policy is how this handle's calls wait (SetWait).
+	policy atomic.Pointer[futex.Policy]
 }
+
+// waitPolicy returns the policy SetWait set, or the default.
+func (q *Queue) waitPolicy() futex.Policy {
+	if p := q.policy.Load(); p != nil {
+		return *p
+	}
+	return futex.Sleeping(spinFor)
+}
+
+// SetWait says how this handle's calls wait for messages or room: by
+// default a short spin, then a sleep (futex.Sleeping); futex.Policy{Poll:
+// true, Spin: -1} polls without sleeping, taking a core while it waits.
+func (q *Queue) SetWait(p futex.Policy) { q.policy.Store(&p) }
 
 // SetInterruptible says whether a signal during a wait ends the call with
 // ErrInterrupted (for a host that must run its handlers) or is waited out
@@ -378,6 +393,10 @@ func (q *Queue) unfinished() int {
 // is zero; not at all when it has passed). It returns ErrFull when there is
 // no room by then, and ErrTooLarge when the record can never fit.
 func (q *Queue) Put(rec *message.Record, deadline time.Time) error {
+	if !q.guard.Enter() {
+		return ErrClosed
+	}
+	defer q.guard.Leave()
 	one := [1]*message.Record{rec}
 	_, err := q.putMany(one[:], futex.Until{Deadline: deadline})
 	return err
@@ -387,6 +406,10 @@ func (q *Queue) Put(rec *message.Record, deadline time.Time) error {
 // first, then appends as many of the others as fit at once, commits them
 // with one store, and returns how many it appended.
 func (q *Queue) PutMany(recs []*message.Record, deadline time.Time) (int, error) {
+	if !q.guard.Enter() {
+		return 0, ErrClosed
+	}
+	defer q.guard.Leave()
 	return q.putMany(recs, futex.Until{Deadline: deadline})
 }
 
@@ -394,8 +417,12 @@ func (q *Queue) PutMany(recs []*message.Record, deadline time.Time) (int, error)
 // deadline (ErrFull), or its cancellation, which wakes the wait at once
 // (ErrFull and ctx.Err()).
 func (q *Queue) PutContext(ctx context.Context, rec *message.Record) error {
+	if !q.guard.Enter() {
+		return ErrClosed
+	}
+	defer q.guard.Leave()
 	u, stop := q.until(ctx, offSpaceSeq, offSpaceWaiters)
-	defer stop()
+	defer stop() // before Leave: Close waits for the wake
 	_, err := q.putMany([]*message.Record{rec}, u)
 	if errors.Is(err, ErrFull) {
 		err = futex.Cause(ctx, err)
@@ -407,8 +434,12 @@ func (q *Queue) PutContext(ctx context.Context, rec *message.Record) error {
 // is done: its deadline (ErrEmpty), or its cancellation, which wakes the
 // wait at once (ErrEmpty and ctx.Err()).
 func (q *Queue) GetContext(ctx context.Context, buf []byte, maxDescriptors int) (int, error) {
+	if !q.guard.Enter() {
+		return 0, ErrClosed
+	}
+	defer q.guard.Leave()
 	u, stop := q.until(ctx, offDataSeq, offDataWaiters)
-	defer stop()
+	defer stop() // before Leave: Close waits for the wake
 	n, size, err := q.getMany(buf, 1, maxDescriptors, u)
 	if n == 0 {
 		if errors.Is(err, ErrEmpty) {
@@ -421,20 +452,12 @@ func (q *Queue) GetContext(ctx context.Context, buf []byte, maxDescriptors int) 
 
 // until returns the wait of ctx, and arranges for its cancellation to wake
 // the waiters of the sequence word at seqOff; stop undoes that.
-func (q *Queue) until(ctx context.Context, seqOff, waitersOff int) (futex.Until, func() bool) {
-	deadline, _ := ctx.Deadline()
-	u := futex.Until{Deadline: deadline, Done: ctx.Done()}
-	if u.Done == nil {
-		return u, func() bool { return true }
-	}
-	return u, context.AfterFunc(ctx, func() { _ = q.signal(seqOff, waitersOff, 1<<30) })
+func (q *Queue) until(ctx context.Context, seqOff, waitersOff int) (futex.Until, func()) {
+	return futex.WakeOnDone(ctx, func() { _ = q.signal(seqOff, waitersOff, 1<<30) })
 }
 
+// putMany appends records, in a call that entered.
 func (q *Queue) putMany(recs []*message.Record, u futex.Until) (int, error) {
-	if !q.guard.Enter() {
-		return 0, ErrClosed
-	}
-	defer q.guard.Leave()
 	if len(recs) == 0 {
 		return 0, nil
 	}
@@ -706,14 +729,15 @@ func (q *Queue) Get(buf []byte, maxDescriptors int, deadline time.Time) (int, er
 // store. It returns how many records it took and the bytes they fill. A
 // first record that does not fit is left and reported as a *RangeError.
 func (q *Queue) GetMany(buf []byte, maxRecords, maxDescriptors int, deadline time.Time) (int, int, error) {
-	return q.getMany(buf, maxRecords, maxDescriptors, futex.Until{Deadline: deadline})
-}
-
-func (q *Queue) getMany(buf []byte, maxRecords, maxDescriptors int, u futex.Until) (int, int, error) {
 	if !q.guard.Enter() {
 		return 0, 0, ErrClosed
 	}
 	defer q.guard.Leave()
+	return q.getMany(buf, maxRecords, maxDescriptors, futex.Until{Deadline: deadline})
+}
+
+// getMany takes records, in a call that entered.
+func (q *Queue) getMany(buf []byte, maxRecords, maxDescriptors int, u futex.Until) (int, int, error) {
 	if err := q.lock(q.getLock, u, ErrEmpty); err != nil {
 		return 0, 0, err
 	}
@@ -782,6 +806,10 @@ func (q *Queue) getMany(buf []byte, maxRecords, maxDescriptors int, u futex.Unti
 // the message first: it says that a Get would have found one, for a
 // caller that waits on many things at once (a readiness file descriptor).
 func (q *Queue) WaitNonEmpty(deadline time.Time) error {
+	if !q.guard.Enter() {
+		return ErrClosed
+	}
+	defer q.guard.Leave()
 	return q.waitNonEmpty(futex.Until{Deadline: deadline})
 }
 
@@ -789,8 +817,12 @@ func (q *Queue) WaitNonEmpty(deadline time.Time) error {
 // deadline (ErrEmpty), or its cancellation, which wakes the wait at once
 // (ErrEmpty and ctx.Err()).
 func (q *Queue) WaitNonEmptyContext(ctx context.Context) error {
+	if !q.guard.Enter() {
+		return ErrClosed
+	}
+	defer q.guard.Leave()
 	u, stop := q.until(ctx, offDataSeq, offDataWaiters)
-	defer stop()
+	defer stop() // before Leave: Close waits for the wake
 	err := q.waitNonEmpty(u)
 	if errors.Is(err, ErrEmpty) {
 		err = futex.Cause(ctx, err)
@@ -798,11 +830,8 @@ func (q *Queue) WaitNonEmptyContext(ctx context.Context) error {
 	return err
 }
 
+// waitNonEmpty waits for a message, in a call that entered.
 func (q *Queue) waitNonEmpty(u futex.Until) error {
-	if !q.guard.Enter() {
-		return ErrClosed
-	}
-	defer q.guard.Leave()
 	for woken := false; ; woken = true {
 		seen := atomic.LoadUint32(q.u32(offDataSeq))
 		if q.len() > 0 {
@@ -905,7 +934,7 @@ func (q *Queue) sleep(seqOff, waitersOff int, seen uint32, u futex.Until, timeou
 	if u.Stopped() || !u.Deadline.IsZero() && !time.Now().Before(u.Deadline) {
 		return timeoutErr // a call that does not wait does not spin either
 	}
-	err := q.seq(seqOff, waitersOff).Sleep(seen, spinFor, u.Deadline, recheckEvery, q.interruptible)
+	err := q.seq(seqOff, waitersOff).Sleep(seen, q.waitPolicy(), u.Deadline, recheckEvery, q.interruptible)
 	if errors.Is(err, futex.ErrTimeout) {
 		return timeoutErr
 	}

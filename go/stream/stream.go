@@ -434,13 +434,8 @@ func (s *Stream) Close() error {
 
 // until returns the wait of ctx, and arranges for its cancellation to wake
 // the stream's waiters; stop undoes that.
-func (s *Stream) until(ctx context.Context) (futex.Until, func() bool) {
-	deadline, _ := ctx.Deadline()
-	u := futex.Until{Deadline: deadline, Done: ctx.Done()}
-	if u.Done == nil {
-		return u, func() bool { return true }
-	}
-	return u, context.AfterFunc(ctx, s.wakeAll)
+func (s *Stream) until(ctx context.Context) (futex.Until, func()) {
+	return futex.WakeOnDone(ctx, s.wakeAll)
 }
 
 // wakeAll wakes every waiter of the stream, in any process: they look
@@ -458,11 +453,11 @@ func (s *Stream) spaceSeq() futex.Seq {
 	return futex.Seq{Word: u32(s.data, offSpaceSeq), Waiters: u32(s.data, offSpaceWaiter)}
 }
 
-func (s *Stream) sleep(seq futex.Seq, seen uint32, u futex.Until, timeoutErr error) error {
+func (s *Stream) sleep(seq futex.Seq, seen uint32, p futex.Policy, u futex.Until, timeoutErr error) error {
 	if u.Stopped() {
 		return timeoutErr
 	}
-	err := seq.Sleep(seen, spinFor, u.Deadline, recheckEvery, s.interruptible)
+	err := seq.Sleep(seen, p, u.Deadline, recheckEvery, s.interruptible)
 	if errors.Is(err, futex.ErrTimeout) {
 		return timeoutErr
 	}

@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"time"
 
 	"github.com/zctipc/zctipc/go/buffer"
+	"github.com/zctipc/zctipc/go/futex"
 	"github.com/zctipc/zctipc/go/message"
 	"github.com/zctipc/zctipc/go/queue"
 )
@@ -43,6 +45,26 @@ func AttachQueue(name string) (*Queue, error) {
 		return nil, err
 	}
 	return &Queue{q: q}, nil
+}
+
+// Wait says how blocking calls wait: by default (Sleeping) a short spin that yields the CPU and then a sleep on a futex,
+// which uses no CPU; Polling looks without yielding or a system call, and
+// sees a message or frame within a microsecond while it takes a core.
+type Wait = futex.Policy
+
+// Sleeping is the default Wait: a 50 µs spin, then a sleep.
+var Sleeping = futex.Sleeping(50 * time.Microsecond)
+
+// Polling is a Wait that polls and never sleeps.
+var Polling = Wait{Poll: true, Spin: -1}
+
+// SetWait says how this handle's Put and Get wait.
+func (q *Queue) SetWait(w Wait) error {
+	if err := q.check(); err != nil {
+		return err
+	}
+	q.q.SetWait(w)
+	return nil
 }
 
 func (q *Queue) check() error {

@@ -145,6 +145,14 @@ func (s *Stream) Writer() (*StreamWriter, error) {
 	return &StreamWriter{s, w}, nil
 }
 
+// SetWait says how Look and Write wait for room.
+func (w *StreamWriter) SetWait(p Wait) error {
+	if err := w.check(); err != nil {
+		return err
+	}
+	return w.w.SetWait(p)
+}
+
 func (w *StreamWriter) check() error {
 	if w == nil || w.w == nil {
 		return nilErr("StreamWriter")
@@ -232,6 +240,14 @@ func (s *Stream) Reader(index int) (*StreamReader, error) {
 		return nil, err
 	}
 	return &StreamReader{s, r}, nil
+}
+
+// SetWait says how Look and Read wait for frames.
+func (r *StreamReader) SetWait(p Wait) error {
+	if err := r.check(); err != nil {
+		return err
+	}
+	return r.r.SetWait(p)
 }
 
 func (r *StreamReader) check() error {

@@ -57,6 +57,7 @@ _PICKLE, _TENSOR, _BYTES, _INLINE = 1, 2, 3, 4  # record types (ZCT_RECORD_* of 
 #: than a pool buffer's bookkeeping up to about 200 KiB.
 INLINE_BYTES = 128 << 10
 _loads = pickle.loads
+_wait = wait  # the module, in methods whose parameter is named wait
 _BARE = exports.BARE  # the set, which grows when torch is met
 
 #: The most messages get_many takes in one call into the library.
@@ -226,15 +227,18 @@ class Queue:
     put waits, or raises OutOfSharedMemory, only when /dev/shm is full.
     """
 
-    def __init__(self, maxsize=0, *, max_bytes=None, inline_bytes=None, ctx=None):
+    def __init__(self, maxsize=0, *, max_bytes=None, inline_bytes=None, wait="sleep", spin=None, ctx=None):
         maxsize = args.integer("maxsize", maxsize, high=1 << 30)  # 0 or less: no bound, as multiprocessing's
         # 0 asks the library for an unbounded ring.
         max_bytes = 0 if max_bytes is None else args.integer("max_bytes", max_bytes, 4096, 1 << 30)
         inline_bytes = _inline_bytes(inline_bytes)
+        poll, spin_ns = wait_policy = _wait.policy(wait, spin)
         ffi, lib = native.ffi(), native.lib()
         handle = ffi.new("zct_handle *")
         native.check(lib.zct_queue_create(ffi.NULL, max_bytes, max(maxsize, 0), handle))
         self._setup(handle[0], inline_bytes)
+        if wait_policy != _wait.policy("sleep", None):
+            native.check(lib.zct_queue_set_wait(handle[0], poll, spin_ns))
 
     def _setup(self, handle, inline_bytes):
         ffi, lib = native.ffi(), native.lib()
@@ -282,6 +286,18 @@ class Queue:
         """The queue's full segment name, by which other processes (in any
         language) attach it."""
         return self._name
+
+    def set_wait(self, wait="sleep", spin=None):
+        """How this process's blocking put and get on this queue object wait
+        (zctipc._core.wait.POLICIES): "sleep" (the default) spins for spin
+        seconds (50 us) yielding the CPU, then sleeps on a futex and uses
+        no CPU; "poll" looks at the queue without yielding and without a
+        system call, for spin seconds (for ever by default) before it
+        sleeps: a message is seen within a microsecond, and a waiting
+        process takes a whole core."""
+        poll, spin_ns = _wait.policy(wait, spin)
+        self._check_open()
+        native.check(native.lib().zct_queue_set_wait(self._handle, poll, spin_ns))
 
     def __repr__(self):
         state = "closed" if self._closed else f"qsize={self._qsize()}"

@@ -32,6 +32,8 @@ from ._core import args, dtypes, layout, memory, native, wait
 from .errors import HandleClosed, InvalidArgument, UnsupportedDtype
 from .events import Event  # offered here too, where it was first
 
+_wait = wait  # the module, in methods whose parameter is named wait
+
 __all__ = ["Event", "Stream", "StreamWriter", "StreamReader"]
 
 POLICIES = ("block", "overwrite")
@@ -296,6 +298,13 @@ class _Endpoint:
         self._increment = getattr(lib, f"zct_stream_{verb}_increment")
         self._finalizer = weakref.finalize(self, native.finalize, f"zct_stream_{self._kind}_close", handle,
                                            f"closing a stream {self._kind}")
+
+    def set_wait(self, wait="sleep", spin=None):
+        """How this endpoint's blocking calls wait (for frames, or for room),
+        as Queue.set_wait says: "sleep" (the default) or "poll", which sees
+        a frame within a microsecond and takes a core while it waits."""
+        poll, spin_ns = _wait.policy(wait, spin)
+        native.check(getattr(native.lib(), f"zct_stream_{self._kind}_set_wait")(self._live(), poll, spin_ns))
 
     @property
     def stream(self):

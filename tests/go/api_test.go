@@ -311,3 +311,44 @@ func init() {
 		return errors.Join(x.Close(), zctipc.DisableCleanup())
 	}
 }
+
+// TestAPIPollingWaits: a polling Queue and stream endpoints wait for what
+// another goroutine sends, time out, and can go back to sleeping.
+func TestAPIPollingWaits(t *testing.T) {
+	q, err := zctipc.NewQueue("", 0)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, q.Close()) }()
+	require.NoError(t, q.SetWait(zctipc.Polling))
+	go func() {
+		time.Sleep(20 * time.Millisecond)
+		_ = q.PutBytes(context.Background(), []byte("late"))
+	}()
+	m, err := q.Get(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, "late", string(m.Bytes))
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	_, err = q.Get(ctx)
+	require.ErrorIs(t, err, zctipc.ErrEmpty)
+	require.NoError(t, q.SetWait(zctipc.Sleeping))
+
+	s, err := zctipc.NewStream("", zctipc.StreamConfig{DType: zctipc.Uint8, Shape: []int64{8}, Frames: 2, Readers: 1})
+	require.NoError(t, err)
+	defer func() { require.NoError(t, s.Close()) }()
+	r, err := s.Reader(-1)
+	require.NoError(t, err)
+	w, err := s.Writer()
+	require.NoError(t, err)
+	require.NoError(t, r.SetWait(zctipc.Polling))
+	require.NoError(t, w.SetWait(zctipc.Polling))
+	go func() {
+		time.Sleep(20 * time.Millisecond)
+		_ = w.Write(context.Background(), []byte("abcdefgh"))
+	}()
+	dst := make([]byte, 8)
+	require.NoError(t, r.Read(context.Background(), dst))
+	require.Equal(t, "abcdefgh", string(dst))
+	require.NoError(t, r.Close())
+	require.NoError(t, w.Close())
+	require.Error(t, r.SetWait(zctipc.Polling), "a closed reader")
+}

@@ -9,11 +9,12 @@ import numpy as np
 import zctipc
 
 
-def read_every_frame(stream, ready, results, index=None):
-    """Join as a reader, say so, and check every frame until the stream
-    ends: each must be whole (every element its sequence number) and come
-    in order, exactly once."""
+def read_every_frame(stream, ready, results, index=None, wait="sleep"):
+    """Join as a reader (waiting as wait says), say so, and check every
+    frame until the stream ends: each must be whole (every element its
+    sequence number) and come in order, exactly once."""
     r = stream.reader(index)
+    r.set_wait(wait)
     ready.put(r.index)
     expected, bad = 0, []
     for frame in r:

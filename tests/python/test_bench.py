@@ -34,6 +34,16 @@ def test_every_suite_runs_and_the_report_has_its_shape(tmp_path):
     assert all(r["median_us"] > 0 for r in suites["handoff"]["results"])
     assert {s["peer"] for s in suites["queue"]["skipped"]} == {"faster-fifo"}
     assert all(r["per_second"] > 0 for r in suites["queue"]["rate"])
+    local = suites["queue"]["local"]
+    assert {(r["object"], r["peer"]) for r in local} == {
+        (o, p) for o in ("5-tuple of ints", "32 bytes", "10 float32", "64 KiB float32")
+        for p in ("zctipc.Queue", "multiprocessing.Queue")}
+    assert all(r["per_pair_us"] > 0 for r in local)
+    assert all((r["floor_us"] is None) == ("float32" in r["object"]) for r in local), "arrays have no message floor"
+    assert [r["peer"] for r in suites["queue"]["latency"]] == [
+        "zctipc.Queue (sleep)", "zctipc.Queue (poll)", "multiprocessing.Queue"]
+    assert all(0 <= r["consumer_cpu"] <= 2 and r["median_us"] > 0 for r in suites["queue"]["latency"])
+    assert [r["peer"] for r in suites["stream"]["latency"]] == ["zctipc", "zctipc polling"]
     assert [r["peer"] for r in suites["queue"]["pool"]] == ["zctipc.get_context()", "stdlib fork", "stdlib forkserver"]
     assert all(r["seconds"] > 0 and r["tasks"] == 10 for r in suites["queue"]["pool"])
     assert suites["stream"]["skipped_peers"]["pythusa"] == "left out by ZCTIPC_BENCH_WITHOUT"

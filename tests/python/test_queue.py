@@ -514,10 +514,11 @@ def test_killed_consumers_lose_no_other_message(blob):
     assert wait_until_gone(left) == []
 
 
-def test_blocked_get_uses_no_cpu():
-    code = textwrap.dedent("""
+@pytest.mark.parametrize("wait", ["sleep", "poll"])
+def test_a_blocked_get_uses_the_cpu_its_wait_policy_says(wait):
+    code = textwrap.dedent(f"""
         import queue, time, zctipc
-        q = zctipc.Queue()
+        q = zctipc.Queue(wait={wait!r})
         start = time.process_time()
         try:
             q.get(timeout=1.0)
@@ -527,13 +528,17 @@ def test_blocked_get_uses_no_cpu():
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
-    assert float(out.stdout) < 0.1, f"a blocked get used {out.stdout.strip()} s of CPU in 1 s"
+    if wait == "sleep":
+        assert float(out.stdout) < 0.1, f"a blocked get used {out.stdout.strip()} s of CPU in 1 s"
+    else:
+        assert float(out.stdout) > 0.3, f"a polling get used only {out.stdout.strip()} s of CPU in 1 s"
 
 
-def test_ctrl_c_interrupts_a_blocked_get():
-    code = textwrap.dedent("""
+@pytest.mark.parametrize("wait", ["sleep", "poll"])
+def test_ctrl_c_interrupts_a_blocked_get(wait):
+    code = textwrap.dedent(f"""
         import sys, time, zctipc
-        q = zctipc.Queue()
+        q = zctipc.Queue(wait={wait!r})
         print("blocked", flush=True)
         try:
             q.get()
@@ -550,6 +555,30 @@ def test_ctrl_c_interrupts_a_blocked_get():
     latency = float(out) - sent
     print(f"Ctrl-C reached the blocked get in {latency * 1000:.1f} ms")
     assert latency < 1.0, "a blocked get is interruptible"
+
+
+def test_a_polling_get_gets_what_another_process_puts():
+    q = zctipc.Queue(wait="poll", spin=0.001)  # polls 1 ms, then sleeps
+    q.set_wait("poll")
+    ctx = zctipc.get_context()
+    p = ctx.Process(target=_workers.put_later, args=(q, "late", 0.2))
+    p.start()
+    assert q.get(timeout=30) == "late"
+    p.join(30)
+    q.set_wait("sleep", spin=0)
+    q.put(1)
+    assert q.get() == 1
+    for bad, exc in [("spin", ValueError), (None, ValueError), (3, ValueError)]:
+        with pytest.raises(exc):
+            q.set_wait(bad)
+    for spin, exc in [(-1, ValueError), ("1", TypeError)]:
+        with pytest.raises(exc):
+            q.set_wait("poll", spin)
+    with pytest.raises(ValueError):
+        zctipc.Queue(wait="busy")
+    q.close()
+    with pytest.raises(zctipc.HandleClosed):
+        q.set_wait("poll")
 
 
 @pytest.mark.parametrize("max_bytes, first, then", [(4096, 2000, 3000), (16 << 20, 6_000_000, 11_000_000)])

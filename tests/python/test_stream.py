@@ -26,14 +26,15 @@ def start_readers(ctx, target, stream, n, *args):
     return procs, joined, results
 
 
-@pytest.mark.parametrize("readers", [1, 2, 4])
-def test_block_every_reader_gets_every_frame_whole_and_in_order(readers):
+@pytest.mark.parametrize("readers, wait", [(1, "sleep"), (2, "sleep"), (4, "sleep"), (1, "poll"), (2, "poll")])
+def test_block_every_reader_gets_every_frame_whole_and_in_order(readers, wait):
     ctx = zctipc.get_context()
     s = zctipc.Stream.create(shape=(1024,), dtype=np.int64, frames=8, readers=readers)
-    procs, joined, results = start_readers(ctx, _streams.read_every_frame, s, readers)
+    procs, joined, results = start_readers(ctx, _streams.read_every_frame, s, readers, None, wait)
     assert joined == list(range(readers))
     assert s.readers == readers
     w = s.writer()
+    w.set_wait(wait)
     n = 3000
     for i in range(n):
         frame = w.look()

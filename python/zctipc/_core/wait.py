@@ -9,6 +9,26 @@ from . import args, native
 # Longest single wait inside the library, so that Ctrl-C is seen in time.
 WAIT_SLICE = 0.05
 
+#: The wait policies of queues and stream endpoints: "sleep" spins briefly
+#: (yielding the CPU between looks) and then sleeps on a futex, which costs
+#: no CPU while nothing comes; "poll" looks without yielding and never
+#: sleeps (or, with spin, for that long), which takes a core while waiting
+#: and sees a message within a microsecond.
+POLICIES = ("sleep", "poll")
+
+
+def policy(wait, spin):
+    """(poll flag, spin in ns) for the library's set_wait calls from a wait
+    policy name and a spin in seconds (None: the policy's default, 50 us
+    for "sleep" and for ever for "poll")."""
+    if wait not in POLICIES:
+        raise ValueError(f"wait must be one of {', '.join(map(repr, POLICIES))}, not {wait!r}")
+    poll = wait == "poll"
+    if spin is None:
+        return poll, -1 if poll else 50_000
+    spin = args.timeout(spin, "spin")
+    return poll, int(spin * 1e9)
+
 
 def wait_slices(block, timeout):
     """Yield how long each native wait may last (in ms) until the deadline:

@@ -210,6 +210,12 @@ func (s Seq) Sleep(seen uint32, p Policy, deadline time.Time, recheck time.Durat
 	// one futex wake-up; the rest lets the processor go.
 	brief := min(timeout, briefWait)
 	err := waitBriefly(s.Word, seen, brief)
+	if errors.Is(err, ErrInterrupted) {
+		// Most likely the Go runtime's own preemption signal, which a
+		// raw wait receives: a spurious wake-up. (A host's signal is seen
+		// when its wait slice ends.)
+		err = nil
+	}
 	if errors.Is(err, ErrTimeout) && timeout > brief && atomic.LoadUint32(s.Word) == seen {
 		err = Wait(s.Word, seen, timeout-brief)
 	}

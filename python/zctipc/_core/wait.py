@@ -2,6 +2,7 @@
 Python runs its signal handlers (Ctrl-C) in between, and honours block and
 timeout as multiprocessing does."""
 
+import math
 import time
 
 from . import args, native
@@ -41,14 +42,15 @@ def wait_slices(block, timeout):
     if timeout is None:
         while True:
             yield int(WAIT_SLICE * 1000)
+    # Slices until the deadline, however early a wait returned (a signal
+    # ends one at once), and one last try at it.
     deadline = time.monotonic() + timeout
     while True:
         left = deadline - time.monotonic()
-        yield max(0, int(min(left, WAIT_SLICE) * 1000))
-        if left <= WAIT_SLICE:
-            if left > 0:
-                yield 0  # one last try at the deadline
+        if left <= 0:
+            yield 0
             return
+        yield math.ceil(min(left, WAIT_SLICE) * 1000)
 
 
 def retry(call, again, block=True, timeout=None):

@@ -582,3 +582,46 @@ func TestQueueRoom(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, u.Capacity(), n)
 }
+
+// TestUnboundedQueueProducerCrossesASkipNoConsumerCameTo: right after a put
+// that skipped to the next lap, with no get since, a producer fills the
+// window and goes on past it: the skipped positions never make the queue
+// full (docs/format.md, ring version 3).
+func TestUnboundedQueueProducerCrossesASkipNoConsumerCameTo(t *testing.T) {
+	q, err := queue.CreateUnbounded("", 0)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, q.Close()) }()
+	data := q.Segment().Data()
+	tail := func() uint32 { return uint32(binary.LittleEndian.Uint64(data[96:])) } // puts << 32 | tail
+	buf := make([]byte, 1<<20)
+	payload := make([]byte, 48<<10)
+	next, taken := 0, 0
+	put := func() {
+		binary.LittleEndian.PutUint64(payload, uint64(next))
+		next++
+		require.NoError(t, q.Put(bytesRecord(payload), time.Now()), "put %d", next-1)
+	}
+	take := func() {
+		got, err := getInto(t, q, buf)
+		require.NoError(t, err)
+		require.EqualValues(t, taken, binary.LittleEndian.Uint64(got))
+		taken++
+	}
+	skipped := false
+	for range 10 * queue.WarmWindow / len(payload) {
+		before := tail() &^ (1<<30 - 1)
+		put()
+		if tail()&^(1<<30-1) != before { // the record went to the next lap
+			skipped = true
+			break
+		}
+		take()
+	}
+	require.True(t, skipped, "a put skipped to the next lap")
+	for range 200 { // 9.6 MB, with the skip still at the head
+		put()
+	}
+	for taken < next {
+		take()
+	}
+}

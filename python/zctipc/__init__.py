@@ -21,7 +21,9 @@ Streams carry fixed-size frames from one writer to many readers, in place
 zctipc also stands in for multiprocessing (``import zctipc as
 multiprocessing``), with forkserver as its start method.
 
-Importing zctipc loads no native code: the Go library is loaded on first use.
+Importing zctipc loads no native code and no NumPy: the Go library is
+loaded on first use, and NumPy when an array is first met
+(``zctipc._core.lazy``), so a process that moves no arrays never imports it.
 
 The package is three layers, each importing only those below it (checked
 by import-linter, ``make lint``): the core (``zctipc._core``: the native
@@ -56,13 +58,15 @@ _memory.when_torch_is_met(_reducers.init_torch_reductions)
 # Note [the fork default] in zctipc.context.
 _native.when_loaded(context.choose_start_method)
 
-__version__ = _native.package_version()
-
 #: multiprocessing's submodules, under zctipc's name, imported on first use.
 _SUBMODULES = {"connection", "managers", "pool", "reduction", "shared_memory", "synchronize", "util"}
 
 
 def __getattr__(name):
+    if name == "__version__":  # read from the installed metadata when asked: importlib.metadata is slow to import
+        global __version__
+        __version__ = _native.package_version()
+        return __version__
     if name in _SUBMODULES:
         import importlib
 

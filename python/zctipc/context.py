@@ -27,6 +27,7 @@ import sys
 import warnings
 from multiprocessing import context as _mpcontext
 
+from ._core import lazy
 from .events import Event
 from .queues import JoinableQueue, Queue, SimpleQueue
 
@@ -38,14 +39,15 @@ DEFAULT_START_METHOD = "forkserver"
 class _ZctipcContext:
     """What zctipc's contexts change in multiprocessing's."""
 
-    def Queue(self, maxsize=0, *, max_bytes=None):
-        return Queue(maxsize, max_bytes=max_bytes, ctx=self)
+    def Queue(self, maxsize=0, **options):
+        """zctipc.Queue (options: max_bytes, inline_bytes, wait, spin)."""
+        return Queue(maxsize, ctx=self, **options)
 
-    def JoinableQueue(self, maxsize=0, *, max_bytes=None):
-        return JoinableQueue(maxsize, max_bytes=max_bytes, ctx=self)
+    def JoinableQueue(self, maxsize=0, **options):
+        return JoinableQueue(maxsize, ctx=self, **options)
 
-    def SimpleQueue(self, *, max_bytes=None):
-        return SimpleQueue(max_bytes=max_bytes, ctx=self)
+    def SimpleQueue(self, **options):
+        return SimpleQueue(ctx=self, **options)
 
     def Event(self):
         return Event(ctx=self)
@@ -75,6 +77,7 @@ def get_context(method=None):
     or "spawn", or with None the current one (forkserver unless
     set_start_method chose). "fork" is refused: a child forked from a
     process that loaded zctipc cannot use it."""
+    lazy.check()  # NumPy imported since: its arrays go to children zctipc's way
     if method is None:
         return _default.get_context()
     try:
@@ -94,6 +97,7 @@ class Process(multiprocessing.process.BaseProcess):
 
     @staticmethod
     def _Popen(process_obj):
+        lazy.check()
         return _default.get_context().Process._Popen(process_obj)
 
     @staticmethod

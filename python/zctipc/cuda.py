@@ -21,10 +21,10 @@ Without a driver or a device, :func:`is_available` is False and every GPU
 call raises :class:`CudaUnavailable`; the rest of zctipc is unaffected.
 """
 
-import numpy as np
-
-from ._core import device as _device, dtypes as _dtypes, layout as _layout, native as _native
+from ._core import device as _device, dtypes as _dtypes, lazy, layout as _layout, native as _native
 from .errors import CudaUnavailable, InvalidArgument
+
+np = lazy.numpy(__name__)
 
 __all__ = ["is_available", "device_count", "unavailable_reason", "empty", "CudaTensor", "ipc_opens", "forget_idle"]
 

@@ -26,11 +26,11 @@ import threading
 import time
 import weakref
 
-import numpy as np
-
-from ._core import args, dtypes, layout, memory, native, wait
+from ._core import args, dtypes, layout, lazy, memory, native, wait
 from .errors import HandleClosed, InvalidArgument, UnsupportedDtype
 from .events import Event  # offered here too, where it was first
+
+np = lazy.numpy(__name__)
 
 _wait = wait  # the module, in methods whose parameter is named wait
 
@@ -55,7 +55,7 @@ class Stream:
         raise TypeError("use zctipc.Stream.create() or zctipc.Stream.attach()")
 
     @classmethod
-    def create(cls, name=None, shape=(), dtype=np.float32, frames=32, readers=1, policy="block",
+    def create(cls, name=None, shape=(), dtype="float32", frames=32, readers=1, policy="block",
                reader_timeout=None):
         """Make a stream of ``frames`` slots, each a C-contiguous array of
         ``shape`` and ``dtype``, for up to ``readers`` readers at once.

@@ -9,11 +9,11 @@ process to let go unlinks it from /dev/shm.
 
 import json
 
-import numpy as np
-
-from ._core import dtypes, layout, native, segments
+from ._core import dtypes, layout, lazy, native, segments
 from ._core.segments import SegmentInfo, SharedTensor, cleanup_all_segments, list_segments
 from .errors import InvalidArgument
+
+np = lazy.numpy(__name__)
 
 __all__ = [
     "SharedTensor",
@@ -41,7 +41,7 @@ def create_shared_tensor(name=None, data=None, shape=None, dtype=None) -> Shared
     if data is None:
         if shape is None:
             raise InvalidArgument("create_shared_tensor needs data, or a shape (and a dtype)")
-        return segments.create(name, dtypes.code_of(np.float32 if dtype is None else dtype), layout.shape_tuple(shape))
+        return segments.create(name, dtypes.code_of("float32" if dtype is None else dtype), layout.shape_tuple(shape))
 
     torch_data = layout.is_torch_tensor(data)
     if torch_data:

@@ -34,6 +34,27 @@ def test_import_loads_no_go_until_first_use():
     assert out.split() == ["False", "True"]
 
 
+def test_import_and_messages_without_arrays_load_no_numpy():
+    # A worker that moves no arrays never imports NumPy; one that imports it
+    # later sends its arrays zctipc's way, through zctipc's queues and
+    # through multiprocessing's own pickler alike.
+    out = run_python("""
+        import sys
+        import zctipc
+        print("numpy" in sys.modules)
+        q = zctipc.Queue()
+        q.put({"a": (1, 2.0, "x")}); q.put(b"raw"); q.put_many([1, 2])
+        print(q.get(), q.get(), q.get_many(), "numpy" in sys.modules)
+        import numpy as np
+        from multiprocessing.reduction import ForkingPickler
+        q.put(np.arange(3)); q.put({"big": np.ones(1 << 18)})
+        print(q.get().tolist(), zctipc.is_shared(q.get()["big"]))
+        again = ForkingPickler.loads(ForkingPickler.dumps(np.ones(1 << 18)))
+        print(zctipc.is_shared(again))
+    """)
+    assert out.split("\n")[:4] == ["False", "{'a': (1, 2.0, 'x')} b'raw' [1, 2] False", "[0, 1, 2] True", "True"]
+
+
 def test_environment_names_another_library(tmp_path):
     packaged = os.path.join(os.path.dirname(zctipc.__file__), "libzctipc.so")
     copy = tmp_path / "libzctipc.so"

@@ -3,7 +3,10 @@ and tensors received by legacy IPC (the wire's CUDA codec) are made of."""
 
 import weakref
 
-import numpy as np
+from . import lazy
+
+np = lazy.numpy(__name__)
+
 
 KDL_CUDA = 2  # DLPack's device type for CUDA memory
 

@@ -5,9 +5,10 @@ bfloat16: such segments have torch views, and NumPy views only when the
 ``ml_dtypes`` package is installed.
 """
 
-import numpy as np
-
 from ..errors import UnsupportedDtype
+from . import lazy
+
+np = lazy.numpy(__name__)
 
 # code -> name; the names are NumPy's and torch's spelling alike.
 NAMES = {
@@ -29,10 +30,18 @@ NAMES = {
 }
 CODES = {name: code for code, name in NAMES.items()}
 BFLOAT16 = CODES["bfloat16"]
-# NumPy dtypes by code, and the storage dtype of each (uint16 for bfloat16).
-_NUMPY = {code: np.dtype(name) for code, name in NAMES.items() if code != BFLOAT16}
-_STORAGE = {**_NUMPY, BFLOAT16: np.dtype(np.uint16)}
-ITEMSIZE = {code: dt.itemsize for code, dt in _STORAGE.items()}
+ITEMSIZE = {code: size for code, size in zip(NAMES, (1, 1, 2, 4, 8, 1, 2, 4, 8, 2, 4, 8, 2, 8, 16))}
+# NumPy dtypes by code, and the storage dtype of each (uint16 for
+# bfloat16), made when first asked for (see zctipc._core.lazy).
+_NUMPY = {}
+_STORAGE = {}
+
+
+def _numpy_tables():
+    if not _STORAGE:
+        _NUMPY.update({code: np.dtype(name) for code, name in NAMES.items() if code != BFLOAT16})
+        _STORAGE.update({**_NUMPY, BFLOAT16: np.dtype(np.uint16)})
+    return _NUMPY, _STORAGE
 
 
 def _ml_bfloat16():
@@ -82,7 +91,7 @@ def code_of_numpy(dt):
 
 def numpy_dtype(code):
     """Return the NumPy dtype of ``code``; bfloat16 needs ml_dtypes."""
-    dt = _NUMPY.get(code)
+    dt = _numpy_tables()[0].get(code)
     if dt is not None:
         return dt
     if code == BFLOAT16:
@@ -99,7 +108,7 @@ def storage_dtype(code):
     """Return a NumPy dtype of the same size that can hold ``code``'s bits
     (uint16 for bfloat16), for building views that torch reinterprets."""
     try:
-        return _STORAGE[code]
+        return _numpy_tables()[1][code]
     except KeyError:
         raise UnsupportedDtype(f"unknown dtype code {code}") from None
 

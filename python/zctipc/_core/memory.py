@@ -19,9 +19,9 @@ them, and the mark would cost every get.
 import threading
 import warnings
 
-import numpy as np
+from . import dtypes, lazy, native
 
-from . import dtypes, native
+np = lazy.numpy(__name__)
 
 # Descriptor flags (zct_view_flags of zctipc.h; a test checks them): the
 # Python type a receiver rebuilds, in bits 0-1, and read-only.

@@ -8,13 +8,15 @@ that holds a segment counts once in the refcount in its header, and the last
 process to let go unlinks it from /dev/shm.
 """
 
+from __future__ import annotations  # annotations name np.ndarray without importing NumPy
+
 import json
 from typing import NamedTuple, Optional, Tuple
 
-import numpy as np
-
 from ..errors import HandleClosed
-from . import dtypes, layout, memory, native
+from . import dtypes, layout, lazy, memory, native
+
+np = lazy.numpy(__name__)
 
 
 class SharedTensor:

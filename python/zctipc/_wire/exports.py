@@ -12,12 +12,12 @@ zctipc cannot share, do not go out of band: the caller pickles them in band.
 
 import struct
 
-import numpy as np
-
 from ..errors import UnsupportedDtype
-from .._core import dtypes, layout, memory, native, pool
+from .._core import dtypes, layout, lazy, memory, native, pool
 from .._core.segments import SharedTensor
 from . import storages
+
+np = lazy.numpy(__name__)
 
 
 class Export:
@@ -152,7 +152,7 @@ def _export_tensor(t, found, block, timeout, copy):
 
 #: Types a queue sends as a bare tensor record, which a Go or C consumer
 #: reads as a tensor (torch.Tensor joins once zctipc has met torch).
-BARE = {np.ndarray, SharedTensor}
+BARE = {SharedTensor}  # and np.ndarray once NumPy is met (_numpy_met), torch.Tensor once torch is
 
 
 def export_bare(obj, block=True, timeout=None):
@@ -235,7 +235,20 @@ def export_shared_tensor(st):
 # and the elements in C order. The receiver gets a copy of its own, as a
 # pickled array would be. zctipc memory always goes by descriptor.
 
-ndarray = np.ndarray
+class _NoArray:
+    """Stands for np.ndarray until NumPy is imported: nothing is one."""
+
+
+ndarray = _NoArray
+
+
+def _numpy_met():
+    global ndarray
+    ndarray = np.ndarray
+    BARE.add(np.ndarray)
+
+
+lazy.when_numpy_is_met(_numpy_met)
 _INLINE_HEAD = struct.Struct("<HBBI")
 _SHAPES = [struct.Struct(f"<{n}q") for n in range(native.MAX_NDIM + 1)]
 

@@ -17,11 +17,11 @@ import pickle
 import sys
 import threading
 
-import numpy as np
-
-from .._core import memory
+from .._core import lazy, memory
 from .._core.segments import SharedTensor
 from . import exports, gpu, reducers, storages, tables
+
+np = lazy.numpy(__name__)
 
 
 class Oversized:
@@ -84,7 +84,9 @@ class QueuePickler:
         self.chunks = []
         self.pickler = pickle.Pickler(_Sink(self.chunks.append), pickle.HIGHEST_PROTOCOL)
         table = dict(copyreg.dispatch_table)
-        table[np.ndarray] = self._reduce_array
+        if "numpy" in sys.modules:
+            lazy.check()
+            table[np.ndarray] = self._reduce_array
         table[SharedTensor] = self._reduce_shared
         torch = sys.modules.get("torch")
         if torch is not None:
@@ -274,7 +276,7 @@ def _rebuild_sparse(layout, parts, requires_grad=False):
     return t.requires_grad_() if requires_grad else t
 
 
-_KNOWN_MODULES = ("torch", "pyarrow", "pandas", "polars")
+_KNOWN_MODULES = ("numpy", "torch", "pyarrow", "pandas", "polars")
 
 
 def _modules():

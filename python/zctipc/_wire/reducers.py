@@ -12,11 +12,11 @@ import pickle
 import sys
 from multiprocessing.reduction import ForkingPickler
 
-import numpy as np
-
-from .._core import layout
+from .._core import layout, lazy
 from .._core.segments import SharedTensor
 from . import exports, gpu, storages, tables
+
+np = lazy.numpy(__name__)
 
 _torch_fallback = None  # the torch tensor reducer registered before zctipc's
 _torch_storage_fallback = None  # and the torch storage reducer
@@ -87,12 +87,26 @@ def init_reductions():
     be; storages in torch's shared memory, and tensors zctipc does not send
     itself (quantized, on other devices), keep the reducers registered
     before (torch.multiprocessing's). zctipc calls this at import and when
-    it first meets torch; calling it again is cheap."""
-    ForkingPickler.register(np.ndarray, _reduce_array)
+    it first meets torch; calling it again is cheap. NumPy arrays are
+    registered once NumPy is imported, when zctipc finds it so (its own
+    first use of NumPy, a queue's pickler, a child process started with a
+    zctipc context, or this call)."""
+    global _numpy_hooked
+    if not _numpy_hooked:
+        _numpy_hooked = True
+        lazy.when_numpy_is_met(_init_numpy_reductions)
+    lazy.check()
     ForkingPickler.register(SharedTensor, _reduce_shared)
     init_torch_reductions()
     for t in tables.table_types():
         ForkingPickler.register(t, tables.reduce_table)
+
+
+_numpy_hooked = False  # _init_numpy_reductions waits for NumPy
+
+
+def _init_numpy_reductions():
+    ForkingPickler.register(np.ndarray, _reduce_array)
 
 
 def init_torch_reductions():

@@ -5,10 +5,10 @@ over the mapping."""
 
 import sys
 
-import numpy as np
-
 from ..errors import CorruptTable, ZctipcError
-from .._core import pool
+from .._core import lazy, pool
+
+np = lazy.numpy(__name__)
 
 
 def _pa():

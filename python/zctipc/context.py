@@ -22,7 +22,6 @@ stands in for it (``import zctipc as multiprocessing``).
 """
 
 import multiprocessing
-import multiprocessing.pool
 import sys
 import warnings
 from multiprocessing import context as _mpcontext
@@ -53,6 +52,8 @@ class _ZctipcContext:
         return Event(ctx=self)
 
     def Pool(self, processes=None, initializer=None, initargs=(), maxtasksperchild=None):
+        import multiprocessing.pool  # on first use: it costs a third of importing zctipc
+
         return multiprocessing.pool.Pool(processes, initializer, initargs, maxtasksperchild, context=self.get_context())
 
     def get_context(self, method=None):

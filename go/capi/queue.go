@@ -329,27 +329,26 @@ func zct_queue_describe(h C.zct_handle, name *C.char, capacity C.uint64_t, size 
 	})
 }
 
-// policy makes the wait policy that the set_wait exports describe: poll,
-// and how long to spin or poll before sleeping (negative: for ever).
-func policy(poll C.int32_t, spinNS C.int64_t) (futex.Policy, error) {
-	if poll != 0 && poll != 1 {
-		return futex.Policy{}, fmt.Errorf("a wait policy of %d (0 sleeps, 1 polls): %w", poll, unix.EINVAL)
-	}
-	if poll == 0 && spinNS < 0 {
-		return futex.Policy{}, fmt.Errorf("a sleeping wait that spins for ever: %w", unix.EINVAL)
-	}
-	return futex.Policy{Poll: poll == 1, Spin: time.Duration(spinNS)}, nil
+// setWait sets the wait policy that the set_wait exports describe on the
+// queue or stream endpoint h of t: poll or sleep, and how long to look
+// before sleeping (negative: the policy's default, 50 us for a sleeper, for
+// ever for a poller).
+func setWait[T interface{ SetWait(futex.Policy) error }](t *table[T], h C.zct_handle, poll C.int32_t, spinNS C.int64_t) C.int {
+	return with(t, uint64(h), func(v T) error {
+		p := futex.Policy{Poll: poll == 1, Spin: time.Duration(spinNS)}
+		switch {
+		case poll != 0 && poll != 1:
+			return fmt.Errorf("a wait policy of %d (0 sleeps, 1 polls): %w", poll, unix.EINVAL)
+		case poll == 0 && spinNS < 0:
+			p = futex.Sleeping
+		}
+		return v.SetWait(p)
+	})
 }
 
 //export zct_queue_set_wait
 func zct_queue_set_wait(h C.zct_handle, poll C.int32_t, spinNS C.int64_t) C.int {
-	return with(queues, uint64(h), func(q *queue.Queue) error {
-		p, err := policy(poll, spinNS)
-		if err == nil {
-			q.SetWait(p)
-		}
-		return err
-	})
+	return setWait(queues, h, poll, spinNS)
 }
 
 //export zct_queue_addref

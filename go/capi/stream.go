@@ -227,24 +227,12 @@ func zct_stream_reader_stats(h C.zct_handle, position, received, dropped *C.uint
 
 //export zct_stream_reader_set_wait
 func zct_stream_reader_set_wait(h C.zct_handle, poll C.int32_t, spinNS C.int64_t) C.int {
-	return with(readers, uint64(h), func(r *stream.Reader) error {
-		p, err := policy(poll, spinNS)
-		if err != nil {
-			return err
-		}
-		return r.SetWait(p)
-	})
+	return setWait(readers, h, poll, spinNS)
 }
 
 //export zct_stream_writer_set_wait
 func zct_stream_writer_set_wait(h C.zct_handle, poll C.int32_t, spinNS C.int64_t) C.int {
-	return with(writers, uint64(h), func(w *stream.Writer) error {
-		p, err := policy(poll, spinNS)
-		if err != nil {
-			return err
-		}
-		return w.SetWait(p)
-	})
+	return setWait(writers, h, poll, spinNS)
 }
 
 //export zct_stream_reader_close

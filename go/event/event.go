@@ -154,7 +154,7 @@ func (e *Event) wait(u futex.Until) (bool, error) {
 			return false, nil
 		}
 		// Sleep while the flag stays 0: Set moves it.
-		err := seq.Sleep(0, futex.Sleeping(spinFor), u.Deadline, recheck, e.interruptible)
+		err := seq.Sleep(0, futex.Policy{Spin: spinFor}, u.Deadline, recheck, e.interruptible)
 		if errors.Is(err, futex.ErrTimeout) {
 			return e.isSet(), nil
 		}

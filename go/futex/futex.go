@@ -149,8 +149,11 @@ type Policy struct {
 	Poll bool
 }
 
-// Sleeping is the default policy: a short spin that yields, then a sleep.
-func Sleeping(spin time.Duration) Policy { return Policy{Spin: spin} }
+// Sleeping is the default policy of queues and streams: a 50 µs spin that
+// yields, then a sleep. A message that comes within the spin is taken
+// without a wake-up call, which costs the sender a system call and the
+// receiver a trip through the scheduler.
+var Sleeping = Policy{Spin: 50 * time.Microsecond}
 
 // briefWait bounds the part of a sleep that holds the scheduler's
 // processor (waitBriefly): the longest a garbage collection may wait for a

@@ -125,11 +125,6 @@ const (
 )
 
 const (
-	// spinFor is how long a waiter keeps looking before it sleeps: a
-	// message that comes within it is taken without a wake-up call, which
-	// costs the sender a system call and the receiver a trip through the
-	// scheduler.
-	spinFor = 50 * time.Microsecond
 	// recheckEvery bounds one sleep of a waiter.
 	recheckEvery = time.Second
 )
@@ -200,18 +195,17 @@ type Queue struct {
 	policy atomic.Pointer[futex.Policy]
 }
 
-// waitPolicy returns the policy SetWait set, or the default.
-func (q *Queue) waitPolicy() futex.Policy {
-	if p := q.policy.Load(); p != nil {
-		return *p
-	}
-	return futex.Sleeping(spinFor)
-}
-
 // SetWait says how this handle's calls wait for messages or room: by
 // default a short spin, then a sleep (futex.Sleeping); futex.Policy{Poll:
 // true, Spin: -1} polls without sleeping, taking a core while it waits.
-func (q *Queue) SetWait(p futex.Policy) { q.policy.Store(&p) }
+func (q *Queue) SetWait(p futex.Policy) error {
+	if !q.guard.Enter() {
+		return ErrClosed
+	}
+	defer q.guard.Leave()
+	q.policy.Store(&p)
+	return nil
+}
 
 // SetInterruptible says whether a signal during a wait ends the call with
 // ErrInterrupted (for a host that must run its handlers) or is waited out
@@ -314,13 +308,15 @@ func open(seg *shm.Segment) (*Queue, error) {
 	if sparse {
 		maxRecord -= chunk // a chunk's pages may be on their way back
 	}
-	return &Queue{
+	q := &Queue{
 		seg: seg, data: d, ring: d[ringAt:],
 		capacity: uint32(capacity), mask: uint32(capacity - 1), maxItems: uint32(maxItems),
 		sparse: sparse, maxRecord: maxRecord, warm: v == WarmRingVersion,
 		putLock: lock.At(unsafe.Pointer(&d[offPutLock])),
 		getLock: lock.At(unsafe.Pointer(&d[offGetLock])),
-	}, nil
+	}
+	q.policy.Store(&futex.Sleeping)
+	return q, nil
 }
 
 func (q *Queue) u64(off int) *uint64 { return (*uint64)(unsafe.Pointer(&q.data[off])) }
@@ -934,7 +930,7 @@ func (q *Queue) sleep(seqOff, waitersOff int, seen uint32, u futex.Until, timeou
 	if u.Stopped() || !u.Deadline.IsZero() && !time.Now().Before(u.Deadline) {
 		return timeoutErr // a call that does not wait does not spin either
 	}
-	err := q.seq(seqOff, waitersOff).Sleep(seen, q.waitPolicy(), u.Deadline, recheckEvery, q.interruptible)
+	err := q.seq(seqOff, waitersOff).Sleep(seen, *q.policy.Load(), u.Deadline, recheckEvery, q.interruptible)
 	if errors.Is(err, futex.ErrTimeout) {
 		return timeoutErr
 	}

@@ -36,19 +36,6 @@ type Reader struct {
 	pos     uint64 // the next frame to read
 	looking bool   // Look returned frame pos and Increment has not passed it
 	self    proc.Identity
-	policy  futex.Policy // how Look waits (SetWait)
-}
-
-// SetWait says how the reader's calls wait for frames: by default a short
-// spin, then a sleep; futex.Policy{Poll: true, Spin: -1} polls without
-// sleeping, taking a core while it waits.
-func (r *Reader) SetWait(p futex.Policy) error {
-	if err := r.enter(); err != nil {
-		return err
-	}
-	defer r.leave()
-	r.policy = p
-	return nil
 }
 
 // Reader joins the stream as the reader of slot index, or of the first free
@@ -72,7 +59,7 @@ func (s *Stream) Reader(index int) (*Reader, error) {
 	if err != nil {
 		return nil, err
 	}
-	r := &Reader{s: s, seg: seg, self: self, policy: futex.Sleeping(spinFor)}
+	r := &Reader{calls: calls{policy: futex.Sleeping}, s: s, seg: seg, self: self}
 	if index >= 0 {
 		if r.claim(index) {
 			return r, nil

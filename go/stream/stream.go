@@ -141,8 +141,6 @@ const (
 )
 
 const (
-	// spinFor is how long a waiter keeps looking before it sleeps.
-	spinFor = 50 * time.Microsecond
 	// recheckEvery bounds one sleep: wake-ups lost with killed processes
 	// are made up for, and the writer looks at readers that hold it back.
 	recheckEvery = 100 * time.Millisecond
@@ -343,8 +341,21 @@ func (s *Stream) FrameOffset(i int) uint64 { return s.ringAt + uint64(i)*s.strid
 // calls are the calls in flight on a reader or a writer: serialized, and
 // waited out by Close (guard).
 type calls struct {
-	guard guard.Guard
-	mu    sync.Mutex
+	guard  guard.Guard
+	mu     sync.Mutex
+	policy futex.Policy // how waiting calls wait (SetWait)
+}
+
+// SetWait says how the endpoint's calls wait, a reader's for frames and a
+// writer's for room: by default futex.Sleeping; futex.Policy{Poll: true,
+// Spin: -1} polls without sleeping, taking a core while it waits.
+func (c *calls) SetWait(p futex.Policy) error {
+	if err := c.enter(); err != nil {
+		return err
+	}
+	defer c.leave()
+	c.policy = p
+	return nil
 }
 
 // enter starts a call: it fails once the endpoint is closed, and waits for

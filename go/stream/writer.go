@@ -33,22 +33,9 @@ type Writer struct {
 	s       *Stream
 	seg     *shm.Segment // the writer's own handle: the memory outlives the stream's
 	role    lock.Mutex
-	claimed bool         // a frame is claimed and not yet published
-	next    uint64       // the position of the next frame to claim
-	minPos  uint64       // the slowest reader's position when last read
-	policy  futex.Policy // how Claim waits for room (SetWait)
-}
-
-// SetWait says how the writer's calls wait for room: by default a short
-// spin, then a sleep; futex.Policy{Poll: true, Spin: -1} polls without
-// sleeping, taking a core while it waits.
-func (w *Writer) SetWait(p futex.Policy) error {
-	if err := w.enter(); err != nil {
-		return err
-	}
-	defer w.leave()
-	w.policy = p
-	return nil
+	claimed bool   // a frame is claimed and not yet published
+	next    uint64 // the position of the next frame to claim
+	minPos  uint64 // the slowest reader's position when last read
 }
 
 // Writer makes this process the stream's writer. When the writer before it
@@ -73,7 +60,7 @@ func (s *Stream) Writer() (*Writer, error) {
 	// A claim the writer before left unpublished stays claimed: a reader of
 	// the frame that slot held must still see it as overwritten.
 	published := atomic.LoadUint64(u64(s.data, offPublished))
-	w := &Writer{s: s, seg: seg, role: role, next: published, policy: futex.Sleeping(spinFor)}
+	w := &Writer{calls: calls{policy: futex.Sleeping}, s: s, seg: seg, role: role, next: published}
 	w.minPos = w.slowest()
 	return w, nil
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"sync"
-	"time"
 
 	"github.com/zctipc/zctipc/go/buffer"
 	"github.com/zctipc/zctipc/go/futex"
@@ -53,7 +52,7 @@ func AttachQueue(name string) (*Queue, error) {
 type Wait = futex.Policy
 
 // Sleeping is the default Wait: a 50 µs spin, then a sleep.
-var Sleeping = futex.Sleeping(50 * time.Microsecond)
+var Sleeping = futex.Sleeping
 
 // Polling is a Wait that polls and never sleeps.
 var Polling = Wait{Poll: true, Spin: -1}
@@ -63,8 +62,7 @@ func (q *Queue) SetWait(w Wait) error {
 	if err := q.check(); err != nil {
 		return err
 	}
-	q.q.SetWait(w)
-	return nil
+	return q.q.SetWait(w)
 }
 
 func (q *Queue) check() error {

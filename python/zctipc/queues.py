@@ -232,13 +232,12 @@ class Queue:
         # 0 asks the library for an unbounded ring.
         max_bytes = 0 if max_bytes is None else args.integer("max_bytes", max_bytes, 4096, 1 << 30)
         inline_bytes = _inline_bytes(inline_bytes)
-        poll, spin_ns = wait_policy = _wait.policy(wait, spin)
+        policy = _wait.policy(wait, spin)  # checked before the queue is made
         ffi, lib = native.ffi(), native.lib()
         handle = ffi.new("zct_handle *")
         native.check(lib.zct_queue_create(ffi.NULL, max_bytes, max(maxsize, 0), handle))
         self._setup(handle[0], inline_bytes)
-        if wait_policy != _wait.policy("sleep", None):
-            native.check(lib.zct_queue_set_wait(handle[0], poll, spin_ns))
+        native.check(lib.zct_queue_set_wait(handle[0], *policy))
 
     def _setup(self, handle, inline_bytes):
         ffi, lib = native.ffi(), native.lib()
@@ -462,15 +461,13 @@ class Queue:
                 r = self._take(s, r, block, timeout)
             if self._ready is not None:
                 self._ready.rearm(self._empty)
-            off = (r >> _LENGTH_BITS) & _LENGTH_MASK
+            off, typ = (r >> _LENGTH_BITS) & _LENGTH_MASK, r >> _TYPE_SHIFT
             if off == _HEADER:  # no views
-                typ = r >> _TYPE_SHIFT
                 if typ == _PICKLE:
                     return _loads(s.mem[off:])  # a pickle ends at its STOP
-                if typ == _INLINE:
-                    return exports.build_inline(s.mem, off, r & _LENGTH_MASK)
-                return bytes(s.mem[off : off + (r & _LENGTH_MASK)])
-            return self._decode(s, r >> _TYPE_SHIFT, off, r & _LENGTH_MASK)
+                return _decode(s.mem, typ, off, r & _LENGTH_MASK, s.views, 0)
+            nviews = int.from_bytes(s.mem[6:8], "little")  # the record header's view count (format.md)
+            return _decode(s.mem, typ, off, r & _LENGTH_MASK, s.views, nviews)
         finally:
             free.append(s)
 
@@ -539,7 +536,6 @@ class Queue:
             self._ready.rearm(self._empty)
         out = []
         append, mem, views = out.append, s.mem, s.views
-        pickle_type, tensor_type = lib.ZCT_RECORD_PICKLE, lib.ZCT_RECORD_TENSOR
         # One unpickler reads every pickle in place: each stops at its STOP
         # opcode, and memo entries of one are never read by the next.
         stream = io.BytesIO(mem[: filled[0]])
@@ -548,28 +544,13 @@ class Queue:
         for i in range(records[0]):
             r = recs[i]
             typ, nviews, off = r.type, r.nviews, r.payload_offset
-            if nviews == 0:
-                if typ == pickle_type:
-                    seek(off)
-                    append(load())
-                elif typ == _INLINE:
-                    append(exports.build_inline(mem, off, r.payload_len))
-                else:
-                    append(bytes(mem[off : off + r.payload_len]))
-            elif typ == tensor_type:
-                append(exports.build(views[v]))
+            if typ == _PICKLE and nviews == 0:
+                seek(off)
+                append(load())
             else:
-                append(pickler.loads(mem[off : off + r.payload_len], [views[v + k] for k in range(nviews)], nviews))
+                append(_decode(mem, typ, off, r.payload_len, [views[v + k] for k in range(nviews)], nviews))
             v += nviews
         return out
-
-    @staticmethod
-    def _decode(s, typ, off, plen):
-        """The object of a record with views that zct_queue_take put in s."""
-        if typ == _TENSOR:
-            return exports.build(s.views[0])
-        nviews = int.from_bytes(s.mem[6:8], "little")  # the record header's view count (format.md)
-        return pickler.loads(s.mem[off : off + plen], s.views, nviews)
 
     # -- state ------------------------------------------------------------------
 
@@ -736,6 +717,18 @@ def _hold_for_child(name, popen):
         weakref.finalize(popen, native.finalize, "zct_queue_close", handle[0], "closing a queue")
     except TypeError:  # not an object a weak reference can follow: until exit
         _held_for_children.append(handle[0])
+
+
+def _decode(mem, typ, off, plen, views, nviews):
+    """The object of a record taken into mem whose payload is at off, plen
+    bytes, with nviews views (gets read a plain pickle themselves)."""
+    if typ == _INLINE:
+        return exports.build_inline(mem, off, plen)
+    if typ == _BYTES:
+        return bytes(mem[off : off + plen])
+    if typ == _TENSOR:
+        return exports.build(views[0])
+    return pickler.loads(mem[off : off + plen], views, nviews)
 
 
 def _inline_bytes(value):

@@ -13,7 +13,7 @@ import (
 // deadline; a poller for ever never counts itself among the sleepers.
 func TestSeqSleepPolicies(t *testing.T) {
 	for name, p := range map[string]futex.Policy{
-		"sleep":          futex.Sleeping(50 * time.Microsecond),
+		"sleep":          futex.Sleeping,
 		"poll for ever":  {Poll: true, Spin: -1},
 		"poll, to sleep": {Poll: true, Spin: time.Millisecond},
 	} {

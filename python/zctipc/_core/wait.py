@@ -21,14 +21,10 @@ POLICIES = ("sleep", "poll")
 def policy(wait, spin):
     """(poll flag, spin in ns) for the library's set_wait calls from a wait
     policy name and a spin in seconds (None: the policy's default, 50 us
-    for "sleep" and for ever for "poll")."""
+    for "sleep" and for ever for "poll", which the library says)."""
     if wait not in POLICIES:
         raise ValueError(f"wait must be one of {', '.join(map(repr, POLICIES))}, not {wait!r}")
-    poll = wait == "poll"
-    if spin is None:
-        return poll, -1 if poll else 50_000
-    spin = args.timeout(spin, "spin")
-    return poll, int(spin * 1e9)
+    return wait == "poll", -1 if spin is None else int(args.timeout(spin, "spin") * 1e9)
 
 
 def wait_slices(block, timeout):

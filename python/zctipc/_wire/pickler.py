@@ -113,19 +113,22 @@ class QueuePickler:
 
     def dumps(self, obj, block=True, timeout=None, inline=-1):
         """(pickle bytes, [Export, ...]); NumPy arrays of inline bytes or
-        fewer (-1: none) that are not zctipc memory are pickled in band (Note [inline
-        arrays] in zctipc._wire.exports). On failure every buffer already
-        exported is released."""
+        fewer (-1: none) that are not zctipc memory are pickled in band (Note
+        [inline arrays] in zctipc._wire.exports). On failure every buffer
+        already exported is released. Once per message: what it calls is
+        inlined."""
         out = self._begin(block, timeout, inline)
+        chunks = self.chunks
         try:
-            self._dump(obj)
-            return self._take(), out
+            self.pickler.dump(obj)
+            return (chunks[0] if len(chunks) == 1 else b"".join(chunks)), out
         except BaseException:
             for e in out:
                 e.release()
             raise
         finally:
-            self.chunks.clear()
+            self.pickler.clear_memo()  # Note [the memo]
+            chunks.clear()
             self.busy = False
 
     def _begin(self, block, timeout, inline):
@@ -302,33 +305,15 @@ class _Sink:
 def pickler():
     """A QueuePickler this thread may use now."""
     p = getattr(_sending, "pickler", None)
-    if p is None or not p.current():
+    if p is None or p.nmodules != len(sys.modules) and not p.current():
         p = _sending.pickler = QueuePickler()
     return QueuePickler() if p.busy else p
 
 
 def dumps(obj, block=True, timeout=None, inline=-1):
     """Pickle obj for a queue: (pickle bytes, [Export, ...]), as
-    QueuePickler.dumps does. Once per message: the pickler of this thread,
-    when free and current, is used inline."""
-    p = getattr(_sending, "pickler", None)
-    if p is None or p.busy or p.nmodules != len(sys.modules):
-        return pickler().dumps(obj, block, timeout, inline)
-    p.busy = True
-    p.exports = out = []
-    p.block, p.timeout, p.inline = block, timeout, inline
-    chunks = p.chunks
-    try:
-        p.pickler.dump(obj)
-        return (chunks[0] if len(chunks) == 1 else b"".join(chunks)), out
-    except BaseException:
-        for e in out:
-            e.release()
-        raise
-    finally:
-        p.pickler.clear_memo()  # Note [the memo]
-        chunks.clear()
-        p.busy = False
+    QueuePickler.dumps does."""
+    return pickler().dumps(obj, block, timeout, inline)
 
 
 class _Receiving:

@@ -91,22 +91,18 @@ def init_reductions():
     registered once NumPy is imported, when zctipc finds it so (its own
     first use of NumPy, a queue's pickler, a child process started with a
     zctipc context, or this call)."""
-    global _numpy_hooked
-    if not _numpy_hooked:
-        _numpy_hooked = True
-        lazy.when_numpy_is_met(_init_numpy_reductions)
-    lazy.check()
+    lazy.check()  # registers NumPy's (_init_numpy_reductions) if it is imported
     ForkingPickler.register(SharedTensor, _reduce_shared)
     init_torch_reductions()
     for t in tables.table_types():
         ForkingPickler.register(t, tables.reduce_table)
 
 
-_numpy_hooked = False  # _init_numpy_reductions waits for NumPy
-
-
 def _init_numpy_reductions():
     ForkingPickler.register(np.ndarray, _reduce_array)
+
+
+lazy.when_numpy_is_met(_init_numpy_reductions)
 
 
 def init_torch_reductions():

@@ -229,7 +229,10 @@ def test_blocked_look_uses_no_cpu_and_ctrl_c_interrupts_it():
         except KeyboardInterrupt:
             print(time.monotonic(), flush=True)
     """)
-    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    # NumPy, which the reader imports, starts OpenBLAS threads that spin for a
+    # while, and process_time counts them: the child runs without them.
+    env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=env)
     cpu = float(child.stdout.readline())
     assert cpu < 0.1, f"a blocked look used {cpu} s of CPU in 1 s"
     time.sleep(0.3)

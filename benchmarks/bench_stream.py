@@ -2,9 +2,10 @@
 
   throughput  float32 frames of 8,192 samples (32 KiB) and of 1 MiB, one
               writer and 1, 2 and 4 readers, each reader touching every byte
-              of every frame (a checksum), for a fixed time: aggregate Gbit/s
-              and frames/s of zctipc.Stream against pythusa's shared ring and
-              iceoryx2 publish-subscribe (a u8 slice payload, no loss)
+              of every frame (a checksum), for a fixed time in three runs
+              taking turns with the peers (the median run counts): aggregate
+              Gbit/s and frames/s of zctipc.Stream against pythusa's shared
+              ring and iceoryx2 publish-subscribe (a u8 slice payload, no loss)
   latency     one 32 KiB frame in flight: writer-to-reader time, p50 and p99,
               and the reader's CPU; zctipc with its reader asleep (the
               default) and polling
@@ -15,7 +16,7 @@ The writer copies each frame from a prepared array (one copy, as an
 application producing data would); zctipc readers block on futexes, pythusa's
 poll (yielding the CPU between polls, its best case on a busy machine).
 
-    python benchmarks/bench_stream.py [--only throughput,latency] [--quick] [--seconds S] [--json PATH] [--readme README.md]
+    python benchmarks/bench_stream.py [--only throughput,latency] [--quick] [--seconds S] [--rounds N] [--json PATH] [--readme README.md]
 """
 
 import ctypes
@@ -464,27 +465,37 @@ PEERS = {
 
 def suite_throughput(args, report):
     seconds = 0.1 if args.tiny else 0.5 if args.quick else args.seconds
+    rounds = 1 if args.tiny or args.quick else args.rounds
     rows = []
     for size, samples in SIZES.items():
         for readers in READERS:
+            runs = {}  # peer: the runs it made, the peers taking turns
+            for _ in range(rounds):
+                for peer, (run, _) in PEERS.items():
+                    if run is None or peer.split()[0] in report["skipped_peers"] or peer in runs and not runs[peer]:
+                        continue
+                    runs.setdefault(peer, [])
+                    try:
+                        published, elapsed, reads = run(samples, readers, seconds / rounds)
+                        if not all(r == published for r in reads):
+                            raise RuntimeError(f"a reader missed frames: {reads} of {published}")
+                    except Exception as exc:  # a peer that fails is reported, and the run goes on
+                        report["skipped_peers"][f"{peer} ({size}, {readers} readers)"] = f"failed: {exc}"
+                        print(f"  {size:>7} {readers} readers  {peer:<14} failed: {exc}", flush=True)
+                        runs[peer] = []
+                        continue
+                    runs[peer].append((published, elapsed))
             by_peer = {}
-            for peer, (run, _) in PEERS.items():
-                if run is None or peer.split()[0] in report["skipped_peers"]:
+            for peer, made in runs.items():
+                if not made:
                     continue
-                try:
-                    published, elapsed, reads = run(samples, readers, seconds)
-                    if not all(r == published for r in reads):
-                        raise RuntimeError(f"a reader missed frames: {reads} of {published}")
-                except Exception as exc:  # a peer that fails is reported, and the run goes on
-                    report["skipped_peers"][f"{peer} ({size}, {readers} readers)"] = f"failed: {exc}"
-                    print(f"  {size:>7} {readers} readers  {peer:<14} failed: {exc}", flush=True)
-                    continue
+                published, elapsed = sorted(made, key=lambda m: m[0] / m[1])[len(made) // 2]  # the median run
                 nbytes = samples * 4
                 r = {"size": size, "frame_bytes": nbytes, "readers": readers, "peer": peer, "seconds": elapsed,
-                     "frames_per_s": published / elapsed,
+                     "rounds": len(made), "frames_per_s": published / elapsed,
                      "gbit_per_s": readers * published * nbytes * 8 / elapsed / 1e9}
                 print(f"  {size:>7} {readers} readers  {peer:<14} {r['gbit_per_s']:7.1f} Gbit/s "
-                      f"{r['frames_per_s']:10,.0f} frames/s", flush=True)
+                      f"{r['frames_per_s']:10,.0f} frames/s (median of {len(made)})", flush=True)
                 by_peer[peer] = r
                 report["throughput"].append(r)
             base = by_peer["zctipc"]["gbit_per_s"]
@@ -524,7 +535,9 @@ SUITES = {"throughput": suite_throughput, "latency": suite_latency}
 
 def main(argv=None):
     parser = arguments(__doc__, "stream", SUITES)
-    parser.add_argument("--seconds", type=float, default=5.0, help="how long each throughput run writes")
+    parser.add_argument("--seconds", type=float, default=6.0, help="how long each peer writes in each throughput cell")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="throughput runs per peer and cell, the peers taking turns; the median counts")
     args = parser.parse_args(argv)
     report = {"benchmark": "stream", "date": now(), "machine": machine(),
               "versions": versions("zctipc", "numpy", "pythusa", "iceoryx2"), "throughput": [], "latency": [],

@@ -35,6 +35,7 @@ type Reader struct {
 	slot    []byte
 	pos     uint64 // the next frame to read
 	looking bool   // Look returned frame pos and Increment has not passed it
+	at      int    // the slot of frame pos while looking
 	self    proc.Identity
 }
 
@@ -163,7 +164,7 @@ func (r *Reader) look(u futex.Until) (int, error) {
 	s := r.s
 	frames := uint64(s.cfg.Frames)
 	if r.looking {
-		return int(r.pos % frames), nil
+		return r.at, nil
 	}
 	data := s.dataSeq()
 	for {
@@ -178,9 +179,13 @@ func (r *Reader) look(u futex.Until) (int, error) {
 		}
 		seen := data.Load()
 		if r.pos < atomic.LoadUint64(u64(s.data, offPublished)) {
-			r.looking = true
+			at, err := s.slotOf(r.pos)
+			if err != nil {
+				return 0, err
+			}
+			r.at, r.looking = at, true
 			r.seen() // it holds this frame from now: a wait before does not count
-			return int(r.pos % frames), nil
+			return at, nil
 		}
 		if s.ended() {
 			return 0, ErrEnded
@@ -215,6 +220,9 @@ func (r *Reader) increment() (bool, error) {
 	}
 	s := r.s
 	r.looking = false
+	// Under Block the writer takes a frame's slot again only once every
+	// live reader passed it, or, evicting this reader, to claim the frame a
+	// ring ahead: either way the claim says so.
 	whole := atomic.LoadUint64(u64(s.data, offClaim)) <= r.pos+uint64(s.cfg.Frames)
 	if whole {
 		atomic.AddUint64(u64(r.slot, rReceived), 1)

@@ -6,7 +6,10 @@
 // writer claims the next frame (Look), fills it in place, and publishes it
 // (Increment); a reader looks at the next frame it has not read, in place,
 // and releases it. Positions count frames from the start of the stream and
-// never wrap; frame p lives in slot p mod frames.
+// never wrap. A slot table says which slot each frame in flight lives in:
+// under Block the writer takes the slot released last, which is likely
+// still in cache, so a ring deeper than the frames in flight costs no cache
+// misses; under Overwrite frame p lives in slot p mod frames.
 //
 // # Backpressure
 //
@@ -107,6 +110,7 @@ const (
 	offNDim        = 32  // u32 frame dimensions
 	offTimeoutMS   = 36  // u32 reader timeout in ms, 0 for none
 	offRingAt      = 40  // u64 where slot 0 starts
+	offVersion     = 48  // u32 the stream layout version
 	offShape       = 64  // i64 × header.MaxNDim
 	offClaim       = 320 // u64 frames the writer has claimed
 	offPublished   = 328 // u64 frames the writer has published
@@ -121,6 +125,15 @@ const (
 	readersAt      = 576
 	readerSize     = 64
 )
+
+// LayoutVersion is the stream layout this package writes and reads: version
+// 1 keeps a slot table after the reader slots, which says the slot of each
+// frame in flight (docs/format.md). Streams of zctipc 0.1.0 say 0 there,
+// and kept frame p in slot p mod frames; they are refused.
+const LayoutVersion = 1
+
+// ErrLayoutVersion means a stream was laid out by another version.
+var ErrLayoutVersion = fmt.Errorf("stream layout: %w", header.ErrVersion)
 
 // Reader slot fields, from the start of the slot.
 const (
@@ -173,6 +186,7 @@ type Stream struct {
 	frameBytes uint64
 	stride     uint64
 	ringAt     uint64
+	table      uint64 // where the slot table starts
 	// interruptible makes waits return ErrInterrupted on a signal.
 	interruptible bool
 }
@@ -198,8 +212,11 @@ func frameLayout(dt dtype.DType, shape []int64) (uint64, uint64, error) {
 	return n, max(align, (n+align-1)/align*align), nil
 }
 
-func ringOffset(readers int) uint64 {
-	return (readersAt + uint64(readers)*readerSize + 4095) / 4096 * 4096
+// tableAt is where the slot table starts: one u32 per frame of the ring.
+func tableAt(readers int) uint64 { return readersAt + uint64(readers)*readerSize }
+
+func ringOffset(readers, frames int) uint64 {
+	return (tableAt(readers) + 4*uint64(frames) + 4095) / 4096 * 4096
 }
 
 // Create makes a stream segment. An empty name makes a random one.
@@ -211,7 +228,7 @@ func Create(name string, cfg Config) (*Stream, error) {
 	if err != nil {
 		return nil, err
 	}
-	ringAt := ringOffset(cfg.Readers)
+	ringAt := ringOffset(cfg.Readers, cfg.Frames)
 	hi, size := bits.Mul64(stride, uint64(cfg.Frames))
 	if hi != 0 || size > MaxBytes-ringAt {
 		return nil, fmt.Errorf("a ring of %d frames of %d bytes: the limit is %d bytes: %w",
@@ -231,8 +248,12 @@ func Create(name string, cfg Config) (*Stream, error) {
 	*u32(d, offNDim) = uint32(len(cfg.Shape))
 	*u32(d, offTimeoutMS) = uint32(cfg.ReaderTimeout.Milliseconds())
 	*u64(d, offRingAt) = ringAt
+	*u32(d, offVersion) = LayoutVersion
 	for i, n := range cfg.Shape {
 		*u64(d, offShape+8*i) = uint64(n)
+	}
+	for i := range cfg.Frames { // frame p starts in slot p mod frames
+		*u32(d, int(tableAt(cfg.Readers))+4*i) = uint32(i)
 	}
 	s, err := open(seg)
 	if err != nil {
@@ -287,6 +308,9 @@ func open(seg *shm.Segment) (*Stream, error) {
 	if len(d) < readersAt {
 		return nil, bad(fmt.Sprintf("%d bytes", len(d)))
 	}
+	if v := *u32(d, offVersion); v != LayoutVersion {
+		return nil, fmt.Errorf("stream %q: %w %d (this library reads %d)", seg.Name(), ErrLayoutVersion, v, LayoutVersion)
+	}
 	ndim := *u32(d, offNDim)
 	if ndim > header.MaxNDim {
 		return nil, bad(fmt.Sprintf("%d dimensions", ndim))
@@ -309,12 +333,28 @@ func open(seg *shm.Segment) (*Stream, error) {
 	if err != nil {
 		return nil, bad(err.Error())
 	}
-	ringAt := ringOffset(cfg.Readers)
+	ringAt := ringOffset(cfg.Readers, cfg.Frames)
 	if *u64(d, offFrameBytes) != frameBytes || *u64(d, offStride) != stride || *u64(d, offRingAt) != ringAt ||
 		uint64(len(d)) != ringAt+stride*uint64(cfg.Frames) {
 		return nil, bad(fmt.Sprintf("%d frames of %d bytes do not fill %d bytes", cfg.Frames, frameBytes, len(d)))
 	}
-	return &Stream{seg: seg, data: d, cfg: cfg, frameBytes: frameBytes, stride: stride, ringAt: ringAt}, nil
+	return &Stream{seg: seg, data: d, cfg: cfg, frameBytes: frameBytes, stride: stride, ringAt: ringAt,
+		table: tableAt(cfg.Readers)}, nil
+}
+
+// slotOf returns the slot that frame p was published in (for a frame in
+// flight), checked against the ring.
+func (s *Stream) slotOf(p uint64) (int, error) {
+	i := atomic.LoadUint32(u32(s.data, int(s.table+4*(p%uint64(s.cfg.Frames)))))
+	if int(i) >= s.cfg.Frames {
+		return 0, fmt.Errorf("stream %q: %w: frame %d in slot %d of %d", s.seg.Name(), header.ErrCorrupt, p, i, s.cfg.Frames)
+	}
+	return int(i), nil
+}
+
+// setSlot records the slot of frame p, before it is published.
+func (s *Stream) setSlot(p uint64, slot int) {
+	atomic.StoreUint32(u32(s.data, int(s.table+4*(p%uint64(s.cfg.Frames)))), uint32(slot))
 }
 
 func u32(d []byte, off int) *uint32 { return (*uint32)(unsafe.Pointer(&d[off])) }

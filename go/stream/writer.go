@@ -10,6 +10,7 @@ import (
 	"unsafe"
 
 	"github.com/zctipc/zctipc/go/futex"
+	"github.com/zctipc/zctipc/go/header"
 	"github.com/zctipc/zctipc/go/lock"
 	"github.com/zctipc/zctipc/go/proc"
 	"github.com/zctipc/zctipc/go/shm"
@@ -34,9 +35,43 @@ type Writer struct {
 	seg     *shm.Segment // the writer's own handle: the memory outlives the stream's
 	role    lock.Mutex
 	claimed bool   // a frame is claimed and not yet published
+	slot    int    // the slot of the frame claimed
 	next    uint64 // the position of the next frame to claim
 	minPos  uint64 // the slowest reader's position when last read
+	// Under Block, the slots no frame in flight holds: the warm ones, at
+	// most warmSlots, released most recently, oldest first; the cold ones,
+	// which the writer takes while fewer than warmSlots are warm. freed is
+	// the position below which every frame's slot was put back.
+	warm  slotQueue
+	cold  []int
+	freed uint64
 }
+
+// slotQueue is a first-in first-out queue of slots, at most a ring's worth.
+type slotQueue struct {
+	slots []int // len is the ring's frames
+	head  int
+	n     int
+}
+
+func (q *slotQueue) push(i int) {
+	q.slots[(q.head+q.n)%len(q.slots)] = i
+	q.n++
+}
+
+func (q *slotQueue) pop() int {
+	i := q.slots[q.head]
+	q.head = (q.head + 1) % len(q.slots)
+	q.n--
+	return i
+}
+
+// warmBytes bounds the slots the writer keeps in circulation while readers
+// keep up. Reusing a slot that a reader released a moment ago writes lines
+// still in that reader's core's cache (each one fetched from it), and going
+// round the whole ring writes lines long gone to memory; a few megabytes
+// apart is past a core's L2 cache and inside the shared L3.
+const warmBytes = 4 << 20
 
 // Writer makes this process the stream's writer. When the writer before it
 // died, it takes the role over, and the frame that writer had claimed but
@@ -62,7 +97,71 @@ func (s *Stream) Writer() (*Writer, error) {
 	published := atomic.LoadUint64(u64(s.data, offPublished))
 	w := &Writer{calls: calls{policy: futex.Sleeping}, s: s, seg: seg, role: role, next: published}
 	w.minPos = w.slowest()
+	if s.cfg.Policy == Block {
+		if err := w.findFree(); err != nil {
+			return nil, errors.Join(err, role.Unlock(), seg.Close())
+		}
+	}
 	return w, nil
+}
+
+// findFree fills the free list from the slot table: every slot but those of
+// the frames readers have yet to release.
+func (w *Writer) findFree() error {
+	held := make([]bool, w.s.cfg.Frames)
+	w.warm = slotQueue{slots: make([]int, w.s.cfg.Frames)}
+	for p := w.minPos; p < w.next; p++ {
+		i, err := w.s.slotOf(p)
+		if err != nil {
+			return err
+		}
+		held[i] = true
+	}
+	for i := len(held) - 1; i >= 0; i-- { // slot 0 on top
+		if !held[i] {
+			w.cold = append(w.cold, i)
+		}
+	}
+	w.freed = w.minPos
+	return nil
+}
+
+// warmSlots is how many free slots the writer keeps warm.
+func (w *Writer) warmSlots() int {
+	return int(min(uint64(w.s.cfg.Frames), max(1, warmBytes/w.s.stride)))
+}
+
+// release puts the slots of the frames every reader has passed back among
+// the warm ones, and the warm ones beyond warmSlots, oldest first, among
+// the cold ones.
+func (w *Writer) release() error {
+	for ; w.freed < w.minPos; w.freed++ {
+		i, err := w.s.slotOf(w.freed)
+		if err != nil {
+			return err
+		}
+		if w.warm.n == w.warmSlots() {
+			w.cold = append(w.cold, w.warm.pop())
+		}
+		w.warm.push(i)
+	}
+	return nil
+}
+
+// take returns the free slot for the next frame: the warm one released
+// longest ago once there are warmSlots of them, and a cold one before
+// (while the writer starts, or when readers fall behind), so that a slot
+// comes round again only after warmSlots others.
+func (w *Writer) take() (int, bool) {
+	if w.warm.n > 0 && (w.warm.n >= w.warmSlots() || len(w.cold) == 0) {
+		return w.warm.pop(), true
+	}
+	if n := len(w.cold); n > 0 {
+		i := w.cold[n-1]
+		w.cold = w.cold[:n-1]
+		return i, true
+	}
+	return 0, false
 }
 
 // Look claims the next frame and returns its slot, waiting for room until
@@ -84,15 +183,34 @@ func (w *Writer) look(u futex.Until) (int, error) {
 	s := w.s
 	frames := uint64(s.cfg.Frames)
 	if w.claimed {
-		return int(w.next % frames), nil
+		return w.slot, nil
 	}
 	if s.ended() {
 		return 0, ErrEnded
 	}
-	if s.cfg.Policy == Block && w.next >= w.minPos+frames {
-		if err := w.waitForRoom(u); err != nil {
+	w.slot = int(w.next % frames)
+	if s.cfg.Policy == Block {
+		// When the ring is larger than the warm slots, read the readers on
+		// every claim, so that the slots they released go back among the
+		// warm ones at once.
+		if w.next >= w.minPos+frames || frames*s.stride > warmBytes {
+			w.minPos = w.slowest()
+		}
+		if w.next >= w.minPos+frames {
+			if err := w.waitForRoom(u); err != nil {
+				return 0, err
+			}
+		}
+		if err := w.release(); err != nil {
 			return 0, err
 		}
+		slot, ok := w.take()
+		if !ok { // a corrupt table: a slot held twice
+			return 0, fmt.Errorf("stream %q: %w: no free slot with %d frames in flight",
+				s.seg.Name(), header.ErrCorrupt, w.next-w.minPos)
+		}
+		w.slot = slot
+		s.setSlot(w.next, w.slot)
 	}
 	// The claim is stored before the slot is handed out: readers of the
 	// frame this slot held learn that it is being overwritten.
@@ -100,7 +218,7 @@ func (w *Writer) look(u futex.Until) (int, error) {
 		atomic.StoreUint64(claim, w.next+1)
 	}
 	w.claimed = true
-	return int(w.next % frames), nil
+	return w.slot, nil
 }
 
 // Increment publishes the frame claimed by Look.

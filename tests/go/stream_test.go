@@ -671,3 +671,121 @@ func TestStreamEndpointsSharedByGoroutines(t *testing.T) {
 	require.NoError(t, w.Close())
 	require.NoError(t, r.Close())
 }
+
+// bigFrames makes a Block stream whose ring is larger than the slots its
+// writer keeps warm (4 MiB): frames of 1 MiB.
+func bigFrames(t *testing.T, frames int) *stream.Stream {
+	return mustStream(t, stream.Config{DType: dtype.Uint64, Shape: []int64{1 << 17}, Frames: frames, Readers: 1})
+}
+
+// readOne reads the next frame whole and returns its sequence number and
+// slot.
+func readOne(t *testing.T, s *stream.Stream, r *stream.Reader) (uint64, int) {
+	t.Helper()
+	slot, err := r.Look(time.Now())
+	require.NoError(t, err)
+	seq, err := frameSeq(s.Frame(slot))
+	require.NoError(t, err)
+	whole, err := r.Increment()
+	require.NoError(t, err)
+	require.True(t, whole)
+	return seq, slot
+}
+
+// While the reader keeps up, the writer goes round a few warm slots, not
+// the whole ring; when the reader falls behind it takes the cold ones, and
+// no frame in flight ever shares a slot.
+func TestStreamWriterKeepsSlotsWarm(t *testing.T) {
+	s := bigFrames(t, 16)
+	r, err := s.Reader(0)
+	require.NoError(t, err)
+	w, err := s.Writer()
+	require.NoError(t, err)
+	used := map[int]bool{}
+	seq := uint64(0)
+	for range 40 {
+		write(t, w, s, seq, time.Now())
+		got, slot := readOne(t, s, r)
+		require.Equal(t, seq, got)
+		used[slot] = true
+		seq++
+	}
+	require.Len(t, used, 4, "4 MiB of 1 MiB frames kept warm")
+	for range 3 { // a reader a whole ring behind, then catching up
+		first := seq
+		inFlight := map[int]bool{}
+		for range 16 {
+			write(t, w, s, seq, time.Now())
+			seq++
+		}
+		_, err := w.Look(time.Now())
+		require.ErrorIs(t, err, stream.ErrFull)
+		for want := first; want < seq; want++ {
+			got, slot := readOne(t, s, r)
+			require.Equal(t, want, got, "every frame intact: no slot was taken twice")
+			require.False(t, inFlight[slot])
+			inFlight[slot] = true
+		}
+		require.Len(t, inFlight, 16)
+	}
+	require.NoError(t, r.Close())
+	require.NoError(t, w.Close())
+}
+
+// A writer that takes the role over finds the slots of the frames still
+// unread from the slot table and never writes over them.
+func TestStreamNewWriterKeepsUnreadFrames(t *testing.T) {
+	s := bigFrames(t, 8)
+	r, err := s.Reader(0)
+	require.NoError(t, err)
+	w, err := s.Writer()
+	require.NoError(t, err)
+	for seq := range uint64(10) { // frames 0 to 9 through the warm slots
+		write(t, w, s, seq, time.Now())
+		if seq < 5 {
+			got, _ := readOne(t, s, r)
+			require.Equal(t, seq, got)
+		}
+	}
+	require.NoError(t, w.Close())
+	w, err = s.Writer()
+	require.NoError(t, err)
+	for seq := uint64(10); seq < 13; seq++ { // 5 unread and 3 more fill the ring
+		write(t, w, s, seq, time.Now())
+	}
+	_, err = w.Look(time.Now())
+	require.ErrorIs(t, err, stream.ErrFull)
+	for want := uint64(5); want < 13; want++ {
+		got, _ := readOne(t, s, r)
+		require.Equal(t, want, got)
+	}
+	require.NoError(t, r.Close())
+	require.NoError(t, w.Close())
+}
+
+func TestStreamAttachRefusesAnotherLayoutVersion(t *testing.T) {
+	s := mustStream(t, frameConfig(4, 1, stream.Block))
+	d := s.Segment().Data()
+	binary.LittleEndian.PutUint32(d[48:], 0) // a stream of zctipc 0.1.0
+	_, err := stream.Attach(s.Segment().Name())
+	require.ErrorIs(t, err, header.ErrVersion)
+	require.ErrorIs(t, err, stream.ErrLayoutVersion)
+	binary.LittleEndian.PutUint32(d[48:], stream.LayoutVersion)
+	w, err := s.Writer()
+	require.NoError(t, err)
+	r, err := s.Reader(0)
+	require.NoError(t, err)
+	write(t, w, s, 0, time.Now())
+	require.NoError(t, w.Close())
+	table := 576 + 64                           // the slot table, after one reader slot
+	binary.LittleEndian.PutUint32(d[table:], 4) // frame 0 in slot 4 of 4
+	_, err = r.Look(time.Now())
+	require.ErrorIs(t, err, header.ErrCorrupt, "a reader checks the slot it is given")
+	_, err = s.Writer()
+	require.ErrorIs(t, err, header.ErrCorrupt, "so does a writer taking the role over")
+	binary.LittleEndian.PutUint32(d[table:], 2)
+	slot, err := r.Look(time.Now())
+	require.NoError(t, err)
+	require.Equal(t, 2, slot)
+	require.NoError(t, r.Close())
+}

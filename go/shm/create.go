@@ -81,11 +81,10 @@ func ReservePages(mem []byte) error {
 		return nil
 	}
 	start, end := pageSpan(mem, false)
-	err := madvise(start, end-start, unix.MADV_POPULATE_WRITE)
-	if errors.Is(err, unix.EFAULT) || errors.Is(err, unix.ENOMEM) {
-		return outOfMemory("(a queue's ring)", uint64(len(mem)), err)
+	if err := madvise(start, end-start, unix.MADV_POPULATE_WRITE); err != nil {
+		return outOfMemoryIf("(a queue's ring)", uint64(len(mem)), err)
 	}
-	return err
+	return nil
 }
 
 // ReleasePages gives back to the file system the memory pages that lie
@@ -299,19 +298,69 @@ func prepare(fd int, name string, hdr *header.Header, reserve uint64) ([]byte, e
 			return nil, fmt.Errorf("size segment %q: %w", name, err)
 		}
 	}
-	if err := reserveRange(fd, name, 0, min(reserve, size)); err != nil {
-		return nil, err
-	}
-	stall(hdr.Kind, "create-reserve")
-	// The creator writes the data: its page tables are filled at once when
-	// every page is reserved, rather than one fault per page.
-	mem, err := mmapFlags(fd, size, true, populateIf(reserve >= size))
+	mem, err := reserveMapped(fd, name, hdr.Kind, size, reserve)
 	if err != nil {
-		return nil, fmt.Errorf("map segment %q: %w", name, err)
+		return nil, err
 	}
 	hdr.CreatedNS = time.Now().UnixNano()
 	hdr.Encode(mem)
 	return mem, nil
+}
+
+// hugeFrom is the size from which a segment asks for huge pages.
+const hugeFrom = 2 << 20
+
+// reserveMapped reserves the first reserve bytes of the new file behind fd
+// and maps all size bytes of it. The creator writes the data, so its page
+// tables are filled at once when every page is reserved, rather than one
+// fault per page. A large segment reserves its pages through a mapping
+// advised to use huge pages (MADV_HUGEPAGE, then MADV_POPULATE_WRITE): a
+// file system that allows them when asked (tmpfs huge=advise, memfd with
+// shmem_enabled advise) then fills it with 2 MiB pages, one fault and one
+// zeroing each, which makes a new large segment several times cheaper;
+// reserving with fallocate would take small pages there.
+func reserveMapped(fd int, name string, kind header.Kind, size, reserve uint64) ([]byte, error) {
+	if reserve >= size && size >= hugeFrom && PagesOnDemand() {
+		var st unix.Statfs_t
+		if err := unix.Fstatfs(fd, &st); err == nil && st.Blocks > 0 && size/uint64(st.Bsize) > st.Bavail {
+			return nil, outOfMemory(name, size, unix.ENOSPC) // it cannot fit: say so before mapping it
+		}
+		if err := unix.Ftruncate(fd, int64(size)); err != nil {
+			return nil, fmt.Errorf("size segment %q: %w", name, err)
+		}
+		mem, err := mmapFlags(fd, size, true, 0)
+		if err != nil {
+			return nil, fmt.Errorf("map segment %q: %w", name, err)
+		}
+		start, end := pageSpan(mem, false)
+		_ = madvise(start, end-start, unix.MADV_HUGEPAGE) // EINVAL without transparent huge pages
+		if err = madvise(start, end-start, unix.MADV_POPULATE_WRITE); err != nil {
+			return nil, errors.Join(outOfMemoryIf(name, size, err), unix.Munmap(mem))
+		}
+		stall(kind, "create-reserve")
+		return mem, nil
+	}
+	if err := reserveRange(fd, name, 0, min(reserve, size)); err != nil {
+		return nil, err
+	}
+	stall(kind, "create-reserve")
+	mem, err := mmapFlags(fd, size, true, populateIf(reserve >= size))
+	if err != nil {
+		return nil, fmt.Errorf("map segment %q: %w", name, err)
+	}
+	return mem, nil
+}
+
+// outOfMemoryIf says that populating pages failed for want of memory (a
+// full file system faults, which MADV_POPULATE_WRITE reports as EFAULT).
+func outOfMemoryIf(name string, n uint64, err error) error {
+	if errors.Is(err, unix.EFAULT) { // the fault that touching the page would take
+		return outOfMemory(name, n, unix.ENOSPC)
+	}
+	if errors.Is(err, unix.ENOMEM) {
+		return outOfMemory(name, n, err)
+	}
+	return fmt.Errorf("reserve %d bytes for segment %q: %w", n, name, err)
 }
 
 // reserveRange allocates the pages of bytes [off, off+n) of the file behind

@@ -83,7 +83,7 @@ def _doctor(args):
         return 0
     for key, value in checks.items():
         if key != "warnings":
-            print(f"{key + ':':<22}{value}")
+            print(f"{key + ':':<25}{value}")
     for w in checks["warnings"]:
         print(f"WARNING: {w}")
     return 0
@@ -137,6 +137,7 @@ def _diagnose():
         warnings.append(f"the open-files limit is {soft}: the file_descriptor strategy needs one per segment "
                         "a process receives at once; raise it with ulimit -n")
     out["huge pages"] = _huge_pages()
+    out["huge pages for segments"] = _segment_huge_pages(shm_dir)
     status = strategy.daemon_status()
     if status["running"]:
         s = status["status"]
@@ -171,6 +172,36 @@ def _huge_pages():
     except OSError:
         pass
     return text
+
+
+def _mount_option(path, option):
+    """The value of a mount option of the file system that holds path (the
+    longest mount point above it), or None."""
+    path, best, value = os.path.realpath(path), "", None
+    try:
+        with open("/proc/mounts") as f:
+            for line in f:
+                fields = line.split()
+                if len(fields) < 4:
+                    continue
+                point = fields[1].replace("\\040", " ")
+                if (path == point or path.startswith(point.rstrip("/") + "/")) and len(point) >= len(best):
+                    best = point
+                    value = dict((o.split("=", 1) + [""])[:2] for o in fields[3].split(",")).get(option)
+    except OSError:
+        return None
+    return value
+
+
+def _segment_huge_pages(shm_dir):
+    """Whether new segments of 2 MiB and more get 2 MiB pages: tmpfs gives
+    them with huge=always or within_size, and with huge=advise to zctipc,
+    which asks for them (MADV_HUGEPAGE)."""
+    mode = _mount_option(shm_dir, "huge") or "never"
+    if mode in ("always", "within_size", "advise"):
+        return f"yes: {shm_dir} is mounted huge={mode}, and zctipc asks for them on segments of 2 MiB and more"
+    return (f"no: {shm_dir} is mounted huge={mode}; new large segments fault 4 KiB pages, several times slower "
+            f"(mount -o remount,huge=advise {shm_dir} gives them 2 MiB pages)")
 
 
 def _count(n, noun):

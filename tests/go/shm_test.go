@@ -592,3 +592,43 @@ func TestMapCacheNeverServesAReplacedFile(t *testing.T) {
 	b.exit(t)
 	require.False(t, exists(name))
 }
+
+// On a tmpfs that gives huge pages when asked (huge=advise), a new segment
+// of 2 MiB and more is made of them; a smaller one is not asked to be.
+func TestLargeSegmentsAskForHugePages(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("mounting a tmpfs needs root")
+	}
+	if _, err := os.Stat("/sys/kernel/mm/transparent_hugepage"); err != nil {
+		t.Skip("this kernel has no transparent huge pages")
+	}
+	dir := t.TempDir()
+	require.NoError(t, unix.Mount("tmpfs", dir, "tmpfs", 0, "size=64m,huge=advise,mode=0700"), "mount")
+	t.Cleanup(func() { require.NoError(t, unix.Unmount(dir, 0)) })
+	t.Setenv(shm.DirEnv, dir)
+	used := func() int64 { // bytes of the mount in use
+		var st unix.Statfs_t
+		require.NoError(t, unix.Statfs(dir, &st))
+		return int64(st.Blocks-st.Bfree) * st.Bsize
+	}
+	small := mustCreate(t, "", dtype.Uint8, 64<<10)
+	require.Less(t, used(), int64(2<<20), "a small segment takes small pages")
+	big := mustCreate(t, "", dtype.Uint8, 8<<20)
+	fill(big.Data())
+	smaps, err := os.ReadFile("/proc/self/smaps")
+	require.NoError(t, err)
+	var pmd int64
+	for _, line := range strings.Split(string(smaps), "\n") {
+		if f := strings.Fields(line); len(f) == 3 && f[0] == "ShmemPmdMapped:" {
+			n, err := strconv.ParseInt(f[1], 10, 64)
+			require.NoError(t, err)
+			pmd += n << 10
+		}
+	}
+	require.GreaterOrEqual(t, pmd, int64(4<<20), "the large segment is mapped with 2 MiB pages")
+	require.NoError(t, small.Close())
+	require.NoError(t, big.Close())
+	left, err := os.ReadDir(dir)
+	require.NoError(t, err)
+	require.Empty(t, left)
+}

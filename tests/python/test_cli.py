@@ -117,6 +117,7 @@ def test_doctor_reports_the_machine(isolated):
     assert fields["shared memory"].strip().startswith(isolated["ZCTIPC_SHM_DIR"] + ":")
     assert "RLIMIT_NOFILE" in fields["open files limit"]
     assert "reserved" in fields["huge pages"]
+    assert fields["huge pages for segments"].strip().startswith("no: ")  # the test's tmpfs is mounted huge=never
     assert fields["cleanup daemon"].strip().startswith("not running")
     assert fields["sharing strategy"].strip() == "file_system"
     assert daemon_pid(isolated["ZCTIPC_RUNTIME_DIR"]) is None, "looking starts no daemon"

@@ -21,8 +21,9 @@ Streams carry fixed-size frames from one writer to many readers, in place
 zctipc also stands in for multiprocessing (``import zctipc as
 multiprocessing``), with forkserver as its start method.
 
-Importing zctipc loads no native code and no NumPy: the Go library is
-loaded on first use, and NumPy when an array is first met
+Importing zctipc loads no native code and no NumPy, and imports its own
+modules as their names are first used (Note [a lazy package]): the Go
+library is loaded on first use, and NumPy when an array is first met
 (``zctipc._core.lazy``), so a process that moves no arrays never imports it.
 
 The package is three layers, each importing only those below it (checked
@@ -32,52 +33,93 @@ the wire (``zctipc._wire``: exports, the queue pickler, the ForkingPickler
 reducers, the Arrow and CUDA codecs), and the user API in the modules below.
 """
 
-from . import arrow, buffers, context, cuda, errors, events, pipeline, queues, strategy, streams, tensor
-from ._core import memory as _memory
+import sys as _sys
+
+from . import errors
 from ._core import native as _native
-from ._wire import reducers as _reducers
-from ._wire.reducers import init_reductions, init_torch_reductions, is_shared
-from .arrow import *  # noqa: F401,F403
-from .buffers import *  # noqa: F401,F403
 from .errors import *  # noqa: F401,F403  (each name is in errors.__all__)
-from .pipeline import *  # noqa: F401,F403
-from .queues import DEFAULT_MAX_BYTES
-from .strategy import *  # noqa: F401,F403
-from .streams import *  # noqa: F401,F403
-from .tensor import *  # noqa: F401,F403  (each name is in tensor.__all__)
 
-# The multiprocessing names, for ``import zctipc as multiprocessing``:
-# Process, Queue, SimpleQueue, JoinableQueue, Pool, Pipe, Lock, Event, ...
-# (context.MULTIPROCESSING_NAMES lists them all).
-globals().update(context.namespace())
+# Note [a lazy package]: ``import zctipc`` imports only the errors and the
+# module that will load the library; every other public name is looked up
+# in the module that defines it on first use (PEP 562), so a process that
+# only imports zctipc, or uses one part of it, pays for no more. _EXPORTS
+# says where each name lives (tests/python/test_public_api.py checks it
+# against each module's __all__).
+_EXPORTS = {
+    "tensor": "SharedTensor SegmentInfo create_shared_tensor attach_shared_tensor share attach_ref list_segments "
+              "cleanup_all_segments",
+    "buffers": "empty pool_stats set_pool_limit PoolStats",
+    "strategy": "set_sharing_strategy get_sharing_strategy get_all_sharing_strategies collect_garbage daemon_status",
+    "streams": "Stream StreamWriter StreamReader",
+    "pipeline": "Pipeline",
+    "arrow": "share_table attach_table TableHandle",
+    "queues": "DEFAULT_MAX_BYTES",
+    "_wire.reducers": "init_reductions init_torch_reductions is_shared",
+    # The multiprocessing names, for ``import zctipc as multiprocessing``
+    # (context.MULTIPROCESSING_NAMES), and Event, which streams share.
+    "context": "Process Queue SimpleQueue JoinableQueue Pool Pipe Manager Lock RLock Semaphore BoundedSemaphore "
+               "Condition Event Barrier Value Array RawValue RawArray cpu_count current_process parent_process "
+               "active_children freeze_support get_context get_start_method set_start_method "
+               "get_all_start_methods get_logger log_to_stderr set_forkserver_preload set_executable "
+               "allow_connection_pickling ProcessError BufferTooShort TimeoutError AuthenticationError reducer",
+}
+_WHERE = {name: module for module, names in _EXPORTS.items() for name in names.split()}
+_WHERE["list_active_segments"] = "tensor"  # the name zero-copy-tensor-ipc used for list_segments
+_RENAMED = {"list_active_segments": "list_segments"}
 
-# zctipc's reducers go into ForkingPickler now, and its torch reducer once
-# zctipc first makes a torch view.
-init_reductions()
-_memory.when_torch_is_met(_reducers.init_torch_reductions)
-# Note [the fork default] in zctipc.context.
-_native.when_loaded(context.choose_start_method)
-
-#: multiprocessing's submodules, under zctipc's name, imported on first use.
+#: zctipc's own modules, and multiprocessing's submodules under zctipc's
+#: name, imported on first use.
+_MODULES = {"arrow", "buffers", "cli", "context", "cuda", "events", "pipeline", "queues", "strategy", "streams",
+            "tensor"}
 _SUBMODULES = {"connection", "managers", "pool", "reduction", "shared_memory", "synchronize", "util"}
 
 
 def __getattr__(name):
+    import importlib
+
     if name == "__version__":  # read from the installed metadata when asked: importlib.metadata is slow to import
         global __version__
         __version__ = _native.package_version()
         return __version__
-    if name in _SUBMODULES:
-        import importlib
-
+    if name in _MODULES or name in _SUBMODULES:
         return importlib.import_module(f".{name}", __name__)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    mod = importlib.import_module(f".{module}", __name__)
+    value = mod.namespace()[name] if module == "context" else getattr(mod, _RENAMED.get(name, name))
+    globals()[name] = value
+    return value
 
-#: The name zero-copy-tensor-ipc used for list_segments.
-list_active_segments = list_segments  # noqa: F405
 
-__all__ = sorted(set(
-    tensor.__all__ + buffers.__all__ + strategy.__all__ + streams.__all__ + pipeline.__all__ + arrow.__all__
-    + ["init_reductions", "init_torch_reductions", "is_shared", "list_active_segments", "DEFAULT_MAX_BYTES"]
-    + context.MULTIPROCESSING_NAMES + errors.__all__
-))
+def __dir__():
+    return sorted(set(globals()) | set(__all__) | _MODULES)
+
+
+def _install_reductions():
+    """zctipc's ForkingPickler reducers, and its torch reducer once zctipc
+    first makes a torch view."""
+    from ._core import memory
+    from ._wire import reducers
+
+    reducers.init_reductions()
+    memory.when_torch_is_met(reducers.init_torch_reductions)
+
+
+def _choose_start_method():
+    from . import context
+
+    context.choose_start_method()  # Note [the fork default] in zctipc.context
+
+
+# The reducers go into ForkingPickler when zctipc loads its library (before
+# that it has made nothing to send), or now when a module whose plain values
+# they send through zctipc (arrays, tensors, Arrow tables, DataFrames) is
+# already imported.
+if any(m in _sys.modules for m in ("numpy", "torch", "pyarrow", "pandas", "polars")):
+    _install_reductions()
+else:
+    _native.when_loaded(_install_reductions)
+_native.when_loaded(_choose_start_method)
+
+__all__ = sorted((set(_WHERE) - {"reducer"}) | set(errors.__all__))

@@ -173,3 +173,19 @@ def test_every_status_becomes_a_specific_exception():
             assert type(exc) is InterruptedError
         else:
             assert type(exc) is not zctipc.ZctipcError, f"{name} has no exception of its own"
+
+
+def test_import_imports_no_more_than_it_needs():
+    # Note [a lazy package]: import zctipc imports its errors and the module
+    # that loads the library; the rest comes with the first name used.
+    out = run_python("""
+        import sys
+        import zctipc
+        print(sorted(m for m in sys.modules if m.startswith("zctipc")))
+        print("multiprocessing" in sys.modules)
+        zctipc.Stream
+        print("zctipc.streams" in sys.modules, "zctipc.queues" in sys.modules)
+    """)
+    lines = out.split("\n")
+    assert lines[0] == repr(["zctipc", "zctipc._core", "zctipc._core.native", "zctipc.errors"])
+    assert lines[1:3] == ["False", "True False"]

@@ -63,3 +63,22 @@ def test_event_is_one_class_wherever_it_is_imported_from():
     from zctipc.streams import Event as StreamsEvent
 
     assert zctipc.Event is Event is StreamsEvent
+
+
+def test_the_package_says_where_each_name_lives():
+    # Note [a lazy package]: the package finds its names in the modules
+    # that define them, by a table kept beside their __all__ lists.
+    from zctipc import context, errors
+
+    for module, names in zctipc._EXPORTS.items():
+        names = set(names.split())
+        if module == "context":
+            assert names == set(context.MULTIPROCESSING_NAMES) | {"reducer"}
+            continue
+        mod = importlib.import_module(f"zctipc.{module}")
+        assert all(hasattr(mod, name) for name in names), f"zctipc.{module} lacks one of {sorted(names)}"
+        if module in ("arrow", "buffers", "pipeline", "strategy", "streams", "tensor"):  # all their names
+            offered = set(mod.__all__)
+            assert offered - names <= set(errors.__all__) | {"Event"}, \
+                f"zctipc.{module} offers {sorted(offered - names - set(errors.__all__))}, which the package does not"
+    assert set(dir(zctipc)) >= set(zctipc.__all__)

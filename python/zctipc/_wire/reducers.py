@@ -86,8 +86,10 @@ def init_reductions():
     A CPU tensor is shared, its storage moved into zctipc memory if need
     be; storages in torch's shared memory, and tensors zctipc does not send
     itself (quantized, on other devices), keep the reducers registered
-    before (torch.multiprocessing's). zctipc calls this at import and when
-    it first meets torch; calling it again is cheap. NumPy arrays are
+    before (torch.multiprocessing's). zctipc calls this at import when
+    NumPy, torch, pyarrow, pandas or polars is imported already, else when
+    it loads its library (before which it has made nothing to send), and
+    again when it first meets torch; calling it again is cheap. NumPy arrays are
     registered once NumPy is imported, when zctipc finds it so (its own
     first use of NumPy, a queue's pickler, a child process started with a
     zctipc context, or this call)."""

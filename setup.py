@@ -25,6 +25,30 @@ def version():
         return re.search(r'const Version = "([^"]+)"', f.read()).group(1)
 
 
+GO_MINIMUM = (1, 26)  # go.mod's go line
+
+
+def check_toolchain():
+    """Stop at once, naming what is missing, when Go or a C compiler is not
+    there (a wheel needs neither: this is a build from source)."""
+    go = shutil.which("go")
+    problems = []
+    if go is None:
+        problems.append(f"Go {'.'.join(map(str, GO_MINIMUM))} or later (https://go.dev/dl/), "
+                        "which builds the core library: 'go' is not on PATH")
+    else:
+        out = subprocess.run([go, "env", "GOVERSION"], capture_output=True, text=True).stdout.strip()
+        found = tuple(int(n) for n in re.findall(r"\d+", out)[:2])
+        if found < GO_MINIMUM:
+            problems.append(f"Go {'.'.join(map(str, GO_MINIMUM))} or later: {go} is {out or 'of an unknown version'}")
+    cc = os.environ.get("CC", "").split()[:1] or ["cc"]
+    if shutil.which(cc[0]) is None and shutil.which("gcc") is None and shutil.which("clang") is None:
+        problems.append("a C compiler (gcc or clang; or CC set to one), which cgo and cffi need")
+    if problems:
+        raise SystemExit("building zctipc from source needs " + "; and ".join(problems)
+                         + ". A wheel needs neither: pip install zctipc picks one where there is one for this machine.")
+
+
 def build_go_library(out_dir):
     """go build -buildmode=c-shared the export layer into out_dir."""
     os.makedirs(out_dir, exist_ok=True)
@@ -52,7 +76,16 @@ class BuildGoThenExtensions(build_ext):
     """Build libzctipc.so and zctipcd first, link the cffi extension against
     the library, and put them all (and zctipc.h) in the package."""
 
+    def build_extensions(self):
+        # The extension finds libzctipc.so beside itself ($ORIGIN) and
+        # nowhere else: drop the run paths of the Python that builds it
+        # (pyenv's, for one), which would otherwise travel in the wheel.
+        linker = self.compiler.linker_so
+        self.compiler.linker_so = [a for a in linker if not a.startswith(("-Wl,-rpath", "-Wl,-R"))]
+        super().build_extensions()
+
     def run(self):
+        check_toolchain()
         library = build_go_library(LIB_DIR)
         daemon = build_go_daemon(LIB_DIR)
         package_dir = os.path.join("python", "zctipc") if self.inplace else os.path.join(self.build_lib, "zctipc")
@@ -79,4 +112,7 @@ setup(
     version=version(),
     cffi_modules=["python/build_ffi.py:ffibuilder"],
     cmdclass={"build_ext": BuildGoThenExtensions},
+    # The cffi extension uses only the limited API: one wheel for CPython
+    # 3.10 and every later version.
+    options={"bdist_wheel": {"py_limited_api": "cp310"}},
 )

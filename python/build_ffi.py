@@ -34,7 +34,7 @@ ffibuilder.set_source(
     include_dirs=[HEADER_DIR],
     libraries=["zctipc"],
     library_dirs=[LIB_DIR],
-    extra_link_args=["-Wl,-rpath,$ORIGIN"],
+    extra_link_args=["-Wl,-rpath,$ORIGIN", "-s"],  # no symbols or debug info in the wheel
 )
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ message, like a pipe's; like a pipe shared by readers, another process may
 take that message first.
 """
 
+import errno
 import io
 import os
 import pickle
@@ -37,7 +38,7 @@ from multiprocessing import queues as _mpqueues
 
 from ._core import args, native, wait
 from ._wire import exports, pickler
-from .errors import HandleClosed
+from .errors import HandleClosed, ZctipcOSError
 
 __all__ = ["Queue", "SimpleQueue", "JoinableQueue", "DEFAULT_MAX_BYTES", "INLINE_BYTES"]
 
@@ -256,6 +257,7 @@ class Queue:
         self._inline = min(inline_bytes, self._capacity // 4) if inline_bytes else -1
         self._maxsize = maxsize[0]
         self._closed = False
+        self._sent = False  # this process put something (Note [closed and never used])
         self._scratches = [_Scratch()]  # free ones (see _Scratch)
         self._stash = []  # Note [polling a reader]
         self._ready = None
@@ -327,6 +329,7 @@ class Queue:
         else:
             payload, buffers = pickler.dumps(obj, block, timeout, self._inline)
             typ = _PICKLE
+        self._sent = True
         if not buffers and len(payload) <= self._capacity - _HEADER:
             # Fast path: one try without waiting; _put waits.
             lib = native.lib()
@@ -358,6 +361,7 @@ class Queue:
             self._check_open()
         timeout = args.timeout(timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
+        self._sent = True
         p = pickler.pickler()
         # Pickle a run of objects into one buffer, one after another, until
         # one has out-of-band buffers (it goes on its own) or the run would
@@ -569,7 +573,9 @@ class Queue:
         return self._qsize()
 
     def empty(self):
-        self._check_open()
+        if self._closed:
+            self._check_usable()
+            return True
         return self._qsize() == 0
 
     def full(self):
@@ -663,6 +669,13 @@ class Queue:
         if self._closed:
             raise HandleClosed(f"Queue {self._name!r} is closed")
 
+    def _check_usable(self):
+        """Note [closed and never used]: as multiprocessing's, a closed queue
+        this process never put into still answers empty() (closing it closed
+        nothing); one it put into raises OSError, as a closed pipe does."""
+        if self._sent:
+            raise ZctipcOSError(errno.EBADF, f"Queue {self._name!r} is closed")
+
 
 class JoinableQueue(Queue):
     """A Queue whose consumers mark each message done, so that producers
@@ -696,6 +709,10 @@ class SimpleQueue(Queue):
 
     def get(self):
         return super().get()
+
+    def _check_usable(self):
+        # multiprocessing's SimpleQueue closes its pipe at once.
+        raise ZctipcOSError(errno.EBADF, f"Queue {self._name!r} is closed")
 
 
 # Note [queues handed to children]: a child attaches a queue by name, with a

@@ -16,12 +16,13 @@ def test_wheel_carries_the_native_parts_and_works(tmp_path):
     )
     assert out.returncode == 0, out.stderr
     (wheel,) = [p for p in os.listdir(tmp_path) if p.endswith(".whl")]
-    assert wheel.startswith("zctipc-") and wheel.endswith("linux_x86_64.whl"), wheel
-    assert "-cp3" in wheel, "a platform wheel, not a pure-Python one"
+    assert wheel.startswith("zctipc-") and wheel.endswith("-cp310-abi3-linux_x86_64.whl"), \
+        f"{wheel}: one platform wheel for CPython 3.10 and later (the extension uses the limited API)"
     names = zipfile.ZipFile(tmp_path / wheel).namelist()
     assert "zctipc/libzctipc.so" in names
     assert "zctipc/zctipc.h" in names
     assert any(n.startswith("zctipc/_zctipc_cffi") and n.endswith(".so") for n in names)
+    assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names), "the license travels with the wheel"
 
     # Installed alone into a fresh directory, it finds its library beside itself.
     target = tmp_path / "site"

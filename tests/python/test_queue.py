@@ -620,3 +620,26 @@ def test_a_polled_message_is_kept_for_recv():
     assert q.get_many() == [2, 3]
     other.close()
     q.close()
+
+
+def test_empty_of_a_closed_queue_is_multiprocessings():
+    # As Python 3.13's multiprocessing tests ask: closing a queue this process
+    # never put into closes nothing, and empty() still answers; after a put,
+    # and for a SimpleQueue always, it raises OSError, as a closed pipe does.
+    for cls in (zctipc.Queue, zctipc.JoinableQueue):
+        q = cls()
+        q.close()
+        q.join_thread()
+        assert q.empty()
+        q = cls()
+        q.put("foo")
+        q.close()
+        q.join_thread()
+        with pytest.raises(OSError, match="is closed"):
+            q.empty()
+    q = zctipc.SimpleQueue()
+    q.close()
+    with pytest.raises(OSError, match="is closed"):
+        q.empty()
+    with pytest.raises(ValueError, match="is closed"):  # put and get stay multiprocessing's ValueError
+        q.put(1)

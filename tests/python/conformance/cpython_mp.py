@@ -106,6 +106,9 @@ CLASSES = (
 )
 
 #: Tests that do not run: "CPythonClass.test_method" -> why.
+# The Python whose test suite SKIPS was written against: there, a skip of a
+# test that does not exist is an error; other versions may lack some.
+SKIPS_WRITTEN_FOR = (3, 11)
 SKIPS = {
     "_TestQueue.test_queue_feeder_donot_stop_onexc": (
         "deliberate difference: zctipc's put() of an unpicklable object raises in the caller; "
@@ -187,7 +190,9 @@ def make_cases(method):
             cls_name, _, test = key.partition(".")
             if cls_name == name:
                 if not callable(getattr(base, test, None)):
-                    raise ValueError(f"SKIPS names {key}, which test._test_multiprocessing does not have")
+                    if sys.version_info[:2] == SKIPS_WRITTEN_FOR:
+                        raise ValueError(f"SKIPS names {key}, which test._test_multiprocessing does not have")
+                    continue  # a test this Python's suite does not have (yet, or any more)
                 attrs[test] = unittest.skip(reason)(getattr(base, test))
         cases.append(type(newname, bases, attrs))
     return cases

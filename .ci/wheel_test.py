@@ -1,0 +1,143 @@
+"""Test what users install (make wheel-test).
+
+For every Python given: a fresh venv, the release wheel from dist/ with pip
+(and NumPy and pytest), and the test files that need no source tree, run
+from outside it against the installed package. Where the venv's Python is
+the version of the development venv, that venv's torch, pyarrow, pandas and
+polars are made visible too (a .pth line; the development venv's editable
+zctipc is not), and the test files that need them run as well. Then the
+sdist, built from source by pip in one more venv. And the wheel's native
+files must carry no run path but their own directory.
+
+    python .ci/wheel_test.py --venv-python .venv/bin/python PYTHON [PYTHON ...]
+"""
+
+import argparse
+import glob
+import os
+import subprocess
+import sys
+import tempfile
+import zipfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TESTS = os.path.join(ROOT, "tests", "python")
+
+# Test files that need neither torch, pyarrow nor the source tree.
+PLAIN = ["test_c_example.py", "test_cli.py", "test_context.py", "test_cpython_conformance.py", "test_crash.py",
+         "test_golden.py", "test_hostile.py", "test_limits.py", "test_native.py", "test_processes.py",
+         "test_public_api.py"]
+# And those that need torch or pyarrow too.
+WITH_EXTRAS = ["test_arrow.py", "test_bad_input.py", "test_dropin.py", "test_pickling.py", "test_queue.py",
+               "test_stream.py", "test_tensor.py", "test_threads.py", "test_torch_sharing.py"]
+
+
+def run(cmd, **kw):
+    print("+", " ".join(cmd), flush=True)
+    subprocess.run(cmd, check=True, **kw)
+
+
+def python_of(venv):
+    return os.path.join(venv, "bin", "python")
+
+
+def version_of(python):
+    out = subprocess.run([python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+                         capture_output=True, text=True, check=True)
+    return out.stdout.strip()
+
+
+def site_packages(python):
+    out = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                         capture_output=True, text=True, check=True)
+    return out.stdout.strip()
+
+
+def check_run_paths(wheel):
+    """Every ELF file of the wheel finds its libraries in the system's
+    places or beside itself, never in a path of the build machine."""
+    from elftools.elf.dynamic import DynamicSection
+    from elftools.elf.elffile import ELFFile
+
+    with zipfile.ZipFile(wheel) as z, tempfile.TemporaryDirectory() as tmp:
+        for name in z.namelist():
+            if not (name.endswith(".so") or name.endswith("zctipcd")):
+                continue
+            path = z.extract(name, tmp)
+            with open(path, "rb") as f:
+                for section in ELFFile(f).iter_sections():
+                    if not isinstance(section, DynamicSection):
+                        continue
+                    for tag in section.iter_tags():
+                        if tag.entry.d_tag in ("DT_RPATH", "DT_RUNPATH"):
+                            paths = tag.runpath if tag.entry.d_tag == "DT_RUNPATH" else tag.rpath
+                            if any(p != "$ORIGIN" for p in paths.split(":")):
+                                sys.exit(f"{wheel}: {name} has {tag.entry.d_tag} {paths!r}: a build-machine path")
+    print(f"run paths: every native file of {os.path.basename(wheel)} looks only beside itself", flush=True)
+
+
+def test_wheel(python, wheel, dev_python, dev_version):
+    with tempfile.TemporaryDirectory(prefix="zctipc-wheel-test-") as tmp:
+        venv = os.path.join(tmp, "venv")
+        run([python, "-m", "venv", venv])
+        vpy = python_of(venv)
+        version = version_of(vpy)
+        run([vpy, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", wheel, "numpy", "pytest",
+             "pytest-timeout"])
+        files = list(PLAIN)
+        if version == dev_version:
+            with open(os.path.join(site_packages(vpy), "zctipc-wheel-test-extras.pth"), "w") as f:
+                f.write(site_packages(dev_python) + "\n")
+            files += WITH_EXTRAS
+        where = subprocess.run([vpy, "-c", "import zctipc._core.native as n; print(n.__file__)"], cwd=tmp,
+                               capture_output=True, text=True, check=True).stdout.strip()
+        if not where.startswith(venv):
+            sys.exit(f"Python {version}: zctipc was imported from {where}, not from the installed wheel")
+        print(f"Python {version}: zctipc from {where}; {len(files)} test files", flush=True)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("ZCTIPC_LIBRARY") and k != "PYTHONPATH"}
+        run([vpy, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--timeout=900", "-rs",
+             *[os.path.join(TESTS, f) for f in files]], cwd=tmp, env=env)
+
+
+def test_sdist(python, sdist):
+    with tempfile.TemporaryDirectory(prefix="zctipc-sdist-test-") as tmp:
+        venv = os.path.join(tmp, "venv")
+        run([python, "-m", "venv", venv])
+        vpy = python_of(venv)
+        run([vpy, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", sdist])
+        code = ("import numpy as np, zctipc; q = zctipc.Queue(); q.put({'a': np.arange(4)}); "
+                "t = zctipc.create_shared_tensor(data=np.ones(3)); "
+                "print(q.get()['a'].sum(), t.numpy().sum(), zctipc.__version__); t.close(); q.close()")
+        out = subprocess.run([vpy, "-c", code], cwd=tmp, capture_output=True, text=True, check=True).stdout
+        if out.split() != ["6", "3.0", version_of_package()]:
+            sys.exit(f"the package built from the sdist printed {out!r}")
+        print(f"sdist: built from source and ran under Python {version_of(vpy)}", flush=True)
+
+
+def version_of_package():
+    with open(os.path.join(ROOT, "go", "version", "version.go")) as f:
+        return f.read().split('const Version = "')[1].split('"')[0]
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--venv-python", required=True, help="the development venv's Python (it has torch)")
+    parser.add_argument("pythons", nargs="+", help="the Pythons to install the wheel into")
+    args = parser.parse_args()
+    wheels = glob.glob(os.path.join(ROOT, "dist", "zctipc-*manylinux*.whl"))
+    sdists = glob.glob(os.path.join(ROOT, "dist", "zctipc-*.tar.gz"))
+    if len(wheels) != 1 or len(sdists) != 1:
+        sys.exit(f"dist/ should hold one manylinux wheel and one sdist (make wheel): {wheels + sdists}")
+    check_run_paths(wheels[0])
+    dev_version = version_of(args.venv_python)
+    versions = []
+    for python in args.pythons:
+        test_wheel(python, wheels[0], args.venv_python, dev_version)
+        versions.append(version_of(python))
+    test_sdist(args.pythons[-1], sdists[0])
+    print(f"wheel-test: {os.path.basename(wheels[0])} passed under Python {', '.join(versions)}; the sdist built",
+          flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -70,10 +70,12 @@ def expected_cells(suite, mode):
 
 class Progress(io.TextIOBase):
     """Stands in for stdout while a suite runs: counts the lines it prints
-    and redraws one progress line for the suite on the terminal."""
+    and redraws one progress line for the suite on a terminal (elsewhere it
+    writes one line when the suite ends)."""
 
     def __init__(self, suite, total, out):
         self.suite, self.total, self.out = suite, max(total, 1), out
+        self.tty = hasattr(out, "isatty") and out.isatty()
         self.done, self.last, self.partial, self.start = 0, "", "", time.monotonic()
         self.log = []
         self.draw()
@@ -90,6 +92,12 @@ class Progress(io.TextIOBase):
         return len(text)
 
     def draw(self, final=False):
+        if not self.tty:  # a file or a pipe gets each suite's last line only
+            if final:
+                self.out.write(f"{self.suite:<8} {min(self.done, self.total)}/{self.total} cells in "
+                               f"{time.monotonic() - self.start:.1f}s  {self.last[:70]}\n")
+                self.out.flush()
+            return
         width = 24
         filled = min(width, round(width * self.done / self.total)) if not final else width
         bar = "#" * filled + "." * (width - filled)

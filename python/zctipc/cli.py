@@ -17,13 +17,14 @@ SMALL_SHM = 1 << 30
 
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="zctipc", description="Inspect and clean zctipc's shared memory.")
+    parser.add_argument("--version", action="version", version=f"zctipc {_native.package_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     ls = sub.add_parser("ls", help="list every zctipc segment of this user, with who holds it")
     ls.add_argument("--json", action="store_true", help="print JSON")
     gc = sub.add_parser("gc", help="remove the segments that no live process holds")
     gc.add_argument("--dry-run", action="store_true", help="only say what would be removed")
     gc.add_argument("--json", action="store_true", help="print JSON")
-    doctor = sub.add_parser("doctor", help="check this machine's setup for zctipc")
+    doctor = sub.add_parser("doctor", help="check this machine's setup for zctipc (exit status 1 when it warns)")
     doctor.add_argument("--json", action="store_true", help="print JSON")
     sub.add_parser("bench", help="run every benchmark against its peers (zctipc bench --help)", add_help=False)
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -77,16 +78,19 @@ def _gc(args):
 
 
 def _doctor(args):
+    """Print the machine's setup; exit 1 when something is worth a warning
+    (the JSON says so too: "ok")."""
     checks = _diagnose()
+    checks["ok"] = not checks["warnings"]
     if args.json:
         print(json.dumps(checks, indent=2))
-        return 0
-    for key, value in checks.items():
-        if key != "warnings":
-            print(f"{key + ':':<25}{value}")
-    for w in checks["warnings"]:
-        print(f"WARNING: {w}")
-    return 0
+    else:
+        for key, value in checks.items():
+            if key not in ("warnings", "ok"):
+                print(f"{key + ':':<25}{value}")
+        for w in checks["warnings"]:
+            print(f"WARNING: {w}")
+    return 0 if checks["ok"] else 1
 
 
 def _bench(argv):

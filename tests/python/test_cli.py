@@ -134,12 +134,15 @@ def test_doctor_warns_of_a_small_dev_shm_and_a_low_open_files_limit(monkeypatch,
     small = os.statvfs_result((4096, 4096, 16384, 16000, 16000, 1000, 900, 900, 0, 255, 0))  # 64 MiB
     monkeypatch.setattr(cli.os, "statvfs", lambda path: small)
     monkeypatch.setattr(cli.resource, "getrlimit", lambda which: (1024, 4096))
-    assert cli.main(["doctor"]) == 0
+    assert cli.main(["doctor"]) == 1, "a warning is a failing check"
     out = capsys.readouterr().out
     assert "64.0 MiB, 62.5 MiB free" in out
     assert "WARNING: /dev/shm holds only 64.0 MiB (Docker's default is 64 MB)" in out
     assert "--shm-size" in out
     assert "WARNING: the open-files limit is 1024" in out
+    assert cli.main(["doctor", "--json"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert report["ok"] is False and len(report["warnings"]) == 2
 
 
 def test_a_healthy_machine_gets_no_warning(monkeypatch):
@@ -147,6 +150,13 @@ def test_a_healthy_machine_gets_no_warning(monkeypatch):
     monkeypatch.setattr(cli.os, "statvfs", lambda path: big)
     monkeypatch.setattr(cli.resource, "getrlimit", lambda which: (65536, 65536))
     assert cli._diagnose()["warnings"] == []
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["--version"])
+    assert exc.value.code == 0
+    assert capsys.readouterr().out.strip() == f"zctipc {cli._native.package_version()}"
 
 
 def test_an_unknown_command_is_a_usage_error(capsys):

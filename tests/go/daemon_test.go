@@ -523,3 +523,30 @@ func TestACreatorKilledHalfWayLeavesNothing(t *testing.T) {
 		})
 	}
 }
+
+// The daemon's log never grows past about twice MaxLogBytes: a full log
+// becomes daemon.log.1, and nothing written is lost in the move.
+func TestDaemonLogIsCapped(t *testing.T) {
+	path := filepath.Join(t.TempDir(), daemon.LogName)
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	require.NoError(t, err)
+	fd, err := unix.Dup(int(f.Fd()))
+	require.NoError(t, err)
+	require.NoError(t, f.Close())
+	defer unix.Close(fd)
+	log := daemon.NewLog(path, fd)
+	line := []byte(strings.Repeat("x", 999) + "\n")
+	n := 3*daemon.MaxLogBytes/len(line) + 1
+	for range n {
+		_, err := log.Write(line)
+		require.NoError(t, err)
+	}
+	cur, err := os.Stat(path)
+	require.NoError(t, err)
+	old, err := os.Stat(path + ".1")
+	require.NoError(t, err)
+	require.LessOrEqual(t, cur.Size(), int64(daemon.MaxLogBytes))
+	require.LessOrEqual(t, old.Size(), int64(daemon.MaxLogBytes))
+	require.Zero(t, (cur.Size()+old.Size())%int64(len(line)), "only whole lines move")
+	require.Greater(t, cur.Size(), int64(0))
+}

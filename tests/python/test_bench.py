@@ -74,3 +74,17 @@ def test_bad_arguments_are_refused():
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2
     assert "unknown suite 'nonsense'; the suites are handoff, queue, stream, arrow, gpu" in out.stderr
+
+
+def test_a_suite_whose_imports_are_missing_is_skipped(tmp_path):
+    # Without torch (a stand-in that fails to import, ahead of the real one),
+    # the suites that import it are skipped with the reason; the rest run.
+    (tmp_path / "torch.py").write_text("raise ModuleNotFoundError(\"No module named 'torch'\", name='torch')\n")
+    env = dict(os.environ, PYTHONPATH=str(tmp_path), ZCTIPC_BENCH_WITHOUT="faster-fifo,pythusa,iceoryx2,ray")
+    out = subprocess.run([sys.executable, "-m", "zctipc", "bench", "--tiny", "--only", "queue,stream",
+                          "--out", str(tmp_path / "out")], env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "skipping the queue suite: it needs torch, which is not installed" in out.stderr
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert set(report["suites"]) == {"stream"}
+    assert "Skipped the queue suite: it needs torch" in out.stdout

@@ -13,6 +13,7 @@ import subprocess
 
 from setuptools import setup
 from setuptools.command.build_ext import build_ext
+from setuptools.command.build_py import build_py
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 LIB_DIR = os.path.join(ROOT, "build", "lib")
@@ -99,6 +100,20 @@ class BuildGoThenExtensions(build_ext):
             install_file(source, os.path.join(package_dir, name))
 
 
+class BuildPyWithBenchmarks(build_py):
+    """The package's modules, and the benchmark scripts in
+    zctipc/benchmarks, so that zctipc bench runs from an installed wheel."""
+
+    def run(self):
+        super().run()
+        if self.editable_mode:
+            return  # an editable install runs the source tree's
+        target = os.path.join(self.build_lib, "zctipc", "benchmarks")
+        os.makedirs(target, exist_ok=True)
+        for source in sorted(glob.glob(os.path.join(ROOT, "benchmarks", "*.py"))):
+            self.copy_file(source, os.path.join(target, os.path.basename(source)))
+
+
 def install_file(source, target):
     """Copy source to target by a rename: a daemon or a process running
     the old copy keeps it (writing over it in place would fail, or change
@@ -111,7 +126,7 @@ def install_file(source, target):
 setup(
     version=version(),
     cffi_modules=["python/build_ffi.py:ffibuilder"],
-    cmdclass={"build_ext": BuildGoThenExtensions},
+    cmdclass={"build_ext": BuildGoThenExtensions, "build_py": BuildPyWithBenchmarks},
     # The cffi extension uses only the limited API: one wheel for CPython
     # 3.10 and every later version.
     options={"bdist_wheel": {"py_limited_api": "cp310"}},

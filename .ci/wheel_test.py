@@ -28,7 +28,7 @@ PLAIN = ["test_c_example.py", "test_cli.py", "test_context.py", "test_cpython_co
          "test_golden.py", "test_hostile.py", "test_limits.py", "test_native.py", "test_processes.py",
          "test_public_api.py"]
 # And those that need torch or pyarrow too.
-WITH_EXTRAS = ["test_arrow.py", "test_bad_input.py", "test_dropin.py", "test_pickling.py", "test_queue.py",
+WITH_EXTRAS = ["test_arrow.py", "test_bad_input.py", "test_bench.py", "test_dropin.py", "test_pickling.py", "test_queue.py",
                "test_stream.py", "test_tensor.py", "test_threads.py", "test_torch_sharing.py"]
 
 

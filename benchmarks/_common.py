@@ -106,6 +106,10 @@ def update_readme(path, section, text, by=None):
     print(f"updated {path}")
 
 
+#: How to get what a benchmark lacks.
+INSTALL_HINT = "pip install zctipc[bench] (or make bench in a source tree) installs it"
+
+
 def left_out(peer, module):
     """Why a peer cannot be measured (not installed, or named in
     ZCTIPC_BENCH_WITHOUT), or None when it can."""
@@ -114,7 +118,7 @@ def left_out(peer, module):
     try:
         __import__(module)
     except ImportError as exc:
-        return f"not installed ({exc}); make bench installs it"
+        return f"not installed ({exc}); {INSTALL_HINT}"
     return None
 
 

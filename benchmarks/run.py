@@ -35,8 +35,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from _common import (fmt_bytes, fmt_ratio, fmt_us, machine, machine_line, markdown_table, now, summarize,  # noqa: E402
-                     update_readme, versions)
+from _common import (INSTALL_HINT, fmt_bytes, fmt_ratio, fmt_us, machine, machine_line, markdown_table, now,  # noqa: E402
+                     summarize, update_readme, versions)
 
 SUITES = ("handoff", "queue", "stream", "arrow", "gpu")
 MODES = ("full", "quick", "tiny")
@@ -181,7 +181,7 @@ def plots(report, out_dir):
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError as exc:
-        return f"matplotlib is not installed ({exc}); make bench installs it"
+        return f"matplotlib is not installed ({exc}); {INSTALL_HINT}"
     written = []
     handoff = report["suites"].get("handoff", {}).get("results", [])
     if handoff:
@@ -263,7 +263,7 @@ def skipped_peers():
         try:
             importlib.import_module(module)
         except ImportError as exc:
-            out[peer] = f"not installed ({exc}); make bench installs it"
+            out[peer] = f"not installed ({exc}); {INSTALL_HINT}"
     return out
 
 
@@ -275,7 +275,11 @@ def main(argv=None):
     group.add_argument("--tiny", action="store_true", help="the smallest sizes: checks that every suite runs")
     parser.add_argument("--only", default=",".join(SUITES), help=f"comma-separated suites of {', '.join(SUITES)}")
     parser.add_argument("--json", help="write the whole report as JSON here")
-    parser.add_argument("--out", default=os.path.join(HERE, "results"), help="folder for the report, JSON and plots")
+    # In a source tree, benchmarks/results; from an installed package, the
+    # current directory's zctipc-bench.
+    in_tree = os.path.isfile(os.path.join(HERE, "..", "go.mod"))
+    parser.add_argument("--out", default=os.path.join(HERE, "results") if in_tree else "zctipc-bench",
+                        help="folder for the report, JSON and plots")
     parser.add_argument("--readme", help="put the report in this README's benchmark section")
     args = parser.parse_args(argv)
     suites = [s.strip() for s in args.only.split(",") if s.strip()]

@@ -94,18 +94,21 @@ def _doctor(args):
 
 
 def _bench(argv):
-    """Run benchmarks/run.py of the source tree this package was installed
-    from (the benchmarks need its peers and scripts, not just the library)."""
+    """Run the benchmarks: $ZCTIPC_BENCHMARKS, else those of the source tree
+    this package was installed from, else the copy the wheel carries
+    (zctipc/benchmarks). Peers that are not installed (pip install
+    zctipc[bench]) and suites whose modules are missing are skipped, with
+    the reason."""
     import runpy
 
     here = os.path.dirname(os.path.abspath(__file__))
     for root in (os.environ.get("ZCTIPC_BENCHMARKS"), os.path.join(here, "..", "..", "benchmarks"),
-                 os.path.join(os.getcwd(), "benchmarks")):
+                 os.path.join(here, "benchmarks")):
         if root and os.path.isfile(os.path.join(root, "run.py")):
             break
     else:
-        print("zctipc bench runs the benchmarks of a zctipc source tree: run it in a checkout "
-              "(git clone ...; make bench), or set ZCTIPC_BENCHMARKS to its benchmarks folder", file=sys.stderr)
+        print("zctipc bench: no benchmarks found: this installation carries none; set ZCTIPC_BENCHMARKS to "
+              "the benchmarks folder of a zctipc source tree", file=sys.stderr)
         return 2
     sys.path.insert(0, os.path.abspath(root))
     run = runpy.run_path(os.path.join(root, "run.py"), run_name="zctipc_bench")

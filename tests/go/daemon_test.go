@@ -340,7 +340,8 @@ func TestDaemonRefusesHostileRequests(t *testing.T) {
 		rep := rawRequest(t, conn, []byte(tc.body), tc.fds...)
 		require.Contains(t, rep.Error, tc.want, tc.what)
 	}
-	require.Equal(t, before, countFDs(t, pid), "the daemon kept no descriptor it was sent")
+	// At most as many: the killed helper's connection may close meanwhile.
+	require.LessOrEqual(t, countFDs(t, pid), before, "the daemon kept no descriptor it was sent")
 	_, err = c.Status()
 	require.NoError(t, err, "and it still serves")
 }

@@ -649,7 +649,9 @@ class Queue:
     def close(self):
         """This process will use the queue no more: put and get raise
         HandleClosed (a ValueError) from now on, here and in calls other
-        threads are blocked in, and its hold on the queue goes."""
+        threads are blocked in, and its hold on the queue goes. empty()
+        then answers as multiprocessing's does (Note [closed and never
+        used])."""
         if not self._closed:
             self._closed = True
             if self._ready is not None:

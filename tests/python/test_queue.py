@@ -150,9 +150,11 @@ def test_close():
     q.close()
     q.close()
     q.join_thread()
-    for call in (lambda: q.put(2), q.get, q.qsize, q.empty, q.full):
+    for call in (lambda: q.put(2), q.get, q.qsize, q.full):
         with pytest.raises(ValueError, match="closed"):
             call()
+    with pytest.raises(OSError, match="closed"):  # as multiprocessing's, whose pipe is closed
+        q.empty()
     assert "closed" in repr(q)
 
 

@@ -9,6 +9,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 GO_SOURCES := $(shell find go -type f \( -name '*.go' -o -name '*.c' -o -name '*.h' \)) go.mod go.sum
 FUZZTIME ?= 30s
+STATICCHECK ?= v0.8.2
 
 .PHONY: install lib test vet lint gotest pytest demo bench fuzz golden wheel wheel-test clean
 
@@ -39,10 +40,12 @@ vet:
 	$(GO) vet ./...
 
 # The Python package's layers import only downward and no module imports in
-# a cycle (contracts in pyproject.toml); git holds no build outputs.
+# a cycle (contracts in pyproject.toml); git holds no build outputs; the Go
+# code passes staticcheck.
 lint: install $(VENV)/.deps
 	$(VENV)/bin/lint-imports --no-cache
 	$(PY) .ci/check_tracked.py
+	$(GO) run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK) ./...
 
 gotest:
 	$(GO) test -race -count=1 ./...

@@ -55,7 +55,6 @@ type Ledger struct {
 	Owner   proc.Identity
 	Alive   bool
 	Entries []ledger.Entry
-	data    []byte
 }
 
 // Census is a snapshot of the library's files.

@@ -10,6 +10,7 @@ PIP := $(PY) -m pip
 GO_SOURCES := $(shell find go -type f \( -name '*.go' -o -name '*.c' -o -name '*.h' \)) go.mod go.sum
 FUZZTIME ?= 30s
 STATICCHECK ?= v0.8.2
+RUFF_PATHS := python benchmarks tests .ci setup.py
 
 .PHONY: install lib test vet lint gotest pytest demo bench fuzz golden wheel wheel-test clean
 
@@ -25,7 +26,7 @@ $(VENV)/.base: constraints.txt pyproject.toml
 	touch $@
 
 $(VENV)/.deps: $(VENV)/.base
-	$(PIP) install --quiet -c constraints.txt pytest pytest-timeout import-linter torch pyarrow pandas polars
+	$(PIP) install --quiet -c constraints.txt pytest pytest-timeout import-linter ruff torch pyarrow pandas polars
 	touch $@
 
 # The package, installed editable from python/: setup.py builds
@@ -40,10 +41,13 @@ vet:
 	$(GO) vet ./...
 
 # The Python package's layers import only downward and no module imports in
-# a cycle (contracts in pyproject.toml); git holds no build outputs; the Go
-# code passes staticcheck.
+# a cycle (contracts in pyproject.toml); ruff's lint and format check pass
+# (settings in pyproject.toml); git holds no build outputs; the Go code
+# passes staticcheck.
 lint: install $(VENV)/.deps
 	$(VENV)/bin/lint-imports --no-cache
+	$(VENV)/bin/ruff check $(RUFF_PATHS)
+	$(VENV)/bin/ruff format --check $(RUFF_PATHS)
 	$(PY) .ci/check_tracked.py
 	$(GO) run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK) ./...
 

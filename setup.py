@@ -35,8 +35,10 @@ def check_toolchain():
     go = shutil.which("go")
     problems = []
     if go is None:
-        problems.append(f"Go {'.'.join(map(str, GO_MINIMUM))} or later (https://go.dev/dl/), "
-                        "which builds the core library: 'go' is not on PATH")
+        problems.append(
+            f"Go {'.'.join(map(str, GO_MINIMUM))} or later (https://go.dev/dl/), "
+            "which builds the core library: 'go' is not on PATH"
+        )
     else:
         out = subprocess.run([go, "env", "GOVERSION"], capture_output=True, text=True).stdout.strip()
         found = tuple(int(n) for n in re.findall(r"\d+", out)[:2])
@@ -46,8 +48,11 @@ def check_toolchain():
     if shutil.which(cc[0]) is None and shutil.which("gcc") is None and shutil.which("clang") is None:
         problems.append("a C compiler (gcc or clang; or CC set to one), which cgo and cffi need")
     if problems:
-        raise SystemExit("building zctipc from source needs " + "; and ".join(problems)
-                         + ". A wheel needs neither: pip install zctipc picks one where there is one for this machine.")
+        raise SystemExit(
+            "building zctipc from source needs "
+            + "; and ".join(problems)
+            + ". A wheel needs neither: pip install zctipc picks one where there is one for this machine."
+        )
 
 
 def build_go_library(out_dir):

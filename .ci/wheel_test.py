@@ -24,12 +24,32 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TESTS = os.path.join(ROOT, "tests", "python")
 
 # Test files that need neither torch, pyarrow nor the source tree.
-PLAIN = ["test_c_example.py", "test_cli.py", "test_context.py", "test_cpython_conformance.py", "test_crash.py",
-         "test_golden.py", "test_hostile.py", "test_limits.py", "test_native.py", "test_processes.py",
-         "test_public_api.py"]
+PLAIN = [
+    "test_c_example.py",
+    "test_cli.py",
+    "test_context.py",
+    "test_cpython_conformance.py",
+    "test_crash.py",
+    "test_golden.py",
+    "test_hostile.py",
+    "test_limits.py",
+    "test_native.py",
+    "test_processes.py",
+    "test_public_api.py",
+]
 # And those that need torch or pyarrow too.
-WITH_EXTRAS = ["test_arrow.py", "test_bad_input.py", "test_bench.py", "test_dropin.py", "test_pickling.py", "test_queue.py",
-               "test_stream.py", "test_tensor.py", "test_threads.py", "test_torch_sharing.py"]
+WITH_EXTRAS = [
+    "test_arrow.py",
+    "test_bad_input.py",
+    "test_bench.py",
+    "test_dropin.py",
+    "test_pickling.py",
+    "test_queue.py",
+    "test_stream.py",
+    "test_tensor.py",
+    "test_threads.py",
+    "test_torch_sharing.py",
+]
 
 
 def run(cmd, **kw):
@@ -42,14 +62,19 @@ def python_of(venv):
 
 
 def version_of(python):
-    out = subprocess.run([python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
-                         capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"], capture_output=True, text=True, check=True
+    )
     return out.stdout.strip()
 
 
 def site_packages(python):
-    out = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                         capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return out.stdout.strip()
 
 
@@ -82,21 +107,51 @@ def test_wheel(python, wheel, dev_python, dev_version):
         run([python, "-m", "venv", venv])
         vpy = python_of(venv)
         version = version_of(vpy)
-        run([vpy, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", wheel, "numpy", "pytest",
-             "pytest-timeout"])
+        run(
+            [
+                vpy,
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--disable-pip-version-check",
+                wheel,
+                "numpy",
+                "pytest",
+                "pytest-timeout",
+            ]
+        )
         files = list(PLAIN)
         if version == dev_version:
             with open(os.path.join(site_packages(vpy), "zctipc-wheel-test-extras.pth"), "w") as f:
                 f.write(site_packages(dev_python) + "\n")
             files += WITH_EXTRAS
-        where = subprocess.run([vpy, "-c", "import zctipc._core.native as n; print(n.__file__)"], cwd=tmp,
-                               capture_output=True, text=True, check=True).stdout.strip()
+        where = subprocess.run(
+            [vpy, "-c", "import zctipc._core.native as n; print(n.__file__)"],
+            cwd=tmp,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
         if not where.startswith(venv):
             sys.exit(f"Python {version}: zctipc was imported from {where}, not from the installed wheel")
         print(f"Python {version}: zctipc from {where}; {len(files)} test files", flush=True)
         env = {k: v for k, v in os.environ.items() if not k.startswith("ZCTIPC_LIBRARY") and k != "PYTHONPATH"}
-        run([vpy, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--timeout=900", "-rs",
-             *[os.path.join(TESTS, f) for f in files]], cwd=tmp, env=env)
+        run(
+            [
+                vpy,
+                "-m",
+                "pytest",
+                "-q",
+                "-p",
+                "no:cacheprovider",
+                "--timeout=900",
+                "-rs",
+                *[os.path.join(TESTS, f) for f in files],
+            ],
+            cwd=tmp,
+            env=env,
+        )
 
 
 def test_sdist(python, sdist):
@@ -105,9 +160,11 @@ def test_sdist(python, sdist):
         run([python, "-m", "venv", venv])
         vpy = python_of(venv)
         run([vpy, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", sdist])
-        code = ("import numpy as np, zctipc; q = zctipc.Queue(); q.put({'a': np.arange(4)}); "
-                "t = zctipc.create_shared_tensor(data=np.ones(3)); "
-                "print(q.get()['a'].sum(), t.numpy().sum(), zctipc.__version__); t.close(); q.close()")
+        code = (
+            "import numpy as np, zctipc; q = zctipc.Queue(); q.put({'a': np.arange(4)}); "
+            "t = zctipc.create_shared_tensor(data=np.ones(3)); "
+            "print(q.get()['a'].sum(), t.numpy().sum(), zctipc.__version__); t.close(); q.close()"
+        )
         out = subprocess.run([vpy, "-c", code], cwd=tmp, capture_output=True, text=True, check=True).stdout
         if out.split() != ["6", "3.0", version_of_package()]:
             sys.exit(f"the package built from the sdist printed {out!r}")
@@ -135,8 +192,10 @@ def main():
         test_wheel(python, wheels[0], args.venv_python, dev_version)
         versions.append(version_of(python))
     test_sdist(args.pythons[-1], sdists[0])
-    print(f"wheel-test: {os.path.basename(wheels[0])} passed under Python {', '.join(versions)}; the sdist built",
-          flush=True)
+    print(
+        f"wheel-test: {os.path.basename(wheels[0])} passed under Python {', '.join(versions)}; the sdist built",
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

@@ -89,8 +89,10 @@ def markdown_table(headers, rows):
 
 
 def machine_line(m):
-    return (f"{m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB memory, Linux {m['kernel']}, "
-            f"/dev/shm {m['dev_shm_gib']} GiB, Python {m['python']}")
+    return (
+        f"{m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB memory, Linux {m['kernel']}, "
+        f"/dev/shm {m['dev_shm_gib']} GiB, Python {m['python']}"
+    )
 
 
 def update_readme(path, section, text, by=None):
@@ -143,7 +145,9 @@ def arguments(doc, name, suites=None):
         parser.add_argument("--only", default=",".join(suites))
     parser.add_argument("--quick", action="store_true", help="a short pass")
     parser.add_argument("--tiny", action="store_true", help="the smallest runs: checks that every suite runs")
-    parser.add_argument("--json", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", f"{name}.json"))
+    parser.add_argument(
+        "--json", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", f"{name}.json")
+    )
     parser.add_argument("--readme")
     return parser
 
@@ -169,4 +173,3 @@ class PlainPickling:
 
     def __exit__(self, *exc):
         self.close()
-

@@ -17,8 +17,15 @@ _libc.syscall.restype = ctypes.c_long
 
 
 def _futex(addr, op, val):
-    return _libc.syscall(ctypes.c_long(SYS_FUTEX), ctypes.c_void_p(addr), ctypes.c_int(op), ctypes.c_int(val),
-                         None, None, ctypes.c_int(0))
+    return _libc.syscall(
+        ctypes.c_long(SYS_FUTEX),
+        ctypes.c_void_p(addr),
+        ctypes.c_int(op),
+        ctypes.c_int(val),
+        None,
+        None,
+        ctypes.c_int(0),
+    )
 
 
 def _words(shm):

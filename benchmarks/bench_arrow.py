@@ -1,21 +1,21 @@
 """Arrow tables and Go producers, every peer in one run.
 
-  arrow   a table of 10 float64 columns (1 GiB; 16 MiB with --quick) handed to
-          another process, from the producer's start to a table the consumer
-          can use: zctipc.share_table + attach_table (a new segment each time;
-          the handle goes over a Pipe), zctipc.Queue (a pool buffer, reused),
-          the Arrow IPC stream written through an OS pipe (pa.ipc), and a
-          pickling multiprocessing.Queue
-  go      a 1 MiB float32 tensor handed over through a zctipc.Queue, wall
-          clock from just before the put to the consumer holding the array:
-          a Go producer (go/examples/producer, built with the Go toolchain)
-          next to a Python producer
-  rates   32-byte messages through a zctipc.Queue, per second and per
-          message, with 1 and 4 producers and consumers: Python to Python
-          (processes), Go to Go (go/examples producer and consumer,
-          goroutines) and Go to Python
+arrow   a table of 10 float64 columns (1 GiB; 16 MiB with --quick) handed to
+        another process, from the producer's start to a table the consumer
+        can use: zctipc.share_table + attach_table (a new segment each time;
+        the handle goes over a Pipe), zctipc.Queue (a pool buffer, reused),
+        the Arrow IPC stream written through an OS pipe (pa.ipc), and a
+        pickling multiprocessing.Queue
+go      a 1 MiB float32 tensor handed over through a zctipc.Queue, wall
+        clock from just before the put to the consumer holding the array:
+        a Go producer (go/examples/producer, built with the Go toolchain)
+        next to a Python producer
+rates   32-byte messages through a zctipc.Queue, per second and per
+        message, with 1 and 4 producers and consumers: Python to Python
+        (processes), Go to Go (go/examples producer and consumer,
+        goroutines) and Go to Python
 
-    python benchmarks/bench_arrow.py [--only arrow,go,rates] [--quick] [--json PATH] [--readme README.md]
+  python benchmarks/bench_arrow.py [--only arrow,go,rates] [--quick] [--json PATH] [--readme README.md]
 """
 
 import multiprocessing
@@ -31,8 +31,20 @@ import pyarrow as pa
 import zctipc
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import (PlainPickling, arguments, finish, fmt_bytes, fmt_ratio, fmt_us, machine, machine_line,  # noqa: E402
-                     markdown_table, now, summarize, versions)
+from _common import (
+    PlainPickling,
+    arguments,
+    finish,
+    fmt_bytes,
+    fmt_ratio,
+    fmt_us,
+    machine,
+    machine_line,
+    markdown_table,
+    now,
+    summarize,
+    versions,
+)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COLUMNS = 10
@@ -142,10 +154,18 @@ def suite_arrow(args, report):
         report["arrow"].append(stats)
         base = base or stats["median_us"]
         print(f"  arrow {fmt_bytes(table.nbytes)} {peer:<34} median {fmt_us(stats['median_us'])}", flush=True)
-        rows.append((fmt_bytes(table.nbytes), peer, fmt_us(stats["median_us"]), stats["rounds"],
-                     fmt_ratio(stats["median_us"] / base)))
-    return markdown_table(["table (10 float64 columns)", "peer", "median, start to usable table", "rounds", "vs zctipc"],
-                          rows)
+        rows.append(
+            (
+                fmt_bytes(table.nbytes),
+                peer,
+                fmt_us(stats["median_us"]),
+                stats["rounds"],
+                fmt_ratio(stats["median_us"] / base),
+            )
+        )
+    return markdown_table(
+        ["table (10 float64 columns)", "peer", "median, start to usable table", "rounds", "vs zctipc"], rows
+    )
 
 
 # -- go ----------------------------------------------------------------------------
@@ -197,10 +217,18 @@ def suite_go(args, report):
         report["go"].append(stats)
         base = base or stats["median_us"]
         print(f"  go {peer:<16} median {fmt_us(stats['median_us'])}, p99 {fmt_us(stats['p99_us'])}", flush=True)
-        rows.append((peer, fmt_us(stats["median_us"]), fmt_us(stats["p99_us"]), stats["rounds"],
-                     fmt_ratio(stats["median_us"] / base)))
-    return markdown_table(["1 MiB float32 tensor to a Python consumer", "median", "p99", "rounds", "vs Python producer"],
-                          rows)
+        rows.append(
+            (
+                peer,
+                fmt_us(stats["median_us"]),
+                fmt_us(stats["p99_us"]),
+                stats["rounds"],
+                fmt_ratio(stats["median_us"] / base),
+            )
+        )
+    return markdown_table(
+        ["1 MiB float32 tensor to a Python consumer", "median", "p99", "rounds", "vs Python producer"], rows
+    )
 
 
 # -- rates ---------------------------------------------------------------------------
@@ -231,8 +259,9 @@ def burst(pair, k, n, programs):
     if pair.endswith("Python"):
         procs = [ctx.Process(target=python_take, args=(q, s, ends)) for s in share]
     else:
-        consumer = subprocess.Popen([programs["consumer"], "burst", q.name, str(k), str(n)], stdout=subprocess.PIPE,
-                                    text=True)
+        consumer = subprocess.Popen(
+            [programs["consumer"], "burst", q.name, str(k), str(n)], stdout=subprocess.PIPE, text=True
+        )
     for p in procs:
         p.start()
     time.sleep(0.5)  # the consumers wait on the empty queue
@@ -244,8 +273,9 @@ def burst(pair, k, n, programs):
         for p in producers:
             p.join()
     else:
-        out = subprocess.run([programs["producer"], "burst", q.name, str(k), str(n)], capture_output=True, text=True,
-                             check=True)
+        out = subprocess.run(
+            [programs["producer"], "burst", q.name, str(k), str(n)], capture_output=True, text=True, check=True
+        )
         first = int(out.stdout.split()[1])
     if procs:
         last = max(ends.get() for _ in procs)
@@ -273,15 +303,28 @@ def suite_rates(args, report):
         for pair in RATE_PAIRS:
             seconds = burst(pair, k, n, programs)
             per_second, per_message = k / seconds, seconds / k * 1e6
-            report["rates"].append({"pair": pair, "producers": n, "consumers": n, "messages": k,
-                                    "per_second": per_second, "per_message_us": per_message})
+            report["rates"].append(
+                {
+                    "pair": pair,
+                    "producers": n,
+                    "consumers": n,
+                    "messages": k,
+                    "per_second": per_second,
+                    "per_message_us": per_message,
+                }
+            )
             base = base or per_message
-            print(f"  rates {n}/{n} {pair:<18} {per_second / 1e3:,.0f} K msg/s, {fmt_us(per_message)} per message",
-                  flush=True)
-            rows.append((f"{n}/{n}", pair, f"{per_second / 1e3:,.0f} K/s", fmt_us(per_message),
-                         fmt_ratio(base / per_message)))
-    return markdown_table(["producers/consumers", "32-byte messages through a zctipc.Queue", "rate", "per message",
-                           "x Python to Python"], rows)
+            print(
+                f"  rates {n}/{n} {pair:<18} {per_second / 1e3:,.0f} K msg/s, {fmt_us(per_message)} per message",
+                flush=True,
+            )
+            rows.append(
+                (f"{n}/{n}", pair, f"{per_second / 1e3:,.0f} K/s", fmt_us(per_message), fmt_ratio(base / per_message))
+            )
+    return markdown_table(
+        ["producers/consumers", "32-byte messages through a zctipc.Queue", "rate", "per message", "x Python to Python"],
+        rows,
+    )
 
 
 SUITES = {"arrow": suite_arrow, "go": suite_go, "rates": suite_rates}
@@ -297,8 +340,17 @@ def render(report):
 def main(argv=None):
     parser = arguments(__doc__, "arrow", SUITES)
     args = parser.parse_args(argv)
-    report = {"benchmark": "arrow", "date": now(), "machine": machine(), "versions": versions("zctipc", "pyarrow"),
-              "arrow": [], "go": [], "rates": [], "skipped": {}, "tables": {}}
+    report = {
+        "benchmark": "arrow",
+        "date": now(),
+        "machine": machine(),
+        "versions": versions("zctipc", "pyarrow"),
+        "arrow": [],
+        "go": [],
+        "rates": [],
+        "skipped": {},
+        "tables": {},
+    }
     for name in args.only.split(","):
         report["tables"][name] = SUITES[name](args, report)
     finish(report, render(report), args.json, "bench_arrow", args.readme)

@@ -15,7 +15,18 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import arguments, finish, fmt_ratio, fmt_us, machine, machine_line, markdown_table, now, summarize, versions  # noqa: E402
+from _common import (
+    arguments,
+    finish,
+    fmt_ratio,
+    fmt_us,
+    machine,
+    machine_line,
+    markdown_table,
+    now,
+    summarize,
+    versions,
+)
 
 SIZES = {"64 MiB": 64 << 20, "1 GiB": 1 << 30}
 DTYPES = ("float32", "bfloat16")
@@ -45,8 +56,11 @@ def run(peer, nbytes, dtype, rounds):
         q, out = ctx.Queue(), ctx.Queue()
     p = ctx.Process(target=consumer, args=(q, out, rounds))
     p.start()
-    t = torch.ones(nbytes // torch.tensor([], dtype=getattr(torch, dtype)).element_size(), dtype=getattr(torch, dtype),
-                   device="cuda:0")
+    t = torch.ones(
+        nbytes // torch.tensor([], dtype=getattr(torch, dtype)).element_size(),
+        dtype=getattr(torch, dtype),
+        device="cuda:0",
+    )
     torch.cuda.synchronize()
     for _ in range(rounds):
         q.put((time.perf_counter_ns(), t))
@@ -63,8 +77,14 @@ def main(argv=None):
 
     import zctipc
 
-    report = {"benchmark": "gpu", "date": now(), "machine": machine(), "versions": versions("zctipc", "torch"),
-              "rows": [], "skipped": None}
+    report = {
+        "benchmark": "gpu",
+        "date": now(),
+        "machine": machine(),
+        "versions": versions("zctipc", "torch"),
+        "rows": [],
+        "skipped": None,
+    }
     reason = zctipc.cuda.unavailable_reason() or (None if torch.cuda.is_available() else "torch sees no CUDA device")
     if reason:
         report["skipped"] = reason
@@ -76,10 +96,19 @@ def main(argv=None):
             for dtype in DTYPES:
                 for peer in ("zctipc", "torch.multiprocessing"):
                     samples = run(peer, nbytes, dtype, rounds)
-                    r = {"size": size, "dtype": dtype, "peer": peer, "first_us": samples[0] / 1e3, **summarize(samples[1:])}
+                    r = {
+                        "size": size,
+                        "dtype": dtype,
+                        "peer": peer,
+                        "first_us": samples[0] / 1e3,
+                        **summarize(samples[1:]),
+                    }
                     report["rows"].append(r)
-                    print(f"  {size} {dtype} {peer:<22} first {fmt_us(r['first_us'])}, steady p50 "
-                          f"{fmt_us(r['median_us'])}, p99 {fmt_us(r['p99_us'])}", flush=True)
+                    print(
+                        f"  {size} {dtype} {peer:<22} first {fmt_us(r['first_us'])}, steady p50 "
+                        f"{fmt_us(r['median_us'])}, p99 {fmt_us(r['p99_us'])}",
+                        flush=True,
+                    )
     finish(report, render(report), args.json, "bench_gpu", args.readme)
 
 
@@ -89,11 +118,23 @@ def render(report):
         return f"{head}: not measured ({report['skipped']})."
     rows = []
     for r in report["rows"]:
-        base = next(x for x in report["rows"] if (x["size"], x["dtype"], x["peer"]) == (r["size"], r["dtype"], "zctipc"))
-        rows.append((r["size"], r["dtype"], r["peer"], fmt_us(r["first_us"]), fmt_us(r["median_us"]), fmt_us(r["p99_us"]),
-                     fmt_ratio(r["median_us"] / base["median_us"])))
+        base = next(
+            x for x in report["rows"] if (x["size"], x["dtype"], x["peer"]) == (r["size"], r["dtype"], "zctipc")
+        )
+        rows.append(
+            (
+                r["size"],
+                r["dtype"],
+                r["peer"],
+                fmt_us(r["first_us"]),
+                fmt_us(r["median_us"]),
+                fmt_us(r["p99_us"]),
+                fmt_ratio(r["median_us"] / base["median_us"]),
+            )
+        )
     return f"{head}, {report['gpu']}.\n\n" + markdown_table(
-        ["size", "dtype", "peer", "first send", "steady p50", "steady p99", "p50 vs zctipc"], rows)
+        ["size", "dtype", "peer", "first send", "steady p50", "steady p99", "p50 vs zctipc"], rows
+    )
 
 
 if __name__ == "__main__":

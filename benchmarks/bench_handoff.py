@@ -36,8 +36,21 @@ import numpy as np
 import zctipc
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import (PlainPickling, fmt_bytes, fmt_ratio, fmt_us, machine, machine_line, markdown_table,  # noqa: E402
-                     now, summarize, finish, left_out, update_readme, versions)
+from _common import (
+    PlainPickling,
+    finish,
+    fmt_bytes,
+    fmt_ratio,
+    fmt_us,
+    left_out,
+    machine,
+    machine_line,
+    markdown_table,
+    now,
+    summarize,
+    update_readme,
+    versions,
+)
 
 SIZES = {"1M": 1 << 20, "100M": 100 << 20, "1G": 1 << 30}
 # The producer numbers MARKS values spread over the array and the consumer
@@ -249,7 +262,9 @@ def measure(ctx, peer, nbytes, rounds, warmup=2):
         proc.join(60)
         result = {"peer": peer.name, "transport": peer.transport, "bytes": nbytes, **summarize(handoff)}
         for cache in (False, True) if peer is Zctipc else (False,) if hasattr(peer, "attach") else ():
-            proc = ctx.Process(target=attach_loop, args=(peer, producer.descriptor(), 10 * rounds + 10, cache, ctl_there))
+            proc = ctx.Process(
+                target=attach_loop, args=(peer, producer.descriptor(), 10 * rounds + 10, cache, ctl_there)
+            )
             proc.start()
             result["attach_cached" if cache else "attach"] = summarize(ctl.recv()[10:])
             proc.join(60)
@@ -270,9 +285,15 @@ def measure_ray(nbytes, rounds, warmup=2):
     import ray
 
     tmp = tempfile.mkdtemp(prefix="zctipc-bench-ray-")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _temp_dir=tmp,
-             object_store_memory=max(3 * nbytes, 512 << 20))
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        log_to_driver=False,
+        _temp_dir=tmp,
+        object_store_memory=max(3 * nbytes, 512 << 20),
+    )
     try:
+
         @ray.remote
         class Consumer:
             def consume(self, refs, n, marks=MARKS):
@@ -306,7 +327,9 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--sizes", default="1M,100M,1G")
-    parser.add_argument("--json", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "handoff.json"))
+    parser.add_argument(
+        "--json", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "handoff.json")
+    )
     parser.add_argument("--readme", help="replace this file's hand-off section with the report")
     parser.add_argument("--render", metavar="JSON", help="report a saved run instead of running")
     args = parser.parse_args(argv)
@@ -320,8 +343,14 @@ def main(argv=None):
 
     ctx = zctipc.get_context()
     sizes = [SIZES[s] for s in args.sizes.split(",")]
-    report = {"benchmark": "handoff", "date": now(), "machine": machine(),
-              "versions": versions("zctipc", "numpy", "torch", "ray"), "results": [], "skipped": []}
+    report = {
+        "benchmark": "handoff",
+        "date": now(),
+        "machine": machine(),
+        "versions": versions("zctipc", "numpy", "torch", "ray"),
+        "results": [],
+        "skipped": [],
+    }
     ray_missing = left_out("ray", "ray")
     if ray_missing:
         report["skipped"].append({"peer": "ray", "reason": ray_missing})
@@ -342,26 +371,40 @@ def render(report):
     rows = []
     for r in results:
         base = next(x for x in results if x["bytes"] == r["bytes"] and x["peer"] == "zctipc")
-        rows.append([fmt_bytes(r["bytes"]), r["peer"], r["transport"], fmt_us(r["median_us"]), fmt_us(r["p99_us"]),
-                     fmt_ratio(r["median_us"] / base["median_us"])])
+        rows.append(
+            [
+                fmt_bytes(r["bytes"]),
+                r["peer"],
+                r["transport"],
+                fmt_us(r["median_us"]),
+                fmt_us(r["p99_us"]),
+                fmt_ratio(r["median_us"] / base["median_us"]),
+            ]
+        )
     attach_rows = []
     for r in results:
         for key, what in (("attach", "not mapped before"), ("attach_cached", "mapped before (cache)")):
             if key in r:
-                attach_rows.append([fmt_bytes(r["bytes"]), r["peer"], what, fmt_us(r[key]["median_us"]), fmt_us(r[key]["p99_us"])])
+                attach_rows.append(
+                    [fmt_bytes(r["bytes"]), r["peer"], what, fmt_us(r[key]["median_us"]), fmt_us(r[key]["p99_us"])]
+                )
     v = report["versions"]
-    return "\n".join([
-        f"Hand-off, put to readable array in another process ({results[0]['rounds']} rounds each), "
-        f"{report['date']}, on {machine_line(report['machine'])}; "
-        + ", ".join(f"{k} {val}" for k, val in v.items() if val) + ".",
-        "",
-        markdown_table(["size", "peer", "transport", "median", "p99", "median vs zctipc"], rows),
-        "",
-        "Attach alone, in a loop in the consumer (open, validate, map, make the array; "
-        f"{results[0]['attach']['rounds']} rounds):",
-        "",
-        markdown_table(["size", "peer", "segment", "median", "p99"], attach_rows),
-    ] + [f"\nSkipped {s['peer']}: {s['reason']}." for s in report.get("skipped", [])])
+    return "\n".join(
+        [
+            f"Hand-off, put to readable array in another process ({results[0]['rounds']} rounds each), "
+            f"{report['date']}, on {machine_line(report['machine'])}; "
+            + ", ".join(f"{k} {val}" for k, val in v.items() if val)
+            + ".",
+            "",
+            markdown_table(["size", "peer", "transport", "median", "p99", "median vs zctipc"], rows),
+            "",
+            "Attach alone, in a loop in the consumer (open, validate, map, make the array; "
+            f"{results[0]['attach']['rounds']} rounds):",
+            "",
+            markdown_table(["size", "peer", "segment", "median", "p99"], attach_rows),
+        ]
+        + [f"\nSkipped {s['peer']}: {s['reason']}." for s in report.get("skipped", [])]
+    )
 
 
 if __name__ == "__main__":

@@ -1,26 +1,27 @@
 """Queue benchmarks, every peer in one run on one machine.
 
-  local      put+get in one process of a 5-tuple, 32 bytes, 10 float32 and a
-             64 KiB array: the per-message cost of each side, with the
-             floor of a message (one pickle, one load, two native calls)
-  latency    one small message in flight between two processes, 1 ms apart:
-             put to get, p50 and p99, with the consumer's CPU; zctipc asleep
-             on a futex (the default) and polling
-  rate       small messages (a 5-tuple of ints), 1 producer / 1 consumer and
-             4 / 4: messages per second for zctipc.Queue, multiprocessing.Queue
-             and faster-fifo (when installed)
-  big        a 1 GiB tensor already in shared memory: put to a usable tensor in
-             the consumer, vs torch.multiprocessing's Queue and a pickling
-             multiprocessing.Queue
-  copy-in    a 1 GiB plain NumPy array (not shared): the cost of put, against
-             one np.copyto of 1 GiB in the same run
-  alloc      zctipc.empty((256, 1024), float32) and release, from the pool vs
-             a fresh segment each time, per second
-  pool       concurrent.futures.ProcessPoolExecutor mapping a function over
-             1,000 arrays of 4 MiB that returns arrays of the same size: with
-             zctipc's context vs the standard library's (fork and forkserver)
+local      put+get in one process of a 5-tuple, 32 bytes, 10 float32 and a
+           64 KiB array: the per-message cost of each side, with the
+           floor of a message (one pickle, one load, two native calls)
+latency    one small message in flight between two processes, 1 ms apart:
+           put to get, p50 and p99, with the consumer's CPU; zctipc asleep
+           on a futex (the default) and polling
+rate       small messages (a 5-tuple of ints), 1 producer / 1 consumer and
+           4 / 4: messages per second for zctipc.Queue, multiprocessing.Queue
+           and faster-fifo (when installed)
+big        a 1 GiB tensor already in shared memory: put to a usable tensor in
+           the consumer, vs torch.multiprocessing's Queue and a pickling
+           multiprocessing.Queue
+copy-in    a 1 GiB plain NumPy array (not shared): the cost of put, against
+           one np.copyto of 1 GiB in the same run
+alloc      zctipc.empty((256, 1024), float32) and release, from the pool vs
+           a fresh segment each time, per second
+pool       concurrent.futures.ProcessPoolExecutor mapping a function over
+           1,000 arrays of 4 MiB that returns arrays of the same size: with
+           zctipc's context vs the standard library's (fork and forkserver)
 
-    python benchmarks/bench_queue.py [--only local,rate,latency,big,copy-in,alloc,pool] [--quick] [--json PATH] [--readme README.md]
+  python benchmarks/bench_queue.py [--only local,rate,latency,big,copy-in,alloc,pool] [--quick] [--json PATH]
+                                   [--readme README.md]
 """
 
 import contextlib
@@ -34,8 +35,21 @@ import numpy as np
 import zctipc
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import (PlainPickling, arguments, fmt_bytes, fmt_ratio, fmt_us, machine, machine_line,  # noqa: E402
-                     markdown_table, now, summarize, finish, left_out, versions)
+from _common import (
+    PlainPickling,
+    arguments,
+    finish,
+    fmt_bytes,
+    fmt_ratio,
+    fmt_us,
+    left_out,
+    machine,
+    machine_line,
+    markdown_table,
+    now,
+    summarize,
+    versions,
+)
 
 MSG = (1, 2, 3, 4, 5)
 GIB = 1 << 30
@@ -66,8 +80,11 @@ def _consumer(q, n, go, done, batched):
     if batched:
         got = 0
         while got < n:
-            got += len(q.get_many(max_items=min(BATCH, n - got)) if hasattr(q, "get_nowait") and not _is_ff(q)
-                       else q.get_many(max_messages_to_get=min(BATCH, n - got)))
+            got += len(
+                q.get_many(max_items=min(BATCH, n - got))
+                if hasattr(q, "get_nowait") and not _is_ff(q)
+                else q.get_many(max_messages_to_get=min(BATCH, n - got))
+            )
     else:
         get = q.get
         for _ in range(n):
@@ -117,8 +134,13 @@ def rate(peer, producers, consumers, total, batched=False):
 
 # (peer, batched): multiprocessing.Queue has no batch API; its put hands
 # messages to a feeder thread, which batches them itself.
-RATE_PEERS = [("zctipc.Queue", False), ("multiprocessing.Queue", False), ("faster-fifo", False),
-              ("zctipc.Queue", True), ("faster-fifo", True)]
+RATE_PEERS = [
+    ("zctipc.Queue", False),
+    ("multiprocessing.Queue", False),
+    ("faster-fifo", False),
+    ("zctipc.Queue", True),
+    ("faster-fifo", True),
+]
 
 
 def suite_rate(quick, report):
@@ -139,10 +161,12 @@ def suite_rate(quick, report):
         best = max(v for k, v in results.items() if k.startswith("zctipc"))
         single = results["zctipc.Queue put/get"]
         for label, r in results.items():
-            report["rate"].append({"peer": label, "producers": producers, "consumers": consumers, "messages": total,
-                                   "per_second": r})
-            rows.append([f"{producers}/{consumers}", label, f"{r / 1e3:,.0f} K/s",
-                         fmt_ratio(single / r), fmt_ratio(best / r)])
+            report["rate"].append(
+                {"peer": label, "producers": producers, "consumers": consumers, "messages": total, "per_second": r}
+            )
+            rows.append(
+                [f"{producers}/{consumers}", label, f"{r / 1e3:,.0f} K/s", fmt_ratio(single / r), fmt_ratio(best / r)]
+            )
     return rows
 
 
@@ -150,8 +174,12 @@ def suite_rate(quick, report):
 
 
 def _local_objects():
-    return {"5-tuple of ints": MSG, "32 bytes": b"x" * 32, "10 float32": np.arange(10, dtype=np.float32),
-            "64 KiB float32": np.ones(16384, np.float32)}
+    return {
+        "5-tuple of ints": MSG,
+        "32 bytes": b"x" * 32,
+        "10 float32": np.arange(10, dtype=np.float32),
+        "64 KiB float32": np.ones(16384, np.float32),
+    }
 
 
 def _per_pair(put, get, obj, seconds):
@@ -205,18 +233,31 @@ def suite_local(quick, report):
             if peer == "faster-fifo" and left_out("faster-fifo", "faster_fifo"):
                 continue
             q, _ = _make_queue(peer)
-            with (PlainPickling(np.ndarray) if peer == "multiprocessing.Queue" else contextlib.nullcontext()):
+            with PlainPickling(np.ndarray) if peer == "multiprocessing.Queue" else contextlib.nullcontext():
                 results[peer] = _per_pair(q.put, q.get, obj, seconds)
             if hasattr(q, "close"):
                 q.close()
         floor = message_floor(obj, seconds)
         base = results["zctipc.Queue"]
         for peer, per in results.items():
-            report["local"].append({"object": label, "peer": peer, "per_pair_us": per * 1e6,
-                                    "floor_us": None if floor is None else floor * 1e6})
+            report["local"].append(
+                {
+                    "object": label,
+                    "peer": peer,
+                    "per_pair_us": per * 1e6,
+                    "floor_us": None if floor is None else floor * 1e6,
+                }
+            )
             print(f"  local {label:<16} {peer:<24} {per * 1e6:8.2f} us", flush=True)
-            rows.append([label, peer, fmt_us(per * 1e6), fmt_ratio(per / base),
-                         "-" if floor is None else fmt_ratio(per / floor)])
+            rows.append(
+                [
+                    label,
+                    peer,
+                    fmt_us(per * 1e6),
+                    fmt_ratio(per / base),
+                    "-" if floor is None else fmt_ratio(per / floor),
+                ]
+            )
         if floor is not None:
             rows.append([label, "floor: a pickle, a load, 2 native calls", fmt_us(floor * 1e6), "-", "1.0x"])
     return rows
@@ -256,8 +297,12 @@ def latency(peer, rounds, wait=None):
 
 def suite_latency(quick, report):
     rounds = 20 if TINY else 300 if quick else 2000
-    peers = [("zctipc.Queue", "sleep"), ("zctipc.Queue", "poll"), ("multiprocessing.Queue", None),
-             ("faster-fifo", None)]
+    peers = [
+        ("zctipc.Queue", "sleep"),
+        ("zctipc.Queue", "poll"),
+        ("multiprocessing.Queue", None),
+        ("faster-fifo", None),
+    ]
     rows, base = [], None
     for peer, wait in peers:
         if peer == "faster-fifo" and left_out("faster-fifo", "faster_fifo"):
@@ -266,11 +311,20 @@ def suite_latency(quick, report):
         lat, cpu = latency(peer, rounds, wait)
         st = summarize(lat)
         report["latency"].append({"peer": label, "consumer_cpu": cpu, **st})
-        print(f"  latency {label:<28} p50 {fmt_us(st['median_us'])} p99 {fmt_us(st['p99_us'])} CPU {cpu:.0%}",
-              flush=True)
+        print(
+            f"  latency {label:<28} p50 {fmt_us(st['median_us'])} p99 {fmt_us(st['p99_us'])} CPU {cpu:.0%}", flush=True
+        )
         base = base or st["median_us"]
-        rows.append([label, fmt_us(st["median_us"]), fmt_us(st["p99_us"]), st["rounds"],
-                     fmt_ratio(st["median_us"] / base), f"{cpu:.0%}"])
+        rows.append(
+            [
+                label,
+                fmt_us(st["median_us"]),
+                fmt_us(st["p99_us"]),
+                st["rounds"],
+                fmt_ratio(st["median_us"] / base),
+                f"{cpu:.0%}",
+            ]
+        )
     return rows
 
 
@@ -345,8 +399,15 @@ def suite_big(quick, report):
     rows = []
     for peer, r in results.items():
         report["big"].append({"peer": peer, "bytes": BIG, **r})
-        rows.append([f"{peer}, {fmt_bytes(BIG)}", fmt_us(r["median_us"]), fmt_us(r["p99_us"]), r["rounds"],
-                     fmt_ratio(r["median_us"] / base)])
+        rows.append(
+            [
+                f"{peer}, {fmt_bytes(BIG)}",
+                fmt_us(r["median_us"]),
+                fmt_us(r["p99_us"]),
+                r["rounds"],
+                fmt_ratio(r["median_us"] / base),
+            ]
+        )
     return rows
 
 
@@ -390,9 +451,15 @@ def suite_copy_in(quick, report):
     c, z = summarize(copyto), summarize(puts)
     report["copy_in"] = {"bytes": nbytes, "copyto": c, "put": z}
     print(f"  copy-in put {fmt_us(z['median_us'])}, np.copyto {fmt_us(c['median_us'])}", flush=True)
-    return [[fmt_bytes(nbytes), "np.copyto", fmt_us(c["median_us"]), "1.0x"],
-            [fmt_bytes(nbytes), "zctipc.Queue.put (one copy into the pool)", fmt_us(z["median_us"]),
-             fmt_ratio(z["median_us"] / c["median_us"])]]
+    return [
+        [fmt_bytes(nbytes), "np.copyto", fmt_us(c["median_us"]), "1.0x"],
+        [
+            fmt_bytes(nbytes),
+            "zctipc.Queue.put (one copy into the pool)",
+            fmt_us(z["median_us"]),
+            fmt_ratio(z["median_us"] / c["median_us"]),
+        ],
+    ]
 
 
 # -- alloc ---------------------------------------------------------------------
@@ -402,8 +469,11 @@ def suite_alloc(quick, report):
     seconds = 0.1 if TINY else 0.5 if quick else 2.0
     results = {}
     for peer in ("zctipc.empty (pool)", "create_shared_tensor (a segment each time)"):
-        make = (lambda: zctipc.empty((256, 1024), np.float32)) if "pool" in peer else \
-            (lambda: zctipc.create_shared_tensor(shape=(256, 1024), dtype=np.float32))
+        make = (
+            (lambda: zctipc.empty((256, 1024), np.float32))
+            if "pool" in peer
+            else (lambda: zctipc.create_shared_tensor(shape=(256, 1024), dtype=np.float32))
+        )
         for _ in range(10):
             make()
         n, start = 0, time.perf_counter()
@@ -437,26 +507,47 @@ def suite_pool(quick, report):
     times = {peer: [] for peer in peers}
     for _ in range(rounds):
         for peer, context in peers.items():
-            out = subprocess.run([sys.executable, script, context, str(tasks), str(nbytes)], capture_output=True,
-                                 text=True, timeout=1800, check=True)
+            out = subprocess.run(
+                [sys.executable, script, context, str(tasks), str(nbytes)],
+                capture_output=True,
+                text=True,
+                timeout=1800,
+                check=True,
+            )
             times[peer].append(float(out.stdout.split()[-1]))
     results = {}
     for peer in peers:
         results[peer] = statistics.median(times[peer])
         print(f"  pool {peer:<24} {results[peer]:.2f} s (median of {rounds})", flush=True)
     base = results["zctipc.get_context()"]
-    report["pool"] = [{"peer": k, "tasks": tasks, "bytes": nbytes, "seconds": v, "rounds": times[k]}
-                      for k, v in results.items()]
-    return [[f"{tasks:,} x {fmt_bytes(nbytes)}", k, f"{v:.2f} s", f"{tasks / v:,.0f}/s", fmt_ratio(v / base)]
-            for k, v in results.items()]
+    report["pool"] = [
+        {"peer": k, "tasks": tasks, "bytes": nbytes, "seconds": v, "rounds": times[k]} for k, v in results.items()
+    ]
+    return [
+        [f"{tasks:,} x {fmt_bytes(nbytes)}", k, f"{v:.2f} s", f"{tasks / v:,.0f}/s", fmt_ratio(v / base)]
+        for k, v in results.items()
+    ]
 
 
-SUITES = {"local": suite_local, "rate": suite_rate, "latency": suite_latency, "big": suite_big,
-          "copy-in": suite_copy_in, "alloc": suite_alloc, "pool": suite_pool}
+SUITES = {
+    "local": suite_local,
+    "rate": suite_rate,
+    "latency": suite_latency,
+    "big": suite_big,
+    "copy-in": suite_copy_in,
+    "alloc": suite_alloc,
+    "pool": suite_pool,
+}
 HEADERS = {
     "local": ["object", "peer, put+get in one process", "per message", "vs zctipc", "vs the message floor"],
-    "latency": ["one message in flight, 1 ms apart", "p50", "p99", "messages", "p50 vs zctipc sleeping",
-                "consumer CPU"],
+    "latency": [
+        "one message in flight, 1 ms apart",
+        "p50",
+        "p99",
+        "messages",
+        "p50 vs zctipc sleeping",
+        "consumer CPU",
+    ],
     "rate": ["producers/consumers", "peer and API", "messages per second", "zctipc put/get is", "zctipc at best is"],
     "big": ["big tensor, put to usable tensor", "median", "p99", "rounds", "vs zctipc"],
     "copy-in": ["plain array", "operation", "median", "vs np.copyto"],
@@ -467,8 +558,11 @@ HEADERS = {
 
 def render(report):
     v = report["versions"]
-    out = [f"Queues, {report['date']}, on {machine_line(report['machine'])}; "
-           + ", ".join(f"{k} {val}" for k, val in v.items() if val) + "."]
+    out = [
+        f"Queues, {report['date']}, on {machine_line(report['machine'])}; "
+        + ", ".join(f"{k} {val}" for k, val in v.items() if val)
+        + "."
+    ]
     for name, rows in report["tables"].items():
         out += ["", markdown_table(HEADERS[name], rows)]
     for s in report["skipped"]:
@@ -482,9 +576,18 @@ def main(argv=None):
     global BIG, TINY
     TINY = args.tiny
     BIG = (1 << 20) if TINY else (256 << 20) if args.quick else GIB  # --quick: under two minutes in all
-    report = {"benchmark": "queue", "date": now(), "machine": machine(),
-              "versions": versions("zctipc", "numpy", "torch", "faster-fifo"),
-              "local": [], "rate": [], "latency": [], "big": [], "skipped": [], "tables": {}}
+    report = {
+        "benchmark": "queue",
+        "date": now(),
+        "machine": machine(),
+        "versions": versions("zctipc", "numpy", "torch", "faster-fifo"),
+        "local": [],
+        "rate": [],
+        "latency": [],
+        "big": [],
+        "skipped": [],
+        "tables": {},
+    }
     for name in args.only.split(","):
         report["tables"][name] = SUITES[name](args.quick, report)
     finish(report, render(report), args.json, "bench_queue", args.readme)

@@ -16,7 +16,8 @@ The writer copies each frame from a prepared array (one copy, as an
 application producing data would); zctipc readers block on futexes, pythusa's
 poll (yielding the CPU between polls, its best case on a busy machine).
 
-    python benchmarks/bench_stream.py [--only throughput,latency] [--quick] [--seconds S] [--rounds N] [--json PATH] [--readme README.md]
+    python benchmarks/bench_stream.py [--only throughput,latency] [--quick] [--seconds S] [--rounds N]
+                                      [--json PATH] [--readme README.md]
 """
 
 import ctypes
@@ -30,9 +31,20 @@ import numpy as np
 import zctipc
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import (arguments, fmt_ratio, fmt_us, machine, machine_line, markdown_table, now, summarize,  # noqa: E402
-                     finish, left_out, versions)
-from _floor import memcpy_bytes_per_s  # noqa: E402
+from _common import (
+    arguments,
+    finish,
+    fmt_ratio,
+    fmt_us,
+    left_out,
+    machine,
+    machine_line,
+    markdown_table,
+    now,
+    summarize,
+    versions,
+)
+from _floor import memcpy_bytes_per_s
 
 FRAMES = 32  # slots in every ring
 SIZES = {"32 KiB": 8192, "1 MiB": 262144}  # float32 samples per frame
@@ -116,8 +128,12 @@ def latency_zctipc(samples, rounds, wait="sleep"):
     ctx = zctipc.get_context()
     s = zctipc.Stream.create(shape=(samples,), dtype=np.float32, frames=FRAMES, readers=1)
     ready, results = zctipc.Queue(), zctipc.Queue()
-    return _latency(ctx.Process(target=zctipc_latency_reader, args=(s, ready, results, wait)),
-                    ctx.Process(target=zctipc_latency_writer, args=(s, rounds, ready)), ready, results)
+    return _latency(
+        ctx.Process(target=zctipc_latency_reader, args=(s, ready, results, wait)),
+        ctx.Process(target=zctipc_latency_writer, args=(s, rounds, ready)),
+        ready,
+        results,
+    )
 
 
 # -- pythusa -----------------------------------------------------------------------
@@ -132,8 +148,15 @@ PYTHUSA_REFRESH = {"defaults": {}, "tuned": {"min_reader_pos_refresh_interval": 
 def _ring(name, samples, readers, reader, create=False, tuning="defaults"):
     from pythusa import SharedRingBuffer
 
-    return SharedRingBuffer(name, create=create, size=FRAMES * samples * 4, num_readers=readers, reader=reader,
-                            cache_align=True, **PYTHUSA_REFRESH[tuning])
+    return SharedRingBuffer(
+        name,
+        create=create,
+        size=FRAMES * samples * 4,
+        num_readers=readers,
+        reader=reader,
+        cache_align=True,
+        **PYTHUSA_REFRESH[tuning],
+    )
 
 
 def pythusa_reader(name, samples, readers, index, ready, results, go, stop):
@@ -238,10 +261,13 @@ def run_pythusa(samples, readers, seconds, tuning):
     ctx = multiprocessing.get_context("forkserver")
     name, owner = _pythusa_ring_owner(samples, readers)
     ready, results, go, stop = ctx.Queue(), ctx.Queue(), ctx.Event(), ctx.Event()
-    procs = [ctx.Process(target=pythusa_reader, args=(name, samples, readers, i, ready, results, go, stop))
-             for i in range(readers)]
-    procs.append(ctx.Process(target=pythusa_writer,
-                             args=(name, samples, readers, seconds, ready, results, go, stop, tuning)))
+    procs = [
+        ctx.Process(target=pythusa_reader, args=(name, samples, readers, i, ready, results, go, stop))
+        for i in range(readers)
+    ]
+    procs.append(
+        ctx.Process(target=pythusa_writer, args=(name, samples, readers, seconds, ready, results, go, stop, tuning))
+    )
     try:
         return _run(procs, ready, results, go)
     finally:
@@ -253,8 +279,12 @@ def latency_pythusa(samples, rounds):
     name, owner = _pythusa_ring_owner(samples, 1)
     ready, results = ctx.Queue(), ctx.Queue()
     try:
-        return _latency(ctx.Process(target=pythusa_latency_reader, args=(name, samples, rounds, ready, results)),
-                        ctx.Process(target=pythusa_latency_writer, args=(name, samples, rounds, ready)), ready, results)
+        return _latency(
+            ctx.Process(target=pythusa_latency_reader, args=(name, samples, rounds, ready, results)),
+            ctx.Process(target=pythusa_latency_writer, args=(name, samples, rounds, ready)),
+            ready,
+            results,
+        )
     finally:
         _drop_ring(owner)
 
@@ -277,15 +307,17 @@ def _ice(svc, nbytes, readers):
 
     iox2.set_log_level_from_env_or(iox2.LogLevel.Error)
     node = iox2.NodeBuilder.new().create(iox2.ServiceType.Ipc)
-    pubsub = (node.service_builder(iox2.ServiceName.new(svc))
-              .publish_subscribe(iox2.Slice[ctypes.c_uint8])
-              .enable_safe_overflow(False)
-              .subscriber_max_buffer_size(FRAMES)  # as deep as the other peers' rings
-              .subscriber_max_borrowed_samples(2)
-              .max_publishers(1)
-              .max_subscribers(readers)
-              .history_size(0)
-              .open_or_create())
+    pubsub = (
+        node.service_builder(iox2.ServiceName.new(svc))
+        .publish_subscribe(iox2.Slice[ctypes.c_uint8])
+        .enable_safe_overflow(False)
+        .subscriber_max_buffer_size(FRAMES)  # as deep as the other peers' rings
+        .subscriber_max_borrowed_samples(2)
+        .max_publishers(1)
+        .max_subscribers(readers)
+        .history_size(0)
+        .open_or_create()
+    )
     event = node.service_builder(iox2.ServiceName.new(svc + "/data")).event().open_or_create()
     return iox2, node, pubsub, event
 
@@ -337,9 +369,13 @@ def ice_publisher(svc, nbytes, readers):
     """A publisher that has said hello for 200 ms once every subscriber is
     there, so that each one's connection is up before the first frame."""
     iox2, node, pubsub, event = _ice(svc, nbytes, readers)
-    pub = (pubsub.publisher_builder().initial_max_slice_len(nbytes)
-           .allocation_strategy(iox2.AllocationStrategy.Static)
-           .backpressure_strategy(iox2.BackpressureStrategy.RetryUntilDelivered).create())
+    pub = (
+        pubsub.publisher_builder()
+        .initial_max_slice_len(nbytes)
+        .allocation_strategy(iox2.AllocationStrategy.Static)
+        .backpressure_strategy(iox2.BackpressureStrategy.RetryUntilDelivered)
+        .create()
+    )
     notifier = event.notifier_builder().create()
     deadline = time.monotonic() + 30
     while pubsub.dynamic_config.number_of_subscribers < readers and time.monotonic() < deadline:
@@ -391,7 +427,9 @@ def run_iceoryx2(samples, readers, seconds):
 
 def ice_latency_reader(svc, samples, ready, results):
     out = []
-    steps = ice_receive(svc, samples * 4, 1, lambda f: out.append(time.perf_counter_ns() - int(f[:8].view(np.int64)[0])))
+    steps = ice_receive(
+        svc, samples * 4, 1, lambda f: out.append(time.perf_counter_ns() - int(f[:8].view(np.int64)[0]))
+    )
     next(steps)
     ready.put("subscribed")
     wall, cpu = time.perf_counter(), time.process_time()
@@ -414,8 +452,12 @@ def latency_iceoryx2(samples, rounds):
     ctx = zctipc.get_context("spawn")
     svc = f"zctipc-bench/{os.getpid()}/{time.monotonic_ns()}"
     ready, results = zctipc.Queue(), zctipc.Queue()
-    return _latency(ctx.Process(target=ice_latency_reader, args=(svc, samples, ready, results)),
-                    ctx.Process(target=ice_latency_writer, args=(svc, samples, rounds, ready)), ready, results)
+    return _latency(
+        ctx.Process(target=ice_latency_reader, args=(svc, samples, ready, results)),
+        ctx.Process(target=ice_latency_writer, args=(svc, samples, rounds, ready)),
+        ready,
+        results,
+    )
 
 
 # -- running -----------------------------------------------------------------------
@@ -491,21 +533,41 @@ def suite_throughput(args, report):
                     continue
                 published, elapsed = sorted(made, key=lambda m: m[0] / m[1])[len(made) // 2]  # the median run
                 nbytes = samples * 4
-                r = {"size": size, "frame_bytes": nbytes, "readers": readers, "peer": peer, "seconds": elapsed,
-                     "rounds": len(made), "frames_per_s": published / elapsed,
-                     "gbit_per_s": readers * published * nbytes * 8 / elapsed / 1e9}
-                print(f"  {size:>7} {readers} readers  {peer:<14} {r['gbit_per_s']:7.1f} Gbit/s "
-                      f"{r['frames_per_s']:10,.0f} frames/s (median of {len(made)})", flush=True)
+                r = {
+                    "size": size,
+                    "frame_bytes": nbytes,
+                    "readers": readers,
+                    "peer": peer,
+                    "seconds": elapsed,
+                    "rounds": len(made),
+                    "frames_per_s": published / elapsed,
+                    "gbit_per_s": readers * published * nbytes * 8 / elapsed / 1e9,
+                }
+                print(
+                    f"  {size:>7} {readers} readers  {peer:<14} {r['gbit_per_s']:7.1f} Gbit/s "
+                    f"{r['frames_per_s']:10,.0f} frames/s (median of {len(made)})",
+                    flush=True,
+                )
                 by_peer[peer] = r
                 report["throughput"].append(r)
             base = by_peer["zctipc"]["gbit_per_s"]
             for peer, r in by_peer.items():
-                rows.append((size, readers, peer, f"{r['gbit_per_s']:.1f}", f"{r['frames_per_s']:,.0f}",
-                             fmt_ratio(base / r["gbit_per_s"]) if peer != "zctipc" else "1.0x",
-                             f"{100 * r['gbit_per_s'] * 1e9 / 8 / report['memcpy_bytes_per_s']:.0f}%"
-                             if readers == 1 else "-"))
-    return markdown_table(["frame", "readers", "peer", "aggregate Gbit/s", "frames/s", "zctipc is",
-                           "one reader vs memcpy"], rows)
+                rows.append(
+                    (
+                        size,
+                        readers,
+                        peer,
+                        f"{r['gbit_per_s']:.1f}",
+                        f"{r['frames_per_s']:,.0f}",
+                        fmt_ratio(base / r["gbit_per_s"]) if peer != "zctipc" else "1.0x",
+                        f"{100 * r['gbit_per_s'] * 1e9 / 8 / report['memcpy_bytes_per_s']:.0f}%"
+                        if readers == 1
+                        else "-",
+                    )
+                )
+    return markdown_table(
+        ["frame", "readers", "peer", "aggregate Gbit/s", "frames/s", "zctipc is", "one reader vs memcpy"], rows
+    )
 
 
 def suite_latency(args, report):
@@ -521,13 +583,33 @@ def suite_latency(args, report):
         stats["peer"] = peer
         stats["reader_cpu"] = cpu
         report["latency"].append(stats)
-        print(f"  latency {peer:<8} p50 {fmt_us(stats['median_us'])}, p99 {fmt_us(stats['p99_us'])}, "
-              f"reader CPU {cpu:.0%}", flush=True)
+        print(
+            f"  latency {peer:<8} p50 {fmt_us(stats['median_us'])}, p99 {fmt_us(stats['p99_us'])}, "
+            f"reader CPU {cpu:.0%}",
+            flush=True,
+        )
         base = base or stats["median_us"]
-        rows.append((peer, fmt_us(stats["median_us"]), fmt_us(stats["p99_us"]), stats["rounds"],
-                     fmt_ratio(stats["median_us"] / base), f"{cpu:.0%}"))
-    return markdown_table(["peer (32 KiB frames, one in flight, 1 ms apart)", "p50", "p99", "frames",
-                           "p50 vs zctipc", "reader CPU while waiting"], rows)
+        rows.append(
+            (
+                peer,
+                fmt_us(stats["median_us"]),
+                fmt_us(stats["p99_us"]),
+                stats["rounds"],
+                fmt_ratio(stats["median_us"] / base),
+                f"{cpu:.0%}",
+            )
+        )
+    return markdown_table(
+        [
+            "peer (32 KiB frames, one in flight, 1 ms apart)",
+            "p50",
+            "p99",
+            "frames",
+            "p50 vs zctipc",
+            "reader CPU while waiting",
+        ],
+        rows,
+    )
 
 
 SUITES = {"throughput": suite_throughput, "latency": suite_latency}
@@ -536,12 +618,23 @@ SUITES = {"throughput": suite_throughput, "latency": suite_latency}
 def main(argv=None):
     parser = arguments(__doc__, "stream", SUITES)
     parser.add_argument("--seconds", type=float, default=6.0, help="how long each peer writes in each throughput cell")
-    parser.add_argument("--rounds", type=int, default=3,
-                        help="throughput runs per peer and cell, the peers taking turns; the median counts")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="throughput runs per peer and cell, the peers taking turns; the median counts",
+    )
     args = parser.parse_args(argv)
-    report = {"benchmark": "stream", "date": now(), "machine": machine(),
-              "versions": versions("zctipc", "numpy", "pythusa", "iceoryx2"), "throughput": [], "latency": [],
-              "skipped_peers": {}, "tables": {}}
+    report = {
+        "benchmark": "stream",
+        "date": now(),
+        "machine": machine(),
+        "versions": versions("zctipc", "numpy", "pythusa", "iceoryx2"),
+        "throughput": [],
+        "latency": [],
+        "skipped_peers": {},
+        "tables": {},
+    }
     for peer, module in (("pythusa", "pythusa"), ("iceoryx2", "iceoryx2")):
         missing = left_out(peer, module)
         if missing:
@@ -557,8 +650,10 @@ def main(argv=None):
 def render(report):
     m = report["machine"]
     v = ", ".join(f"{k} {val}" for k, val in report["versions"].items() if val)
-    parts = [f"Streams, {report['date']}, on {machine_line(m)}; {v}. Single-core memcpy in the same run: "
-             f"{report['memcpy_bytes_per_s'] * 8 / 1e9:.1f} Gbit/s ({report['memcpy_bytes_per_s'] / 1e9:.1f} GB/s)."]
+    parts = [
+        f"Streams, {report['date']}, on {machine_line(m)}; {v}. Single-core memcpy in the same run: "
+        f"{report['memcpy_bytes_per_s'] * 8 / 1e9:.1f} Gbit/s ({report['memcpy_bytes_per_s'] / 1e9:.1f} GB/s)."
+    ]
     for peer, why in report["skipped_peers"].items():
         parts.append(f"{peer} was skipped: {why}.")
     for name in ("throughput", "latency"):

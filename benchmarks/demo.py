@@ -9,10 +9,9 @@ import sys
 import time
 
 import numpy as np
+from _common import PlainPickling, fmt_ratio, fmt_us, machine, machine_line, markdown_table
 
 import zctipc
-
-from _common import PlainPickling, fmt_ratio, fmt_us, machine, machine_line, markdown_table
 
 N = (1 << 30) // 4  # float32 elements in 1 GiB
 STRIDE = 4096
@@ -58,8 +57,11 @@ def hand_off(send, conn):
 def main():
     multiprocessing.set_start_method("forkserver")  # chosen, so zctipc has nothing to say about it
     ctx = zctipc.get_context()
-    print(f"zctipc demo: a 1 GiB float32 tensor from a producer process to a consumer process "
-          f"(median of {ROUNDS}), on {machine_line(machine())}\n", flush=True)
+    print(
+        f"zctipc demo: a 1 GiB float32 tensor from a producer process to a consumer process "
+        f"(median of {ROUNDS}), on {machine_line(machine())}\n",
+        flush=True,
+    )
 
     # zctipc: the array lives in shared memory; only a descriptor crosses.
     array = zctipc.empty(N, np.float32)
@@ -86,15 +88,21 @@ def main():
         queue.put(None)
         consumer.join()
 
-    print(markdown_table(
-        ["hand-off of 1 GiB", "time", "vs zctipc"],
-        [["zctipc.Queue (a descriptor; zero copy)", fmt_us(zctipc_us), "1x"],
-         ["multiprocessing.Queue (pickled copy)", fmt_us(queue_us), fmt_ratio(queue_us / zctipc_us) + " slower"]],
-    ))
+    print(
+        markdown_table(
+            ["hand-off of 1 GiB", "time", "vs zctipc"],
+            [
+                ["zctipc.Queue (a descriptor; zero copy)", fmt_us(zctipc_us), "1x"],
+                ["multiprocessing.Queue (pickled copy)", fmt_us(queue_us), fmt_ratio(queue_us / zctipc_us) + " slower"],
+            ],
+        )
+    )
     zctipc.cleanup_all_segments()  # what this process's exit does
     left = [s.name for s in zctipc.list_segments() if s.kind != "ledger"]  # this process's ledger goes at exit
-    print("\nThe consumer checked the data both times. Left in shared memory:",
-          ", ".join(left) if left else "nothing (the two processes freed every segment they used)")
+    print(
+        "\nThe consumer checked the data both times. Left in shared memory:",
+        ", ".join(left) if left else "nothing (the two processes freed every segment they used)",
+    )
 
 
 if __name__ == "__main__":

@@ -35,20 +35,45 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from _common import (INSTALL_HINT, fmt_bytes, fmt_ratio, fmt_us, machine, machine_line, markdown_table, now,  # noqa: E402
-                     summarize, update_readme, versions)
+from _common import (
+    INSTALL_HINT,
+    fmt_bytes,
+    fmt_ratio,
+    fmt_us,
+    machine,
+    machine_line,
+    markdown_table,
+    now,
+    summarize,
+    update_readme,
+    versions,
+)
 
 SUITES = ("handoff", "queue", "stream", "arrow", "gpu")
 MODES = ("full", "quick", "tiny")
-PEER_PACKAGES = ("zctipc", "numpy", "torch", "pyarrow", "pandas", "polars", "faster-fifo", "pythusa", "iceoryx2", "ray",
-                 "matplotlib")
+PEER_PACKAGES = (
+    "zctipc",
+    "numpy",
+    "torch",
+    "pyarrow",
+    "pandas",
+    "polars",
+    "faster-fifo",
+    "pythusa",
+    "iceoryx2",
+    "ray",
+    "matplotlib",
+)
 
 
 def suite_argv(suite, mode, json_path):
     """The command line of a suite's script for a mode."""
     argv = {
-        "handoff": {"full": [], "quick": ["--sizes", "1M,100M", "--rounds", "10"],
-                    "tiny": ["--sizes", "1M", "--rounds", "2"]},
+        "handoff": {
+            "full": [],
+            "quick": ["--sizes", "1M,100M", "--rounds", "10"],
+            "tiny": ["--sizes", "1M", "--rounds", "2"],
+        },
         "queue": {"full": [], "quick": ["--quick"], "tiny": ["--tiny"]},
         "stream": {"full": [], "quick": ["--quick"], "tiny": ["--tiny"]},
         "arrow": {"full": [], "quick": ["--quick"], "tiny": ["--tiny"]},
@@ -94,16 +119,20 @@ class Progress(io.TextIOBase):
     def draw(self, final=False):
         if not self.tty:  # a file or a pipe gets each suite's last line only
             if final:
-                self.out.write(f"{self.suite:<8} {min(self.done, self.total)}/{self.total} cells in "
-                               f"{time.monotonic() - self.start:.1f}s  {self.last[:70]}\n")
+                self.out.write(
+                    f"{self.suite:<8} {min(self.done, self.total)}/{self.total} cells in "
+                    f"{time.monotonic() - self.start:.1f}s  {self.last[:70]}\n"
+                )
                 self.out.flush()
             return
         width = 24
         filled = min(width, round(width * self.done / self.total)) if not final else width
         bar = "#" * filled + "." * (width - filled)
         last = self.last[:70]
-        self.out.write(f"\r{self.suite:<8} [{bar}] {min(self.done, self.total):>3}/{self.total:<3} "
-                       f"{time.monotonic() - self.start:6.1f}s  {last:<70}")
+        self.out.write(
+            f"\r{self.suite:<8} [{bar}] {min(self.done, self.total):>3}/{self.total:<3} "
+            f"{time.monotonic() - self.start:6.1f}s  {last:<70}"
+        )
         if final:
             self.out.write("\n")
         self.out.flush()
@@ -133,42 +162,92 @@ def floor_rows(report):
     rows = []
     suites = report["suites"]
     for r in suites.get("handoff", {}).get("results", []):
-        rows.append(("handoff", f"{r['peer']}, {fmt_bytes(r['bytes'])}", fmt_us(r["median_us"]), fmt_ratio(r["median_us"] / wake)))
+        rows.append(
+            (
+                "handoff",
+                f"{r['peer']}, {fmt_bytes(r['bytes'])}",
+                fmt_us(r["median_us"]),
+                fmt_ratio(r["median_us"] / wake),
+            )
+        )
     # A message's floor: a pickle, a load and two native calls (bench_queue's
     # message_floor), measured in the queue suite's in-process table.
     message = next((r["floor_us"] for r in suites.get("queue", {}).get("local", []) if r["floor_us"]), None)
     for r in suites.get("queue", {}).get("local", []):
         if r["peer"] == "zctipc.Queue" or r["floor_us"]:
             floor = f"{fmt_ratio(r['per_pair_us'] / r['floor_us'])} a message's" if r["floor_us"] else "-"
-            rows.append(("queue", f"{r['peer']} put+get in one process, {r['object']}", fmt_us(r["per_pair_us"]),
-                         floor))
+            rows.append(
+                ("queue", f"{r['peer']} put+get in one process, {r['object']}", fmt_us(r["per_pair_us"]), floor)
+            )
     for r in suites.get("queue", {}).get("rate", []):
         per = 1e6 / r["per_second"]
-        rows.append(("queue", f"{r['peer']} {r['producers']}/{r['consumers']}, per message", fmt_us(per),
-                     f"{fmt_ratio(per / message)} a message's" if message else "-"))
+        rows.append(
+            (
+                "queue",
+                f"{r['peer']} {r['producers']}/{r['consumers']}, per message",
+                fmt_us(per),
+                f"{fmt_ratio(per / message)} a message's" if message else "-",
+            )
+        )
     for r in suites.get("queue", {}).get("latency", []):
-        rows.append(("queue", f"{r['peer']}, one message in flight (consumer CPU {r['consumer_cpu']:.0%})",
-                     fmt_us(r["median_us"]), fmt_ratio(r["median_us"] / wake)))
+        rows.append(
+            (
+                "queue",
+                f"{r['peer']}, one message in flight (consumer CPU {r['consumer_cpu']:.0%})",
+                fmt_us(r["median_us"]),
+                fmt_ratio(r["median_us"] / wake),
+            )
+        )
     for r in suites.get("queue", {}).get("pool", []):
         per = r["seconds"] / r["tasks"] * 1e6
-        rows.append(("queue", f"ProcessPoolExecutor, {r['peer']}, per {fmt_bytes(r['bytes'])} task", fmt_us(per),
-                     f"{fmt_ratio(per / (r['bytes'] / copy * 1e6))} a memcpy"))
+        rows.append(
+            (
+                "queue",
+                f"ProcessPoolExecutor, {r['peer']}, per {fmt_bytes(r['bytes'])} task",
+                fmt_us(per),
+                f"{fmt_ratio(per / (r['bytes'] / copy * 1e6))} a memcpy",
+            )
+        )
     for r in suites.get("stream", {}).get("latency", []):
-        rows.append(("stream", f"{r['peer']}, one frame in flight (reader CPU {r['reader_cpu']:.0%})",
-                     fmt_us(r["median_us"]), fmt_ratio(r["median_us"] / wake)))
+        rows.append(
+            (
+                "stream",
+                f"{r['peer']}, one frame in flight (reader CPU {r['reader_cpu']:.0%})",
+                fmt_us(r["median_us"]),
+                fmt_ratio(r["median_us"] / wake),
+            )
+        )
     for r in suites.get("stream", {}).get("throughput", []):
         if r["readers"] == 1:
-            rows.append(("stream", f"{r['peer']}, {r['size']} frames, one reader", f"{r['gbit_per_s']:.1f} Gbit/s",
-                         f"{100 * r['gbit_per_s'] * 1e9 / 8 / copy:.0f}% of memcpy"))
+            rows.append(
+                (
+                    "stream",
+                    f"{r['peer']}, {r['size']} frames, one reader",
+                    f"{r['gbit_per_s']:.1f} Gbit/s",
+                    f"{100 * r['gbit_per_s'] * 1e9 / 8 / copy:.0f}% of memcpy",
+                )
+            )
     for r in suites.get("arrow", {}).get("arrow", []):
         memcpy_us = r["nbytes"] / copy * 1e6
-        rows.append(("arrow", f"{r['peer']}, {fmt_bytes(r['nbytes'])} table", fmt_us(r["median_us"]),
-                     f"{fmt_ratio(r['median_us'] / memcpy_us)} a memcpy"))
+        rows.append(
+            (
+                "arrow",
+                f"{r['peer']}, {fmt_bytes(r['nbytes'])} table",
+                fmt_us(r["median_us"]),
+                f"{fmt_ratio(r['median_us'] / memcpy_us)} a memcpy",
+            )
+        )
     for r in suites.get("arrow", {}).get("go", []):
         rows.append(("arrow", f"{r['peer']}, 1 MiB tensor", fmt_us(r["median_us"]), fmt_ratio(r["median_us"] / wake)))
     for r in suites.get("arrow", {}).get("rates", []):
-        rows.append(("arrow", f"{r['pair']} {r['producers']}/{r['consumers']}, per message", fmt_us(r["per_message_us"]),
-                     f"{fmt_ratio(r['per_message_us'] / message)} a message's" if message else "-"))
+        rows.append(
+            (
+                "arrow",
+                f"{r['pair']} {r['producers']}/{r['consumers']}, per message",
+                fmt_us(r["per_message_us"]),
+                f"{fmt_ratio(r['per_message_us'] / message)} a message's" if message else "-",
+            )
+        )
     return rows
 
 
@@ -199,15 +278,26 @@ def plots(report, out_dir):
         fig.tight_layout()
         written.append(_save(fig, out_dir, "handoff_latency.png"))
         plt.close(fig)
-    bars = [(f"{r['peer']} {r['producers']}/{r['consumers']}", r["per_second"] / 1e3)
-            for r in report["suites"].get("queue", {}).get("rate", [])]
-    stream = [(f"{r['peer']} {r['size']} x{r['readers']}", r["gbit_per_s"])
-              for r in report["suites"].get("stream", {}).get("throughput", [])]
-    for name, data, unit in (("queue_rates.png", bars, "thousand messages/s"), ("stream_throughput.png", stream, "Gbit/s")):
+    bars = [
+        (f"{r['peer']} {r['producers']}/{r['consumers']}", r["per_second"] / 1e3)
+        for r in report["suites"].get("queue", {}).get("rate", [])
+    ]
+    stream = [
+        (f"{r['peer']} {r['size']} x{r['readers']}", r["gbit_per_s"])
+        for r in report["suites"].get("stream", {}).get("throughput", [])
+    ]
+    for name, data, unit in (
+        ("queue_rates.png", bars, "thousand messages/s"),
+        ("stream_throughput.png", stream, "Gbit/s"),
+    ):
         if not data:
             continue
         fig, ax = plt.subplots(figsize=(8, max(3, 0.3 * len(data) + 1)))
-        ax.barh([d[0] for d in data], [d[1] for d in data], color=["tab:blue" if "zctipc" in d[0] else "tab:gray" for d in data])
+        ax.barh(
+            [d[0] for d in data],
+            [d[1] for d in data],
+            color=["tab:blue" if "zctipc" in d[0] else "tab:gray" for d in data],
+        )
         ax.invert_yaxis()
         ax.set_xlabel(unit)
         ax.tick_params(axis="y", labelsize=7)
@@ -226,16 +316,18 @@ def _save(fig, out_dir, name):
 def render(report, out_dir, readme_dir=None):
     """The Markdown report of the whole run."""
     floor = report["floor"]
-    lines = [f"zctipc benchmarks ({report['mode']} run), {report['date']}, on {machine_line(report['machine'])}.",
-             "",
-             "Versions: " + ", ".join(f"{k} {v}" for k, v in report["versions"].items() if v) + ".",
-             "",
-             f"Floor, measured in this run: a process asleep on a futex wakes {fmt_us(floor['futex_wake']['median_us'])} "
-             f"(p99 {fmt_us(floor['futex_wake']['p99_us'])}) after another wakes it; one core copies "
-             f"{floor['memcpy_bytes_per_s'] / 1e9:.1f} GB/s. Each row below is set against the floor that bounds "
-             "it: the futex wake for a hand-off or one message or frame in flight (a polling waiter can beat it), "
-             "memcpy for copies and streams, and for a message's cost a pickle, a load and two native calls "
-             "(measured in the queue suite's in-process table)."]
+    lines = [
+        f"zctipc benchmarks ({report['mode']} run), {report['date']}, on {machine_line(report['machine'])}.",
+        "",
+        "Versions: " + ", ".join(f"{k} {v}" for k, v in report["versions"].items() if v) + ".",
+        "",
+        f"Floor, measured in this run: a process asleep on a futex wakes {fmt_us(floor['futex_wake']['median_us'])} "
+        f"(p99 {fmt_us(floor['futex_wake']['p99_us'])}) after another wakes it; one core copies "
+        f"{floor['memcpy_bytes_per_s'] / 1e9:.1f} GB/s. Each row below is set against the floor that bounds "
+        "it: the futex wake for a hand-off or one message or frame in flight (a polling waiter can beat it), "
+        "memcpy for copies and streams, and for a message's cost a pickle, a load and two native calls "
+        "(measured in the queue suite's in-process table).",
+    ]
     for peer, why in report["skipped"].items():
         lines += ["", f"Skipped {peer}: {why}."]
     rows = floor_rows(report)
@@ -257,7 +349,12 @@ def skipped_peers():
     for peer in os.environ.get("ZCTIPC_BENCH_WITHOUT", "").split(","):
         if peer.strip():
             out[peer.strip()] = "left out by ZCTIPC_BENCH_WITHOUT"
-    for peer, module in (("faster-fifo", "faster_fifo"), ("pythusa", "pythusa"), ("iceoryx2", "iceoryx2"), ("ray", "ray")):
+    for peer, module in (
+        ("faster-fifo", "faster_fifo"),
+        ("pythusa", "pythusa"),
+        ("iceoryx2", "iceoryx2"),
+        ("ray", "ray"),
+    ):
         if peer in out:
             continue
         try:
@@ -268,8 +365,9 @@ def skipped_peers():
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="zctipc bench", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="zctipc bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--quick", action="store_true", help="a short pass (about a minute or two)")
     group.add_argument("--tiny", action="store_true", help="the smallest sizes: checks that every suite runs")
@@ -278,8 +376,11 @@ def main(argv=None):
     # In a source tree, benchmarks/results; from an installed package, the
     # current directory's zctipc-bench.
     in_tree = os.path.isfile(os.path.join(HERE, "..", "go.mod"))
-    parser.add_argument("--out", default=os.path.join(HERE, "results") if in_tree else "zctipc-bench",
-                        help="folder for the report, JSON and plots")
+    parser.add_argument(
+        "--out",
+        default=os.path.join(HERE, "results") if in_tree else "zctipc-bench",
+        help="folder for the report, JSON and plots",
+    )
     parser.add_argument("--readme", help="put the report in this README's benchmark section")
     args = parser.parse_args(argv)
     suites = [s.strip() for s in args.only.split(",") if s.strip()]
@@ -296,17 +397,28 @@ def main(argv=None):
 
     print("floor    measuring a futex wake and a memcpy ...", file=sys.stderr, flush=True)
     rounds = {"full": 2000, "quick": 500, "tiny": 50}[mode]
-    report = {"benchmark": "all", "mode": mode, "date": now(), "machine": machine(),
-              "versions": versions(*PEER_PACKAGES), "skipped": skipped,
-              "floor": {"futex_wake": summarize(_floor.futex_wake_ns(rounds)),
-                        "memcpy_bytes_per_s": _floor.memcpy_bytes_per_s()},
-              "suites": {}}
+    report = {
+        "benchmark": "all",
+        "mode": mode,
+        "date": now(),
+        "machine": machine(),
+        "versions": versions(*PEER_PACKAGES),
+        "skipped": skipped,
+        "floor": {
+            "futex_wake": summarize(_floor.futex_wake_ns(rounds)),
+            "memcpy_bytes_per_s": _floor.memcpy_bytes_per_s(),
+        },
+        "suites": {},
+    }
     for suite in suites:
         try:
             report["suites"][suite] = run_suite(suite, mode, args.out, sys.stderr)
         except ModuleNotFoundError as exc:  # a module the suite imports (torch, pyarrow) is not installed
-            if not exc.name or exc.name.split(".")[0] in ("zctipc", "_common", "_floor") or \
-                    exc.name.startswith("bench_"):
+            if (
+                not exc.name
+                or exc.name.split(".")[0] in ("zctipc", "_common", "_floor")
+                or exc.name.startswith("bench_")
+            ):
                 raise
             why = f"it needs {exc.name}, which is not installed"
             report["skipped"][f"the {suite} suite"] = why

@@ -17,7 +17,10 @@ HEADER_DIR = os.path.join(ROOT, "go", "capi")
 LIB_DIR = os.environ.get("ZCTIPC_LIB_DIR", os.path.join(ROOT, "build", "lib"))
 
 
-def cdef_source(path=os.path.join(HEADER_DIR, "zctipc.h")):
+HEADER = os.path.join(HEADER_DIR, "zctipc.h")
+
+
+def cdef_source(path=HEADER):
     with open(path) as f:
         text = f.read()
     match = re.search(r"/\* BEGIN CDEF[^*]*\*/(.*)/\* END CDEF \*/", text, re.S)

@@ -47,7 +47,7 @@ from .errors import *  # noqa: F401,F403  (each name is in errors.__all__)
 # against each module's __all__).
 _EXPORTS = {
     "tensor": "SharedTensor SegmentInfo create_shared_tensor attach_shared_tensor share attach_ref list_segments "
-              "cleanup_all_segments",
+    "cleanup_all_segments",
     "buffers": "empty pool_stats set_pool_limit PoolStats",
     "strategy": "set_sharing_strategy get_sharing_strategy get_all_sharing_strategies collect_garbage daemon_status",
     "streams": "Stream StreamWriter StreamReader",
@@ -58,10 +58,10 @@ _EXPORTS = {
     # The multiprocessing names, for ``import zctipc as multiprocessing``
     # (context.MULTIPROCESSING_NAMES), and Event, which streams share.
     "context": "Process Queue SimpleQueue JoinableQueue Pool Pipe Manager Lock RLock Semaphore BoundedSemaphore "
-               "Condition Event Barrier Value Array RawValue RawArray cpu_count current_process parent_process "
-               "active_children freeze_support get_context get_start_method set_start_method "
-               "get_all_start_methods get_logger log_to_stderr set_forkserver_preload set_executable "
-               "allow_connection_pickling ProcessError BufferTooShort TimeoutError AuthenticationError reducer",
+    "Condition Event Barrier Value Array RawValue RawArray cpu_count current_process parent_process "
+    "active_children freeze_support get_context get_start_method set_start_method "
+    "get_all_start_methods get_logger log_to_stderr set_forkserver_preload set_executable "
+    "allow_connection_pickling ProcessError BufferTooShort TimeoutError AuthenticationError reducer",
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names.split()}
 _WHERE["list_active_segments"] = "tensor"  # the name zero-copy-tensor-ipc used for list_segments
@@ -69,8 +69,19 @@ _RENAMED = {"list_active_segments": "list_segments"}
 
 #: zctipc's own modules, and multiprocessing's submodules under zctipc's
 #: name, imported on first use.
-_MODULES = {"arrow", "buffers", "cli", "context", "cuda", "events", "pipeline", "queues", "strategy", "streams",
-            "tensor"}
+_MODULES = {
+    "arrow",
+    "buffers",
+    "cli",
+    "context",
+    "cuda",
+    "events",
+    "pipeline",
+    "queues",
+    "strategy",
+    "streams",
+    "tensor",
+}
 _SUBMODULES = {"connection", "managers", "pool", "reduction", "shared_memory", "synchronize", "util"}
 
 

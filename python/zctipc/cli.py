@@ -55,7 +55,9 @@ def _ls(args):
         holders = ",".join(map(str, s.holders)) or "-"
         if s.messages:
             holders += f" +{s.messages} in queues"
-        rows.append((s.name, s.kind, _bytes(s.file_size), what, creator, str(s.refcount), _age(now - s.created), holders))
+        rows.append(
+            (s.name, s.kind, _bytes(s.file_size), what, creator, str(s.refcount), _age(now - s.created), holders)
+        )
     _table(rows)
     print(f"{_count(len(segments), 'segment')}, {_bytes(sum(s.file_size for s in segments))}")
     return 0
@@ -72,8 +74,10 @@ def _gc(args):
     for r in report["removed"]:
         print(f"{verb} {r['name']} ({r['kind']}, {_bytes(r['size'])}): {r['reason']}")
     swept = report["swept"]
-    print(f"{verb} {_count(len(report['removed']), 'segment')} ({_bytes(sum(r['size'] for r in report['removed']))}); "
-          f"gave up {swept['segments']} segment and {swept['slots']} slot counts of dead processes")
+    print(
+        f"{verb} {_count(len(report['removed']), 'segment')} ({_bytes(sum(r['size'] for r in report['removed']))}); "
+        f"gave up {swept['segments']} segment and {swept['slots']} slot counts of dead processes"
+    )
     return 0
 
 
@@ -102,13 +106,19 @@ def _bench(argv):
     import runpy
 
     here = os.path.dirname(os.path.abspath(__file__))
-    for root in (os.environ.get("ZCTIPC_BENCHMARKS"), os.path.join(here, "..", "..", "benchmarks"),
-                 os.path.join(here, "benchmarks")):
+    for root in (
+        os.environ.get("ZCTIPC_BENCHMARKS"),
+        os.path.join(here, "..", "..", "benchmarks"),
+        os.path.join(here, "benchmarks"),
+    ):
         if root and os.path.isfile(os.path.join(root, "run.py")):
             break
     else:
-        print("zctipc bench: no benchmarks found: this installation carries none; set ZCTIPC_BENCHMARKS to "
-              "the benchmarks folder of a zctipc source tree", file=sys.stderr)
+        print(
+            "zctipc bench: no benchmarks found: this installation carries none; set ZCTIPC_BENCHMARKS to "
+            "the benchmarks folder of a zctipc source tree",
+            file=sys.stderr,
+        )
         return 2
     sys.path.insert(0, os.path.abspath(root))
     run = runpy.run_path(os.path.join(root, "run.py"), run_name="zctipc_bench")
@@ -134,22 +144,27 @@ def _diagnose():
         if total < SMALL_SHM:
             warnings.append(
                 f"{shm_dir} holds only {_bytes(total)} (Docker's default is 64 MB): large tensors will not fit; "
-                "give containers more with docker run --shm-size=8g, or remount it larger")
+                "give containers more with docker run --shm-size=8g, or remount it larger"
+            )
     except OSError as exc:
         out["shared memory"] = f"{shm_dir}: {exc}"
         warnings.append(f"{shm_dir} cannot be used: {exc}")
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     out["open files limit"] = f"soft {soft}, hard {hard} (RLIMIT_NOFILE)"
     if soft < 4096:
-        warnings.append(f"the open-files limit is {soft}: the file_descriptor strategy needs one per segment "
-                        "a process receives at once; raise it with ulimit -n")
+        warnings.append(
+            f"the open-files limit is {soft}: the file_descriptor strategy needs one per segment "
+            "a process receives at once; raise it with ulimit -n"
+        )
     out["huge pages"] = _huge_pages()
     out["huge pages for segments"] = _segment_huge_pages(shm_dir)
     status = strategy.daemon_status()
     if status["running"]:
         s = status["status"]
-        out["cleanup daemon"] = (f"running, pid {s['pid']}, {len(s['clients'] or [])} processes watched, "
-                                 f"{len(s['memfd_segments'] or [])} memfd segments kept ({status['dir']})")
+        out["cleanup daemon"] = (
+            f"running, pid {s['pid']}, {len(s['clients'] or [])} processes watched, "
+            f"{len(s['memfd_segments'] or [])} memfd segments kept ({status['dir']})"
+        )
     else:
         out["cleanup daemon"] = f"not running ({status['dir']}); processes start it when they need it"
     out["sharing strategy"] = status["strategy"]
@@ -171,8 +186,10 @@ def _huge_pages():
                 info[key] = value.strip()
     except OSError:
         return "unknown"
-    text = f"{info.get('HugePages_Total', '0')} reserved, {info.get('HugePages_Free', '0')} free, " \
-           f"{info.get('Hugepagesize', '?')} each"
+    text = (
+        f"{info.get('HugePages_Total', '0')} reserved, {info.get('HugePages_Free', '0')} free, "
+        f"{info.get('Hugepagesize', '?')} each"
+    )
     try:
         with open("/sys/kernel/mm/transparent_hugepage/shmem_enabled") as f:
             text += f"; transparent huge pages for shmem: {f.read().strip()}"
@@ -207,8 +224,10 @@ def _segment_huge_pages(shm_dir):
     mode = _mount_option(shm_dir, "huge") or "never"
     if mode in ("always", "within_size", "advise"):
         return f"yes: {shm_dir} is mounted huge={mode}, and zctipc asks for them on segments of 2 MiB and more"
-    return (f"no: {shm_dir} is mounted huge={mode}; new large segments fault 4 KiB pages, several times slower "
-            f"(mount -o remount,huge=advise {shm_dir} gives them 2 MiB pages)")
+    return (
+        f"no: {shm_dir} is mounted huge={mode}; new large segments fault 4 KiB pages, several times slower "
+        f"(mount -o remount,huge=advise {shm_dir} gives them 2 MiB pages)"
+    )
 
 
 def _count(n, noun):
@@ -233,7 +252,7 @@ def _age(seconds):
 def _table(rows):
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
-        print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
 
 
 if __name__ == "__main__":

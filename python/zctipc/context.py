@@ -155,7 +155,8 @@ def choose_start_method():
         warnings.warn(
             "zctipc made 'forkserver' multiprocessing's default start method, since a process forked after "
             "loading zctipc cannot use it; call multiprocessing.set_start_method('spawn') to choose another",
-            RuntimeWarning, stacklevel=_caller_level(),
+            RuntimeWarning,
+            stacklevel=_caller_level(),
         )
 
 
@@ -167,18 +168,48 @@ def _caller_level():
         frame, level = frame.f_back, level + 1
     return level
 
+
 #: The names zctipc provides in place of multiprocessing's, for
 #: ``import zctipc as multiprocessing``. Queue, SimpleQueue, JoinableQueue,
 #: Event and Process are classes; the rest are functions of the default
 #: context.
 MULTIPROCESSING_NAMES = [
-    "Process", "Queue", "SimpleQueue", "JoinableQueue", "Pool", "Pipe", "Manager",
-    "Lock", "RLock", "Semaphore", "BoundedSemaphore", "Condition", "Event", "Barrier",
-    "Value", "Array", "RawValue", "RawArray",
-    "cpu_count", "current_process", "parent_process", "active_children", "freeze_support",
-    "get_context", "get_start_method", "set_start_method", "get_all_start_methods",
-    "get_logger", "log_to_stderr", "set_forkserver_preload", "set_executable", "allow_connection_pickling",
-    "ProcessError", "BufferTooShort", "TimeoutError", "AuthenticationError",
+    "Process",
+    "Queue",
+    "SimpleQueue",
+    "JoinableQueue",
+    "Pool",
+    "Pipe",
+    "Manager",
+    "Lock",
+    "RLock",
+    "Semaphore",
+    "BoundedSemaphore",
+    "Condition",
+    "Event",
+    "Barrier",
+    "Value",
+    "Array",
+    "RawValue",
+    "RawArray",
+    "cpu_count",
+    "current_process",
+    "parent_process",
+    "active_children",
+    "freeze_support",
+    "get_context",
+    "get_start_method",
+    "set_start_method",
+    "get_all_start_methods",
+    "get_logger",
+    "log_to_stderr",
+    "set_forkserver_preload",
+    "set_executable",
+    "allow_connection_pickling",
+    "ProcessError",
+    "BufferTooShort",
+    "TimeoutError",
+    "AuthenticationError",
 ]
 
 

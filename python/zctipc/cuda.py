@@ -21,7 +21,11 @@ Without a driver or a device, :func:`is_available` is False and every GPU
 call raises :class:`CudaUnavailable`; the rest of zctipc is unaffected.
 """
 
-from ._core import device as _device, dtypes as _dtypes, lazy, layout as _layout, native as _native
+from ._core import device as _device
+from ._core import dtypes as _dtypes
+from ._core import layout as _layout
+from ._core import lazy
+from ._core import native as _native
 from .errors import CudaUnavailable, InvalidArgument
 
 np = lazy.numpy(__name__)
@@ -91,8 +95,9 @@ class CudaTensor:
     def _wrap(cls, handle, ptr, size, device, shape, code):
         self = object.__new__(cls)
         self._handle = handle
-        self._memory = _device.DeviceMemory(ptr, size, device,
-                                     lambda h=handle: _native.finalize("zct_cuda_free", h, "freeing CUDA memory"))
+        self._memory = _device.DeviceMemory(
+            ptr, size, device, lambda h=handle: _native.finalize("zct_cuda_free", h, "freeing CUDA memory")
+        )
         self._shape = shape
         self._code = code
         self._name = None
@@ -119,12 +124,20 @@ class CudaTensor:
         return int(np.prod(self._shape, dtype=np.int64)) * _dtypes.storage_dtype(self._code).itemsize
 
     def __repr__(self):
-        return f"<zctipc.cuda.CudaTensor shape={self._shape} dtype={_dtypes.NAMES[self._code]} device=cuda:{self.device}>"
+        return (
+            f"<zctipc.cuda.CudaTensor shape={self._shape} dtype={_dtypes.NAMES[self._code]} device=cuda:{self.device}>"
+        )
 
     @property
     def __cuda_array_interface__(self):
-        return {"shape": self._shape, "typestr": _dtypes.storage_dtype(self._code).str,
-                "data": (self._memory.ptr, False), "strides": None, "version": 3, "stream": None}
+        return {
+            "shape": self._shape,
+            "typestr": _dtypes.storage_dtype(self._code).str,
+            "data": (self._memory.ptr, False),
+            "strides": None,
+            "version": 3,
+            "stream": None,
+        }
 
     def torch(self):
         """A torch tensor over the same device memory."""
@@ -152,7 +165,12 @@ class CudaTensor:
 
 def _attach(name, shape, code, device=-1):
     ffi = _native.ffi()
-    handle, ptr, size, resident = ffi.new("zct_handle *"), ffi.new("uint64_t *"), ffi.new("uint64_t *"), ffi.new("int32_t *")
+    handle, ptr, size, resident = (
+        ffi.new("zct_handle *"),
+        ffi.new("uint64_t *"),
+        ffi.new("uint64_t *"),
+        ffi.new("int32_t *"),
+    )
     _native.check(_native.lib().zct_cuda_import(name.encode(), device, handle, ptr, size, resident))
     mapped_on = resident[0] if device < 0 else device
     return CudaTensor._wrap(handle[0], ptr[0], size[0], mapped_on, shape, code)

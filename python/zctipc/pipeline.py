@@ -73,8 +73,7 @@ class Pipeline:
         self._check_not_started()
         if name in self._specs:
             raise ValueError(f"the pipeline has a stream {name!r} already")
-        self._specs[name] = dict(shape=shape, dtype=dtype, frames=frames, policy=policy,
-                                 reader_timeout=reader_timeout)
+        self._specs[name] = dict(shape=shape, dtype=dtype, frames=frames, policy=policy, reader_timeout=reader_timeout)
         return self
 
     def add_task(self, fn, reads=(), writes=(), args=(), kwargs=None, name=None):
@@ -89,7 +88,9 @@ class Pipeline:
         for s in writes:
             if any(s in t.writes for t in self._tasks):
                 raise ValueError(f"stream {s!r} has a writer already: a stream has one writer")
-        self._tasks.append(_Task(fn, reads, writes, tuple(args), dict(kwargs or {}), name or getattr(fn, "__name__", "task")))
+        self._tasks.append(
+            _Task(fn, reads, writes, tuple(args), dict(kwargs or {}), name or getattr(fn, "__name__", "task"))
+        )
         return self
 
     def _check_not_started(self):
@@ -111,9 +112,19 @@ class Pipeline:
             self._go = Event()
             for i, t in enumerate(self._tasks):
                 t.process = self._ctx.Process(
-                    target=_run_task, name=f"zctipc-pipeline-{t.name}",
-                    args=(i, t.fn, [self._streams[s] for s in t.reads], [self._streams[s] for s in t.writes],
-                          t.args, t.kwargs, self._results, self._go))
+                    target=_run_task,
+                    name=f"zctipc-pipeline-{t.name}",
+                    args=(
+                        i,
+                        t.fn,
+                        [self._streams[s] for s in t.reads],
+                        [self._streams[s] for s in t.writes],
+                        t.args,
+                        t.kwargs,
+                        self._results,
+                        self._go,
+                    ),
+                )
                 t.process.start()
             ready = set()
             deadline = time.monotonic() + START_TIMEOUT

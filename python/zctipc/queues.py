@@ -76,8 +76,22 @@ class _Scratch:
     """Buffers for taking messages: a get takes one from its queue's free
     list and gives it back, so that threads never share one."""
 
-    __slots__ = ("cap", "vcap", "raw", "mem", "buf", "views", "typ", "off", "plen", "nviews", "records", "filled",
-                 "recs", "put_view")
+    __slots__ = (
+        "cap",
+        "vcap",
+        "raw",
+        "mem",
+        "buf",
+        "views",
+        "typ",
+        "off",
+        "plen",
+        "nviews",
+        "records",
+        "filled",
+        "recs",
+        "put_view",
+    )
 
     def __init__(self):
         ffi = native.ffi()
@@ -394,9 +408,14 @@ class Queue:
         timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
         while done < count:
             rest = ends if done == 0 else [e - base for e in ends[done:]]
-            status = wait.retry(lambda ms: lib.zct_queue_put_many(self._handle, lib.ZCT_RECORD_PICKLE, buf + base, rest,
-                                                                  count - done, ms, written),
-                                native.E_FULL, block, timeout)
+            status = wait.retry(
+                lambda ms, base=base, rest=rest, left=count - done: lib.zct_queue_put_many(
+                    self._handle, lib.ZCT_RECORD_PICKLE, buf + base, rest, left, ms, written
+                ),
+                native.E_FULL,
+                block,
+                timeout,
+            )
             native.check(status)
             done += written[0]
             base = ends[done - 1]
@@ -431,8 +450,12 @@ class Queue:
             for i, e in enumerate(buffers):
                 e.fill(views[i])
         try:
-            status = wait.retry(lambda ms: lib.zct_queue_put(self._handle, typ, payload, len(payload), views, n, ms),
-                                native.E_FULL, block, timeout)
+            status = wait.retry(
+                lambda ms: lib.zct_queue_put(self._handle, typ, payload, len(payload), views, n, ms),
+                native.E_FULL,
+                block,
+                timeout,
+            )
         except BaseException:  # Ctrl-C between slices: the refs are still ours
             self._release(buffers)
             raise
@@ -529,8 +552,19 @@ class Queue:
 
         def attempt(ms):
             while True:
-                status = lib.zct_queue_get_many(self._handle, s.buf, s.cap, min(max_items, RECORDS_PER_CALL), ms,
-                                                records, recs, filled, s.views, s.vcap, s.nviews)
+                status = lib.zct_queue_get_many(
+                    self._handle,
+                    s.buf,
+                    s.cap,
+                    min(max_items, RECORDS_PER_CALL),
+                    ms,
+                    records,
+                    recs,
+                    filled,
+                    s.views,
+                    s.vcap,
+                    s.nviews,
+                )
                 if status != native.E_RANGE:
                     return status
                 s.resize(max(s.cap, filled[0]), max(s.vcap, s.nviews[0]))  # and take it at once
@@ -620,8 +654,9 @@ class Queue:
         if self._stash:
             return True
         lib = native.lib()
-        status = wait.retry(lambda ms: lib.zct_queue_wait(self._handle, ms), native.E_EMPTY,
-                            timeout is None or timeout > 0, timeout)
+        status = wait.retry(
+            lambda ms: lib.zct_queue_wait(self._handle, ms), native.E_EMPTY, timeout is None or timeout > 0, timeout
+        )
         if status == native.E_EMPTY:
             return False
         native.check(status)
@@ -640,7 +675,7 @@ class Queue:
                 pass
             fd = self._reader.fileno()
             ready = loop.create_future()
-            loop.add_reader(fd, lambda: ready.done() or ready.set_result(None))
+            loop.add_reader(fd, lambda: ready.done() or ready.set_result(None))  # noqa: B023 (removed below)
             try:
                 await ready
             finally:

@@ -59,9 +59,7 @@ def set_sharing_strategy(new_strategy):
     :func:`get_all_sharing_strategies`), here and in the processes started
     from now on. Segments that exist keep theirs."""
     if new_strategy not in _STRATEGIES:
-        raise InvalidArgument(
-            f"unknown sharing strategy {new_strategy!r}; the strategies are {', '.join(_STRATEGIES)}"
-        )
+        raise InvalidArgument(f"unknown sharing strategy {new_strategy!r}; the strategies are {', '.join(_STRATEGIES)}")
     os.environ[STRATEGY_ENV] = new_strategy
     if _native.loaded():
         _native.check(_native.lib().zct_set_strategy(_STRATEGIES.index(new_strategy)))

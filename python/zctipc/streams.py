@@ -48,15 +48,24 @@ class Stream:
     mapped in their process after the Stream is closed or dropped.
     """
 
-    __slots__ = ("_handle", "_info", "_memory", "_name", "_shape", "_code", "_frames_rw", "_frames_ro", "_closed",
-                 "__weakref__")
+    __slots__ = (
+        "_handle",
+        "_info",
+        "_memory",
+        "_name",
+        "_shape",
+        "_code",
+        "_frames_rw",
+        "_frames_ro",
+        "_closed",
+        "__weakref__",
+    )
 
     def __init__(self, *args, **kwargs):
         raise TypeError("use zctipc.Stream.create() or zctipc.Stream.attach()")
 
     @classmethod
-    def create(cls, name=None, shape=(), dtype="float32", frames=32, readers=1, policy="block",
-               reader_timeout=None):
+    def create(cls, name=None, shape=(), dtype="float32", frames=32, readers=1, policy="block", reader_timeout=None):
         """Make a stream of ``frames`` slots, each a C-contiguous array of
         ``shape`` and ``dtype``, for up to ``readers`` readers at once.
 
@@ -75,8 +84,9 @@ class Stream:
         if reader_timeout is not None:
             reader_timeout = args.timeout(reader_timeout, "reader_timeout")
             if not 0 < reader_timeout < (1 << 32) / 1000:
-                raise InvalidArgument(f"reader_timeout must be positive seconds (below 49 days) or None, "
-                                      f"not {reader_timeout!r}")
+                raise InvalidArgument(
+                    f"reader_timeout must be positive seconds (below 49 days) or None, not {reader_timeout!r}"
+                )
             timeout_ms = max(1, round(reader_timeout * 1000))
         dims = layout.shape_tuple(shape)
         code = dtypes.code_of(dtype)
@@ -84,8 +94,20 @@ class Stream:
         handle = ffi.new("zct_handle *")
         info = ffi.new("zct_stream_info *")
         cname = ffi.NULL if name is None else layout.segment_name(name)
-        native.check(lib.zct_stream_create(cname, code, len(dims), ffi.new("int64_t[]", dims) if dims else ffi.NULL,
-                                            frames, readers, POLICIES.index(policy), timeout_ms, handle, info))
+        native.check(
+            lib.zct_stream_create(
+                cname,
+                code,
+                len(dims),
+                ffi.new("int64_t[]", dims) if dims else ffi.NULL,
+                frames,
+                readers,
+                POLICIES.index(policy),
+                timeout_ms,
+                handle,
+                info,
+            )
+        )
         return cls._wrap(handle[0], info)
 
     @classmethod
@@ -104,7 +126,7 @@ class Stream:
         self._handle = handle
         self._info = info
         self._name = ffi.string(info.name).decode()
-        self._shape = tuple(info.shape[0:info.ndim])
+        self._shape = tuple(info.shape[0 : info.ndim])
         self._code = info.dtype
         self._memory = memory.owner(info.data, "zct_stream_close", handle, "closing a stream")
         self._frames_rw = self._frames_ro = None
@@ -179,8 +201,10 @@ class Stream:
 
     def __repr__(self):
         state = "closed" if self._closed else f"published={self.published}"
-        return (f"<Stream {self._name!r} frames={self.frames} shape={self._shape} dtype={dtypes.NAMES.get(self._code)} "
-                f"policy={self.policy} {state}>")
+        return (
+            f"<Stream {self._name!r} frames={self.frames} shape={self._shape} dtype={dtypes.NAMES.get(self._code)} "
+            f"policy={self.policy} {state}>"
+        )
 
     # -- use ------------------------------------------------------------------
 
@@ -244,7 +268,7 @@ class Stream:
             cache = []
             for i in range(info.frames):
                 at = info.ring_offset + i * info.stride
-                cache.append(base[at:at + info.frame_bytes].view(dt).reshape(self._shape))
+                cache.append(base[at : at + info.frame_bytes].view(dt).reshape(self._shape))
             if writable:
                 self._frames_rw = cache
             else:
@@ -296,8 +320,9 @@ class _Endpoint:
         verb = "write" if self._writable else "read"
         self._look = getattr(lib, f"zct_stream_{verb}_look")
         self._increment = getattr(lib, f"zct_stream_{verb}_increment")
-        self._finalizer = weakref.finalize(self, native.finalize, f"zct_stream_{self._kind}_close", handle,
-                                           f"closing a stream {self._kind}")
+        self._finalizer = weakref.finalize(
+            self, native.finalize, f"zct_stream_{self._kind}_close", handle, f"closing a stream {self._kind}"
+        )
 
     def set_wait(self, wait="sleep", spin=None):
         """How this endpoint's blocking calls wait (for frames, or for room),
@@ -396,9 +421,11 @@ class StreamWriter(_Endpoint):
         if not is_tensor:
             frame = np.asarray(frame)
         if frame.shape != s._shape or _code_or_none(frame.dtype) != s._code:
-            raise ValueError(f"a frame of shape {tuple(frame.shape)} and dtype "
-                             f"{dtypes.NAMES.get(_code_or_none(frame.dtype), str(frame.dtype))} does not fit stream "
-                             f"{s.name!r}, whose frames are {s.shape} {dtypes.NAMES[s._code]}")
+            raise ValueError(
+                f"a frame of shape {tuple(frame.shape)} and dtype "
+                f"{dtypes.NAMES.get(_code_or_none(frame.dtype), str(frame.dtype))} does not fit stream "
+                f"{s.name!r}, whose frames are {s.shape} {dtypes.NAMES[s._code]}"
+            )
         left = self._take_lock(block, timeout)
         if left is False:
             return False

@@ -37,8 +37,7 @@ def start(call, *args, env=None):
     """Start ``_crash.call(*args)`` in a new Python process whose stdout is a
     pipe."""
     code = f"import sys, _crash; _crash.{call}(*sys.argv[1:])"
-    return subprocess.Popen([sys.executable, "-c", code, *map(str, args)], stdout=subprocess.PIPE, text=True,
-                            env=env)
+    return subprocess.Popen([sys.executable, "-c", code, *map(str, args)], stdout=subprocess.PIPE, text=True, env=env)
 
 
 def producer(out_arg, back_arg, seed):
@@ -165,13 +164,17 @@ def fd_scenario():
     del to_consumer, to_me
     gc.collect()
     time.sleep(0.2)
-    print(json.dumps({
-        "files_while_running": files_while_running,
-        "files_after": os.listdir(shm_dir),
-        "memfd_segments_kept": kept,
-        "sums_ok": sums == [1000.0 * (i % 7) for i in range(20)],
-        "open_files": [baseline, open_files()],
-    }))
+    print(
+        json.dumps(
+            {
+                "files_while_running": files_while_running,
+                "files_after": os.listdir(shm_dir),
+                "memfd_segments_kept": kept,
+                "sums_ok": sums == [1000.0 * (i % 7) for i in range(20)],
+                "open_files": [baseline, open_files()],
+            }
+        )
+    )
 
 
 def fd_producer(consumer_arg, me_arg):

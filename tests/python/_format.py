@@ -57,7 +57,7 @@ def decode(data, file_size):
         product *= d or 1
     if product > INT64_MAX:
         raise FormatError("corrupt", "overflow")
-    extent = 0 if 0 in shape else sum((d - 1) * s for d, s in zip(shape, strides)) + ITEMSIZE[dtype]
+    extent = 0 if 0 in shape else sum((d - 1) * s for d, s in zip(shape, strides, strict=True)) + ITEMSIZE[dtype]
     if extent > INT64_MAX or extent > nbytes:
         raise FormatError("corrupt", "extent")
     if data_offset % 64 or data_offset < header_len:

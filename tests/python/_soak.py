@@ -122,18 +122,22 @@ def main():
     for p in procs:
         p.join(60)
     expected = {k << 32 | n for k, c in sent.items() for n in range(c)}
-    print(json.dumps({
-        "seconds": round(time.monotonic() - start, 1),
-        "sent": len(expected),
-        "received": received,
-        "missing": len(expected - seen),
-        "unexpected": len(seen - expected),
-        "duplicates": duplicates,
-        "corrupt": len(bad),
-        "gigabytes": round(moved / 1e9, 2),
-        "exit_codes": sorted({p.exitcode for p in procs}),
-        "left_in_queue": q.qsize(),
-    }))
+    print(
+        json.dumps(
+            {
+                "seconds": round(time.monotonic() - start, 1),
+                "sent": len(expected),
+                "received": received,
+                "missing": len(expected - seen),
+                "unexpected": len(seen - expected),
+                "duplicates": duplicates,
+                "corrupt": len(bad),
+                "gigabytes": round(moved / 1e9, 2),
+                "exit_codes": sorted({p.exitcode for p in procs}),
+                "left_in_queue": q.qsize(),
+            }
+        )
+    )
     q.close()
     results.close()
 

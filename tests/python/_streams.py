@@ -39,8 +39,15 @@ def read_slowly(stream, ready, results):
             torn += 1
         got.append(int(frame.flat[0]))
         time.sleep(0.0005)
-    results.put({"received": len(got), "dropped": r.dropped, "torn": torn, "ordered": got == sorted(got),
-                 "reader_received": r.received})
+    results.put(
+        {
+            "received": len(got),
+            "dropped": r.dropped,
+            "torn": torn,
+            "ordered": got == sorted(got),
+            "reader_received": r.received,
+        }
+    )
 
 
 def hold_a_frame(stream, ready):
@@ -71,6 +78,7 @@ def wait_for_event(event, results):
 
 
 # -- pipeline tasks ------------------------------------------------------------
+
 
 def count_up(out, n):
     for i in range(n):

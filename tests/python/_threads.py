@@ -68,7 +68,7 @@ def consume(q, j, taken, corrupt, done):
         msgs = q.get_many(8, timeout=60) if j % 2 else [q.get(timeout=60)]
         for i, msg in enumerate(msgs):
             if msg is None:  # the end: hand any other end in the batch on
-                for _ in range(msgs[i + 1:].count(None)):
+                for _ in range(msgs[i + 1 :].count(None)):
                     q.put(None)
                 return
             if isinstance(msg, str) and msg == DONE:
@@ -106,8 +106,11 @@ def main():
     for uid in taken:
         ids[uid] = ids.get(uid, 0) + 1
     duplicates = sum(1 for uid, c in ids.items() if c > (3 if (uid & 0xFFFFFFFF) % 6 == 5 else 1))
-    print(json.dumps({"sent": expected, "taken": len(taken), "duplicates": duplicates, "corrupt": corrupt[:5],
-                      "left": q.qsize()}))
+    print(
+        json.dumps(
+            {"sent": expected, "taken": len(taken), "duplicates": duplicates, "corrupt": corrupt[:5], "left": q.qsize()}
+        )
+    )
     q.close()
 
 

@@ -215,13 +215,17 @@ def killed_consumers_scenario(total=300, kills=12, seed=7, blob=0):
     import gc
 
     gc.collect()
-    print(json.dumps({
-        "lost": sorted(set(range(total)) - seen - set(rest)),
-        "twice": sorted(seen & set(rest)) + [i for i in set(rest) if rest.count(i) > 1],
-        "alive": alive,
-        "leaked_slots": zctipc.pool_stats().slots_in_use,
-        "queue": q._name,
-    }))
+    print(
+        json.dumps(
+            {
+                "lost": sorted(set(range(total)) - seen - set(rest)),
+                "twice": sorted(seen & set(rest)) + [i for i in set(rest) if rest.count(i) > 1],
+                "alive": alive,
+                "leaked_slots": zctipc.pool_stats().slots_in_use,
+                "queue": q._name,
+            }
+        )
+    )
 
 
 def hold_received(q, ready):

@@ -59,7 +59,9 @@ def no_leaked_segments():
 @pytest.fixture
 def segname(request):
     """A segment name no other test uses."""
-    return f"pytest_{request.node.name[:40]}_{uuid.uuid4().hex[:12]}".replace("[", "_").replace("]", "_").replace("-", "_")
+    return (
+        f"pytest_{request.node.name[:40]}_{uuid.uuid4().hex[:12]}".replace("[", "_").replace("]", "_").replace("-", "_")
+    )
 
 
 @pytest.fixture
@@ -104,8 +106,7 @@ def isolated(tmp_path):
     shm_dir = f"/dev/shm/zctipc-pytest-{uuid.uuid4().hex[:12]}"
     os.mkdir(shm_dir, 0o700)
     run_dir = str(tmp_path / "run")
-    env = dict(os.environ, ZCTIPC_SHM_DIR=shm_dir, ZCTIPC_RUNTIME_DIR=run_dir, ZCTIPC_DAEMON_IDLE="2",
-               PYTHONPATH=HERE)
+    env = dict(os.environ, ZCTIPC_SHM_DIR=shm_dir, ZCTIPC_RUNTIME_DIR=run_dir, ZCTIPC_DAEMON_IDLE="2", PYTHONPATH=HERE)
     env.pop("ZCTIPC_SHARING_STRATEGY", None)
     yield env
     pid = daemon_pid(run_dir)

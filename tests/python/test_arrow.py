@@ -4,6 +4,7 @@ every column zero-copy."""
 
 import multiprocessing
 
+import _workers
 import numpy as np
 import pandas as pd
 import polars as pl
@@ -12,20 +13,20 @@ import pytest
 
 import zctipc
 
-import _workers
-
 
 def awkward_table(n=1000):
     """Nested, dictionary, null-bearing and plain columns."""
-    return pa.table({
-        "i": pa.array(np.arange(n, dtype=np.int64)),
-        "f": pa.array(np.linspace(0, 1, n)),
-        "nulls": pa.array([None if k % 3 == 0 else k for k in range(n)], pa.int32()),
-        "dict": pa.array(["red", "green", None, "blue"] * (n // 4)).dictionary_encode(),
-        "list": pa.array([[k, k + 1] if k % 5 else None for k in range(n)], pa.list_(pa.int16())),
-        "struct": pa.array([{"x": k, "y": str(k)} for k in range(n)]),
-        "s": pa.array([f"row {k}" for k in range(n)]),
-    })
+    return pa.table(
+        {
+            "i": pa.array(np.arange(n, dtype=np.int64)),
+            "f": pa.array(np.linspace(0, 1, n)),
+            "nulls": pa.array([None if k % 3 == 0 else k for k in range(n)], pa.int32()),
+            "dict": pa.array(["red", "green", None, "blue"] * (n // 4)).dictionary_encode(),
+            "list": pa.array([[k, k + 1] if k % 5 else None for k in range(n)], pa.list_(pa.int16())),
+            "struct": pa.array([{"x": k, "y": str(k)} for k in range(n)]),
+            "s": pa.array([f"row {k}" for k in range(n)]),
+        }
+    )
 
 
 def test_share_and_attach_round_trip_every_kind_of_column():

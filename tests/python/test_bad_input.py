@@ -8,10 +8,9 @@ import textwrap
 
 import numpy as np
 import pytest
+from conftest import SHM, segment_exists
 
 import zctipc
-
-from conftest import SHM, segment_exists
 
 GOLDEN = os.path.join(os.path.dirname(__file__), "..", "golden")
 EXCEPTIONS = {
@@ -43,14 +42,17 @@ def test_broken_segment_files_are_refused(shm_file, vector):
     assert segment_exists(name), "a refused file is left alone"
 
 
-@pytest.mark.parametrize("case,exc,match", [
-    ("not_zctipc", zctipc.NotAZctipcSegment, "not a zctipc segment"),
-    ("truncated_data", zctipc.CorruptHeader, "truncated"),
-    ("flipped_checksum_byte", zctipc.CorruptHeader, "checksum mismatch"),
-    ("ndim_33", zctipc.CorruptHeader, "ndim 33 exceeds the limit of 32"),
-    ("shape_overflows_int64", zctipc.CorruptHeader, "overflows int64"),
-    ("data_past_file_end", zctipc.CorruptHeader, "the file has"),
-])
+@pytest.mark.parametrize(
+    "case,exc,match",
+    [
+        ("not_zctipc", zctipc.NotAZctipcSegment, "not a zctipc segment"),
+        ("truncated_data", zctipc.CorruptHeader, "truncated"),
+        ("flipped_checksum_byte", zctipc.CorruptHeader, "checksum mismatch"),
+        ("ndim_33", zctipc.CorruptHeader, "ndim 33 exceeds the limit of 32"),
+        ("shape_overflows_int64", zctipc.CorruptHeader, "overflows int64"),
+        ("data_past_file_end", zctipc.CorruptHeader, "the file has"),
+    ],
+)
 def test_refusals_say_what_is_wrong(shm_file, case, exc, match):
     name = shm_file(golden_bytes(case))
     with pytest.raises(exc, match=match):
@@ -152,7 +154,9 @@ def test_small_dev_shm_gives_out_of_shared_memory_not_sigbus(tmp_path):
         subprocess.run(["umount", str(mount)], check=True)
 
 
-@pytest.mark.parametrize("dtype", [object, np.dtype([("a", "i4"), ("b", "f8")]), ">f4", "U3", "S2", "datetime64[s]", np.longdouble])
+@pytest.mark.parametrize(
+    "dtype", [object, np.dtype([("a", "i4"), ("b", "f8")]), ">f4", "U3", "S2", "datetime64[s]", np.longdouble]
+)
 def test_unsupported_dtypes(dtype):
     with pytest.raises(zctipc.UnsupportedDtype) as err:
         zctipc.create_shared_tensor(shape=(2,), dtype=dtype)
@@ -239,28 +243,31 @@ def test_a_read_only_array_arrives_read_only():
     q.close()
 
 
-@pytest.mark.parametrize("call, exc", [
-    (lambda: zctipc.Queue(max_bytes="4096"), TypeError),
-    (lambda: zctipc.Queue(max_bytes=4096.0), TypeError),
-    (lambda: zctipc.Queue(max_bytes=0), ValueError),
-    (lambda: zctipc.Queue(max_bytes=4095), ValueError),
-    (lambda: zctipc.Queue(max_bytes=(1 << 30) + 1), ValueError),
-    (lambda: zctipc.Queue(max_bytes=1 << 64), ValueError),
-    (lambda: zctipc.Queue(maxsize="4"), TypeError),
-    (lambda: zctipc.Queue(maxsize=4.5), TypeError),
-    (lambda: zctipc.Queue(maxsize=1 << 40), ValueError),
-    (lambda: zctipc.set_pool_limit("1G"), TypeError),
-    (lambda: zctipc.set_pool_limit(-1), ValueError),
-    (lambda: zctipc.set_pool_limit(1 << 64), ValueError),
-    (lambda: zctipc.empty(4, timeout="1"), TypeError),
-    (lambda: zctipc.empty(4, timeout=-1), ValueError),
-    (lambda: zctipc.Stream.create(shape=4, frames="8"), TypeError),
-    (lambda: zctipc.Stream.create(shape=4, frames=1 << 21), ValueError),
-    (lambda: zctipc.Stream.create(shape=4, readers=2.0), TypeError),
-    (lambda: zctipc.Stream.create(shape=4, reader_timeout="1"), TypeError),
-    (lambda: zctipc.Stream.create(shape=4, reader_timeout=float("nan")), ValueError),
-    (lambda: zctipc.Stream.create(shape=4, reader_timeout=1e12), ValueError),
-])
+@pytest.mark.parametrize(
+    "call, exc",
+    [
+        (lambda: zctipc.Queue(max_bytes="4096"), TypeError),
+        (lambda: zctipc.Queue(max_bytes=4096.0), TypeError),
+        (lambda: zctipc.Queue(max_bytes=0), ValueError),
+        (lambda: zctipc.Queue(max_bytes=4095), ValueError),
+        (lambda: zctipc.Queue(max_bytes=(1 << 30) + 1), ValueError),
+        (lambda: zctipc.Queue(max_bytes=1 << 64), ValueError),
+        (lambda: zctipc.Queue(maxsize="4"), TypeError),
+        (lambda: zctipc.Queue(maxsize=4.5), TypeError),
+        (lambda: zctipc.Queue(maxsize=1 << 40), ValueError),
+        (lambda: zctipc.set_pool_limit("1G"), TypeError),
+        (lambda: zctipc.set_pool_limit(-1), ValueError),
+        (lambda: zctipc.set_pool_limit(1 << 64), ValueError),
+        (lambda: zctipc.empty(4, timeout="1"), TypeError),
+        (lambda: zctipc.empty(4, timeout=-1), ValueError),
+        (lambda: zctipc.Stream.create(shape=4, frames="8"), TypeError),
+        (lambda: zctipc.Stream.create(shape=4, frames=1 << 21), ValueError),
+        (lambda: zctipc.Stream.create(shape=4, readers=2.0), TypeError),
+        (lambda: zctipc.Stream.create(shape=4, reader_timeout="1"), TypeError),
+        (lambda: zctipc.Stream.create(shape=4, reader_timeout=float("nan")), ValueError),
+        (lambda: zctipc.Stream.create(shape=4, reader_timeout=1e12), ValueError),
+    ],
+)
 def test_numeric_arguments_are_checked_as_python_checks_them(call, exc):
     with pytest.raises(exc):
         call()

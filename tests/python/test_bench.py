@@ -14,9 +14,24 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 def test_every_suite_runs_and_the_report_has_its_shape(tmp_path):
     # The same peers are measured wherever the test runs: none of the optional ones.
     env = dict(os.environ, ZCTIPC_BENCH_WITHOUT="pythusa,faster-fifo,iceoryx2,ray")
-    out = subprocess.run([sys.executable, "-m", "zctipc", "bench", "--tiny", "--out", str(tmp_path),
-                          "--json", str(tmp_path / "all.json")], cwd=ROOT, env=env, capture_output=True, text=True,
-                         timeout=900)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "zctipc",
+            "bench",
+            "--tiny",
+            "--out",
+            str(tmp_path),
+            "--json",
+            str(tmp_path / "all.json"),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "skipping pythusa: left out by ZCTIPC_BENCH_WITHOUT" in out.stderr
     assert "floor    measuring a futex wake and a memcpy" in out.stderr
@@ -39,12 +54,17 @@ def test_every_suite_runs_and_the_report_has_its_shape(tmp_path):
     assert all(r["per_second"] > 0 for r in suites["queue"]["rate"])
     local = suites["queue"]["local"]
     assert {(r["object"], r["peer"]) for r in local} == {
-        (o, p) for o in ("5-tuple of ints", "32 bytes", "10 float32", "64 KiB float32")
-        for p in ("zctipc.Queue", "multiprocessing.Queue")}
+        (o, p)
+        for o in ("5-tuple of ints", "32 bytes", "10 float32", "64 KiB float32")
+        for p in ("zctipc.Queue", "multiprocessing.Queue")
+    }
     assert all(r["per_pair_us"] > 0 for r in local)
     assert all((r["floor_us"] is None) == ("float32" in r["object"]) for r in local), "arrays have no message floor"
     assert [r["peer"] for r in suites["queue"]["latency"]] == [
-        "zctipc.Queue (sleep)", "zctipc.Queue (poll)", "multiprocessing.Queue"]
+        "zctipc.Queue (sleep)",
+        "zctipc.Queue (poll)",
+        "multiprocessing.Queue",
+    ]
     assert all(0 <= r["consumer_cpu"] <= 2 and r["median_us"] > 0 for r in suites["queue"]["latency"])
     assert [r["peer"] for r in suites["stream"]["latency"]] == ["zctipc", "zctipc polling"]
     assert [r["peer"] for r in suites["queue"]["pool"]] == ["zctipc.get_context()", "stdlib fork", "stdlib forkserver"]
@@ -55,7 +75,8 @@ def test_every_suite_runs_and_the_report_has_its_shape(tmp_path):
     assert {r["peer"] for r in suites["stream"]["throughput"]} == {"zctipc"}
     assert {r["peer"] for r in suites["arrow"]["arrow"]} >= {"zctipc share/attach", "pa.ipc through a pipe"}
     assert {(r["pair"], r["producers"]) for r in suites["arrow"]["rates"]} == {
-        (pair, n) for pair in ("Python to Python", "Go to Go", "Go to Python") for n in (1, 4)}
+        (pair, n) for pair in ("Python to Python", "Go to Go", "Go to Python") for n in (1, 4)
+    }
     assert all(r["per_second"] > 0 for r in suites["arrow"]["rates"])
     assert suites["gpu"]["skipped"] or suites["gpu"]["rows"]
     text = (tmp_path / "report.md").read_text()
@@ -70,8 +91,13 @@ def test_every_suite_runs_and_the_report_has_its_shape(tmp_path):
 
 
 def test_bad_arguments_are_refused():
-    out = subprocess.run([sys.executable, "-m", "zctipc", "bench", "--only", "nonsense"], cwd=ROOT,
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "zctipc", "bench", "--only", "nonsense"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 2
     assert "unknown suite 'nonsense'; the suites are handoff, queue, stream, arrow, gpu" in out.stderr
 
@@ -81,8 +107,13 @@ def test_a_suite_whose_imports_are_missing_is_skipped(tmp_path):
     # the suites that import it are skipped with the reason; the rest run.
     (tmp_path / "torch.py").write_text("raise ModuleNotFoundError(\"No module named 'torch'\", name='torch')\n")
     env = dict(os.environ, PYTHONPATH=str(tmp_path), ZCTIPC_BENCH_WITHOUT="faster-fifo,pythusa,iceoryx2,ray")
-    out = subprocess.run([sys.executable, "-m", "zctipc", "bench", "--tiny", "--only", "queue,stream",
-                          "--out", str(tmp_path / "out")], env=env, capture_output=True, text=True, timeout=600)
+    out = subprocess.run(
+        [sys.executable, "-m", "zctipc", "bench", "--tiny", "--only", "queue,stream", "--out", str(tmp_path / "out")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "skipping the queue suite: it needs torch, which is not installed" in out.stderr
     report = json.loads((tmp_path / "out" / "report.json").read_text())

@@ -10,10 +10,9 @@ import time
 
 import numpy as np
 import pytest
+from conftest import SWEEP_TIMEOUT
 
 import zctipc
-
-from conftest import SWEEP_TIMEOUT
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -24,8 +23,24 @@ def attach(tmp_path_factory):
     assert cc, "a C compiler is needed to build the example"
     package = os.path.dirname(zctipc.__file__)
     binary = str(tmp_path_factory.mktemp("c") / "attach")
-    subprocess.run([cc, "-std=c11", "-Wall", "-Werror", "-I", package, os.path.join(ROOT, "go/capi/example/attach.c"),
-                    "-L", package, "-lzctipc", f"-Wl,-rpath,{package}", "-o", binary], check=True)
+    subprocess.run(
+        [
+            cc,
+            "-std=c11",
+            "-Wall",
+            "-Werror",
+            "-I",
+            package,
+            os.path.join(ROOT, "go/capi/example/attach.c"),
+            "-L",
+            package,
+            "-lzctipc",
+            f"-Wl,-rpath,{package}",
+            "-o",
+            binary,
+        ],
+        check=True,
+    )
     return binary
 
 

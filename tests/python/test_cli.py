@@ -10,8 +10,8 @@ import sys
 import time
 
 import pytest
-
 from conftest import daemon_pid
+
 from zctipc import cli
 
 BIN = os.path.dirname(sys.executable)
@@ -57,15 +57,20 @@ def test_ls_shows_each_segment_and_who_holds_it(isolated):
     holder = start(isolated, HOLD_A_TENSOR)
     try:
         text = zctipc(isolated, "ls")
-        line = next(l for l in text.splitlines() if "zctipc_cli_demo" in l)
+        line = next(ln for ln in text.splitlines() if "zctipc_cli_demo" in ln)
         assert "tensor" in line and "float32[2, 3]" in line
         assert f"{holder.pid} (alive)" in line
         assert re.search(rf"{holder.pid} \(alive\) +1 ", line), "one count, the creator's"
-        assert any(" ledger " in l for l in text.splitlines()), "the holder's ledger is listed too"
+        assert any(" ledger " in ln for ln in text.splitlines()), "the holder's ledger is listed too"
         rows = json.loads(zctipc(isolated, "ls", "--json"))
         row = next(r for r in rows if r["name"] == "zctipc_cli_demo")
-        assert (row["dtype"], row["shape"], row["creator_pid"], row["creator_alive"], row["refcount"]) == \
-            ("float32", [2, 3], holder.pid, True, 1)
+        assert (row["dtype"], row["shape"], row["creator_pid"], row["creator_alive"], row["refcount"]) == (
+            "float32",
+            [2, 3],
+            holder.pid,
+            True,
+            1,
+        )
         assert row["tracked"] and row["holders"] == [holder.pid]
     finally:
         stop(holder)
@@ -86,8 +91,11 @@ def test_gc_removes_an_orphan_and_keeps_what_is_held(isolated):
         shm = isolated["ZCTIPC_SHM_DIR"]
         assert sorted(os.listdir(shm)) == ["zctipc_cli_demo", "zctipc_cli_orphan"]
         dry = zctipc(isolated, "gc", "--dry-run")
-        assert re.search(r"would remove zctipc_cli_orphan \(tensor, 2\.1 KiB\): no live holder "
-                         r"\(creator pid \d+ exited, refcount 1\)", dry)
+        assert re.search(
+            r"would remove zctipc_cli_orphan \(tensor, 2\.1 KiB\): no live holder "
+            r"\(creator pid \d+ exited, refcount 1\)",
+            dry,
+        )
         assert "zctipc_cli_demo" not in dry
         assert sorted(os.listdir(shm)) == ["zctipc_cli_demo", "zctipc_cli_orphan"], "a dry run removes nothing"
         done = zctipc(isolated, "gc")
@@ -104,15 +112,16 @@ def test_gc_removes_an_orphan_and_keeps_what_is_held(isolated):
 
 
 def test_python_dash_m_is_the_same_command(isolated):
-    out = subprocess.run([sys.executable, "-m", "zctipc", "ls"], env=isolated, capture_output=True, text=True,
-                         timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "zctipc", "ls"], env=isolated, capture_output=True, text=True, timeout=60
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == f"no zctipc segments in {isolated['ZCTIPC_SHM_DIR']}"
 
 
 def test_doctor_reports_the_machine(isolated):
     text = zctipc(isolated, "doctor")
-    fields = dict(l.split(":", 1) for l in text.splitlines() if not l.startswith("WARNING"))
+    fields = dict(ln.split(":", 1) for ln in text.splitlines() if not ln.startswith("WARNING"))
     assert f"(C ABI {cli._native.ABI_VERSION})" in fields["libzctipc"]
     assert fields["shared memory"].strip().startswith(isolated["ZCTIPC_SHM_DIR"] + ":")
     assert "RLIMIT_NOFILE" in fields["open files limit"]

@@ -5,11 +5,10 @@ import subprocess
 import sys
 import textwrap
 
+import _workers
 import pytest
 
 import zctipc
-
-import _workers
 
 
 def test_every_documented_name_exists():
@@ -69,7 +68,8 @@ def test_process_and_pool_at_module_level():
 
 def test_import_zctipc_as_multiprocessing(tmp_path):
     script = tmp_path / "swap.py"
-    script.write_text(textwrap.dedent("""
+    script.write_text(
+        textwrap.dedent("""
         import zctipc as multiprocessing
         import numpy as np
 
@@ -90,7 +90,8 @@ def test_import_zctipc_as_multiprocessing(tmp_path):
             with multiprocessing.Pool(2) as pool:
                 print(pool.map(abs, [-1, -2]))
             print(multiprocessing.current_process().name)
-    """))
+    """)
+    )
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split("\n")[:3] == ["[1000.0, 1000.0]", "[1, 2]", "MainProcess"]

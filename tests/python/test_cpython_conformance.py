@@ -34,10 +34,19 @@ SUMMARY = re.compile(
 def run_harness():
     """Run the harness by path (no package lookup for `tests`), in a session
     of its own so that a timeout kills its children too."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [os.path.join(ROOT, "python"),
-                                                                     os.environ.get("PYTHONPATH")])))
-    proc = subprocess.Popen([sys.executable, HARNESS], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join(filter(None, [os.path.join(ROOT, "python"), os.environ.get("PYTHONPATH")])),
+    )
+    proc = subprocess.Popen(
+        [sys.executable, HARNESS],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         out, err = proc.communicate(timeout=TIMEOUT)
     except subprocess.TimeoutExpired:

@@ -15,10 +15,10 @@ import time
 
 import numpy as np
 import pytest
-
-import zctipc
 from _format import decode
 from conftest import daemon_pid
+
+import zctipc
 
 SWEEP_TIMEOUT = 10  # seconds the daemon may take to leave nothing
 
@@ -36,15 +36,24 @@ def wait_empty(env, timeout=SWEEP_TIMEOUT):
 
 
 def run_scenario(env, call, *args, timeout=600):
-    out = subprocess.run([sys.executable, "-c", f"import sys, _crash; _crash.{call}(*sys.argv[1:])", *map(str, args)],
-                         env=env, capture_output=True, text=True, timeout=timeout)
+    out = subprocess.run(
+        [sys.executable, "-c", f"import sys, _crash; _crash.{call}(*sys.argv[1:])", *map(str, args)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def start(env, call, *args):
-    p = subprocess.Popen([sys.executable, "-c", f"import sys, _crash; _crash.{call}(*sys.argv[1:])", *map(str, args)],
-                         env=env, stdout=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        [sys.executable, "-c", f"import sys, _crash; _crash.{call}(*sys.argv[1:])", *map(str, args)],
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     return p
 
 

@@ -9,14 +9,13 @@ import sys
 import textwrap
 import time
 
+import _gpu
 import pytest
 import torch
 
 import zctipc
 from zctipc import cuda
 from zctipc._wire import gpu as cuda_codec
-
-import _gpu
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MOCK_SOURCE = os.path.join(HERE, "..", "cuda", "mockcuda.c")
@@ -196,14 +195,17 @@ def mock_env(tmp_path_factory):
 
 
 def run_with(env, code):
-    out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True, text=True,
-                         timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True, text=True, timeout=300
+    )
     assert out.returncode == 0, out.stderr
     return out.stdout.split("\n")
 
 
 def test_vmm_memory_travels_by_name_with_the_stand_in_driver(mock_env):
-    lines = run_with(mock_env, """
+    lines = run_with(
+        mock_env,
+        """
         import ctypes, zctipc, _gpu
         assert zctipc.cuda.is_available() and zctipc.cuda.device_count() == 1
         ct = zctipc.cuda.empty((1000,), "int32")
@@ -219,13 +221,16 @@ def test_vmm_memory_travels_by_name_with_the_stand_in_driver(mock_env):
         print(back.get(timeout=60))
         p.join(60)
         print(p.exitcode, arr[0])
-    """)
+    """,
+    )
     assert lines[0] == "(499500, (1000,), 'int32', 0)", "the child mapped the same memory"
     assert lines[1] == "0 -1", "and wrote into it"
 
 
 def test_an_allocation_sent_ten_thousand_times_is_opened_once_with_the_stand_in_driver(mock_env):
-    lines = run_with(mock_env, """
+    lines = run_with(
+        mock_env,
+        """
         import ctypes, zctipc, _gpu
         from zctipc._core import native as _native
         ffi, lib = _native.ffi(), _native.lib()
@@ -242,13 +247,16 @@ def test_an_allocation_sent_ten_thousand_times_is_opened_once_with_the_stand_in_
         p.join(60)
         _native.check(lib.zct_cuda_ipc_release(export[0]))
         print(zctipc.cuda.ipc_opens())
-    """)
+    """,
+    )
     assert lines[0] == "(1, 1234)", "opened once in 10,000 receipts, at the right offset"
     assert lines[1] == "0", "the producer never opens its own allocation"
 
 
 def test_cuda_errors_from_the_driver_are_clear_with_the_stand_in_driver(mock_env):
-    lines = run_with(mock_env, """
+    lines = run_with(
+        mock_env,
+        """
         import zctipc
         from zctipc._core import native as _native
         ffi, lib = _native.ffi(), _native.lib()
@@ -261,6 +269,7 @@ def test_cuda_errors_from_the_driver_are_clear_with_the_stand_in_driver(mock_env
             _native.check(lib.zct_cuda_ipc_export(0, 0x1000, 0, ipc, export))
         except zctipc.CudaError as e:
             print("pointer:", e)
-    """)
+    """,
+    )
     assert lines[0] == "device: CUDA device 3: there are 1: CUDA is unavailable"
     assert lines[1].startswith("pointer: 0x1000 is not device memory of device 0: cuMemGetAddressRange: CUDA error 1")

@@ -19,13 +19,12 @@ import textwrap
 import time
 import weakref
 
+import _workers
 import numpy as np
 import pytest
 import torch
 
 import zctipc
-
-import _workers
 
 METHODS = ["forkserver", "spawn"]
 
@@ -33,8 +32,7 @@ METHODS = ["forkserver", "spawn"]
 def run_script(tmp_path, text, timeout=120):
     script = tmp_path / "program.py"
     script.write_text(textwrap.dedent(text))
-    return subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=timeout,
-                          cwd=tmp_path)
+    return subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=timeout, cwd=tmp_path)
 
 
 # -- 1. the fork default -----------------------------------------------------------
@@ -42,7 +40,9 @@ def run_script(tmp_path, text, timeout=120):
 
 def test_a_program_that_chose_no_start_method_works_with_plain_multiprocessing(tmp_path):
     assert multiprocessing.context._default_context._default_context._name in ("fork", "forkserver")
-    out = run_script(tmp_path, """
+    out = run_script(
+        tmp_path,
+        """
         import multiprocessing
         import numpy as np
         import zctipc
@@ -58,7 +58,8 @@ def test_a_program_that_chose_no_start_method_works_with_plain_multiprocessing(t
             p.join()
             print(p.exitcode)
             multiprocessing.set_start_method("spawn", force=True)  # still the program's to choose
-    """)
+    """,
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.split("\n")[:2] == ["[0, 2, 4] forkserver", "0"]
     if sys.version_info < (3, 14):
@@ -67,7 +68,9 @@ def test_a_program_that_chose_no_start_method_works_with_plain_multiprocessing(t
 
 
 def test_the_start_method_stays_free_to_choose_after_zctipc_is_used(tmp_path):
-    out = run_script(tmp_path, """
+    out = run_script(
+        tmp_path,
+        """
         import multiprocessing
         import zctipc
 
@@ -75,14 +78,17 @@ def test_the_start_method_stays_free_to_choose_after_zctipc_is_used(tmp_path):
             q = zctipc.Queue()
             multiprocessing.set_start_method("spawn")
             print(multiprocessing.get_start_method(), zctipc.get_start_method())
-    """)
+    """,
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "spawn spawn"
     assert "RuntimeWarning" not in out.stderr or sys.version_info < (3, 14)
 
 
 def test_a_program_that_chose_fork_gets_forked_process_error_in_the_child(tmp_path):
-    out = run_script(tmp_path, """
+    out = run_script(
+        tmp_path,
+        """
         import multiprocessing
         import zctipc
 
@@ -96,7 +102,8 @@ def test_a_program_that_chose_fork_gets_forked_process_error_in_the_child(tmp_pa
             p.start()
             p.join()
             print(p.exitcode)
-    """)
+    """,
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "1"
     assert "ForkedProcessError" in out.stderr
@@ -159,7 +166,7 @@ def test_process_pool_executor_with_zctipc_context(method):
     tensors = [torch.full((1 << 12,), float(i)) for i in range(3)]
     with concurrent.futures.ProcessPoolExecutor(2, mp_context=ctx) as ex:
         out = list(ex.map(_workers.plus_one, arrays + tensors, timeout=120))
-    for got, sent in zip(out, arrays + tensors):
+    for got, sent in zip(out, arrays + tensors, strict=True):
         assert type(got) is type(sent)
         assert (got == sent + 1).all()
         assert zctipc.is_shared(got), "the result is a view of zctipc memory"
@@ -173,7 +180,7 @@ def test_multiprocessing_pool_with_zctipc_context(method):
         out = pool.map(_workers.plus_one, arrays)
         assert isinstance(pool._inqueue, zctipc.SimpleQueue), "tasks cross zctipc's queues"
         t = pool.apply_async(_workers.plus_one, (torch.ones(5),)).get(60)
-    assert all((o == a + 1).all() and zctipc.is_shared(o) for o, a in zip(out, arrays))
+    assert all((o == a + 1).all() and zctipc.is_shared(o) for o, a in zip(out, arrays, strict=True))
     assert torch.equal(t, torch.full((5,), 2.0))
     with ctx.Pool(2) as pool:
         assert pool.map(abs, [-1, -2]) == [1, 2]
@@ -264,8 +271,11 @@ def test_close_ends_the_readiness_thread():
 # -- 5. no hidden references ------------------------------------------------------------
 
 
-@pytest.mark.parametrize("make", [lambda: np.arange(1000.0), lambda: torch.arange(1000.0), lambda: zctipc.empty(100)],
-                         ids=["array", "tensor", "zctipc"])
+@pytest.mark.parametrize(
+    "make",
+    [lambda: np.arange(1000.0), lambda: torch.arange(1000.0), lambda: zctipc.empty(100)],
+    ids=["array", "tensor", "zctipc"],
+)
 def test_a_put_keeps_nothing_of_the_message(make):
     q = zctipc.Queue()
     obj = make()
@@ -294,8 +304,17 @@ class _Weakrefable:
 def test_every_name_of_multiprocessing_is_there():
     missing = [name for name in multiprocessing.__all__ if not hasattr(zctipc, name)]
     assert not missing
-    for sub in ("pool", "connection", "managers", "shared_memory", "synchronize", "util", "context", "reduction",
-                "queues"):
+    for sub in (
+        "pool",
+        "connection",
+        "managers",
+        "shared_memory",
+        "synchronize",
+        "util",
+        "context",
+        "reduction",
+        "queues",
+    ):
         module = __import__(f"zctipc.{sub}", fromlist=["_"])
         original = __import__(f"multiprocessing.{sub}", fromlist=["_"])
         for name in dir(original):

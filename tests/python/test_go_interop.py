@@ -18,7 +18,9 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 def go_bin(tmp_path_factory):
     out = tmp_path_factory.mktemp("goexamples")
     for name in ("producer", "consumer"):
-        subprocess.run(["go", "build", "-o", str(out / name), f"./go/examples/{name}"], cwd=ROOT, check=True, timeout=600)
+        subprocess.run(
+            ["go", "build", "-o", str(out / name), f"./go/examples/{name}"], cwd=ROOT, check=True, timeout=600
+        )
     return lambda name: str(out / name)
 
 
@@ -29,8 +31,9 @@ def run(go_bin, *args):
 
 
 def test_a_go_tensor_is_attached_in_python_by_its_ref(go_bin):
-    p = subprocess.Popen([go_bin("producer"), "tensor", "", "1000"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                         text=True)
+    p = subprocess.Popen(
+        [go_bin("producer"), "tensor", "", "1000"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
     ref = p.stdout.readline()
     a = zctipc.attach_ref(ref)
     assert a.dtype == np.float32 and a.shape == (1000,)
@@ -108,10 +111,16 @@ def test_tensor_refs_are_checked(go_bin):
     ref = t.ref()
     assert zctipc.attach_ref(ref).tolist() == list(range(6))
     assert zctipc.attach_ref(json.dumps(ref), torch=True).tolist() == list(range(6))
-    for wrong, says in [({"shape": [7]}, "shape"), ({"dtype": "float32"}, "dtype float32"),
-                        ({"strides": [8]}, "strides"), ({"offset": 8}, "offset"), ({"nbytes": 8}, "bytes"),
-                        ({"id": "other"}, "id"), ({"device": "cuda:0"}, "device"),
-                        ({"offset": 8, "shape": [2], "strides": [4], "nbytes": 8}, "shape")]:
+    for wrong, says in [
+        ({"shape": [7]}, "shape"),
+        ({"dtype": "float32"}, "dtype float32"),
+        ({"strides": [8]}, "strides"),
+        ({"offset": 8}, "offset"),
+        ({"nbytes": 8}, "bytes"),
+        ({"id": "other"}, "id"),
+        ({"device": "cuda:0"}, "device"),
+        ({"offset": 8, "shape": [2], "strides": [4], "nbytes": 8}, "shape"),
+    ]:
         with pytest.raises(zctipc.InvalidArgument, match=says):
             zctipc.attach_ref(dict(ref, **wrong))
     with pytest.raises(zctipc.InvalidArgument, match="needs segment, dtype, shape and strides"):

@@ -5,11 +5,10 @@ import json
 import os
 
 import pytest
+from _format import FormatError, decode
 
 import zctipc
 from zctipc._core import native as _native
-
-from _format import FormatError, decode
 
 GOLDEN = os.path.join(os.path.dirname(__file__), "..", "golden")
 with open(os.path.join(GOLDEN, "header_v1.json")) as f:

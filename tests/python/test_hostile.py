@@ -10,19 +10,25 @@ import textwrap
 import time
 
 import pytest
-
 from conftest import daemon_pid
 
 
 def start(code, env):
     """A Python process running code, with line-oriented stdin and stdout."""
-    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)], env=env, stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def run(code, env, timeout=60):
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 HOLDER = """
@@ -48,13 +54,16 @@ def stopped_daemon(isolated):
 
 def test_a_stopped_daemon_delays_a_new_client_but_a_moment(stopped_daemon):
     start_time = time.monotonic()
-    out = run("""
+    out = run(
+        """
         import numpy as np, zctipc
         t = zctipc.create_shared_tensor(data=np.arange(10))
         q = zctipc.Queue()
         q.put({"a": np.ones(3)}); print(q.get()["a"].sum(), t.numpy()[9])
         q.close(); t.close()
-    """, stopped_daemon)
+    """,
+        stopped_daemon,
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["3.0", "9"], "file_system works without the daemon"
     assert "crash cleanup is not running" in out.stderr and "did not answer" in out.stderr, out.stderr
@@ -65,14 +74,17 @@ def test_a_stopped_daemon_delays_a_new_client_but_a_moment(stopped_daemon):
 def test_a_stopped_daemon_is_an_error_where_it_is_needed(stopped_daemon):
     env = dict(stopped_daemon, ZCTIPC_SHARING_STRATEGY="file_descriptor")
     start_time = time.monotonic()
-    out = run("""
+    out = run(
+        """
         import zctipc
         try:
             zctipc.create_shared_tensor(shape=4)
             print("made")
         except zctipc.DaemonUnavailable as e:
             print("DaemonUnavailable", isinstance(e, ConnectionError))
-    """, env)
+    """,
+        env,
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["DaemonUnavailable", "True"], "memfd segments need the daemon to pass them"
     assert time.monotonic() - start_time < 20
@@ -98,7 +110,8 @@ CREATOR = """
 def test_a_shrunk_segment_is_an_error_not_a_crash(isolated):
     creator = start(CREATOR, isolated)
     tensor, queue_name = creator.stdout.readline().split()
-    reader = start("""
+    reader = start(
+        """
         import sys, zctipc
         t = zctipc.attach_shared_tensor(input())
         q = zctipc.Queue.attach(input())
@@ -110,7 +123,9 @@ def test_a_shrunk_segment_is_an_error_not_a_crash(isolated):
                 print(what, "worked", flush=True)
             except zctipc.CorruptHeader:
                 print(what, "CorruptHeader", flush=True)
-    """, isolated)
+    """,
+        isolated,
+    )
     reader.stdin.write(f"{tensor}\n{queue_name}\n")
     reader.stdin.flush()
     assert reader.stdout.readline().strip() == "attached"
@@ -122,12 +137,25 @@ def test_a_shrunk_segment_is_an_error_not_a_crash(isolated):
     assert out.split() == ["refcount", "CorruptHeader", "get", "CorruptHeader"]
     out, err = creator.communicate("\n", timeout=60)
     assert creator.returncode == 0, f"the creator exits cleanly: {err}"
-    assert out.split() == ["refcount", "CorruptHeader", "True", "qsize", "CorruptHeader", "True",
-                           "get", "CorruptHeader", "True", "put", "CorruptHeader", "True"]
+    assert out.split() == [
+        "refcount",
+        "CorruptHeader",
+        "True",
+        "qsize",
+        "CorruptHeader",
+        "True",
+        "get",
+        "CorruptHeader",
+        "True",
+        "put",
+        "CorruptHeader",
+        "True",
+    ]
     assert "Traceback" not in err and "fatal error" not in err, err
     # What the shrunk files held is lost: zctipc gc removes what is left.
-    gc = subprocess.run([sys.executable, "-m", "zctipc", "gc"], env=isolated, capture_output=True, text=True,
-                        timeout=60)
+    gc = subprocess.run(
+        [sys.executable, "-m", "zctipc", "gc"], env=isolated, capture_output=True, text=True, timeout=60
+    )
     assert gc.returncode == 0, gc.stderr
     deadline = time.monotonic() + 15
     while os.listdir(shm_dir) and time.monotonic() < deadline:
@@ -138,25 +166,31 @@ def test_a_shrunk_segment_is_an_error_not_a_crash(isolated):
 def test_a_view_of_a_shrunk_segment_faults_in_the_users_code(isolated):
     """zctipc cannot guard the user's own reads of a NumPy view: a segment a
     hostile process shrank raises SIGBUS there, as docs/format.md says."""
-    out = run("""
+    out = run(
+        """
         import os, numpy as np, zctipc
         t = zctipc.create_shared_tensor(data=np.arange(1 << 16, dtype=np.float64))
         a = t.numpy()
         os.truncate(os.path.join(os.environ["ZCTIPC_SHM_DIR"], t.name), 0)
         print(a.sum())
-    """, isolated)
+    """,
+        isolated,
+    )
     assert out.returncode == -signal.SIGBUS
 
 
 def test_memfd_segments_cannot_be_shrunk(isolated):
     env = dict(isolated, ZCTIPC_SHARING_STRATEGY="file_descriptor")
-    holder = start("""
+    holder = start(
+        """
         import sys, numpy as np, zctipc
         t = zctipc.create_shared_tensor(data=np.arange(1 << 16, dtype=np.float64))
         print(flush=True)
         sys.stdin.readline()
         print(t.numpy().sum(), flush=True)
-    """, env)
+    """,
+        env,
+    )
     holder.stdout.readline()
     fds = [os.path.join(f"/proc/{holder.pid}/fd", fd) for fd in os.listdir(f"/proc/{holder.pid}/fd")]
     memfds = [fd for fd in fds if "memfd:zctipc" in os.readlink(fd)]

@@ -15,8 +15,9 @@ from zctipc._core import native as _native
 
 
 def run_python(code, env=None, timeout=60):
-    out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-                         timeout=timeout, env=env)
+    out = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=timeout, env=env
+    )
     assert out.returncode == 0, out.stderr
     return out.stdout
 
@@ -59,12 +60,15 @@ def test_environment_names_another_library(tmp_path):
     packaged = os.path.join(os.path.dirname(zctipc.__file__), "libzctipc.so")
     copy = tmp_path / "libzctipc.so"
     shutil.copy(packaged, copy)
-    out = run_python("""
+    out = run_python(
+        """
         import zctipc
         zctipc.empty(1)
         with open("/proc/self/maps") as f:
             print(sorted({line.split()[-1] for line in f if "libzctipc" in line}))
-    """, env=dict(os.environ, ZCTIPC_LIBRARY=str(copy)))
+    """,
+        env=dict(os.environ, ZCTIPC_LIBRARY=str(copy)),
+    )
     assert out.strip() == repr([str(copy)])
 
 
@@ -155,10 +159,10 @@ def test_constants_match_the_library():
 
 
 def test_view_flags_and_dtype_codes_are_the_librarys():
-    ffi, lib = _native.ffi(), _native.lib()
-    flags = {name[len("ZCT_VIEW_"):]: value for value, name in ffi.typeof("zct_view_flags").elements.items()}
+    ffi = _native.ffi()
+    flags = {name[len("ZCT_VIEW_") :]: value for value, name in ffi.typeof("zct_view_flags").elements.items()}
     assert {name: getattr(memory, name) for name in flags} == flags
-    codes = {name[len("ZCT_"):].lower(): value for value, name in ffi.typeof("zct_dtype").elements.items()}
+    codes = {name[len("ZCT_") :].lower(): value for value, name in ffi.typeof("zct_dtype").elements.items()}
     assert dtypes.CODES == codes
 
 

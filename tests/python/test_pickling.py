@@ -8,13 +8,12 @@ import subprocess
 import sys
 import textwrap
 
+import _workers
 import numpy as np
 import pytest
 import torch
 
 import zctipc
-
-import _workers
 
 
 def mp_context(ctx):
@@ -122,8 +121,12 @@ def test_sparse_tensors_release_everything_when_dropped(layout):
 
     q = zctipc.Queue()
     dense = torch.tensor([[0.0, 1.0, 0.0, 0.0], [2.0, 0.0, 0.0, 3.0]])
-    make = {"coo": lambda: dense.to_sparse(), "csr": dense.to_sparse_csr, "csc": dense.to_sparse_csc,
-            "bsr": lambda: dense.to_sparse_bsr((1, 2))}[layout]
+    make = {
+        "coo": lambda: dense.to_sparse(),
+        "csr": dense.to_sparse_csr,
+        "csc": dense.to_sparse_csc,
+        "bsr": lambda: dense.to_sparse_bsr((1, 2)),
+    }[layout]
     before = zctipc.pool_stats().slots_in_use
     validate = torch._utils._get_sparse_tensors_to_validate()
     pending = len(validate)

@@ -7,13 +7,12 @@ import subprocess
 import sys
 import textwrap
 
+import _workers
 import numpy as np
 import pytest
+from conftest import segment_exists
 
 import zctipc
-
-import _workers
-from conftest import segment_exists
 
 GIB = 1 << 30
 
@@ -135,7 +134,8 @@ def test_fork_server_never_loads_the_library(tmp_path):
     the children hang."""
     (tmp_path / "calls_zctipc_at_import.py").write_text("import zctipc\nzctipc.empty(1)\n")
     script = tmp_path / "main.py"
-    script.write_text(textwrap.dedent("""
+    script.write_text(
+        textwrap.dedent("""
         import zctipc
 
         def work():
@@ -150,7 +150,8 @@ def test_fork_server_never_loads_the_library(tmp_path):
                 p.join(30)
             except Exception as exc:
                 print("start failed:", type(exc).__name__)
-    """))
+    """)
+    )
     env = dict(os.environ, PYTHONPATH=str(tmp_path))
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=env)
     assert "while the multiprocessing fork server imported" in out.stderr, out.stderr

@@ -29,7 +29,7 @@ SUBMODULES = {
     "zctipc.queues": "DEFAULT_MAX_BYTES JoinableQueue Queue SimpleQueue",
     "zctipc.context": "DEFAULT_START_METHOD DefaultContext ForkServerContext SpawnContext get_context",
     "zctipc.tensor": "SegmentInfo SharedTensor attach_ref attach_shared_tensor cleanup_all_segments "
-                     "create_shared_tensor list_segments share",
+    "create_shared_tensor list_segments share",
     "zctipc.pipeline": "Pipeline PipelineError",
 }
 
@@ -79,6 +79,7 @@ def test_the_package_says_where_each_name_lives():
         assert all(hasattr(mod, name) for name in names), f"zctipc.{module} lacks one of {sorted(names)}"
         if module in ("arrow", "buffers", "pipeline", "strategy", "streams", "tensor"):  # all their names
             offered = set(mod.__all__)
-            assert offered - names <= set(errors.__all__) | {"Event"}, \
+            assert offered - names <= set(errors.__all__) | {"Event"}, (
                 f"zctipc.{module} offers {sorted(offered - names - set(errors.__all__))}, which the package does not"
+            )
     assert set(dir(zctipc)) >= set(zctipc.__all__)

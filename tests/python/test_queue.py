@@ -14,14 +14,13 @@ import threading
 import time
 import weakref
 
+import _workers
 import numpy as np
 import pytest
 import torch
+from conftest import wait_until_gone
 
 import zctipc
-
-import _workers
-from conftest import wait_until_gone
 
 
 @pytest.fixture
@@ -48,8 +47,23 @@ def test_fifo_qsize_empty_full():
     q.close()
 
 
-@pytest.mark.parametrize("obj", [0, 1.5, "text", b"bytes", None, (1, 2, 3, 4, 5), [1, [2, {"x": (3,)}]],
-                                 {"a": 1}, {1, 2}, bytearray(b"ab"), 10**30, float("inf")])
+@pytest.mark.parametrize(
+    "obj",
+    [
+        0,
+        1.5,
+        "text",
+        b"bytes",
+        None,
+        (1, 2, 3, 4, 5),
+        [1, [2, {"x": (3,)}]],
+        {"a": 1},
+        {1, 2},
+        bytearray(b"ab"),
+        10**30,
+        float("inf"),
+    ],
+)
 def test_round_trips(q, obj):
     q.put(obj)
     got = q.get()
@@ -467,8 +481,10 @@ def test_four_producers_four_consumers_50000_each(ctx):
     producers, consumers, each = 4, 4, 50_000
     q = ctx.Queue()
     results = ctx.Queue()
-    cons = [ctx.Process(target=_workers.report, args=(results, _workers.consume_until_none, q, producers))
-            for _ in range(consumers)]
+    cons = [
+        ctx.Process(target=_workers.report, args=(results, _workers.consume_until_none, q, producers))
+        for _ in range(consumers)
+    ]
     prods = [ctx.Process(target=_workers.produce, args=(q, k, each)) for k in range(producers)]
     for p in cons + prods:
         p.start()
@@ -481,7 +497,7 @@ def test_four_producers_four_consumers_50000_each(ctx):
     for _ in cons:
         status, counts = results.get(timeout=300)
         assert status == "ok", counts
-        totals = [t + c for t, c in zip(totals, counts)]
+        totals = [t + c for t, c in zip(totals, counts, strict=True)]
     for p in cons:
         p.join(60)
     assert totals == [each] * producers, "every message received exactly once"
@@ -501,9 +517,13 @@ def test_killed_consumers_lose_no_other_message(blob):
     kills = 12
     env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.abspath(__file__)))
     before = {s.name for s in zctipc.list_segments()}
-    producer = subprocess.run([sys.executable, "-c",
-                               f"import _workers; _workers.killed_consumers_scenario(kills={kills}, blob={blob})"],
-                              capture_output=True, text=True, env=env, timeout=300)
+    producer = subprocess.run(
+        [sys.executable, "-c", f"import _workers; _workers.killed_consumers_scenario(kills={kills}, blob={blob})"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert producer.returncode == 0, producer.stderr
     report = json.loads(producer.stdout)
     assert len(report["lost"]) <= kills, f"{len(report['lost'])} messages lost to {kills} kills"

@@ -16,8 +16,10 @@ README = os.path.join(ROOT, "README.md")
 def python_blocks():
     with open(README) as f:
         text = f.read()
-    return [(text.count("\n", 0, m.start()) + 2, m.group(1))
-            for m in re.finditer(r"^```python\n(.*?)^```", text, re.S | re.M)]
+    return [
+        (text.count("\n", 0, m.start()) + 2, m.group(1))
+        for m in re.finditer(r"^```python\n(.*?)^```", text, re.S | re.M)
+    ]
 
 
 BLOCKS = python_blocks()
@@ -32,8 +34,9 @@ def test_every_python_block_runs_as_written(isolated, tmp_path, line, code):
     program = tmp_path / "example.py"  # a file: forkserver children import the main module
     program.write_text(code)
     env = dict(isolated, PYTHONWARNINGS="ignore::RuntimeWarning")
-    out = subprocess.run([sys.executable, str(program)], env=env, cwd=str(tmp_path), capture_output=True, text=True,
-                         timeout=120)
+    out = subprocess.run(
+        [sys.executable, str(program)], env=env, cwd=str(tmp_path), capture_output=True, text=True, timeout=120
+    )
     assert out.returncode == 0, f"README line {line}:\n{out.stderr[-3000:]}"
     for printed in re.findall(r"^\s*print\(.*?\)\s*#\s*(.+)$", code, re.M):
         assert printed.strip() in out.stdout, f"README line {line} says it prints {printed.strip()}: {out.stdout!r}"

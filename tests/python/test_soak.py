@@ -14,8 +14,13 @@ SECONDS = float(os.environ.get("ZCTIPC_SOAK_SECONDS", "60"))
 
 
 def test_soak_delivers_exactly_once_and_leaves_nothing(isolated):
-    out = subprocess.run([sys.executable, os.path.join(HERE, "_soak.py"), str(SECONDS), "8", "8"], env=isolated,
-                         capture_output=True, text=True, timeout=SECONDS + 600)
+    out = subprocess.run(
+        [sys.executable, os.path.join(HERE, "_soak.py"), str(SECONDS), "8", "8"],
+        env=isolated,
+        capture_output=True,
+        text=True,
+        timeout=SECONDS + 600,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     report = json.loads(out.stdout)
     assert report["sent"] > 1000, report

@@ -7,13 +7,12 @@ import sys
 import textwrap
 import time
 
+import _streams
 import numpy as np
 import pytest
 import torch
 
 import zctipc
-
-import _streams
 
 
 def start_readers(ctx, target, stream, n, *args):
@@ -38,7 +37,7 @@ def test_block_every_reader_gets_every_frame_whole_and_in_order(readers, wait):
     n = 3000
     for i in range(n):
         frame = w.look()
-        frame[: 512] = i  # filled in two steps: a reader must never see half
+        frame[:512] = i  # filled in two steps: a reader must never see half
         frame[512:] = i
         w.increment()
     s.end()
@@ -290,7 +289,7 @@ def test_a_crashing_task_stops_the_pipeline_with_its_traceback():
         p.run()
     assert err.value.task == "explode"
     assert "ValueError: boom at frame 5" in str(err.value)
-    assert 'in explode' in err.value.traceback
+    assert "in explode" in err.value.traceback
     for t in p._tasks:
         assert t.process.exitcode is not None, "every task stopped"
     names = {s.name for s in p.streams.values()}

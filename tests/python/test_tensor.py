@@ -8,13 +8,26 @@ import stat
 import numpy as np
 import pytest
 import torch
+from conftest import SHM, segment_exists
 
 import zctipc
 
-from conftest import SHM, segment_exists
-
-NUMPY_DTYPES = ["bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
-                "float16", "float32", "float64", "complex64", "complex128"]
+NUMPY_DTYPES = [
+    "bool",
+    "int8",
+    "int16",
+    "int32",
+    "int64",
+    "uint8",
+    "uint16",
+    "uint32",
+    "uint64",
+    "float16",
+    "float32",
+    "float64",
+    "complex64",
+    "complex128",
+]
 
 
 def sample(dtype, shape=(3, 4)):
@@ -91,7 +104,7 @@ def test_close_releases_when_no_view_is_left(segname):
     with pytest.raises(zctipc.HandleClosed):
         t.numpy()
     with pytest.raises(ValueError):
-        t.refcount
+        _ = t.refcount
     assert "closed" in repr(t)
 
 
@@ -145,7 +158,7 @@ def test_zero_size_and_scalar_tensors(segname):
     for shape in [(), (0,), (3, 0)]:
         name = f"{segname}_{len(shape)}"
         data = np.full(shape, 2.5)
-        with zctipc.create_shared_tensor(name, data=data) as t, zctipc.attach_shared_tensor(name) as a:
+        with zctipc.create_shared_tensor(name, data=data) as _, zctipc.attach_shared_tensor(name) as a:
             assert a.shape == shape
             np.testing.assert_array_equal(a.numpy(), data)
             assert a.torch().shape == torch.Size(shape)

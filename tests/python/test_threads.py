@@ -50,9 +50,12 @@ def run_threads(fn, n):
 @pytest.mark.parametrize("interval", [1e-6, 1e-4])
 def test_queue_shared_by_producer_and_consumer_threads(interval):
     # In a child process: a crash there is a failed exit, not a dead run.
-    out = subprocess.run([sys.executable, "-X", "faulthandler", os.path.join(HERE, "_threads.py"), str(interval),
-                          str(SECONDS)],
-                         capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-X", "faulthandler", os.path.join(HERE, "_threads.py"), str(interval), str(SECONDS)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, f"exit {out.returncode}: {out.stderr[-3000:]}"
     assert "Traceback" not in out.stderr, out.stderr[-3000:]
     report = json.loads(out.stdout)
@@ -206,7 +209,7 @@ def test_events_pools_and_tensors_from_many_threads(switchy):
         for _ in range(200):
             try:
                 repr(t)
-                t.refcount
+                _ = t.refcount
                 t.numpy()
             except zctipc.HandleClosed:
                 return

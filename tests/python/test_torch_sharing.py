@@ -198,8 +198,10 @@ def test_non_contiguous_tensors(ctx):
     c = torch.arange(30.0).view(5, 6)
     block = c[1:4, 2:5]
     # (the child writes into them: what it must see is taken first)
-    expected = [[(t.tolist(), tuple(t.shape), t.stride(), t.storage_offset(), str(t.dtype)) for t in ts]
-                for ts in ([at], [stepped], [block, c[::2, ::3]])]
+    expected = [
+        [(t.tolist(), tuple(t.shape), t.stride(), t.storage_offset(), str(t.dtype)) for t in ts]
+        for ts in ([at], [stepped], [block, c[::2, ::3]])
+    ]
     expected[1][0] = expected[1][0][:3] + (0,) + expected[1][0][4:]  # bare: over its own elements
     q.put(at)  # bare
     q.put(stepped)  # bare
@@ -228,9 +230,23 @@ def test_empty_tensors(ctx):
     _join(p)
 
 
-DTYPES = [torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16,
-          torch.bfloat16, torch.float32, torch.float64, torch.complex64, torch.complex128,
-          torch.uint16, torch.uint32, torch.uint64]
+DTYPES = [
+    torch.bool,
+    torch.uint8,
+    torch.int8,
+    torch.int16,
+    torch.int32,
+    torch.int64,
+    torch.float16,
+    torch.bfloat16,
+    torch.float32,
+    torch.float64,
+    torch.complex64,
+    torch.complex128,
+    torch.uint16,
+    torch.uint32,
+    torch.uint64,
+]
 
 
 def test_every_dtype(ctx):
@@ -333,7 +349,7 @@ def test_threads_sending_one_tensor_move_it_once():
             start = threading.Barrier(8)
 
             def put(v):
-                start.wait()
+                start.wait()  # noqa: B023 (the threads are joined in this iteration)
                 q.put(v)
 
             threads = [threading.Thread(target=put, args=(v,)) for v in views]

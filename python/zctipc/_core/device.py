@@ -22,8 +22,14 @@ class DeviceMemory:
 
     @property
     def __cuda_array_interface__(self):
-        return {"shape": (self.nbytes,), "typestr": "|u1", "data": (self.ptr, False), "strides": None,
-                "version": 3, "stream": None}
+        return {
+            "shape": (self.nbytes,),
+            "typestr": "|u1",
+            "data": (self.ptr, False),
+            "strides": None,
+            "version": 3,
+            "stream": None,
+        }
 
 
 def torch_view(memory, dtype, shape, strides=None, storage_offset=0):

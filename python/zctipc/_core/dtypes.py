@@ -30,7 +30,7 @@ NAMES = {
 }
 CODES = {name: code for code, name in NAMES.items()}
 BFLOAT16 = CODES["bfloat16"]
-ITEMSIZE = {code: size for code, size in zip(NAMES, (1, 1, 2, 4, 8, 1, 2, 4, 8, 2, 4, 8, 2, 8, 16))}
+ITEMSIZE = {code: size for code, size in zip(NAMES, (1, 1, 2, 4, 8, 1, 2, 4, 8, 2, 4, 8, 2, 8, 16), strict=True)}
 # NumPy dtypes by code, and the storage dtype of each (uint16 for
 # bfloat16), made when first asked for (see zctipc._core.lazy).
 _NUMPY = {}
@@ -97,9 +97,7 @@ def numpy_dtype(code):
     if code == BFLOAT16:
         dt = _ml_bfloat16()
         if dt is None:
-            raise UnsupportedDtype(
-                "NumPy has no bfloat16: use .torch(), or install ml_dtypes for NumPy bfloat16 views"
-            )
+            raise UnsupportedDtype("NumPy has no bfloat16: use .torch(), or install ml_dtypes for NumPy bfloat16 views")
         return dt
     raise UnsupportedDtype(f"unknown dtype code {code}")
 

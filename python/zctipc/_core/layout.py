@@ -45,7 +45,7 @@ def extent(shape, strides, itemsize):
     touch from its first element: 0 when it has none."""
     if 0 in shape:
         return 0
-    return sum((d - 1) * s for d, s in zip(shape, strides)) + itemsize
+    return sum((d - 1) * s for d, s in zip(shape, strides, strict=True)) + itemsize
 
 
 def segment_name(name):

@@ -46,7 +46,7 @@ class _Numpy:
     def __getattr__(self, name):
         import numpy
 
-        setattr(sys.modules[self._owner], "np", numpy)
+        sys.modules[self._owner].np = numpy
         if not _met:
             _meet()
         return getattr(numpy, name)

@@ -117,9 +117,7 @@ def _load():
         library = _FastLib(_zctipc_cffi.ffi, _zctipc_cffi.lib)
         got = library.zct_abi_version()
         if got != ABI_VERSION:
-            raise ImportError(
-                f"libzctipc has C ABI version {got}, this package needs {ABI_VERSION}; reinstall zctipc"
-            )
+            raise ImportError(f"libzctipc has C ABI version {got}, this package needs {ABI_VERSION}; reinstall zctipc")
         _EXCEPTIONS.update({getattr(library, name): cls for name, cls in _EXCEPTION_NAMES.items()})
         _ffi, _lib, _loaded_in_pid = _zctipc_cffi.ffi, library, os.getpid()
         _register_exit()

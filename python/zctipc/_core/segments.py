@@ -116,11 +116,15 @@ class SharedTensor:
 
     def numpy(self) -> np.ndarray:
         """A NumPy array that is a view of the shared memory (no copy)."""
-        return memory.ndarray(self._live(), self._nbytes, dtypes.numpy_dtype(self._code), self._shape, self._strides, self._readonly)
+        return memory.ndarray(
+            self._live(), self._nbytes, dtypes.numpy_dtype(self._code), self._shape, self._strides, self._readonly
+        )
 
     def torch(self):
         """A CPU torch tensor that is a view of the shared memory (no copy)."""
-        arr = memory.ndarray(self._live(), self._nbytes, dtypes.storage_dtype(self._code), self._shape, self._strides, self._readonly)
+        arr = memory.ndarray(
+            self._live(), self._nbytes, dtypes.storage_dtype(self._code), self._shape, self._strides, self._readonly
+        )
         return memory.tensor(arr, self._code, self._readonly)
 
     def ref(self) -> dict:
@@ -129,9 +133,16 @@ class SharedTensor:
         attaches the same memory with (Go: zctipc.AttachRef; Python:
         :func:`attach_ref`)."""
         self._live()
-        return {"id": self._name.removeprefix("zctipc_"), "segment": self._name, "dtype": self.dtype_name,
-                "shape": list(self._shape), "strides": list(self._strides), "offset": 0, "nbytes": self._nbytes,
-                "device": "cpu"}
+        return {
+            "id": self._name.removeprefix("zctipc_"),
+            "segment": self._name,
+            "dtype": self.dtype_name,
+            "shape": list(self._shape),
+            "strides": list(self._strides),
+            "offset": 0,
+            "nbytes": self._nbytes,
+            "device": "cpu",
+        }
 
     def __array__(self, dtype=None, copy=None):
         arr = self.numpy()
@@ -178,7 +189,6 @@ class SharedTensor:
         if memory is None:
             raise HandleClosed(f"SharedTensor {self._name!r} is closed")
         return memory
-
 
 
 def create(name, code, shape):
@@ -241,22 +251,24 @@ def list_segments():
     lib = native.lib()
     out = []
     for s in json.loads(native.read_text(lib.zct_census)):
-        out.append(SegmentInfo(
-            name=s["name"],
-            kind=s["kind"] if "error" not in s else "unknown",
-            dtype=dtypes.NAMES.get(s.get("dtype")),
-            shape=tuple(s["shape"] or ()) if "error" not in s else None,
-            nbytes=s.get("nbytes", 0),
-            file_size=s["size"],
-            creator_pid=s.get("creator_pid", 0),
-            refcount=s["refcount"],
-            created=s["created_ns"] / 1e9,
-            error=s.get("error"),
-            creator_alive=s["creator_alive"],
-            holders=tuple(s["holders"]),
-            messages=s["messages"],
-            tracked=s["tracked"],
-        ))
+        out.append(
+            SegmentInfo(
+                name=s["name"],
+                kind=s["kind"] if "error" not in s else "unknown",
+                dtype=dtypes.NAMES.get(s.get("dtype")),
+                shape=tuple(s["shape"] or ()) if "error" not in s else None,
+                nbytes=s.get("nbytes", 0),
+                file_size=s["size"],
+                creator_pid=s.get("creator_pid", 0),
+                refcount=s["refcount"],
+                created=s["created_ns"] / 1e9,
+                error=s.get("error"),
+                creator_alive=s["creator_alive"],
+                holders=tuple(s["holders"]),
+                messages=s["messages"],
+                tracked=s["tracked"],
+            )
+        )
     return out
 
 
@@ -268,4 +280,3 @@ def cleanup_all_segments():
     the end of a process (zctipc also does it at exit).
     """
     return native.release_all()
-

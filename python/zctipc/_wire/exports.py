@@ -12,9 +12,9 @@ zctipc cannot share, do not go out of band: the caller pickles them in band.
 
 import struct
 
-from ..errors import UnsupportedDtype
 from .._core import dtypes, layout, lazy, memory, native, pool
 from .._core.segments import SharedTensor
+from ..errors import UnsupportedDtype
 from . import storages
 
 np = lazy.numpy(__name__)
@@ -82,8 +82,7 @@ def export_array(arr, block=True, timeout=None, copy=True):
         np.copyto(memory.ndarray(owner, size, arr.dtype, arr.shape, c_strides), arr)
 
     flags = memory.NUMPY if arr.flags.writeable else memory.NUMPY | memory.READONLY
-    return _export(arr.__array_interface__["data"][0], code, arr.shape, arr.strides, flags, fill,
-                   block, timeout, copy)
+    return _export(arr.__array_interface__["data"][0], code, arr.shape, arr.strides, flags, fill, block, timeout, copy)
 
 
 _CODES = {}  # torch or NumPy dtype -> code (None: unsupported), filled as dtypes are met
@@ -102,6 +101,8 @@ def _code(dtype):
         code = None
     _CODES[dtype] = code
     return code
+
+
 _COMPLEX = {dtypes.CODES["complex64"], dtypes.CODES["complex128"]}
 
 
@@ -209,6 +210,7 @@ def export_storage(storage, block=True, timeout=None):
         if storages.is_torch_shared(storage):
             return None
         if memory.is_marked(storage):
+
             def fill(owner, size, c_strides):
                 memory.storage(owner, size).copy_(storage)
 
@@ -234,6 +236,7 @@ def export_shared_tensor(st):
 # (dtype code u16, flags u8, ndim u8, zero u32, shape i64 x ndim; format.md)
 # and the elements in C order. The receiver gets a copy of its own, as a
 # pickled array would be. zctipc memory always goes by descriptor.
+
 
 class _NoArray:
     """Stands for np.ndarray until NumPy is imported: nothing is one."""

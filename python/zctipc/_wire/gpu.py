@@ -14,8 +14,8 @@ import pickle
 import threading
 import warnings
 
+from .._core import dtypes, memory, native, pool
 from ..errors import CudaUnavailable, InvalidArgument
-from .._core import device, dtypes, memory, native, pool
 from . import exports
 
 # -- torch CUDA tensors by legacy IPC ---------------------------------------------
@@ -61,9 +61,13 @@ def _sweep(final=False):
             lib.zct_ref_release(s.counter)
         left = len(_sent)
     if final and left:
-        warnings.warn(f"zctipc: this process exits while {left} CUDA tensors it sent are still in use by other "
-                      "processes; their memory goes with this process, and those tensors become invalid. Keep the "
-                      "producer alive until consumers are done.", RuntimeWarning, stacklevel=2)
+        warnings.warn(
+            f"zctipc: this process exits while {left} CUDA tensors it sent are still in use by other "
+            "processes; their memory goes with this process, and those tensors become invalid. Keep the "
+            "producer alive until consumers are done.",
+            RuntimeWarning,
+            stacklevel=2,
+        )
 
 
 def _at_exit():
@@ -128,8 +132,16 @@ def reduce_tensor(t):
     _sends += 1
     if _sends % _SWEEP_EVERY == 0:
         _sweep()
-    return rebuild_tensor, (s.ipc, counter, str(t.dtype).removeprefix("torch."), tuple(t.shape), tuple(t.stride()),
-                            t.storage_offset(), storage.nbytes(), t.requires_grad)
+    return rebuild_tensor, (
+        s.ipc,
+        counter,
+        str(t.dtype).removeprefix("torch."),
+        tuple(t.shape),
+        tuple(t.stride()),
+        t.storage_offset(),
+        storage.nbytes(),
+        t.requires_grad,
+    )
 
 
 def _rebuild_empty(dtype, shape, device):

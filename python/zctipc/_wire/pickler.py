@@ -168,7 +168,7 @@ class QueuePickler:
         dump, take = self._dump, self._take
         pickles, ends, total = [], [], 0
         try:
-            for obj in (objs if first is None else _chain(first, objs)):
+            for obj in objs if first is None else _chain(first, objs):
                 try:
                     dump(obj)
                 except Exception as exc:
@@ -274,8 +274,9 @@ def _rebuild_sparse(layout, parts, requires_grad=False):
         t = torch.sparse_coo_tensor(indices, values, size, is_coalesced=coalesced, check_invariants=False)
     else:
         compressed, plain, values, size = parts
-        t = torch.sparse_compressed_tensor(compressed, plain, values, size, layout=getattr(torch, "sparse_" + layout),
-                                           check_invariants=False)
+        t = torch.sparse_compressed_tensor(
+            compressed, plain, values, size, layout=getattr(torch, "sparse_" + layout), check_invariants=False
+        )
     return t.requires_grad_() if requires_grad else t
 
 

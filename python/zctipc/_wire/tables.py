@@ -5,8 +5,8 @@ over the mapping."""
 
 import sys
 
-from ..errors import CorruptTable, ZctipcError
 from .._core import lazy, pool
+from ..errors import CorruptTable, ZctipcError
 
 np = lazy.numpy(__name__)
 
@@ -30,8 +30,9 @@ def as_table(obj):
         return pa.Table.from_pandas(obj), "pandas"
     if module == "polars" and type(obj).__name__ == "DataFrame":
         return obj.to_arrow(), "polars"
-    raise TypeError(f"share_table() takes a pyarrow Table or RecordBatch or a pandas or polars DataFrame, "
-                    f"not {type(obj).__name__}")
+    raise TypeError(
+        f"share_table() takes a pyarrow Table or RecordBatch or a pandas or polars DataFrame, not {type(obj).__name__}"
+    )
 
 
 def stream_size(table):

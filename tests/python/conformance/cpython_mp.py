@@ -209,6 +209,7 @@ if cpython is not None:
 
 # -- what CPython's setUpModule and tearDownModule do, for one start method --
 
+
 def start_suite(method):
     """Set up as CPython's setUpModule does; return what finish_suite needs."""
     mp = cpython.multiprocessing
@@ -239,6 +240,7 @@ def finish_suite(state):
 
 # -- running ------------------------------------------------------------------
 
+
 class _Timeout(Exception):
     pass
 
@@ -267,7 +269,7 @@ class _Result(unittest.TextTestResult):
 
 
 def cpython_id(test):
-    """"CPythonClass.test_method" of a test of this module."""
+    """ "CPythonClass.test_method" of a test of this module."""
     cls = type(test)
     for base in cls.__mro__[1:]:
         if base.__module__ == cpython.__name__ and base.__name__ in CLASSES:
@@ -328,8 +330,11 @@ def _name(test):
 
 def report(outcome, out=sys.stdout):
     m = outcome["method"]
-    print(f"\n== {m}: ran {outcome['ran']}, passed {outcome['passed']}, failed {len(outcome['failed'])}, "
-          f"errors {len(outcome['errors'])}, skipped {len(outcome['skipped'])} ({outcome['seconds']:.1f} s)", file=out)
+    print(
+        f"\n== {m}: ran {outcome['ran']}, passed {outcome['passed']}, failed {len(outcome['failed'])}, "
+        f"errors {len(outcome['errors'])}, skipped {len(outcome['skipped'])} ({outcome['seconds']:.1f} s)",
+        file=out,
+    )
     for label, items in (("FAILED", outcome["failed"]), ("ERROR", outcome["errors"])):
         for test, trace in items:
             print(f"  {label} {_name(test)}: {_first_line(trace)}", file=out)
@@ -343,20 +348,29 @@ def report(outcome, out=sys.stdout):
     if processes or threads:
         # As CPython's tearDownModule, a warning only.
         kinds = collections.Counter(t.name.split(" of ")[0] for t in threads)
-        print(f"  warning: the suite left {len(processes)} processes and {len(threads)} threads running "
-              f"(threads: {dict(kinds)})", file=out)
+        print(
+            f"  warning: the suite left {len(processes)} processes and {len(threads)} threads running "
+            f"(threads: {dict(kinds)})",
+            file=out,
+        )
 
 
 def summary_line(outcome):
-    return (f"CONFORMANCE {outcome['method']} ran={outcome['ran']} passed={outcome['passed']} "
-            f"failed={len(outcome['failed'])} errors={len(outcome['errors'])} skipped={len(outcome['skipped'])} "
-            f"seconds={outcome['seconds']:.1f}")
+    return (
+        f"CONFORMANCE {outcome['method']} ran={outcome['ran']} passed={outcome['passed']} "
+        f"failed={len(outcome['failed'])} errors={len(outcome['errors'])} skipped={len(outcome['skipped'])} "
+        f"seconds={outcome['seconds']:.1f}"
+    )
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description="Run CPython's multiprocessing tests against zctipc.")
-    parser.add_argument("methods", nargs="*", metavar="METHOD",
-                        help=f"start methods to run: {' or '.join(START_METHODS)} (default: both)")
+    parser.add_argument(
+        "methods",
+        nargs="*",
+        metavar="METHOD",
+        help=f"start methods to run: {' or '.join(START_METHODS)} (default: both)",
+    )
     parser.add_argument("-k", dest="keyword", help="run only the tests whose id contains this text")
     args = parser.parse_args(argv)
     for method in args.methods:

@@ -70,8 +70,16 @@ def code_of(dtype):
     return code_of_numpy(dt)
 
 
+# The codes of the NumPy dtypes met so far (each one that can be shared):
+# asking NumPy a dtype's name costs more than the rest of a small put.
+_code_of = {}
+
+
 def code_of_numpy(dt):
     """Return the header code of the NumPy dtype ``dt``."""
+    code = _code_of.get(dt)
+    if code is not None:
+        return code
     if dt.hasobject:
         raise UnsupportedDtype(
             f"dtype {dt} holds Python object pointers, which mean nothing in another process; "
@@ -86,6 +94,7 @@ def code_of_numpy(dt):
     code = CODES.get(dt.name)
     if code is None:
         raise UnsupportedDtype(f"dtype {dt} cannot be shared; supported: {', '.join(CODES)}")
+    _code_of[dt] = code
     return code
 
 

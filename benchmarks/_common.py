@@ -49,6 +49,17 @@ def now():
     return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
 
 
+def latency_cells(stats, base_us):
+    """A latency row's cells from summarize()'s stats: median, p99, rounds,
+    and the median as a ratio to base_us."""
+    return [
+        fmt_us(stats["median_us"]),
+        fmt_us(stats["p99_us"]),
+        stats["rounds"],
+        fmt_ratio(stats["median_us"] / base_us),
+    ]
+
+
 def summarize(samples_ns):
     """Median and 99th percentile of samples in nanoseconds, in microseconds."""
     ordered = sorted(samples_ns)

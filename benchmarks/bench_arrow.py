@@ -38,6 +38,7 @@ from _common import (
     fmt_bytes,
     fmt_ratio,
     fmt_us,
+    latency_cells,
     machine,
     machine_line,
     markdown_table,
@@ -217,15 +218,7 @@ def suite_go(args, report):
         report["go"].append(stats)
         base = base or stats["median_us"]
         print(f"  go {peer:<16} median {fmt_us(stats['median_us'])}, p99 {fmt_us(stats['p99_us'])}", flush=True)
-        rows.append(
-            (
-                peer,
-                fmt_us(stats["median_us"]),
-                fmt_us(stats["p99_us"]),
-                stats["rounds"],
-                fmt_ratio(stats["median_us"] / base),
-            )
-        )
+        rows.append((peer, *latency_cells(stats, base)))
     return markdown_table(
         ["1 MiB float32 tensor to a Python consumer", "median", "p99", "rounds", "vs Python producer"], rows
     )

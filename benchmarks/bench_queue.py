@@ -42,6 +42,7 @@ from _common import (
     fmt_bytes,
     fmt_ratio,
     fmt_us,
+    latency_cells,
     left_out,
     machine,
     machine_line,
@@ -315,16 +316,7 @@ def suite_latency(quick, report):
             f"  latency {label:<28} p50 {fmt_us(st['median_us'])} p99 {fmt_us(st['p99_us'])} CPU {cpu:.0%}", flush=True
         )
         base = base or st["median_us"]
-        rows.append(
-            [
-                label,
-                fmt_us(st["median_us"]),
-                fmt_us(st["p99_us"]),
-                st["rounds"],
-                fmt_ratio(st["median_us"] / base),
-                f"{cpu:.0%}",
-            ]
-        )
+        rows.append([label, *latency_cells(st, base), f"{cpu:.0%}"])
     return rows
 
 

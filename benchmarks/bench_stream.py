@@ -36,6 +36,7 @@ from _common import (
     finish,
     fmt_ratio,
     fmt_us,
+    latency_cells,
     left_out,
     machine,
     machine_line,
@@ -592,10 +593,7 @@ def suite_latency(args, report):
         rows.append(
             (
                 peer,
-                fmt_us(stats["median_us"]),
-                fmt_us(stats["p99_us"]),
-                stats["rounds"],
-                fmt_ratio(stats["median_us"] / base),
+                *latency_cells(stats, base),
                 f"{cpu:.0%}",
             )
         )

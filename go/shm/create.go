@@ -293,10 +293,8 @@ func prepare(fd int, name string, hdr *header.Header, reserve uint64) ([]byte, e
 		return nil, fmt.Errorf("fchmod segment %q: %w", name, err)
 	}
 	size := hdr.SegmentSize()
-	if reserve < size {
-		if err := unix.Ftruncate(fd, int64(size)); err != nil {
-			return nil, fmt.Errorf("size segment %q: %w", name, err)
-		}
+	if err := unix.Ftruncate(fd, int64(size)); err != nil {
+		return nil, fmt.Errorf("size segment %q: %w", name, err)
 	}
 	mem, err := reserveMapped(fd, name, hdr.Kind, size, reserve)
 	if err != nil {
@@ -310,10 +308,10 @@ func prepare(fd int, name string, hdr *header.Header, reserve uint64) ([]byte, e
 // hugeFrom is the size from which a segment asks for huge pages.
 const hugeFrom = 2 << 20
 
-// reserveMapped reserves the first reserve bytes of the new file behind fd
-// and maps all size bytes of it. The creator writes the data, so its page
-// tables are filled at once when every page is reserved, rather than one
-// fault per page. A large segment reserves its pages through a mapping
+// reserveMapped reserves the first reserve bytes of the new file behind fd,
+// already size bytes long, and maps all of it. The creator writes the data,
+// so its page tables are filled at once when every page is reserved, rather
+// than one fault per page. A large segment reserves its pages through a mapping
 // advised to use huge pages (MADV_HUGEPAGE, then MADV_POPULATE_WRITE): a
 // file system that allows them when asked (tmpfs huge=advise, memfd with
 // shmem_enabled advise) then fills it with 2 MiB pages, one fault and one
@@ -324,9 +322,6 @@ func reserveMapped(fd int, name string, kind header.Kind, size, reserve uint64) 
 		var st unix.Statfs_t
 		if err := unix.Fstatfs(fd, &st); err == nil && st.Blocks > 0 && size/uint64(st.Bsize) > st.Bavail {
 			return nil, outOfMemory(name, size, unix.ENOSPC) // it cannot fit: say so before mapping it
-		}
-		if err := unix.Ftruncate(fd, int64(size)); err != nil {
-			return nil, fmt.Errorf("size segment %q: %w", name, err)
 		}
 		mem, err := mmapFlags(fd, size, true, 0)
 		if err != nil {

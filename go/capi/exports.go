@@ -101,8 +101,28 @@ func zct_table_create(name *C.zct_cchar, nbytes C.uint64_t, out *C.zct_handle, i
 	})
 }
 
+//export zct_segment_create_uninit
+func zct_segment_create_uninit(name *C.zct_cchar, kind C.int32_t, dt C.int32_t, ndim C.int32_t, shape *C.zct_cint64, out *C.zct_handle, info *C.zct_info) C.int {
+	return run(func() error {
+		if out == nil || info == nil || ndim > 0 && shape == nil {
+			return errNilArg
+		}
+		dims, err := dimsOf(ndim, shape)
+		if err != nil {
+			return err
+		}
+		seg, err := shm.CreateUninitialized(goString(name), header.Kind(kind), dtype.DType(dt), dims)
+		return segmentOut(seg, err, out, info)
+	})
+}
+
 func createSegment(name *C.zct_cchar, kind header.Kind, dt dtype.DType, dims []int64, out *C.zct_handle, info *C.zct_info) error {
 	seg, err := shm.Create(goString(name), kind, dt, dims)
+	return segmentOut(seg, err, out, info)
+}
+
+// segmentOut hands a new segment to the caller.
+func segmentOut(seg *shm.Segment, err error, out *C.zct_handle, info *C.zct_info) error {
 	if err != nil {
 		return err
 	}

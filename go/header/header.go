@@ -29,6 +29,7 @@ const (
 	MaxSize               = FixedSize + 16*MaxNDim
 	DataAlign             = 64
 	RefcountOffset        = 64 // int64, the only field other processes change
+	CreatedOffset         = 48 // int64, created_ns: new for every segment made in a file
 	checksumOffset        = 56
 	reservedOffset        = 60 // bytes 60-63 and 72-127: zero in version 1
 )
@@ -179,7 +180,7 @@ func (h Header) Encode(buf []byte) {
 	le.PutUint64(buf[24:], h.NBytes)
 	le.PutUint64(buf[32:], uint64(h.Creator.PID))
 	le.PutUint64(buf[40:], h.Creator.StartTime)
-	le.PutUint64(buf[48:], uint64(h.CreatedNS))
+	le.PutUint64(buf[CreatedOffset:], uint64(h.CreatedNS))
 	le.PutUint64(buf[RefcountOffset:], uint64(h.Refcount))
 	for i := range ndim {
 		le.PutUint64(buf[FixedSize+8*i:], uint64(h.Shape[i]))
@@ -239,7 +240,7 @@ func Decode(buf []byte, fileSize uint64) (Header, error) {
 		DataOffset: le.Uint64(buf[16:]),
 		NBytes:     le.Uint64(buf[24:]),
 		Creator:    proc.Identity{PID: int64(le.Uint64(buf[32:])), StartTime: le.Uint64(buf[40:])},
-		CreatedNS:  int64(le.Uint64(buf[48:])),
+		CreatedNS:  int64(le.Uint64(buf[CreatedOffset:])),
 		Refcount:   int64(le.Uint64(buf[RefcountOffset:])),
 		Tracked:    flags&flagTracked != 0,
 	}

@@ -36,7 +36,24 @@ func Create(name string, kind header.Kind, dt dtype.DType, shape []int64) (*Segm
 	if err != nil {
 		return nil, err
 	}
-	seg, _, err := create(name, hdr, 0, false)
+	seg, _, err := create(name, hdr, 0, false, false)
+	return seg, err
+}
+
+// CreateUninitialized is Create for a caller that writes every byte of the
+// data itself: a large tensor or table segment may then be made from the
+// pages of one this process let go (see spare.go), which still hold old
+// data, rather than from fresh zeroed pages. kind is header.KindTensor or
+// header.KindTable.
+func CreateUninitialized(name string, kind header.Kind, dt dtype.DType, shape []int64) (*Segment, error) {
+	if kind != header.KindTensor && kind != header.KindTable {
+		return nil, fmt.Errorf("an uninitialized segment of kind %d: only tensors and tables: %w", kind, unix.EINVAL)
+	}
+	hdr, err := header.New(kind, dt, shape)
+	if err != nil {
+		return nil, err
+	}
+	seg, _, err := create(name, hdr, 0, true, false)
 	return seg, err
 }
 
@@ -55,7 +72,7 @@ func CreateSparse(kind header.Kind, size, reserve uint64) (*Segment, int, error)
 	if err != nil {
 		return nil, -1, err
 	}
-	return create("", hdr, hdr.DataOffset+min(reserve, size), true)
+	return create("", hdr, hdr.DataOffset+min(reserve, size), false, true)
 }
 
 // CreatePartly makes a new segment named name (random when empty) like
@@ -68,7 +85,7 @@ func CreatePartly(name string, kind header.Kind, dt dtype.DType, shape []int64, 
 	if err != nil {
 		return nil, err
 	}
-	seg, _, err := create(name, hdr, hdr.DataOffset+min(max(reserve, 1), hdr.NBytes), false)
+	seg, _, err := create(name, hdr, hdr.DataOffset+min(max(reserve, 1), hdr.NBytes), false, false)
 	return seg, err
 }
 
@@ -134,8 +151,10 @@ var onDemand = sync.OnceValue(func() bool {
 func PagesOnDemand() bool { return onDemand() }
 
 // create makes a segment of header hdr, reserving its first reserve bytes
-// (all of it when reserve is zero), and returns its fd too with keepFD.
-func create(name string, hdr header.Header, reserve uint64, keepFD bool) (*Segment, int, error) {
+// (all of it when reserve is zero), and returns its fd too with keepFD. With
+// uninit the caller writes all the data, which may then start out as old
+// data of this process rather than zeros.
+func create(name string, hdr header.Header, reserve uint64, uninit, keepFD bool) (*Segment, int, error) {
 	self, err := proc.Self()
 	if err != nil {
 		return nil, -1, err
@@ -158,6 +177,7 @@ func create(name string, hdr header.Header, reserve uint64, keepFD bool) (*Segme
 		return createFD(hdr, reserve, t, keepFD)
 	}
 	random := name == ""
+	retried := false
 	for {
 		full := RandomName()
 		if !random {
@@ -165,12 +185,35 @@ func create(name string, hdr header.Header, reserve uint64, keepFD bool) (*Segme
 				return nil, -1, err
 			}
 		}
-		seg, fd, err := createFile(full, hdr, reserve, t, keepFD)
-		if random && errors.Is(err, unix.EEXIST) {
+		var seg *Segment
+		var fd int
+		sp := spareFor(hdr, reserve, t)
+		if sp != nil {
+			seg, fd, err = sp.reuse(full, hdr, t, uninit, keepFD)
+		} else {
+			seg, fd, err = createFile(full, hdr, reserve, t, keepFD)
+		}
+		switch {
+		case sp != nil && errors.Is(err, unix.ENOENT):
+			continue // the spare was removed (zctipc gc by hand): another, or a new file
+		case random && errors.Is(err, unix.EEXIST):
 			continue // 128 random bits collided with an existing name
+		case errors.Is(err, ErrOutOfSharedMemory) && !retried && DropSpares() > 0:
+			retried = true // the spares' pages are free now
+			continue
 		}
 		return seg, fd, err
 	}
+}
+
+// spareFor takes a spare file for a new segment of header hdr, when it is a
+// large tensor or table with all its pages reserved, made with a tracker.
+func spareFor(hdr header.Header, reserve uint64, t Tracker) *spare {
+	size := hdr.SegmentSize()
+	if t == nil || reserve < size || size < spareFrom || hdr.Kind != header.KindTensor && hdr.Kind != header.KindTable {
+		return nil
+	}
+	return takeSpare(size)
 }
 
 // closeUnlessKept closes *fd unless keep, when err is nil.
@@ -236,7 +279,9 @@ func createFile(name string, hdr header.Header, reserve uint64, t Tracker, keepF
 	if t != nil {
 		t.Created(entry)
 	}
-	return newFile(fileKey{st.Dev, st.Ino}, name, path, hdr, mem, t, entry), fd, nil
+	seg = newFile(fileKey{st.Dev, st.Ino}, name, path, hdr, mem, t, entry)
+	seg.f.reserved = reserve >= hdr.SegmentSize()
+	return seg, fd, nil
 }
 
 // createFD makes a memfd segment and hands it to the broker, unless the

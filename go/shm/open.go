@@ -50,6 +50,12 @@ func attach(name string, kind header.Kind, readOnly, adopt bool) (*Segment, erro
 	registry.mu.Lock()
 	defer registry.mu.Unlock()
 	f := registry.files[key]
+	if f != nil && f.hdr.CreatedNS != hdr.CreatedNS {
+		// The file was let go and made into another segment (a spare
+		// reused): what this process keeps of it is stale.
+		f.retire()
+		f = nil
+	}
 	fresh := f == nil
 	if fresh {
 		f = &file{key: key, name: full, path: path, hdr: hdr}
@@ -82,7 +88,7 @@ func attachMapped(name string, kind header.Kind, readOnly, adopt bool) *Segment 
 	registry.mu.Lock()
 	defer registry.mu.Unlock()
 	f := registry.byName[name]
-	if f == nil || kind != 0 && f.hdr.Kind != kind || !f.hasMapping(readOnly) {
+	if f == nil || kind != 0 && f.hdr.Kind != kind || !f.hasMapping(readOnly) || !f.current() {
 		return nil
 	}
 	var st unix.Stat_t
@@ -136,6 +142,18 @@ func openChecked(full, path string, kind header.Kind) (int, unix.Stat_t, header.
 		return -1, unix.Stat_t{}, header.Header{}, err
 	}
 	st, hdr, err := readHeader(fd, full)
+	if err != nil && path != "" && (errors.Is(err, header.ErrNotZctipc) || errors.Is(err, header.ErrVersion) || errors.Is(err, header.ErrCorrupt)) {
+		// The file may have been let go after it was opened and be in the
+		// middle of becoming a new segment (a spare reused, spare.go): its
+		// header is rewritten under a temporary name, and the name is
+		// given back only once that is done.
+		var now unix.Stat_t
+		if unix.Lstat(path, &now) != nil || (fileKey{now.Dev, now.Ino}) != (fileKey{st.Dev, st.Ino}) {
+			err = fmt.Errorf("segment %q was removed while it was opened: %w", full, unix.ENOENT)
+		} else {
+			st, hdr, err = readHeader(fd, full)
+		}
+	}
 	if err == nil && kind != 0 && hdr.Kind != kind {
 		err = fmt.Errorf("segment %q holds a %s, not a %s: %w", full, hdr.Kind, kind, unix.EINVAL)
 	}

@@ -50,6 +50,7 @@ func SetMapCache(on bool) bool {
 	if !on {
 		registry.mu.Lock()
 		evictIdle(time.Now(), true)
+		expireSpares(time.Now(), true)
 		registry.mu.Unlock()
 	}
 	return was
@@ -62,19 +63,20 @@ type fileKey struct{ dev, ino uint64 }
 // file is one segment file mapped in this process, shared by all handles.
 // Its fields after hdr are guarded by registry.mu.
 type file struct {
-	key     fileKey
-	name    string
-	path    string
-	hdr     header.Header
-	rw      []byte    // read-write mapping of the segment, or nil
-	ro      []byte    // read-only mapping of the segment, or nil
-	ctl     []byte    // read-write mapping of the fixed header, when rw is nil
-	rc      *int64    // the shared refcount, in rw or ctl; set with the first mapping
-	handles int       // open Segments on this file
-	counted bool      // this process holds one count of the segment
-	tracker Tracker   // where that count is recorded, or nil
-	entry   int       // its record there, or NoEntry
-	idle    time.Time // when the last handle closed, for a cached mapping
+	key      fileKey
+	name     string
+	path     string
+	hdr      header.Header
+	rw       []byte    // read-write mapping of the segment, or nil
+	ro       []byte    // read-only mapping of the segment, or nil
+	ctl      []byte    // read-write mapping of the fixed header, when rw is nil
+	rc       *int64    // the shared refcount, in rw or ctl; set with the first mapping
+	handles  int       // open Segments on this file
+	counted  bool      // this process holds one count of the segment
+	tracker  Tracker   // where that count is recorded, or nil
+	entry    int       // its record there, or NoEntry
+	idle     time.Time // when the last handle closed, for a cached mapping
+	reserved bool      // this process made it with every page reserved
 }
 
 // registry holds every file this process maps, so that each counts once in
@@ -84,6 +86,7 @@ var registry = struct {
 	files    map[fileKey]*file
 	byName   map[string]*file // the file last mapped under each name
 	cached   int              // files with no handle, kept mapped
+	spares   []*spare         // files kept for new segments (spare.go)
 	sweeping bool             // a sweeper goroutine runs
 }{files: map[fileKey]*file{}, byName: map[string]*file{}}
 
@@ -96,11 +99,46 @@ func register(f *file) {
 // forget removes f from the registry and unmaps it. The caller holds
 // registry.mu.
 func forget(f *file) error {
-	delete(registry.files, f.key)
+	if registry.files[f.key] == f {
+		delete(registry.files, f.key)
+	}
 	if registry.byName[f.name] == f {
 		delete(registry.byName, f.name)
 	}
 	return f.unmap()
+}
+
+// current reports whether the header in f's file is still the one f was
+// mapped with: a file made into another segment (a spare reused, spare.go)
+// has a new creation time. The caller holds registry.mu.
+func (f *file) current() bool {
+	m := f.rw
+	if m == nil {
+		m = f.ctl
+	}
+	if m == nil {
+		m = f.ro
+	}
+	return m == nil || atomic.LoadInt64((*int64)(unsafe.Pointer(&m[header.CreatedOffset]))) == f.hdr.CreatedNS
+}
+
+// retire takes f, whose file became another segment, out of the registry:
+// a cached mapping is unmapped; one that handles still use stays until they
+// close. The caller holds registry.mu.
+func (f *file) retire() {
+	if registry.files[f.key] == f {
+		delete(registry.files, f.key)
+	}
+	if registry.byName[f.name] == f {
+		delete(registry.byName, f.name)
+	}
+	if f.handles == 0 && !f.idle.IsZero() {
+		registry.cached--
+		f.idle = time.Time{}
+		if err := f.unmap(); err != nil {
+			fmt.Fprintln(os.Stderr, "zctipc:", err)
+		}
+	}
 }
 
 // hold opens one more handle on f, counting this process as a holder first
@@ -118,6 +156,14 @@ func (f *file) hold(adopt bool) error {
 	case !f.counted:
 		if _, err := f.addRef(); err != nil {
 			return err
+		}
+		if !f.current() {
+			// The count reached zero and the file became another segment
+			// (a spare reused, spare.go) after this process read its
+			// header: the count just added is that segment's, and goes
+			// back.
+			_, err := f.dropRef()
+			return errors.Join(fmt.Errorf("segment %q was removed: %w", f.name, unix.ENOENT), err)
 		}
 		f.count()
 	}
@@ -137,10 +183,19 @@ func (f *file) letGo() error {
 		return nil
 	}
 	var err error
-	if f.counted {
+	if f.counted && f.spareable() {
+		f.unrecord()
+		var n int64
+		if n, err = f.decrement(); n == 0 {
+			if keepSpare(f) {
+				return nil
+			}
+			err = f.remove()
+		}
+	} else if f.counted {
 		_, err = f.uncount()
 	}
-	if !mapCache.Load() || atomic.LoadInt64(f.rc) <= 0 {
+	if !mapCache.Load() || atomic.LoadInt64(f.rc) <= 0 || registry.files[f.key] != f {
 		return errors.Join(err, forget(f))
 	}
 	f.idle = time.Now()
@@ -148,21 +203,30 @@ func (f *file) letGo() error {
 	if registry.cached > maxCached {
 		err = errors.Join(err, evictOldest())
 	}
+	startSweeper()
+	return err
+}
+
+// startSweeper starts the sweeper unless it runs. The caller holds
+// registry.mu.
+func startSweeper() {
 	if !registry.sweeping {
 		registry.sweeping = true
 		go sweep()
 	}
-	return err
 }
 
 // sweep unmaps cached mappings whose segment died or that idled too long,
-// and ends when the cache is empty. It runs only while something is cached.
+// and removes spares that waited too long; it ends when the cache and the
+// spares are empty, and runs only while there is something in them.
 func sweep() {
 	for {
 		time.Sleep(sweepEvery)
 		registry.mu.Lock()
-		evictIdle(time.Now(), false)
-		done := registry.cached == 0
+		now := time.Now()
+		evictIdle(now, false)
+		expireSpares(now, false)
+		done := registry.cached == 0 && len(registry.spares) == 0
 		if done {
 			registry.sweeping = false
 		}
@@ -301,12 +365,19 @@ func (f *file) count() {
 // uncount gives up this process's count on f, clearing the tracker's record
 // of it first. The caller holds registry.mu.
 func (f *file) uncount() (int64, error) {
+	f.unrecord()
+	return f.dropRef()
+}
+
+// unrecord marks this process as no longer a holder of f and clears the
+// tracker's record of its count, before the count is given up. The caller
+// holds registry.mu.
+func (f *file) unrecord() {
 	f.counted = false
 	if f.tracker != nil && f.entry != NoEntry {
 		f.tracker.Dropped(f.entry)
 	}
 	f.tracker, f.entry = nil, NoEntry
-	return f.dropRef()
 }
 
 // addRef adds one to the shared count unless it already reached zero.
@@ -326,11 +397,17 @@ func (f *file) addRef() (int64, error) {
 // dropRef takes one from the shared count and unlinks the file when the
 // count reaches zero.
 func (f *file) dropRef() (int64, error) {
-	n := atomic.AddInt64(f.rc, -1)
-	switch {
-	case n == 0:
+	n, err := f.decrement()
+	if n == 0 {
 		return 0, f.remove()
-	case n < 0:
+	}
+	return n, err
+}
+
+// decrement takes one from the shared count and returns what is left.
+func (f *file) decrement() (int64, error) {
+	n := atomic.AddInt64(f.rc, -1)
+	if n < 0 {
 		return n, fmt.Errorf("segment %q: refcount fell to %d: %w", f.name, n, header.ErrCorrupt)
 	}
 	return n, nil

@@ -31,6 +31,7 @@ import (
 	"errors"
 	"fmt"
 	"sync/atomic"
+	"time"
 
 	"github.com/zctipc/zctipc/go/fault"
 	"github.com/zctipc/zctipc/go/header"
@@ -144,6 +145,7 @@ func (s *Segment) Release() error {
 func ReleaseAll() (int, error) {
 	registry.mu.Lock()
 	defer registry.mu.Unlock()
+	expireSpares(time.Now(), true)
 	var errs []error
 	n := 0
 	for _, f := range registry.files {

@@ -14,8 +14,7 @@ written into a shared buffer, which travels by descriptor; the receiver
 gets the same type back (pandas and polars through Arrow).
 """
 
-from ._core import layout, native, segments
-from ._core.segments import SharedTensor
+from ._core import dtypes, native, segments
 from ._wire import tables
 from .errors import CorruptTable
 
@@ -65,10 +64,8 @@ def share_table(table, name=None):
     one pass; return its :class:`TableHandle`."""
     table, _ = tables.as_table(table)
     nbytes = tables.stream_size(table)
-    ffi, lib = native.ffi(), native.lib()
-    handle, info = ffi.new("zct_handle *"), ffi.new("zct_info *")
-    native.check(lib.zct_table_create(ffi.NULL if name is None else layout.segment_name(name), nbytes, handle, info))
-    segment = SharedTensor._wrap(handle[0], info)
+    lib = native.lib()
+    segment = segments.create(name, dtypes.CODES["uint8"], (nbytes,), uninitialized=True, kind=lib.ZCT_KIND_TABLE)
     try:
         tables.write_stream(table, segment.numpy())
     except BaseException:

@@ -57,7 +57,7 @@ def create_shared_tensor(name=None, data=None, shape=None, dtype=None) -> Shared
     if shape is not None and layout.shape_tuple(shape) != dims:
         raise InvalidArgument(f"shape {tuple(shape)} does not match the data's shape {dims}")
 
-    tensor = segments.create(name, code, dims)
+    tensor = segments.create(name, code, dims, uninitialized=True)
     try:
         if torch_data or code == dtypes.BFLOAT16:
             import torch

@@ -191,15 +191,22 @@ class SharedTensor:
         return memory
 
 
-def create(name, code, shape):
-    """A new tensor segment of type code and shape, zeroed, as a
-    SharedTensor (name None: a random one)."""
+def create(name, code, shape, uninitialized=False, kind=None):
+    """A new tensor segment (or a segment of kind, a zct_kind) of type code
+    and shape, zeroed, as a SharedTensor (name None: a random one). With
+    uninitialized the caller writes every byte: the data is not zeroed, and
+    a large segment may be made from pages this process let go, faster than
+    from fresh ones."""
     ffi, lib = native.ffi(), native.lib()
     handle = ffi.new("zct_handle *")
     info = ffi.new("zct_info *")
     dims = ffi.new("int64_t[]", shape) if shape else ffi.NULL
     cname = ffi.NULL if name is None else layout.segment_name(name)
-    native.check(lib.zct_segment_create(cname, code, len(shape), dims, handle, info))
+    if uninitialized:
+        kind = lib.ZCT_KIND_TENSOR if kind is None else kind
+        native.check(lib.zct_segment_create_uninit(cname, kind, code, len(shape), dims, handle, info))
+    else:
+        native.check(lib.zct_segment_create(cname, code, len(shape), dims, handle, info))
     return SharedTensor._wrap(handle[0], info)
 
 

@@ -48,19 +48,61 @@ func describe(v *C.zct_view) (message.Descriptor, *buffer.Ref, error) {
 	if err != nil {
 		return message.Descriptor{}, nil, err
 	}
-	if v.ndim < 0 || v.ndim > header.MaxNDim || v.flags < 0 || v.flags > 7 {
-		return message.Descriptor{}, nil, fmt.Errorf("a view with ndim %d and flags %d: %w", v.ndim, v.flags, unix.EINVAL)
+	d, err := describeArray(r, uint64(v.offset), v.dtype, v.ndim, &v.shape[0], &v.strides[0], v.flags)
+	return d, r, err
+}
+
+// describeArray is the descriptor of the array of dtype dt, ndim
+// dimensions of shape and byte strides, at offset in r's memory.
+func describeArray(r *buffer.Ref, offset uint64, dt, ndim C.int32_t, shape, strides *C.int64_t, flags C.int32_t) (message.Descriptor, error) {
+	if ndim < 0 || ndim > header.MaxNDim || flags < 0 || flags > 7 {
+		return message.Descriptor{}, fmt.Errorf("a view with ndim %d and flags %d: %w", ndim, flags, unix.EINVAL)
 	}
-	shape := make([]int64, v.ndim)
-	strides := make([]int64, v.ndim)
-	for i := range shape {
-		shape[i], strides[i] = int64(v.shape[i]), int64(v.strides[i])
-		if shape[i] < 0 || strides[i] < 0 {
-			return message.Descriptor{}, nil, fmt.Errorf("a view with shape %v and strides %v: %w", shape, strides, unix.EINVAL)
+	dims := make([]int64, 2*ndim)
+	sh, st := dims[:ndim], dims[ndim:]
+	if ndim > 0 {
+		cs, ct := unsafe.Slice(shape, ndim), unsafe.Slice(strides, ndim)
+		for i := range sh {
+			sh[i], st[i] = int64(cs[i]), int64(ct[i])
+			if sh[i] < 0 || st[i] < 0 {
+				return message.Descriptor{}, fmt.Errorf("a view with shape %v and strides %v: %w", cs, ct, unix.EINVAL)
+			}
 		}
 	}
-	d, err := r.Describe(uint64(v.offset), dtype.DType(v.dtype), shape, strides, uint8(v.flags))
-	return d, r, err
+	return r.Describe(offset, dtype.DType(dt), sh, st, uint8(flags))
+}
+
+//export zct_queue_put_array
+func zct_queue_put_array(h C.zct_handle, typ C.int32_t, addr *C.zct_cvoid, extent C.uint64_t, dt C.int32_t, ndim C.int32_t, shape *C.zct_cint64, strides *C.zct_cint64, flags C.int32_t, timeoutMS C.int64_t) C.int {
+	return run(func() error {
+		if addr == nil || ndim > 0 && (shape == nil || strides == nil) {
+			return errNilArg
+		}
+		q, err := queues.get(uint64(h))
+		if err != nil {
+			return err
+		}
+		r, off, ok, err := buffer.Find(uintptr(unsafe.Pointer(addr)), uint64(extent))
+		if err != nil {
+			return err
+		}
+		if !ok {
+			return fmt.Errorf("the %d bytes at %p are not zctipc memory: %w", extent, addr, unix.ENOENT)
+		}
+		d, err := describeArray(r, off, dt, ndim, (*C.int64_t)(unsafe.Pointer(shape)), (*C.int64_t)(unsafe.Pointer(strides)), flags)
+		rec := message.Record{Type: uint8(typ), Descriptors: []message.Descriptor{d}}
+		if err == nil {
+			err = rec.Check()
+		}
+		if err != nil {
+			return errors.Join(err, r.Release())
+		}
+		sent, err := buffer.Send([]*buffer.Ref{r}, func() error { return q.Put(&rec, deadline(timeoutMS)) })
+		if !sent {
+			return errors.Join(err, r.Release())
+		}
+		return err
+	})
 }
 
 // fillView writes a received array into v, under the ref handle h.

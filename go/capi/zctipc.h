@@ -320,6 +320,14 @@ int zct_queue_close(zct_handle queue);
    on failure they are left to the caller. */
 int zct_queue_put(zct_handle queue, int32_t type, const void *payload, uint64_t len,
                   const zct_view *views, int32_t nviews, int64_t timeout_ms);
+/* zct_ref_find and zct_queue_put of one view in one call: put a record of
+   type with no payload and one view, of the array of dtype, ndim, shape and
+   byte strides whose extent bytes start at addr, when they are zctipc
+   memory. ZCT_E_NOT_FOUND when they are not; on any failure no count is
+   left taken. */
+int zct_queue_put_array(zct_handle queue, int32_t type, const void *addr, uint64_t extent, int32_t dtype,
+                        int32_t ndim, const int64_t *shape, const int64_t *strides, int32_t flags,
+                        int64_t timeout_ms);
 /* Take the next record into buf: its type, where its payload lies in buf,
    and its views, each holding a new ref. A record larger than cap or with
    more than views_cap views stays in the queue: ZCT_E_RANGE, with the

@@ -60,6 +60,7 @@ INLINE_BYTES = 128 << 10
 _loads = pickle.loads
 _wait = wait  # the module, in methods whose parameter is named wait
 _BARE = exports.BARE  # the set, which grows when torch is met
+_SENT = object()  # _bare's answer for an array it sent itself
 
 #: The most messages get_many takes in one call into the library.
 RECORDS_PER_CALL = 256
@@ -339,6 +340,9 @@ class Queue:
         if t is bytes:
             payload, buffers, typ = obj, (), _BYTES
         elif t in _BARE and (bare := self._bare(obj, block, timeout)) is not None:
+            if bare is _SENT:
+                self._sent = True
+                return
             payload, buffers, typ = bare
         else:
             payload, buffers = pickler.dumps(obj, block, timeout, self._inline)
@@ -355,13 +359,46 @@ class Queue:
         """(payload, buffers, record type) of a bare array, tensor or
         SharedTensor, or None to pickle it: a small array inline (Note
         [inline arrays] in zctipc._wire.exports), others as a tensor record
-        whose one buffer is zctipc memory."""
-        if obj.__class__ is exports.ndarray and obj.nbytes <= self._inline:
-            payload = exports.inline_payload(obj)
-            if payload is not None:
-                return payload, (), _INLINE
+        whose one buffer is zctipc memory. _SENT when it is sent already:
+        a larger array that is zctipc memory, in one native call."""
+        if obj.__class__ is exports.ndarray:
+            small = obj.nbytes <= self._inline
+            if small:
+                payload = exports.inline_payload(obj)
+                if payload is not None:
+                    return payload, (), _INLINE
+            sent = self._put_array(obj)  # zctipc memory (a small one did not go inline)
+            if sent:
+                return _SENT
+            if sent is not None and not small:
+                # Not zctipc memory: a copy, without asking again.
+                e = exports.export_array(obj, block, timeout, search=False)
+                return None if e is None else (b"", [e], _TENSOR)
         e = exports.export_bare(obj, block, timeout)
         return None if e is None else (b"", [e], _TENSOR)
+
+    def _put_array(self, arr):
+        """Put a C-contiguous NumPy array that is zctipc memory as a tensor
+        record, in one try without waiting: True when it went, False when
+        it is not zctipc memory, None when it must take the long way (the
+        queue is full, or the array is of another layout or dtype)."""
+        code, flags = exports.array_code_flags(arr)
+        if code is None:
+            return None
+        try:
+            address = native.ffi().from_buffer(arr, require_writable=False)
+        except (TypeError, ValueError, BufferError):
+            return None
+        status = native.lib().zct_queue_put_array(
+            self._handle, _TENSOR, address, arr.nbytes, code, arr.ndim, arr.shape, arr.strides, flags, 0
+        )
+        if status == 0:
+            return True
+        if status == native.E_NOT_FOUND:
+            return False
+        if status == native.E_FULL:
+            return None
+        native.check(status)
 
     def put_nowait(self, obj):
         return self.put(obj, False)

@@ -193,3 +193,39 @@ def test_import_imports_no_more_than_it_needs():
     lines = out.split("\n")
     assert lines[0] == repr(["zctipc", "zctipc._core", "zctipc._core.native", "zctipc.errors"])
     assert lines[1:3] == ["False", "True False"]
+
+
+def test_queue_put_array_sends_zctipc_memory_and_refuses_the_rest():
+    """zct_queue_put_array: ZCT_E_NOT_FOUND, with nothing put, for memory
+    that is not zctipc's; a record whose view is the array otherwise; and on
+    a full queue no count left taken."""
+    import numpy as np
+
+    ffi, lib = _native.ffi(), _native.lib()
+    q = zctipc.Queue(maxsize=1)
+    plain = np.arange(8, dtype=np.int64)
+    code = dtypes.code_of_numpy(plain.dtype)
+    ptr = ffi.from_buffer(plain)
+    assert lib.zct_queue_put_array(q._handle, 2, ptr, 64, code, 1, [8], [8], 0, 0) == _native.E_NOT_FOUND
+    assert q.qsize() == 0
+    a = zctipc.empty(8, "int64")
+    a[:] = np.arange(8)
+    ptr = ffi.from_buffer(a)
+    holders = lambda: zctipc.pool_stats().slots_in_use  # noqa: E731
+    before = holders()
+    assert lib.zct_queue_put_array(q._handle, 2, ptr + 8, 48, code, 2, [3, 2], [16, 8], 0, 0) == 0
+    assert lib.zct_queue_put_array(q._handle, 2, ptr, 64, code, 1, [8], [8], 0, 0) == _native.E_FULL
+    got = q.get()
+    assert got.shape == (3, 2) and got.tolist() == [[1, 2], [3, 4], [5, 6]]
+    got[0, 0] = 42
+    assert a[1] == 42
+    for bad in ([9], [-1]):  # past the buffer, negative
+        assert lib.zct_queue_put_array(q._handle, 2, ptr, 64, code, 1, bad, [8], 0, 0) == _native.E_INVALID
+    assert lib.zct_queue_put_array(q._handle, 2, ptr, 64, code, 33, [8], [8], 0, 0) == _native.E_INVALID
+    assert q.qsize() == 0
+    del got, a, ptr
+    import gc
+
+    gc.collect()
+    assert holders() == before - 1, "no count was left on the buffer"
+    q.close()

@@ -388,6 +388,41 @@ def test_inline_bytes_sets_the_bound_and_zctipc_memory_never_goes_inline():
     off.close()
 
 
+def test_zctipc_arrays_go_in_one_call_and_a_full_queue_keeps_no_count():
+    """A C-contiguous array in zctipc memory goes by descriptor in one native
+    call (zct_queue_put_array); one the queue has no room for stays the
+    sender's, with no count left taken on its buffer."""
+    gc.collect()
+    slots = zctipc.pool_stats().slots_in_use
+    q = zctipc.Queue(maxsize=1)
+    a = zctipc.empty(1 << 16, "float32")
+    a[:] = 1
+    q.put(a)
+    with pytest.raises(queue.Full):
+        q.put(a, block=False)
+    with pytest.raises(queue.Full):
+        q.put(a, timeout=0.05)
+    got = q.get()
+    got[0] = 5
+    assert a[0] == 5 and zctipc.is_shared(got), "the same memory"
+    frozen = a[:]
+    frozen.setflags(write=False)
+    q.put(frozen)
+    assert not q.get().flags.writeable, "read-only, as the sender's view was"
+    q.put(a[::2])  # not contiguous: the long way, still by descriptor
+    strided = q.get()
+    strided[1] = 7
+    assert a[2] == 7
+    plain = np.ones(1 << 16, np.float32)
+    q.put(plain)
+    copy = q.get()
+    assert zctipc.is_shared(copy) and not np.shares_memory(copy, plain), "plain memory is copied once"
+    del got, strided, copy, a, frozen
+    q.close()
+    gc.collect()
+    assert zctipc.pool_stats().slots_in_use == slots, "every count went back"
+
+
 def test_requires_grad_is_kept_and_non_leaf_refused(q):
     w = torch.ones(3, requires_grad=True)
     q.put(w)

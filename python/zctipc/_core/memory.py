@@ -60,12 +60,15 @@ _find_out = None
 
 def find(address, nbytes):
     """(ref, offset): one more count on the zctipc memory that holds the
-    nbytes at address, or None when it is not zctipc memory."""
+    nbytes at address (an integer, or a cffi pointer), or None when it is
+    not zctipc memory."""
     global _find_out
     if not native.loaded():
         return None  # nothing of zctipc lives in this process
     out = _find_out or (_find_out := _FindOut())
-    status = native.lib().zct_ref_find(native.ffi().cast("void *", address), nbytes, out.ref, out.offset)
+    if type(address) is int:
+        address = native.ffi().cast("void *", address)
+    status = native.lib().zct_ref_find(address, nbytes, out.ref, out.offset)
     if status == native.E_NOT_FOUND:
         return None
     native.check(status)
@@ -151,10 +154,20 @@ def from_view(view, pytype=None):
     holds the view's ref until it is collected."""
     code = view.dtype
     ndim = view.ndim
-    shape = tuple(view.shape[0:ndim])
-    strides = tuple(view.strides[0:ndim])
-    memory = owner(view.data, "zct_ref_release", view.ref, "releasing a buffer")
-    kind = view.flags & TYPE_MASK if pytype is None else pytype
+    if ndim == 1:  # the common case, without slicing the arrays
+        shape, strides = (view.shape[0],), (view.strides[0],)
+    else:
+        shape, strides = tuple(view.shape[0:ndim]), tuple(view.strides[0:ndim])
+    ffi = native.ffi()
+    ref = view.ref
+    memory = ffi.gc(ffi.cast("char *", view.data), lambda _: native.finalize("zct_ref_release", ref, _RELEASING))
+    flags = view.flags
+    kind = flags & TYPE_MASK if pytype is None else pytype
     if kind == TORCH:
         return _tensor(ndarray(memory, view.nbytes, dtypes.storage_dtype(code), shape, strides), code)
-    return ndarray(memory, view.nbytes, dtypes.numpy_dtype(code), shape, strides, bool(view.flags & READONLY))
+    if flags & READONLY:
+        return ndarray(memory, view.nbytes, dtypes.numpy_dtype(code), shape, strides, True)
+    return np.ndarray(shape, dtype=dtypes.numpy_dtype(code), buffer=ffi.buffer(memory, view.nbytes), strides=strides)
+
+
+_RELEASING = "releasing a buffer"

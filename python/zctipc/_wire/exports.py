@@ -44,16 +44,18 @@ class Export:
         native.check(native.lib().zct_ref_release(self.ref))
 
 
-def _export(address, code, shape, strides, flags, fill, block, timeout, copy):
-    """An Export of the array at address: its own memory when that is zctipc
-    memory, else (with copy) a fresh pool buffer that fill(owner, nbytes,
-    c_strides) copies it into, in C order. None for an array of more
-    dimensions than a descriptor holds."""
+def _export(address, code, shape, strides, flags, fill, block, timeout, copy, extent=None):
+    """An Export of the array at address (an integer, or a cffi pointer):
+    its own memory when that is zctipc memory, else (with copy) a fresh pool
+    buffer that fill(owner, nbytes, c_strides) copies it into, in C order.
+    None for an array of more dimensions than a descriptor holds. extent,
+    when the caller knows it (a contiguous array), is the bytes the array
+    spans."""
     if len(shape) > native.MAX_NDIM:
         return None
     itemsize = dtypes.ITEMSIZE[code]
-    if address is not None and min(strides, default=0) >= 0:
-        found = memory.find(address, layout.extent(shape, strides, itemsize))
+    if address is not None and (extent is not None or min(strides, default=0) >= 0):
+        found = memory.find(address, layout.extent(shape, strides, itemsize) if extent is None else extent)
         if found is not None:
             return Export(found[0], found[1], code, shape, strides, flags)
     if not copy:
@@ -69,10 +71,23 @@ def _export(address, code, shape, strides, flags, fill, block, timeout, copy):
     return Export(ref, 0, code, shape, c_strides, flags)
 
 
-def export_array(arr, block=True, timeout=None, copy=True):
+def array_code_flags(arr):
+    """(type code, descriptor flags) of a C-contiguous NumPy array of some
+    bytes that a descriptor can hold, else (None, None)."""
+    aflags = arr.flags
+    if not aflags.c_contiguous or not arr.nbytes or arr.ndim > native.MAX_NDIM:
+        return None, None
+    code = _code(arr.dtype)
+    if code is None:
+        return None, None
+    return code, memory.NUMPY if aflags.writeable else memory.NUMPY | memory.READONLY
+
+
+def export_array(arr, block=True, timeout=None, copy=True, search=True):
     """An Export for a NumPy array, or None when it cannot go out of band
     (object, structured, non-native dtypes) or, without copy, is not zctipc
-    memory."""
+    memory. Without search the caller knows it is not zctipc memory: a copy
+    is made without looking."""
     try:
         code = dtypes.code_of_numpy(arr.dtype)
     except UnsupportedDtype:
@@ -81,7 +96,19 @@ def export_array(arr, block=True, timeout=None, copy=True):
     def fill(owner, size, c_strides):
         np.copyto(memory.ndarray(owner, size, arr.dtype, arr.shape, c_strides), arr)
 
-    flags = memory.NUMPY if arr.flags.writeable else memory.NUMPY | memory.READONLY
+    aflags = arr.flags
+    flags = memory.NUMPY if aflags.writeable else memory.NUMPY | memory.READONLY
+    if not search:
+        return _export(None, code, arr.shape, arr.strides, flags, fill, block, timeout, copy)
+    if aflags.c_contiguous and (nbytes := arr.nbytes):
+        # The common case, without building __array_interface__ or summing
+        # strides (each costs more than the rest of the lookup).
+        try:
+            address = native.ffi().from_buffer(arr, require_writable=False)
+        except (TypeError, ValueError, BufferError):
+            pass  # a dtype the buffer protocol cannot say: the long way
+        else:
+            return _export(address, code, arr.shape, arr.strides, flags, fill, block, timeout, copy, nbytes)
     return _export(arr.__array_interface__["data"][0], code, arr.shape, arr.strides, flags, fill, block, timeout, copy)
 
 

@@ -106,7 +106,18 @@ class Zctipc:
         self.tensor.close()
 
 
-class ZctipcQueue:
+class _QueuePeer:
+    """A peer whose consumer gets the array from self.queue."""
+
+    @staticmethod
+    def get(chan):
+        return chan.get(), lambda: None
+
+    def consumer_end(self):
+        return self.queue
+
+
+class ZctipcQueue(_QueuePeer):
     name = "zctipc.Queue"
     transport = "descriptor through the queue"
 
@@ -118,19 +129,12 @@ class ZctipcQueue:
     def put(self):
         self.queue.put(self.array)
 
-    @staticmethod
-    def get(chan):
-        return chan.get(), lambda: None
-
-    def consumer_end(self):
-        return self.queue
-
     def close(self):
         self.queue.close()
         del self.array
 
 
-class PickleQueue:
+class PickleQueue(_QueuePeer):
     name = "multiprocessing.Queue"
     transport = "pickled through the queue"
 
@@ -142,13 +146,6 @@ class PickleQueue:
 
     def put(self):
         self.queue.put(self.array)
-
-    @staticmethod
-    def get(chan):
-        return chan.get(), lambda: None
-
-    def consumer_end(self):
-        return self.queue
 
     def close(self):
         self.queue.close()

@@ -76,15 +76,8 @@ func zct_version() *C.zct_cchar { return versionString }
 
 //export zct_segment_create
 func zct_segment_create(name *C.zct_cchar, dt C.int32_t, ndim C.int32_t, shape *C.zct_cint64, out *C.zct_handle, info *C.zct_info) C.int {
-	return run(func() error {
-		if out == nil || info == nil || ndim > 0 && shape == nil {
-			return errNilArg
-		}
-		dims, err := dimsOf(ndim, shape)
-		if err != nil {
-			return err
-		}
-		return createSegment(name, header.KindTensor, dtype.DType(dt), dims, out, info)
+	return createShaped(ndim, shape, out, info, func(dims []int64) (*shm.Segment, error) {
+		return shm.Create(goString(name), header.KindTensor, dtype.DType(dt), dims)
 	})
 }
 
@@ -97,12 +90,21 @@ func zct_table_create(name *C.zct_cchar, nbytes C.uint64_t, out *C.zct_handle, i
 		if nbytes > math.MaxInt64 {
 			return fmt.Errorf("a table of %d bytes: %w", nbytes, unix.EINVAL)
 		}
-		return createSegment(name, header.KindTable, dtype.Uint8, []int64{int64(nbytes)}, out, info)
+		seg, err := shm.Create(goString(name), header.KindTable, dtype.Uint8, []int64{int64(nbytes)})
+		return segmentOut(seg, err, out, info)
 	})
 }
 
 //export zct_segment_create_uninit
 func zct_segment_create_uninit(name *C.zct_cchar, kind C.int32_t, dt C.int32_t, ndim C.int32_t, shape *C.zct_cint64, out *C.zct_handle, info *C.zct_info) C.int {
+	return createShaped(ndim, shape, out, info, func(dims []int64) (*shm.Segment, error) {
+		return shm.CreateUninitialized(goString(name), header.Kind(kind), dtype.DType(dt), dims)
+	})
+}
+
+// createShaped runs an export that makes a segment of ndim dimensions of
+// shape with create, and hands it to the caller.
+func createShaped(ndim C.int32_t, shape *C.zct_cint64, out *C.zct_handle, info *C.zct_info, create func(dims []int64) (*shm.Segment, error)) C.int {
 	return run(func() error {
 		if out == nil || info == nil || ndim > 0 && shape == nil {
 			return errNilArg
@@ -111,14 +113,9 @@ func zct_segment_create_uninit(name *C.zct_cchar, kind C.int32_t, dt C.int32_t, 
 		if err != nil {
 			return err
 		}
-		seg, err := shm.CreateUninitialized(goString(name), header.Kind(kind), dtype.DType(dt), dims)
+		seg, err := create(dims)
 		return segmentOut(seg, err, out, info)
 	})
-}
-
-func createSegment(name *C.zct_cchar, kind header.Kind, dt dtype.DType, dims []int64, out *C.zct_handle, info *C.zct_info) error {
-	seg, err := shm.Create(goString(name), kind, dt, dims)
-	return segmentOut(seg, err, out, info)
 }
 
 // segmentOut hands a new segment to the caller.

@@ -58,6 +58,20 @@ func digest(b []byte) string {
 	return hex.EncodeToString(sum[:])
 }
 
+// segmentsOnTmpfs puts the test's segments on a new tmpfs mounted with
+// opts ("size=1m", ...) and returns its directory; without root it skips.
+func segmentsOnTmpfs(t *testing.T, opts string) string {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("mounting a tmpfs needs root")
+	}
+	dir := t.TempDir()
+	require.NoError(t, unix.Mount("tmpfs", dir, "tmpfs", 0, opts+",mode=0700"), "mount")
+	t.Cleanup(func() { require.NoError(t, unix.Unmount(dir, 0)) })
+	t.Setenv(shm.DirEnv, dir)
+	return dir
+}
+
 func mustCreate(t *testing.T, name string, dt dtype.DType, shape ...int64) *shm.Segment {
 	t.Helper()
 	seg, err := shm.Create(name, header.KindTensor, dt, shape)
@@ -276,13 +290,7 @@ func TestOutOfSharedMemory(t *testing.T) {
 	require.False(t, exists(name), "nothing is left half-created")
 
 	t.Run("small tmpfs", func(t *testing.T) {
-		if os.Geteuid() != 0 {
-			t.Skip("mounting a tmpfs needs root")
-		}
-		dir := t.TempDir()
-		require.NoError(t, unix.Mount("tmpfs", dir, "tmpfs", 0, "size=1m,mode=0700"), "mount")
-		t.Cleanup(func() { require.NoError(t, unix.Unmount(dir, 0)) })
-		t.Setenv(shm.DirEnv, dir)
+		dir := segmentsOnTmpfs(t, "size=1m")
 		fits := mustCreate(t, "", dtype.Uint8, 512<<10)
 		_, err := shm.Create("", header.KindTensor, dtype.Uint8, []int64{4 << 20})
 		require.ErrorIs(t, err, shm.ErrOutOfSharedMemory)
@@ -596,16 +604,10 @@ func TestMapCacheNeverServesAReplacedFile(t *testing.T) {
 // On a tmpfs that gives huge pages when asked (huge=advise), a new segment
 // of 2 MiB and more is made of them; a smaller one is not asked to be.
 func TestLargeSegmentsAskForHugePages(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("mounting a tmpfs needs root")
-	}
 	if _, err := os.Stat("/sys/kernel/mm/transparent_hugepage"); err != nil {
 		t.Skip("this kernel has no transparent huge pages")
 	}
-	dir := t.TempDir()
-	require.NoError(t, unix.Mount("tmpfs", dir, "tmpfs", 0, "size=64m,huge=advise,mode=0700"), "mount")
-	t.Cleanup(func() { require.NoError(t, unix.Unmount(dir, 0)) })
-	t.Setenv(shm.DirEnv, dir)
+	dir := segmentsOnTmpfs(t, "size=64m,huge=advise")
 	used := func() int64 { // bytes of the mount in use
 		var st unix.Statfs_t
 		require.NoError(t, unix.Statfs(dir, &st))

@@ -168,13 +168,7 @@ func TestSparesExpire(t *testing.T) {
 
 // A segment that does not fit drops the spares and tries again.
 func TestOutOfMemoryDropsSpares(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("mounting a tmpfs needs root")
-	}
-	dir := t.TempDir()
-	require.NoError(t, unix.Mount("tmpfs", dir, "tmpfs", 0, "size=8m,mode=0700"), "mount")
-	t.Cleanup(func() { require.NoError(t, unix.Unmount(dir, 0)) })
-	t.Setenv(shm.DirEnv, dir)
+	dir := segmentsOnTmpfs(t, "size=8m")
 	tracked(t)
 	a := mustCreate(t, "", dtype.Uint8, 5<<20)
 	require.NoError(t, a.Close())

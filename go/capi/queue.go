@@ -382,7 +382,7 @@ func setWait[T interface{ SetWait(futex.Policy) error }](t *table[T], h C.zct_ha
 		case poll != 0 && poll != 1:
 			return fmt.Errorf("a wait policy of %d (0 sleeps, 1 polls): %w", poll, unix.EINVAL)
 		case poll == 0 && spinNS < 0:
-			p = futex.Sleeping
+			p = futex.NewSleeping()
 		}
 		return v.SetWait(p)
 	})

@@ -310,8 +310,9 @@ int zct_queue_describe(zct_handle queue, char *name, uint64_t cap, uint64_t *cap
 /* How this handle's calls wait for messages or room: poll 0 spins for
    spin_ns (yielding the CPU between looks) and then sleeps on a futex;
    poll 1 polls without yielding for spin_ns before sleeping. A negative
-   spin_ns is the policy's default: 50 us for poll 0 (the default policy),
-   for ever for poll 1. */
+   spin_ns is the policy's default: for poll 0 (the default policy) 50 us,
+   stretched to twice the recent waits, up to 200 us, while they are that
+   short; for ever for poll 1. */
 int zct_queue_set_wait(zct_handle queue, int32_t poll, int64_t spin_ns);
 /* Add one count to the queue for a message in flight (pickled handles). */
 int zct_queue_addref(zct_handle queue);

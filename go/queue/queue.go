@@ -315,7 +315,8 @@ func open(seg *shm.Segment) (*Queue, error) {
 		putLock: lock.At(unsafe.Pointer(&d[offPutLock])),
 		getLock: lock.At(unsafe.Pointer(&d[offGetLock])),
 	}
-	q.policy.Store(&futex.Sleeping)
+	sleeping := futex.NewSleeping()
+	q.policy.Store(&sleeping)
 	return q, nil
 }
 

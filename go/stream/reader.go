@@ -60,7 +60,7 @@ func (s *Stream) Reader(index int) (*Reader, error) {
 	if err != nil {
 		return nil, err
 	}
-	r := &Reader{calls: calls{policy: futex.Sleeping}, s: s, seg: seg, self: self}
+	r := &Reader{calls: calls{policy: futex.NewSleeping()}, s: s, seg: seg, self: self}
 	if index >= 0 {
 		if r.claim(index) {
 			return r, nil

@@ -95,7 +95,7 @@ func (s *Stream) Writer() (*Writer, error) {
 	// A claim the writer before left unpublished stays claimed: a reader of
 	// the frame that slot held must still see it as overwritten.
 	published := atomic.LoadUint64(u64(s.data, offPublished))
-	w := &Writer{calls: calls{policy: futex.Sleeping}, s: s, seg: seg, role: role, next: published}
+	w := &Writer{calls: calls{policy: futex.NewSleeping()}, s: s, seg: seg, role: role, next: published}
 	w.minPos = w.slowest()
 	if s.cfg.Policy == Block {
 		if err := w.findFree(); err != nil {

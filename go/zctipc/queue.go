@@ -51,7 +51,9 @@ func AttachQueue(name string) (*Queue, error) {
 // sees a message or frame within a microsecond while it takes a core.
 type Wait = futex.Policy
 
-// Sleeping is the default Wait: a 50 µs spin, then a sleep.
+// Sleeping is a 50 µs spin, then a sleep. The default Wait of a handle
+// is this with its spin stretched, up to 200 µs, while messages or frames
+// come steadily (futex.NewSleeping).
 var Sleeping = futex.Sleeping
 
 // Polling is a Wait that polls and never sleeps.

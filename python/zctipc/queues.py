@@ -306,7 +306,8 @@ class Queue:
     def set_wait(self, wait="sleep", spin=None):
         """How this process's blocking put and get on this queue object wait
         (zctipc._core.wait.POLICIES): "sleep" (the default) spins for spin
-        seconds (50 us) yielding the CPU, then sleeps on a futex and uses
+        seconds yielding the CPU (by default 50 us, stretched up to 200 us
+        while messages come that often), then sleeps on a futex and uses
         no CPU; "poll" looks at the queue without yielding and without a
         system call, for spin seconds (for ever by default) before it
         sleeps: a message is seen within a microsecond, and a waiting

@@ -14,6 +14,7 @@ import (
 func TestSeqSleepPolicies(t *testing.T) {
 	for name, p := range map[string]futex.Policy{
 		"sleep":          futex.Sleeping,
+		"sleep, paced":   futex.NewSleeping(),
 		"poll for ever":  {Poll: true, Spin: -1},
 		"poll, to sleep": {Poll: true, Spin: time.Millisecond},
 	} {
@@ -46,4 +47,31 @@ func TestSeqSleepPolicies(t *testing.T) {
 			require.GreaterOrEqual(t, time.Since(start), 30*time.Millisecond)
 		})
 	}
+}
+
+// A Pace stretches the spin to twice the recent wait while waits are short,
+// up to 200 µs, leaves the policy's spin otherwise, and forgets a long idle
+// spell within a few dozen short waits.
+func TestPaceFollowsRecentWaits(t *testing.T) {
+	const base = 50 * time.Microsecond
+	var p futex.Pace
+	require.Equal(t, base, p.Spin(base), "nothing observed yet")
+	for range 20 {
+		p.Observe(80 * time.Microsecond)
+	}
+	require.Equal(t, 160*time.Microsecond, p.Spin(base), "steady 80 µs waits")
+	for range 20 {
+		p.Observe(10 * time.Microsecond)
+	}
+	require.Equal(t, base, p.Spin(base), "never below the policy's spin")
+	p.Observe(150 * time.Microsecond)
+	p.Observe(150 * time.Microsecond)
+	require.LessOrEqual(t, p.Spin(base), 200*time.Microsecond, "bounded")
+	p.Observe(time.Hour) // an idle spell
+	require.Equal(t, base, p.Spin(base), "sparse events: the policy's spin")
+	n := 0
+	for ; p.Spin(base) == base && n < 100; n++ {
+		p.Observe(60 * time.Microsecond)
+	}
+	require.Less(t, n, 40, "forgotten within a few dozen waits")
 }

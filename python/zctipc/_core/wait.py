@@ -20,8 +20,9 @@ POLICIES = ("sleep", "poll")
 
 def policy(wait, spin):
     """(poll flag, spin in ns) for the library's set_wait calls from a wait
-    policy name and a spin in seconds (None: the policy's default, 50 us
-    for "sleep" and for ever for "poll", which the library says)."""
+    policy name and a spin in seconds (None: the policy's default, which
+    the library says: for "sleep" 50 us, stretched up to 200 us while waits
+    are short; for ever for "poll")."""
     if wait not in POLICIES:
         raise ValueError(f"wait must be one of {', '.join(map(repr, POLICIES))}, not {wait!r}")
     return wait == "poll", -1 if spin is None else int(args.timeout(spin, "spin") * 1e9)

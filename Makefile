@@ -26,7 +26,7 @@ $(VENV)/.base: constraints.txt pyproject.toml
 	touch $@
 
 $(VENV)/.deps: $(VENV)/.base
-	$(PIP) install --quiet -c constraints.txt pytest pytest-timeout import-linter ruff torch pyarrow pandas polars
+	$(PIP) install --quiet -c constraints.txt pytest pytest-timeout import-linter ruff mypy torch pyarrow pandas polars
 	touch $@
 
 # The package, installed editable from python/: setup.py builds
@@ -42,12 +42,14 @@ vet:
 
 # The Python package's layers import only downward and no module imports in
 # a cycle (contracts in pyproject.toml); ruff's lint and format check pass
-# (settings in pyproject.toml); git holds no build outputs; the Go code
-# passes staticcheck.
+# (settings in pyproject.toml); mypy --strict passes on the package and the
+# typed example program (settings and files in pyproject.toml); git holds no
+# build outputs; the Go code passes staticcheck.
 lint: install $(VENV)/.deps
 	$(VENV)/bin/lint-imports --no-cache
 	$(VENV)/bin/ruff check $(RUFF_PATHS)
 	$(VENV)/bin/ruff format --check $(RUFF_PATHS)
+	$(VENV)/bin/mypy --config-file pyproject.toml
 	$(PY) .ci/check_tracked.py
 	$(GO) run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK) ./...
 

@@ -39,6 +39,102 @@ from . import errors
 from ._core import native as _native
 from .errors import *  # noqa: F401,F403  (each name is in errors.__all__)
 
+TYPE_CHECKING = False  # Note [types without typing] in zctipc._core.native
+if TYPE_CHECKING:
+    # Type checkers see every public name here, imported from where it lives,
+    # which __getattr__ (below) imports on first use (Note [a lazy package]);
+    # the multiprocessing names are the default context's, as namespace()
+    # gives them. tests/python/test_types.py checks that this block names
+    # everything __getattr__ offers.
+    from multiprocessing import AuthenticationError as AuthenticationError
+    from multiprocessing import BufferTooShort as BufferTooShort
+    from multiprocessing import ProcessError as ProcessError
+    from multiprocessing import TimeoutError as TimeoutError
+
+    from . import arrow as arrow
+    from . import buffers as buffers
+    from . import cli as cli
+    from . import connection as connection
+    from . import context as context
+    from . import cuda as cuda
+    from . import events as events
+    from . import managers as managers
+    from . import pipeline as pipeline
+    from . import pool as pool
+    from . import queues as queues
+    from . import reduction as reduction
+    from . import shared_memory as shared_memory
+    from . import strategy as strategy
+    from . import streams as streams
+    from . import synchronize as synchronize
+    from . import tensor as tensor
+    from . import util as util
+    from ._wire.reducers import init_reductions as init_reductions
+    from ._wire.reducers import init_torch_reductions as init_torch_reductions
+    from ._wire.reducers import is_shared as is_shared
+    from .arrow import TableHandle as TableHandle
+    from .arrow import attach_table as attach_table
+    from .arrow import share_table as share_table
+    from .buffers import PoolStats as PoolStats
+    from .buffers import empty as empty
+    from .buffers import pool_stats as pool_stats
+    from .buffers import set_pool_limit as set_pool_limit
+    from .context import Process as Process
+    from .context import _default
+    from .events import Event as Event
+    from .pipeline import Pipeline as Pipeline
+    from .queues import DEFAULT_MAX_BYTES as DEFAULT_MAX_BYTES
+    from .queues import JoinableQueue as JoinableQueue
+    from .queues import Queue as Queue
+    from .queues import SimpleQueue as SimpleQueue
+    from .strategy import collect_garbage as collect_garbage
+    from .strategy import daemon_status as daemon_status
+    from .strategy import get_all_sharing_strategies as get_all_sharing_strategies
+    from .strategy import get_sharing_strategy as get_sharing_strategy
+    from .strategy import set_sharing_strategy as set_sharing_strategy
+    from .streams import Stream as Stream
+    from .streams import StreamReader as StreamReader
+    from .streams import StreamWriter as StreamWriter
+    from .tensor import SegmentInfo as SegmentInfo
+    from .tensor import SharedTensor as SharedTensor
+    from .tensor import attach_ref as attach_ref
+    from .tensor import attach_shared_tensor as attach_shared_tensor
+    from .tensor import cleanup_all_segments as cleanup_all_segments
+    from .tensor import create_shared_tensor as create_shared_tensor
+    from .tensor import list_segments as list_segments
+    from .tensor import share as share
+
+    __version__: str
+    list_active_segments = list_segments
+    Pool = _default.Pool
+    Pipe = _default.Pipe
+    Manager = _default.Manager
+    Lock = _default.Lock
+    RLock = _default.RLock
+    Semaphore = _default.Semaphore
+    BoundedSemaphore = _default.BoundedSemaphore
+    Condition = _default.Condition
+    Barrier = _default.Barrier
+    Value = _default.Value
+    Array = _default.Array
+    RawValue = _default.RawValue
+    RawArray = _default.RawArray
+    cpu_count = _default.cpu_count
+    current_process = _default.current_process
+    parent_process = _default.parent_process
+    active_children = _default.active_children
+    freeze_support = _default.freeze_support
+    get_context = _default.get_context
+    get_start_method = _default.get_start_method
+    set_start_method = _default.set_start_method
+    get_all_start_methods = _default.get_all_start_methods
+    get_logger = _default.get_logger
+    log_to_stderr = _default.log_to_stderr
+    set_forkserver_preload = _default.set_forkserver_preload
+    set_executable = _default.set_executable
+    allow_connection_pickling = _default.allow_connection_pickling
+    reducer = _default.reducer
+
 # Note [a lazy package]: ``import zctipc`` imports only the errors and the
 # module that will load the library; every other public name is looked up
 # in the module that defines it on first use (PEP 562), so a process that
@@ -85,29 +181,31 @@ _MODULES = {
 _SUBMODULES = {"connection", "managers", "pool", "reduction", "shared_memory", "synchronize", "util"}
 
 
-def __getattr__(name):
-    import importlib
+if not TYPE_CHECKING:  # type checkers see the names themselves (above): a misspelt one is an error
 
-    if name == "__version__":  # read from the installed metadata when asked: importlib.metadata is slow to import
-        global __version__
-        __version__ = _native.package_version()
-        return __version__
-    if name in _MODULES or name in _SUBMODULES:
-        return importlib.import_module(f".{name}", __name__)
-    module = _WHERE.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    mod = importlib.import_module(f".{module}", __name__)
-    value = mod.namespace()[name] if module == "context" else getattr(mod, _RENAMED.get(name, name))
-    globals()[name] = value
-    return value
+    def __getattr__(name: str) -> object:
+        import importlib
+
+        if name == "__version__":  # read from the installed metadata when asked: importlib.metadata is slow to import
+            global __version__
+            __version__ = _native.package_version()
+            return __version__
+        if name in _MODULES or name in _SUBMODULES:
+            return importlib.import_module(f".{name}", __name__)
+        module = _WHERE.get(name)
+        if module is None:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        mod = importlib.import_module(f".{module}", __name__)
+        value = mod.namespace()[name] if module == "context" else getattr(mod, _RENAMED.get(name, name))
+        globals()[name] = value
+        return value
 
 
-def __dir__():
+def __dir__() -> list[str]:
     return sorted(set(globals()) | set(__all__) | _MODULES)
 
 
-def _install_reductions():
+def _install_reductions() -> None:
     """zctipc's ForkingPickler reducers, and its torch reducer once zctipc
     first makes a torch view."""
     from ._core import memory
@@ -117,7 +215,7 @@ def _install_reductions():
     memory.when_torch_is_met(reducers.init_torch_reductions)
 
 
-def _choose_start_method():
+def _choose_start_method() -> None:
     from . import context
 
     context.choose_start_method()  # Note [the fork default] in zctipc.context

@@ -1,6 +1,8 @@
 """The command line: ``zctipc ls``, ``zctipc gc`` and ``zctipc doctor``
 (also ``python -m zctipc ...``)."""
 
+from __future__ import annotations
+
 import argparse
 import json
 import os
@@ -11,11 +13,16 @@ import time
 from . import strategy, tensor
 from ._core import native as _native
 
+TYPE_CHECKING = False  # Note [types without typing] in zctipc._core.native
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from typing import Any
+
 # Below this, /dev/shm is too small for real tensors (Docker's default is 64 MB).
 SMALL_SHM = 1 << 30
 
 
-def main(argv=None):
+def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="zctipc", description="Inspect and clean zctipc's shared memory.")
     parser.add_argument("--version", action="version", version=f"zctipc {_native.package_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -36,7 +43,7 @@ def main(argv=None):
     return {"ls": _ls, "gc": _gc, "doctor": _doctor}[args.command](args)
 
 
-def _ls(args):
+def _ls(args: argparse.Namespace) -> int:
     segments = tensor.list_segments()
     if args.json:
         print(json.dumps([s._asdict() for s in segments], indent=2))
@@ -50,7 +57,8 @@ def _ls(args):
         if s.error:
             rows.append((s.name, "?", _bytes(s.file_size), s.error[:60], "-", "-", _age(now - s.created), "-"))
             continue
-        what = f"{s.dtype}{list(s.shape)}" if s.kind == "tensor" else "-"
+        # A segment without an error has a shape.
+        what = f"{s.dtype}{list(s.shape)}" if s.kind == "tensor" else "-"  # type: ignore[arg-type]
         creator = f"{s.creator_pid} ({'alive' if s.creator_alive else 'exited'})"
         holders = ",".join(map(str, s.holders)) or "-"
         if s.messages:
@@ -63,7 +71,7 @@ def _ls(args):
     return 0
 
 
-def _gc(args):
+def _gc(args: argparse.Namespace) -> int:
     report = strategy.collect_garbage(dry_run=args.dry_run)
     if args.json:
         print(json.dumps(report, indent=2))
@@ -81,7 +89,7 @@ def _gc(args):
     return 0
 
 
-def _doctor(args):
+def _doctor(args: argparse.Namespace) -> int:
     """Print the machine's setup; exit 1 when something is worth a warning
     (the JSON says so too: "ok")."""
     checks = _diagnose()
@@ -97,7 +105,7 @@ def _doctor(args):
     return 0 if checks["ok"] else 1
 
 
-def _bench(argv):
+def _bench(argv: list[str]) -> int:
     """Run the benchmarks: $ZCTIPC_BENCHMARKS, else those of the source tree
     this package was installed from, else the copy the wheel carries
     (zctipc/benchmarks). Peers that are not installed (pip install
@@ -125,13 +133,13 @@ def _bench(argv):
     return run["main"](argv)
 
 
-def _diagnose():
+def _diagnose() -> dict[str, Any]:
     """What doctor reports, as a dict of readable strings (and a list of
     warnings)."""
     lib = _native.lib()
     ffi = _native.ffi()
-    warnings = []
-    out = {
+    warnings: list[str] = []
+    out: dict[str, Any] = {
         "zctipc": _native.package_version(),
         "libzctipc": f"{ffi.string(lib.zct_version()).decode()} (C ABI {lib.zct_abi_version()})",
         "python": sys.version.split()[0],
@@ -172,13 +180,13 @@ def _diagnose():
     return out
 
 
-def _shm_dir():
+def _shm_dir() -> str:
     """Where segments live: /dev/shm, or ZCTIPC_SHM_DIR where it is set."""
     return os.environ.get("ZCTIPC_SHM_DIR") or "/dev/shm"
 
 
-def _huge_pages():
-    info = {}
+def _huge_pages() -> str:
+    info: dict[str, str] = {}
     try:
         with open("/proc/meminfo") as f:
             for line in f:
@@ -198,9 +206,10 @@ def _huge_pages():
     return text
 
 
-def _mount_option(path, option):
+def _mount_option(path: str, option: str) -> str | None:
     """The value of a mount option of the file system that holds path (the
     longest mount point above it), or None."""
+    value: str | None
     path, best, value = os.path.realpath(path), "", None
     try:
         with open("/proc/mounts") as f:
@@ -217,7 +226,7 @@ def _mount_option(path, option):
     return value
 
 
-def _segment_huge_pages(shm_dir):
+def _segment_huge_pages(shm_dir: str) -> str:
     """Whether new segments of 2 MiB and more get 2 MiB pages: tmpfs gives
     them with huge=always or within_size, and with huge=advise to zctipc,
     which asks for them (MADV_HUGEPAGE)."""
@@ -230,18 +239,18 @@ def _segment_huge_pages(shm_dir):
     )
 
 
-def _count(n, noun):
+def _count(n: int, noun: str) -> str:
     return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
-def _bytes(n):
+def _bytes(n: float) -> str:  # type: ignore[return]  # the last unit returns
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if n < 1024 or unit == "TiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
 
 
-def _age(seconds):
+def _age(seconds: float) -> str:
     seconds = max(0, seconds)
     for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
         if seconds >= size:
@@ -249,7 +258,7 @@ def _age(seconds):
     return f"{seconds:.0f}s"
 
 
-def _table(rows):
+def _table(rows: Sequence[Sequence[str]]) -> None:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())

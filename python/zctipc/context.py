@@ -21,6 +21,8 @@ The module also carries every name of multiprocessing.context, so that it
 stands in for it (``import zctipc as multiprocessing``).
 """
 
+from __future__ import annotations
+
 import multiprocessing
 import sys
 import warnings
@@ -30,6 +32,16 @@ from ._core import lazy
 from .events import Event
 from .queues import JoinableQueue, Queue, SimpleQueue
 
+TYPE_CHECKING = False  # Note [types without typing] in zctipc._core.native
+if TYPE_CHECKING:
+    import multiprocessing.pool
+    from collections.abc import Callable, Iterable
+    from multiprocessing.process import BaseProcess
+    from types import FrameType
+    from typing import Any, Literal, SupportsIndex, overload
+
+    from typing_extensions import Self
+
 __all__ = ["get_context", "ForkServerContext", "SpawnContext", "DefaultContext", "DEFAULT_START_METHOD"]
 
 DEFAULT_START_METHOD = "forkserver"
@@ -38,42 +50,53 @@ DEFAULT_START_METHOD = "forkserver"
 class _ZctipcContext:
     """What zctipc's contexts change in multiprocessing's."""
 
-    def Queue(self, maxsize=0, **options):
+    def Queue(self, maxsize: SupportsIndex = 0, **options: Any) -> Queue:
         """zctipc.Queue (options: max_bytes, inline_bytes, wait, spin)."""
         return Queue(maxsize, ctx=self, **options)
 
-    def JoinableQueue(self, maxsize=0, **options):
+    def JoinableQueue(self, maxsize: SupportsIndex = 0, **options: Any) -> JoinableQueue:
         return JoinableQueue(maxsize, ctx=self, **options)
 
-    def SimpleQueue(self, **options):
+    def SimpleQueue(self, **options: Any) -> SimpleQueue:
         return SimpleQueue(ctx=self, **options)
 
-    def Event(self):
+    def Event(self) -> Event:
         return Event(ctx=self)
 
-    def Pool(self, processes=None, initializer=None, initargs=(), maxtasksperchild=None):
+    def Pool(
+        self,
+        processes: int | None = None,
+        initializer: Callable[..., object] | None = None,
+        initargs: Iterable[Any] = (),
+        maxtasksperchild: int | None = None,
+    ) -> multiprocessing.pool.Pool:
         import multiprocessing.pool  # on first use: it costs a third of importing zctipc
 
         return multiprocessing.pool.Pool(processes, initializer, initargs, maxtasksperchild, context=self.get_context())
 
-    def get_context(self, method=None):
+    def get_context(self, method: str | None = None) -> Self | ForkServerContext | SpawnContext:
         if method is None:
             return self
         return get_context(method)
 
 
-class ForkServerContext(_ZctipcContext, _mpcontext.ForkServerContext):
+# The contexts' Queue, JoinableQueue, SimpleQueue, Event and get_context are
+# zctipc's, which type checkers see as incompatible with multiprocessing's
+# (they return zctipc's objects): each class says so once, with an ignore.
+
+
+class ForkServerContext(_ZctipcContext, _mpcontext.ForkServerContext):  # type: ignore[misc]
     pass
 
 
-class SpawnContext(_ZctipcContext, _mpcontext.SpawnContext):
+class SpawnContext(_ZctipcContext, _mpcontext.SpawnContext):  # type: ignore[misc]
     pass
 
 
-_CONTEXTS = {"forkserver": ForkServerContext(), "spawn": SpawnContext()}
+_CONTEXTS: dict[str, ForkServerContext | SpawnContext] = {"forkserver": ForkServerContext(), "spawn": SpawnContext()}
 
 
-def get_context(method=None):
+def get_context(method: str | None = None) -> ForkServerContext | SpawnContext:
     """Return zctipc's multiprocessing context for ``method``: "forkserver"
     or "spawn", or with None the current one (forkserver unless
     set_start_method chose). "fork" is refused: a child forked from a
@@ -94,19 +117,19 @@ class Process(multiprocessing.process.BaseProcess):
     """multiprocessing.Process started with zctipc's current start method
     (forkserver unless set_start_method chose spawn)."""
 
-    _start_method = None
+    _start_method: str | None = None
 
     @staticmethod
-    def _Popen(process_obj):
+    def _Popen(process_obj: BaseProcess) -> Any:
         lazy.check()
         return _default.get_context().Process._Popen(process_obj)
 
     @staticmethod
-    def _after_fork():
-        return _mpcontext.Process._after_fork()
+    def _after_fork() -> None:
+        return _mpcontext.Process._after_fork()  # type: ignore[attr-defined]  # private, not in typeshed
 
 
-class DefaultContext(_ZctipcContext, _mpcontext.BaseContext):
+class DefaultContext(_ZctipcContext, _mpcontext.BaseContext):  # type: ignore[misc]
     """The context behind zctipc's module-level names, like
     multiprocessing's default context but with zctipc's start methods. The
     start method is multiprocessing's own (set_start_method sets both), so
@@ -114,44 +137,51 @@ class DefaultContext(_ZctipcContext, _mpcontext.BaseContext):
 
     Process = Process
 
-    def get_context(self, method=None):
+    def get_context(self, method: str | None = None) -> ForkServerContext | SpawnContext:  # type: ignore[override]
         if method is None:
             # multiprocessing's choice (a spawned child's parent made it),
             # else its default, when zctipc has a context for it.
             return _CONTEXTS.get(_multiprocessing_method(), _CONTEXTS[DEFAULT_START_METHOD])
         return get_context(method)
 
-    def set_start_method(self, method, force=False):
+    def set_start_method(self, method: str | None, force: bool = False) -> None:
         if method is not None:
             get_context(method)  # refuses fork
         multiprocessing.set_start_method(method, force)
 
-    def get_start_method(self, allow_none=False):
+    if TYPE_CHECKING:
+
+        @overload
+        def get_start_method(self, allow_none: Literal[False] = ...) -> str: ...
+        @overload
+        def get_start_method(self, allow_none: bool) -> str | None: ...
+
+    def get_start_method(self, allow_none: bool = False) -> str | None:
         if allow_none and multiprocessing.get_start_method(allow_none=True) is None:
             return None
         return self.get_context().get_start_method()
 
-    def get_all_start_methods(self):
+    def get_all_start_methods(self) -> list[str]:
         return list(_CONTEXTS)
 
 
-_default = DefaultContext()
+_default: DefaultContext = DefaultContext()
 
 
-def _multiprocessing_method():
+def _multiprocessing_method() -> str:
     """The start method multiprocessing has fixed, else its default, without
     fixing it."""
-    default = _mpcontext._default_context
+    default: Any = _mpcontext._default_context  # its private state, which typeshed does not describe
     return (default._actual_context or default._default_context).get_start_method()
 
 
-def choose_start_method():
+def choose_start_method() -> None:
     """Note [the fork default]: make forkserver multiprocessing's default
     start method when its default is fork and no method was chosen, saying
     so once. Called when this process first loads zctipc's library."""
-    default = _mpcontext._default_context
+    default: Any = _mpcontext._default_context  # its private state, which typeshed does not describe
     if default._actual_context is None and default._default_context.get_start_method() == "fork":
-        default._default_context = _mpcontext._concrete_contexts[DEFAULT_START_METHOD]
+        default._default_context = _mpcontext._concrete_contexts[DEFAULT_START_METHOD]  # type: ignore[attr-defined]  # private
         warnings.warn(
             "zctipc made 'forkserver' multiprocessing's default start method, since a process forked after "
             "loading zctipc cannot use it; call multiprocessing.set_start_method('spawn') to choose another",
@@ -160,9 +190,10 @@ def choose_start_method():
         )
 
 
-def _caller_level():
+def _caller_level() -> int:
     """The stacklevel of the first caller outside zctipc, for warnings."""
     package = __file__.rsplit("/", 1)[0] + "/"
+    frame: FrameType | None
     frame, level = sys._getframe(1), 1
     while frame is not None and (frame.f_code.co_filename.startswith(package) or level == 1):
         frame, level = frame.f_back, level + 1
@@ -213,7 +244,7 @@ MULTIPROCESSING_NAMES = [
 ]
 
 
-def namespace():
+def namespace() -> dict[str, Any]:
     """The objects of MULTIPROCESSING_NAMES, as zctipc exports them, and
     ``reducer``, multiprocessing's reduction module."""
     names = {name: getattr(_default, name) for name in MULTIPROCESSING_NAMES}
@@ -222,7 +253,7 @@ def namespace():
     return names
 
 
-def __getattr__(name):
+def __getattr__(name: str) -> Any:
     # The rest of multiprocessing.context: BaseContext, ForkServerProcess,
     # assert_spawning, reduction, ...
     try:

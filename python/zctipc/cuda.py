@@ -21,6 +21,8 @@ Without a driver or a device, :func:`is_available` is False and every GPU
 call raises :class:`CudaUnavailable`; the rest of zctipc is unaffected.
 """
 
+from __future__ import annotations
+
 from ._core import device as _device
 from ._core import dtypes as _dtypes
 from ._core import layout as _layout
@@ -28,19 +30,31 @@ from ._core import lazy
 from ._core import native as _native
 from .errors import CudaUnavailable, InvalidArgument
 
-np = lazy.numpy(__name__)
+TYPE_CHECKING = False  # Note [types without typing] in zctipc._core.native
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
+
+    import numpy as np
+    import torch
+    from typing_extensions import CapsuleType, Self
+
+    from ._core.dtypes import DTypeSpec
+    from ._core.layout import ShapeLike
+else:
+    np = lazy.numpy(__name__)
 
 __all__ = ["is_available", "device_count", "unavailable_reason", "empty", "CudaTensor", "ipc_opens", "forget_idle"]
 
 
-def _devices():
+def _devices() -> tuple[int, int]:
     ffi = _native.ffi()
     count, version = ffi.new("int32_t *"), ffi.new("int32_t *")
     _native.check(_native.lib().zct_cuda_devices(count, version))
     return count[0], version[0]
 
 
-def is_available():
+def is_available() -> bool:
     """Whether a CUDA driver and at least one device are usable here."""
     try:
         _devices()
@@ -49,7 +63,7 @@ def is_available():
     return True
 
 
-def unavailable_reason():
+def unavailable_reason() -> str | None:
     """Why CUDA cannot be used here, or None when it can."""
     try:
         _devices()
@@ -58,7 +72,7 @@ def unavailable_reason():
     return None
 
 
-def device_count():
+def device_count() -> int:
     """The number of CUDA devices (0 without a driver)."""
     try:
         return _devices()[0]
@@ -66,7 +80,7 @@ def device_count():
         return 0
 
 
-def ipc_opens():
+def ipc_opens() -> int:
     """How many device allocations this process opened with
     ``cuIpcOpenMemHandle`` (each is opened once, then cached)."""
     out = _native.ffi().new("int64_t *")
@@ -88,15 +102,25 @@ class CudaTensor:
     maps the same memory.
     """
 
-    def __init__(self, *args, **kwargs):
+    _handle: int
+    _memory: _device.DeviceMemory
+    _shape: tuple[int, ...]
+    _code: int
+    _name: str | None
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
         raise TypeError("use zctipc.cuda.empty()")
 
     @classmethod
-    def _wrap(cls, handle, ptr, size, device, shape, code):
+    def _wrap(cls, handle: int, ptr: int, size: int, device: int, shape: tuple[int, ...], code: int) -> Self:
         self = object.__new__(cls)
         self._handle = handle
+        # mypy cannot infer the type of a lambda whose default binds the handle.
         self._memory = _device.DeviceMemory(
-            ptr, size, device, lambda h=handle: _native.finalize("zct_cuda_free", h, "freeing CUDA memory")
+            ptr,
+            size,
+            device,
+            lambda h=handle: _native.finalize("zct_cuda_free", h, "freeing CUDA memory"),  # type: ignore[misc]
         )
         self._shape = shape
         self._code = code
@@ -104,32 +128,32 @@ class CudaTensor:
         return self
 
     @property
-    def shape(self):
+    def shape(self) -> tuple[int, ...]:
         return self._shape
 
     @property
-    def dtype(self):
+    def dtype(self) -> np.dtype[Any] | str:
         return _dtypes.public_dtype(self._code)
 
     @property
-    def device(self):
+    def device(self) -> int:
         return self._memory.device
 
     @property
-    def data_ptr(self):
+    def data_ptr(self) -> int:
         return self._memory.ptr
 
     @property
-    def nbytes(self):
+    def nbytes(self) -> int:
         return int(np.prod(self._shape, dtype=np.int64)) * _dtypes.storage_dtype(self._code).itemsize
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return (
             f"<zctipc.cuda.CudaTensor shape={self._shape} dtype={_dtypes.NAMES[self._code]} device=cuda:{self.device}>"
         )
 
     @property
-    def __cuda_array_interface__(self):
+    def __cuda_array_interface__(self) -> dict[str, Any]:
         return {
             "shape": self._shape,
             "typestr": _dtypes.storage_dtype(self._code).str,
@@ -139,11 +163,11 @@ class CudaTensor:
             "stream": None,
         }
 
-    def torch(self):
+    def torch(self) -> torch.Tensor:
         """A torch tensor over the same device memory."""
         return _device.torch_view(self._memory, _dtypes.torch_dtype(self._code), self._shape)
 
-    def __dlpack__(self, stream=None, **kwargs):
+    def __dlpack__(self, stream: Any = None, **kwargs: Any) -> CapsuleType:
         try:
             return self.torch().__dlpack__(stream=stream, **kwargs)
         except ImportError:
@@ -151,10 +175,10 @@ class CudaTensor:
 
             return cupy.asarray(self).__dlpack__(stream=stream, **kwargs)
 
-    def __dlpack_device__(self):
+    def __dlpack_device__(self) -> tuple[int, int]:
         return (_device.KDL_CUDA, self.device)
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Callable[[str, tuple[int, ...], int], CudaTensor], tuple[str, tuple[int, ...], int]]:
         if self._name is None:
             ffi = _native.ffi()
             buf = ffi.new("char[]", 256)
@@ -163,7 +187,7 @@ class CudaTensor:
         return _attach, (self._name, self._shape, self._code)
 
 
-def _attach(name, shape, code, device=-1):
+def _attach(name: str, shape: tuple[int, ...], code: int, device: int = -1) -> CudaTensor:
     ffi = _native.ffi()
     handle, ptr, size, resident = (
         ffi.new("zct_handle *"),
@@ -176,7 +200,7 @@ def _attach(name, shape, code, device=-1):
     return CudaTensor._wrap(handle[0], ptr[0], size[0], mapped_on, shape, code)
 
 
-def empty(shape, dtype="float32", device=0):
+def empty(shape: ShapeLike, dtype: DTypeSpec = "float32", device: int = 0) -> CudaTensor:
     """Shareable device memory for an array of shape and dtype on CUDA
     device ``device`` (the allocation is rounded up to the device's
     granularity). Raises :class:`CudaUnavailable` without CUDA."""
@@ -191,7 +215,7 @@ def empty(shape, dtype="float32", device=0):
     return CudaTensor._wrap(handle[0], ptr[0], size[0], device, dims, code)
 
 
-def forget_idle(keep=0):
+def forget_idle(keep: int = 0) -> None:
     """Close the device allocations this process opened that no tensor uses
     any more, keeping at most ``keep`` open for the next receipt."""
     _native.check(_native.lib().zct_cuda_ipc_trim(keep))

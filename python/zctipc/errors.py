@@ -132,7 +132,7 @@ class PipelineError(ZctipcError, RuntimeError):
     """A task of a pipeline raised or died; the message holds its traceback,
     ``task`` names the task and ``traceback`` holds the traceback's text."""
 
-    def __init__(self, message, task=None, traceback=None):
+    def __init__(self, message: str, task: str | None = None, traceback: str | None = None) -> None:
         super().__init__(message)
         self.task = task
         self.traceback = traceback

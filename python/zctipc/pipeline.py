@@ -28,6 +28,8 @@ task that raises, or dies, stops the pipeline: the parent raises
 parent's, and go with it.
 """
 
+from __future__ import annotations
+
 import time
 import traceback
 
@@ -36,6 +38,22 @@ from .errors import PipelineError, StreamEnded
 from .events import Event
 from .queues import SimpleQueue
 from .streams import Stream
+
+TYPE_CHECKING = False  # Note [types without typing] in zctipc._core.native
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable, Mapping
+    from multiprocessing.context import BaseContext
+    from multiprocessing.process import BaseProcess
+    from typing import Any, SupportsIndex, TypeAlias
+
+    from typing_extensions import Self
+
+    from ._core.dtypes import DTypeSpec
+    from ._core.layout import ShapeLike
+    from .streams import StreamReader, StreamWriter
+
+    #: A task's message to the parent: (task index, "ready", "done" or "failed", the traceback of a failure).
+    Message: TypeAlias = tuple[int, str, str | None]
 
 __all__ = ["Pipeline", "PipelineError"]
 
@@ -46,9 +64,17 @@ START_TIMEOUT = 60.0
 
 
 class _Task:
-    def __init__(self, fn, reads, writes, args, kwargs, name):
+    def __init__(
+        self,
+        fn: Callable[..., object],
+        reads: list[str],
+        writes: list[str],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        name: str,
+    ) -> None:
         self.fn, self.reads, self.writes, self.args, self.kwargs, self.name = fn, reads, writes, args, kwargs, name
-        self.process = None
+        self.process: BaseProcess | None = None
         self.done = False
 
 
@@ -57,17 +83,26 @@ class Pipeline:
     process (started with ``ctx``, zctipc's forkserver context by default).
     """
 
-    def __init__(self, *, ctx=None):
-        self._ctx = ctx or context.get_context()
-        self._specs = {}
-        self._tasks = []
-        self._streams = {}
-        self._results = None
-        self._go = None
+    def __init__(self, *, ctx: BaseContext | None = None) -> None:
+        # A concrete context: typeshed puts no Process on BaseContext.
+        self._ctx: Any = ctx or context.get_context()
+        self._specs: dict[str, dict[str, Any]] = {}
+        self._tasks: list[_Task] = []
+        self._streams: dict[str, Stream] = {}
+        self._results: SimpleQueue | None = None
+        self._go: Event | None = None
         self._started = False
         self._finished = False
 
-    def add_stream(self, name, shape, dtype="float32", frames=32, policy="block", reader_timeout=None):
+    def add_stream(
+        self,
+        name: str,
+        shape: ShapeLike,
+        dtype: DTypeSpec = "float32",
+        frames: SupportsIndex = 32,
+        policy: str = "block",
+        reader_timeout: float | None = None,
+    ) -> Self:
         """Declare a stream of ``frames`` frames of ``shape`` and ``dtype``;
         it gets a reader slot for each task that reads it."""
         self._check_not_started()
@@ -76,7 +111,15 @@ class Pipeline:
         self._specs[name] = dict(shape=shape, dtype=dtype, frames=frames, policy=policy, reader_timeout=reader_timeout)
         return self
 
-    def add_task(self, fn, reads=(), writes=(), args=(), kwargs=None, name=None):
+    def add_task(
+        self,
+        fn: Callable[..., object],
+        reads: Iterable[str] = (),
+        writes: Iterable[str] = (),
+        args: Iterable[Any] = (),
+        kwargs: Mapping[str, Any] | None = None,
+        name: str | None = None,
+    ) -> Self:
         """Run ``fn(*readers, *writers, *args, **kwargs)`` in a process of its
         own, with a reader of each stream in ``reads`` and the writer of each
         in ``writes``. ``fn`` must be picklable (a module-level function)."""
@@ -89,15 +132,16 @@ class Pipeline:
             if any(s in t.writes for t in self._tasks):
                 raise ValueError(f"stream {s!r} has a writer already: a stream has one writer")
         self._tasks.append(
-            _Task(fn, reads, writes, tuple(args), dict(kwargs or {}), name or getattr(fn, "__name__", "task"))
+            # mypy keeps None in the type of `name or getattr(...)`, a str
+            _Task(fn, reads, writes, tuple(args), dict(kwargs or {}), name or getattr(fn, "__name__", "task"))  # type: ignore[arg-type]
         )
         return self
 
-    def _check_not_started(self):
+    def _check_not_started(self) -> None:
         if self._started:
             raise RuntimeError("the pipeline has started: declare streams and tasks before start()")
 
-    def start(self):
+    def start(self) -> Self:
         """Make the streams and start every task; return once every task has
         joined its streams and been told to go."""
         self._check_not_started()
@@ -126,7 +170,7 @@ class Pipeline:
                     ),
                 )
                 t.process.start()
-            ready = set()
+            ready: set[int] = set()
             deadline = time.monotonic() + START_TIMEOUT
             while len(ready) < len(self._tasks):
                 msg = self._next_message(deadline)
@@ -143,33 +187,34 @@ class Pipeline:
             raise
         return self
 
-    def _next_message(self, deadline):
+    def _next_message(self, deadline: float) -> Message | None:
         """The next task message, or None at the deadline; a task that died
-        without a word becomes a failure message."""
+        without a word becomes a failure message. (Called once start() has
+        made _results and each task's process: the ignores below.)"""
         while time.monotonic() < deadline:
-            if not self._results.empty():
-                return self._results.get()
+            if not self._results.empty():  # type: ignore[union-attr]
+                return self._results.get()  # type: ignore[union-attr]
             for i, t in enumerate(self._tasks):
-                if not t.done and t.process.exitcode is not None and self._results.empty():
-                    code = t.process.exitcode
+                if not t.done and t.process.exitcode is not None and self._results.empty():  # type: ignore[union-attr]
+                    code = t.process.exitcode  # type: ignore[union-attr]
                     return (i, "failed", f"task {t.name!r} died with exit code {code} without a word")
             time.sleep(0.01)
         return None
 
-    def _record(self, msg):
+    def _record(self, msg: Message) -> None:
         i, what, detail = msg
         t = self._tasks[i]
         t.done = True
         if what == "failed" and self._failure is None:
             self._failure = (t.name, detail)
 
-    _failure = None
+    _failure: tuple[str, str | None] | None = None
 
-    def _raise_failure(self):
-        name, detail = self._failure
+    def _raise_failure(self) -> None:
+        name, detail = self._failure  # type: ignore[misc]  # called once a task failed
         raise PipelineError(f"pipeline task {name!r} failed:\n{detail}", task=name, traceback=detail)
 
-    def join(self, timeout=None):
+    def join(self, timeout: float | None = None) -> bool:
         """Wait for every task to finish. A task that raised or died stops
         the others (its streams and theirs end), and join raises
         :class:`PipelineError`. Returns False when ``timeout`` passed first."""
@@ -192,12 +237,12 @@ class Pipeline:
             self._raise_failure()
         return True
 
-    def run(self):
+    def run(self) -> bool:
         """Start the pipeline and wait for it to finish."""
         self.start()
         return self.join()
 
-    def stop(self, timeout=STOP_TIMEOUT):
+    def stop(self, timeout: float | None = STOP_TIMEOUT) -> None:
         """End every stream, so that the tasks finish, and wait for them (up
         to ``timeout`` seconds, then terminate them)."""
         if not self._started or self._finished:
@@ -207,7 +252,7 @@ class Pipeline:
         if not self.join(timeout):
             self._shutdown()
 
-    def _shutdown(self):
+    def _shutdown(self) -> None:
         """End the streams, wait briefly for the tasks, terminate the rest,
         and let go of every segment."""
         if self._finished:
@@ -230,19 +275,30 @@ class Pipeline:
         if self._results is not None:
             self._results.close()
 
-    def __enter__(self):
+    def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.stop()
 
     @property
-    def streams(self):
+    def streams(self) -> dict[str, Stream]:
         """The pipeline's streams by name, once started."""
         return dict(self._streams)
 
 
-def _run_task(index, fn, reads, writes, args, kwargs, results, go):
+def _run_task(
+    index: int,
+    fn: Callable[..., object],
+    reads: list[Stream],
+    writes: list[Stream],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    results: SimpleQueue,
+    go: Event,
+) -> None:
+    readers: list[StreamReader]
+    writers: list[StreamWriter]
     readers, writers = [], []
     try:
         readers = [s.reader() for s in reads]

@@ -3,21 +3,36 @@ multiprocessing``): ``Pool`` starts its workers with zctipc's current
 context, so its tasks and results cross zctipc's queues; every other name
 (ThreadPool, AsyncResult, ...) is multiprocessing's own."""
 
+from __future__ import annotations
+
 import multiprocessing.pool as _mp
 from multiprocessing.pool import *  # noqa: F401,F403
 
 from . import context as _context
 
+TYPE_CHECKING = False  # Note [types without typing] in zctipc._core.native
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable
+    from typing import Any
+
 __all__ = list(_mp.__all__)
 
 
-class Pool(_mp.Pool):
+# Replaces the Pool that the star import brought: a redefinition to mypy.
+class Pool(_mp.Pool):  # type: ignore[no-redef]
     """multiprocessing.pool.Pool with zctipc's current context as its
     default context."""
 
-    def __init__(self, processes=None, initializer=None, initargs=(), maxtasksperchild=None, context=None):
+    def __init__(
+        self,
+        processes: int | None = None,
+        initializer: Callable[..., object] | None = None,
+        initargs: Iterable[Any] = (),
+        maxtasksperchild: int | None = None,
+        context: Any = None,
+    ) -> None:
         super().__init__(processes, initializer, initargs, maxtasksperchild, context or _context.get_context())
 
 
-def __getattr__(name):
+def __getattr__(name: str) -> Any:
     return getattr(_mp, name)

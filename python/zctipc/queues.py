@@ -25,6 +25,8 @@ message, like a pipe's; like a pipe shared by readers, another process may
 take that message first.
 """
 
+from __future__ import annotations
+
 import errno
 import io
 import os
@@ -39,6 +41,19 @@ from multiprocessing import queues as _mpqueues
 from ._core import args, native, wait
 from ._wire import exports, pickler
 from .errors import HandleClosed, ZctipcOSError
+
+TYPE_CHECKING = False  # Note [types without typing] in zctipc._core.native
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable, Sequence
+    from typing import Any, SupportsIndex, TypeAlias
+
+    from numpy.typing import NDArray
+    from typing_extensions import Self
+
+    from ._wire.exports import Export
+
+    #: A record as put() makes it: (payload, exports, record type).
+    Record: TypeAlias = tuple[bytes, Sequence[Export], int]
 
 __all__ = ["Queue", "SimpleQueue", "JoinableQueue", "DEFAULT_MAX_BYTES", "INLINE_BYTES"]
 
@@ -60,7 +75,7 @@ INLINE_BYTES = 128 << 10
 _loads = pickle.loads
 _wait = wait  # the module, in methods whose parameter is named wait
 _BARE = exports.BARE  # the set, which grows when torch is met
-_SENT = object()  # _bare's answer for an array it sent itself
+_SENT: Any = object()  # _bare's answer for an array it sent itself (Any: it stands where a record would)
 
 #: The most messages get_many takes in one call into the library.
 RECORDS_PER_CALL = 256
@@ -94,7 +109,7 @@ class _Scratch:
         "put_view",
     )
 
-    def __init__(self):
+    def __init__(self) -> None:
         ffi = native.ffi()
         self.typ = ffi.new("int32_t *")
         self.off = ffi.new("uint64_t *")
@@ -106,7 +121,7 @@ class _Scratch:
         self.recs = ffi.new("zct_record[]", RECORDS_PER_CALL)
         self.resize(64 << 10, 16)
 
-    def resize(self, cap, vcap):
+    def resize(self, cap: int, vcap: int) -> None:
         ffi = native.ffi()
         self.cap, self.vcap = cap, vcap
         # The record lands in a bytearray, which Python reads without cffi.
@@ -115,7 +130,7 @@ class _Scratch:
         self.buf = ffi.from_buffer(self.raw)
         self.views = ffi.new("zct_view[]", vcap)
 
-    def get_args(self):
+    def get_args(self) -> tuple[Any, ...]:
         """zct_queue_get's arguments after the timeout."""
         return self.typ, self.off, self.plen, self.views, self.vcap, self.nviews
 
@@ -126,7 +141,7 @@ class _Readiness:
     thread holds the queue's handle, not the queue: it ends when the handle
     is closed, and closes the pipe."""
 
-    def __init__(self, handle, name):
+    def __init__(self, handle: int, name: str) -> None:
         self.handle = handle
         self.read_fd, self.write_fd = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self.cond = threading.Condition(threading.Lock())
@@ -134,7 +149,7 @@ class _Readiness:
         self.stopped = False
         threading.Thread(target=self._run, name=f"zctipc readiness of {name}", daemon=True).start()
 
-    def _run(self):
+    def _run(self) -> None:
         lib = native.lib()
         try:
             while not self.stopped:
@@ -155,7 +170,7 @@ class _Readiness:
                 os.close(self.read_fd)
                 os.close(self.write_fd)
 
-    def rearm(self, empty):
+    def rearm(self, empty: Callable[[], bool]) -> None:
         """After a get: when the queue is now empty (empty() says), make the
         pipe unreadable and the thread wait again."""
         with self.cond:
@@ -164,7 +179,7 @@ class _Readiness:
                 self.signalled = False
                 self.cond.notify()
 
-    def stop(self):
+    def stop(self) -> None:
         with self.cond:
             self.stopped = True
             self.cond.notify()
@@ -186,29 +201,29 @@ class _Reader:
 
     __slots__ = ("_queue",)
 
-    def __init__(self, q):
+    def __init__(self, q: Queue) -> None:
         self._queue = q
 
-    def fileno(self):
+    def fileno(self) -> int:
         """A descriptor readable while the queue holds a message."""
         return self._queue._readiness().read_fd
 
-    def recv(self):
+    def recv(self) -> Any:
         return self._queue.get()
 
-    def poll(self, timeout=0.0):
+    def poll(self, timeout: float | None = 0.0) -> bool:
         """Whether recv() would return at once, waiting up to timeout
         seconds (None: for ever): a message there is taken into this
         process (Note [polling a reader]), so that another consumer cannot
         take it between poll() and recv()."""
         return self._queue._poll_take(timeout)
 
-    def close(self):
+    def close(self) -> None:
         """Nothing to close: the queue stays open (multiprocessing's pool
         workers close the ends they do not use)."""
 
     @property
-    def closed(self):
+    def closed(self) -> bool:
         return self._queue._closed
 
 
@@ -217,17 +232,17 @@ class _Writer:
 
     __slots__ = ("_queue",)
 
-    def __init__(self, q):
+    def __init__(self, q: Queue) -> None:
         self._queue = q
 
-    def send(self, obj):
+    def send(self, obj: object) -> None:
         self._queue.put(obj)
 
-    def close(self):
+    def close(self) -> None:
         """Nothing to close: the queue stays open."""
 
     @property
-    def closed(self):
+    def closed(self) -> bool:
         return self._queue._closed
 
 
@@ -243,7 +258,16 @@ class Queue:
     put waits, or raises OutOfSharedMemory, only when /dev/shm is full.
     """
 
-    def __init__(self, maxsize=0, *, max_bytes=None, inline_bytes=None, wait="sleep", spin=None, ctx=None):
+    def __init__(
+        self,
+        maxsize: SupportsIndex = 0,
+        *,
+        max_bytes: SupportsIndex | None = None,
+        inline_bytes: SupportsIndex | None = None,
+        wait: str = "sleep",
+        spin: float | None = None,
+        ctx: object = None,
+    ) -> None:
         maxsize = args.integer("maxsize", maxsize, high=1 << 30)  # 0 or less: no bound, as multiprocessing's
         # 0 asks the library for an unbounded ring.
         max_bytes = 0 if max_bytes is None else args.integer("max_bytes", max_bytes, 4096, 1 << 30)
@@ -255,27 +279,27 @@ class Queue:
         self._setup(handle[0], inline_bytes)
         native.check(lib.zct_queue_set_wait(handle[0], *policy))
 
-    def _setup(self, handle, inline_bytes):
+    def _setup(self, handle: int, inline_bytes: int | None) -> None:
         ffi, lib = native.ffi(), native.lib()
         name = ffi.new("char[]", 256)
         capacity = ffi.new("uint64_t *")
         maxsize = ffi.new("uint64_t *")
         native.check(lib.zct_queue_describe(handle, name, 256, capacity, maxsize))
         self._handle = handle
-        self._name = ffi.string(name).decode()
-        self._capacity = capacity[0]
+        self._name: str = ffi.string(name).decode()
+        self._capacity: int = capacity[0]
         self._inline_bytes = inline_bytes  # as given: children get the same
         if inline_bytes is None:
             inline_bytes = INLINE_BYTES
         # An inline array takes at most a quarter of a bounded ring; with
         # inline_bytes=0 none goes inline, not even an empty one.
         self._inline = min(inline_bytes, self._capacity // 4) if inline_bytes else -1
-        self._maxsize = maxsize[0]
+        self._maxsize: int = maxsize[0]
         self._closed = False
         self._sent = False  # this process put something (Note [closed and never used])
         self._scratches = [_Scratch()]  # free ones (see _Scratch)
-        self._stash = []  # Note [polling a reader]
-        self._ready = None
+        self._stash: list[Any] = []  # Note [polling a reader]
+        self._ready: _Readiness | None = None
         self._reader, self._writer = _Reader(self), _Writer(self)
         # What multiprocessing's queues lock around their pipe ends (its
         # pool's shutdown takes _rlock); the ring needs neither.
@@ -283,7 +307,7 @@ class Queue:
         self._finalizer = weakref.finalize(self, native.finalize, "zct_queue_close", handle, "closing a queue")
 
     @classmethod
-    def attach(cls, name, *, inline_bytes=None):
+    def attach(cls, name: str, *, inline_bytes: SupportsIndex | None = None) -> Self:
         """Open the queue ``name`` that another process made (a Go program,
         say: zctipc.NewQueue), by its full segment name. (A child process
         that unpickles a queue attaches it so: Note [queues handed to
@@ -298,12 +322,12 @@ class Queue:
         return q
 
     @property
-    def name(self):
+    def name(self) -> str:
         """The queue's full segment name, by which other processes (in any
         language) attach it."""
         return self._name
 
-    def set_wait(self, wait="sleep", spin=None):
+    def set_wait(self, wait: str = "sleep", spin: float | None = None) -> None:
         """How this process's blocking put and get on this queue object wait
         (zctipc._core.wait.POLICIES): "sleep" (the default) spins for spin
         seconds yielding the CPU (by default 50 us, stretched up to 200 us
@@ -316,13 +340,13 @@ class Queue:
         self._check_open()
         native.check(native.lib().zct_queue_set_wait(self._handle, poll, spin_ns))
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         state = "closed" if self._closed else f"qsize={self._qsize()}"
         return f"<{type(self).__name__} {self._name!r} maxsize={self._maxsize} max_bytes={self._capacity} {state}>"
 
     # -- pickling: only to child processes, like multiprocessing's queues ---
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Callable[[type[Queue], str, int | None], Queue], tuple[type[Queue], str, int | None]]:
         _mpcontext.assert_spawning(self)
         self._check_open()
         _hold_for_child(self._name, _mpcontext.get_spawning_popen())
@@ -330,13 +354,15 @@ class Queue:
 
     # -- putting --------------------------------------------------------------
 
-    def put(self, obj, block=True, timeout=None):
+    def put(self, obj: Any, block: bool = True, timeout: float | None = None) -> None:
         """Put obj into the queue, waiting for room as block and timeout say,
         else raise queue.Full."""
         if self._closed:
             self._check_open()
         if timeout is not None:
             timeout = args.timeout(timeout)
+        payload: bytes
+        buffers: Sequence[Export]
         t = type(obj)
         if t is bytes:
             payload, buffers, typ = obj, (), _BYTES
@@ -356,7 +382,7 @@ class Queue:
                 return
         self._put(typ, payload, buffers, block, timeout)
 
-    def _bare(self, obj, block, timeout):
+    def _bare(self, obj: Any, block: bool, timeout: float | None) -> Record | None:
         """(payload, buffers, record type) of a bare array, tensor or
         SharedTensor, or None to pickle it: a small array inline (Note
         [inline arrays] in zctipc._wire.exports), others as a tensor record
@@ -378,7 +404,7 @@ class Queue:
         e = exports.export_bare(obj, block, timeout)
         return None if e is None else (b"", [e], _TENSOR)
 
-    def _put_array(self, arr):
+    def _put_array(self, arr: NDArray[Any]) -> bool | None:  # type: ignore[return]  # check() raises for the rest
         """Put a C-contiguous NumPy array that is zctipc memory as a tensor
         record, in one try without waiting: True when it went, False when
         it is not zctipc memory, None when it must take the long way (the
@@ -401,10 +427,10 @@ class Queue:
             return None
         native.check(status)
 
-    def put_nowait(self, obj):
+    def put_nowait(self, obj: object) -> None:
         return self.put(obj, False)
 
-    def put_many(self, objs, block=True, timeout=None):
+    def put_many(self, objs: Iterable[object], block: bool = True, timeout: float | None = None) -> None:
         """Put the objects in order, as put would one by one, but crossing
         into the library once per run of messages that fit in the queue
         together. block and timeout apply to the whole call; on queue.Full,
@@ -434,9 +460,10 @@ class Queue:
             if type(obj) is pickler.Failed:
                 raise obj.exc
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            self._put(native.lib().ZCT_RECORD_PICKLE, payload, buffers, block, left)
+            # payload is a pickle here: only Oversized and Failed come with None.
+            self._put(native.lib().ZCT_RECORD_PICKLE, payload, buffers, block, left)  # type: ignore[arg-type]
 
-    def _put_batch(self, data, ends, block, deadline):
+    def _put_batch(self, data: bytes, ends: list[int], block: bool, deadline: float | None) -> None:
         """Put pickled payloads with no buffers (data, split at ends), in as
         few calls as they fit."""
         ffi, lib = native.ffi(), native.lib()
@@ -447,7 +474,8 @@ class Queue:
         while done < count:
             rest = ends if done == 0 else [e - base for e in ends[done:]]
             status = wait.retry(
-                lambda ms, base=base, rest=rest, left=count - done: lib.zct_queue_put_many(
+                # mypy cannot infer a lambda whose defaults bind the loop's values
+                lambda ms, base=base, rest=rest, left=count - done: lib.zct_queue_put_many(  # type: ignore[misc]
                     self._handle, lib.ZCT_RECORD_PICKLE, buf + base, rest, left, ms, written
                 ),
                 native.E_FULL,
@@ -460,10 +488,10 @@ class Queue:
             timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
 
     @staticmethod
-    def _dumps(obj, block, timeout):
+    def _dumps(obj: object, block: bool, timeout: float | None) -> tuple[bytes, list[Export]]:
         return pickler.pickler().dumps(obj, block, timeout)
 
-    def _put(self, typ, payload, buffers, block, timeout):
+    def _put(self, typ: int, payload: bytes, buffers: Sequence[Export], block: bool, timeout: float | None) -> None:
         ffi, lib = native.ffi(), native.lib()
         n = len(buffers)
         if n == 1 and len(payload) + _HEADER + 1024 <= self._capacity:
@@ -502,13 +530,13 @@ class Queue:
             native.check(status)
 
     @staticmethod
-    def _release(buffers):
+    def _release(buffers: Iterable[Export]) -> None:
         for e in buffers:
             e.release()
 
     # -- getting --------------------------------------------------------------
 
-    def get(self, block=True, timeout=None):
+    def get(self, block: bool = True, timeout: float | None = None) -> Any:
         """Remove and return an object, waiting for one as block and timeout
         say, else raise queue.Empty."""
         if self._closed:
@@ -536,13 +564,13 @@ class Queue:
         finally:
             free.append(s)
 
-    def _take(self, s, status, block, timeout):
+    def _take(self, s: _Scratch, status: int, block: bool, timeout: float | None) -> int:
         """Take a record into s after a first try found none (status), as
         block and timeout say; what zct_queue_take returns."""
         lib = native.lib()
         take = lib.zct_queue_take
 
-        def attempt(ms):
+        def attempt(ms: int) -> int:
             while True:
                 r = take(self._handle, s.buf, s.cap, ms, s.views, s.vcap)
                 if r != native.E_RANGE:
@@ -564,10 +592,12 @@ class Queue:
             native.check(status)
         return status
 
-    def get_nowait(self):
+    def get_nowait(self) -> Any:
         return self.get(False)
 
-    def get_many(self, max_items=1 << 30, block=True, timeout=None):
+    def get_many(
+        self, max_items: SupportsIndex = 1 << 30, block: bool = True, timeout: float | None = None
+    ) -> list[Any]:
         """Return a list of up to max_items objects (and at most
         RECORDS_PER_CALL), taken in one call into the library: the first
         waited for as get does, then those already behind it."""
@@ -584,11 +614,11 @@ class Queue:
         finally:
             free.append(s)
 
-    def _get_many(self, s, max_items, block, timeout):
+    def _get_many(self, s: _Scratch, max_items: int, block: bool, timeout: float | None) -> list[Any]:
         lib = native.lib()
         records, filled, recs = s.records, s.filled, s.recs
 
-        def attempt(ms):
+        def attempt(ms: int) -> int:
             while True:
                 status = lib.zct_queue_get_many(
                     self._handle,
@@ -610,7 +640,7 @@ class Queue:
         native.check(wait.retry(attempt, native.E_EMPTY, block, timeout))
         if self._ready is not None:
             self._ready.rearm(self._empty)
-        out = []
+        out: list[Any] = []
         append, mem, views = out.append, s.mem, s.views
         # One unpickler reads every pickle in place: each stops at its STOP
         # opcode, and memo entries of one are never read by the next.
@@ -630,27 +660,27 @@ class Queue:
 
     # -- state ------------------------------------------------------------------
 
-    def _counts(self):
+    def _counts(self) -> tuple[int, int]:
         ffi = native.ffi()
         items = ffi.new("int64_t[2]")
         native.check(native.lib().zct_queue_len(self._handle, items, items + 1))
         return items[0], items[1]
 
-    def _qsize(self):
+    def _qsize(self) -> int:
         return self._counts()[0] + len(self._stash)
 
-    def qsize(self):
+    def qsize(self) -> int:
         """The number of messages in the queue now (others may change it)."""
         self._check_open()
         return self._qsize()
 
-    def empty(self):
+    def empty(self) -> bool:
         if self._closed:
             self._check_usable()
             return True
         return self._qsize() == 0
 
-    def full(self):
+    def full(self) -> bool:
         """Whether put_nowait of a small message would raise queue.Full now:
         maxsize messages are in the queue, or its ring has no room (a queue
         of max_bytes). Others may change it."""
@@ -659,13 +689,13 @@ class Queue:
         native.check(native.lib().zct_queue_room(self._handle, room))
         return room[0] < _HEADER + 8  # the smallest record with a payload
 
-    def _empty(self):
+    def _empty(self) -> bool:
         return self._qsize() == 0
 
     # -- waiting among other things (Note [waiting on a queue among other
     # things]) -------------------------------------------------------------
 
-    def _readiness(self):
+    def _readiness(self) -> _Readiness:
         self._check_open()
         if self._ready is None:
             with self._rlock:
@@ -674,7 +704,7 @@ class Queue:
                     weakref.finalize(self, self._ready.stop)  # a queue collected unclosed
         return self._ready
 
-    def _poll_take(self, timeout=0.0):
+    def _poll_take(self, timeout: float | None = 0.0) -> bool:
         """_Reader.poll (Note [polling a reader])."""
         if self._stash:
             return True
@@ -685,7 +715,7 @@ class Queue:
         self._stash.append(obj)
         return True
 
-    def _poll(self, timeout=0.0):
+    def _poll(self, timeout: float | None = 0.0) -> bool:
         """Whether a message is there, waiting up to timeout seconds (None:
         for ever) for one; it is not taken."""
         self._check_open()
@@ -700,7 +730,7 @@ class Queue:
         native.check(status)
         return True
 
-    async def get_async(self):
+    async def get_async(self) -> Any:
         """Remove and return an object, awaiting one without blocking the
         event loop (the loop watches the queue's readiness descriptor)."""
         import asyncio
@@ -713,13 +743,14 @@ class Queue:
                 pass
             fd = self._reader.fileno()
             ready = loop.create_future()
-            loop.add_reader(fd, lambda: ready.done() or ready.set_result(None))  # noqa: B023 (removed below)
+            # The callback's value is ignored: `or` only skips a second set_result.
+            loop.add_reader(fd, lambda: ready.done() or ready.set_result(None))  # type: ignore[func-returns-value]  # noqa: B023 (removed below)
             try:
                 await ready
             finally:
                 loop.remove_reader(fd)
 
-    def close(self):
+    def close(self) -> None:
         """This process will use the queue no more: put and get raise
         HandleClosed (a ValueError) from now on, here and in calls other
         threads are blocked in, and its hold on the queue goes. empty()
@@ -731,20 +762,20 @@ class Queue:
                 self._ready.stop()
             self._finalizer()
 
-    def join_thread(self):
+    def join_thread(self) -> None:
         """Nothing to wait for: put() returns when the object is in the queue.
         Like multiprocessing's, only valid after close()."""
         if not self._closed:
             raise ValueError(f"join_thread() needs close() first: {self!r}")
 
-    def cancel_join_thread(self):
+    def cancel_join_thread(self) -> None:
         """Nothing to cancel: there is no feeder thread."""
 
-    def _check_open(self):
+    def _check_open(self) -> None:
         if self._closed:
             raise HandleClosed(f"Queue {self._name!r} is closed")
 
-    def _check_usable(self):
+    def _check_usable(self) -> None:
         """Note [closed and never used]: as multiprocessing's, a closed queue
         this process never put into still answers empty() (closing it closed
         nothing); one it put into raises OSError, as a closed pipe does."""
@@ -756,7 +787,7 @@ class JoinableQueue(Queue):
     """A Queue whose consumers mark each message done, so that producers
     can join() until all are."""
 
-    def task_done(self):
+    def task_done(self) -> None:
         """Mark one message taken from the queue as done; ValueError when
         called more often than messages were put."""
         self._check_open()
@@ -765,7 +796,7 @@ class JoinableQueue(Queue):
             raise ValueError("task_done() called too many times")
         native.check(status)
 
-    def join(self):
+    def join(self) -> None:
         """Wait until every message put was marked done."""
         self._check_open()
         lib = native.lib()
@@ -776,16 +807,19 @@ class SimpleQueue(Queue):
     """multiprocessing.SimpleQueue's API (get, put, empty, close) over the
     same ring, without a bound on the number of messages."""
 
-    def __init__(self, *, max_bytes=None, inline_bytes=None, ctx=None):
+    def __init__(
+        self, *, max_bytes: SupportsIndex | None = None, inline_bytes: SupportsIndex | None = None, ctx: object = None
+    ) -> None:
         super().__init__(0, max_bytes=max_bytes, inline_bytes=inline_bytes, ctx=ctx)
 
-    def put(self, obj):
+    # multiprocessing.SimpleQueue's put and get take no block or timeout.
+    def put(self, obj: object) -> None:  # type: ignore[override]
         super().put(obj)
 
-    def get(self):
+    def get(self) -> Any:  # type: ignore[override]
         return super().get()
 
-    def _check_usable(self):
+    def _check_usable(self) -> None:
         # multiprocessing's SimpleQueue closes its pipe at once.
         raise ZctipcOSError(errno.EBADF, f"Queue {self._name!r} is closed")
 
@@ -798,10 +832,10 @@ class SimpleQueue(Queue):
 # process exits when the spawner is no such object. Nothing is in flight: a
 # child killed before it attached leaves nothing behind (a count carried to it
 # would stay until this process exited).
-_held_for_children = []
+_held_for_children: list[int] = []
 
 
-def _hold_for_child(name, popen):
+def _hold_for_child(name: str, popen: object) -> None:
     ffi, lib = native.ffi(), native.lib()
     handle = ffi.new("zct_handle *")
     native.check(lib.zct_queue_attach(name.encode(), 0, handle))
@@ -811,7 +845,7 @@ def _hold_for_child(name, popen):
         _held_for_children.append(handle[0])
 
 
-def _decode(mem, typ, off, plen, views, nviews):
+def _decode(mem: memoryview, typ: int, off: int, plen: int, views: Any, nviews: int) -> Any:
     """The object of a record taken into mem whose payload is at off, plen
     bytes, with nviews views (gets read a plain pickle themselves)."""
     if typ == _INLINE:
@@ -823,16 +857,16 @@ def _decode(mem, typ, off, plen, views, nviews):
     return pickler.loads(mem[off : off + plen], views, nviews)
 
 
-def _inline_bytes(value):
+def _inline_bytes(value: SupportsIndex | None) -> int | None:
     """A queue's inline_bytes checked: None (the default) or a size."""
     return None if value is None else args.integer("inline_bytes", value, 0, 1 << 30)
 
 
-def _rebuild_queue(cls, name, inline_bytes=None):
+def _rebuild_queue(cls: type[Queue], name: str, inline_bytes: int | None = None) -> Queue:
     return cls.attach(name, inline_bytes=inline_bytes)
 
 
-def __getattr__(name):
+def __getattr__(name: str) -> Any:
     # The rest of multiprocessing.queues, for code that imports it by this
     # name (``import zctipc as multiprocessing``).
     try:

@@ -1,11 +1,17 @@
 """multiprocessing.shared_memory, under zctipc's name (``import zctipc as
 multiprocessing``): every name is multiprocessing's own."""
 
+from __future__ import annotations
+
 import multiprocessing.shared_memory as _mp
 from multiprocessing.shared_memory import *  # noqa: F401,F403
 
 __all__ = list(getattr(_mp, "__all__", ()))
 
+TYPE_CHECKING = False  # Note [types without typing] in zctipc._core.native
+if TYPE_CHECKING:
+    from typing import Any
 
-def __getattr__(name):
+
+def __getattr__(name: str) -> Any:
     return getattr(_mp, name)

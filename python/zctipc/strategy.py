@@ -20,11 +20,17 @@ variable ``ZCTIPC_SHARING_STRATEGY``). Receivers need no setting: a
 descriptor says what kind of segment it names.
 """
 
+from __future__ import annotations
+
 import json
 import os
 
 from ._core import native as _native
 from .errors import InvalidArgument
+
+TYPE_CHECKING = False  # Note [types without typing] in zctipc._core.native
+if TYPE_CHECKING:
+    from typing import Any
 
 __all__ = [
     "set_sharing_strategy",
@@ -38,12 +44,12 @@ STRATEGY_ENV = "ZCTIPC_SHARING_STRATEGY"
 _STRATEGIES = ("file_system", "file_descriptor")
 
 
-def get_all_sharing_strategies():
+def get_all_sharing_strategies() -> set[str]:
     """The names of the sharing strategies: ``{"file_system", "file_descriptor"}``."""
     return set(_STRATEGIES)
 
 
-def get_sharing_strategy():
+def get_sharing_strategy() -> str:
     """The strategy new segments are made with."""
     if _native.loaded():
         lib = _native.lib()
@@ -54,7 +60,7 @@ def get_sharing_strategy():
     return name if name in _STRATEGIES else "file_system"
 
 
-def set_sharing_strategy(new_strategy):
+def set_sharing_strategy(new_strategy: str) -> None:
     """Make new segments under ``new_strategy`` (a name from
     :func:`get_all_sharing_strategies`), here and in the processes started
     from now on. Segments that exist keep theirs."""
@@ -65,7 +71,7 @@ def set_sharing_strategy(new_strategy):
         _native.check(_native.lib().zct_set_strategy(_STRATEGIES.index(new_strategy)))
 
 
-def collect_garbage(dry_run=False):
+def collect_garbage(dry_run: bool = False) -> dict[str, Any]:
     """Sweep the ledgers of processes that died, and remove the segments no
     live process holds; with ``dry_run``, only say what would go.
 
@@ -81,7 +87,7 @@ def collect_garbage(dry_run=False):
     return report
 
 
-def daemon_status():
+def daemon_status() -> dict[str, Any]:
     """Whether the user's cleanup daemon runs, and what it watches: a dict
     with ``running``, ``dir`` (its runtime directory), ``strategy`` (this
     process's) and, when it runs, ``status`` (its pid, version, clients,

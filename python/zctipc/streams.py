@@ -22,6 +22,8 @@ long) stops holding the writer back. Frames are published only on
 ``increment()``: a writer killed mid-frame publishes nothing.
 """
 
+from __future__ import annotations
+
 import threading
 import time
 import weakref
@@ -30,7 +32,20 @@ from ._core import args, dtypes, layout, lazy, memory, native, wait
 from .errors import HandleClosed, InvalidArgument, UnsupportedDtype
 from .events import Event  # offered here too, where it was first
 
-np = lazy.numpy(__name__)
+TYPE_CHECKING = False  # Note [types without typing] in zctipc._core.native
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+    from typing import Any, Literal, SupportsIndex, overload
+
+    import numpy as np
+    import torch
+    from numpy.typing import ArrayLike, NDArray
+    from typing_extensions import Self
+
+    from ._core.dtypes import DTypeSpec
+    from ._core.layout import ShapeLike
+else:
+    np = lazy.numpy(__name__)
 
 _wait = wait  # the module, in methods whose parameter is named wait
 
@@ -61,11 +76,30 @@ class Stream:
         "__weakref__",
     )
 
-    def __init__(self, *args, **kwargs):
+    _handle: int
+    _info: Any  # the zct_stream_info struct
+    _memory: Any  # the owner (a cffi pointer), None once closed
+    _name: str
+    _shape: tuple[int, ...]
+    _code: int
+    _frames_rw: list[NDArray[Any]] | None
+    _frames_ro: list[NDArray[Any]] | None
+    _closed: bool
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
         raise TypeError("use zctipc.Stream.create() or zctipc.Stream.attach()")
 
     @classmethod
-    def create(cls, name=None, shape=(), dtype="float32", frames=32, readers=1, policy="block", reader_timeout=None):
+    def create(
+        cls,
+        name: str | None = None,
+        shape: ShapeLike = (),
+        dtype: DTypeSpec = "float32",
+        frames: SupportsIndex = 32,
+        readers: SupportsIndex = 1,
+        policy: str = "block",
+        reader_timeout: float | None = None,
+    ) -> Self:
         """Make a stream of ``frames`` slots, each a C-contiguous array of
         ``shape`` and ``dtype``, for up to ``readers`` readers at once.
 
@@ -111,7 +145,7 @@ class Stream:
         return cls._wrap(handle[0], info)
 
     @classmethod
-    def attach(cls, name):
+    def attach(cls, name: str) -> Self:
         """Open the stream ``name`` (with or without the prefix)."""
         ffi, lib = native.ffi(), native.lib()
         handle = ffi.new("zct_handle *")
@@ -120,7 +154,7 @@ class Stream:
         return cls._wrap(handle[0], info)
 
     @classmethod
-    def _wrap(cls, handle, info):
+    def _wrap(cls, handle: int, info: Any) -> Self:
         ffi = native.ffi()
         self = object.__new__(cls)
         self._handle = handle
@@ -136,44 +170,44 @@ class Stream:
     # -- description ----------------------------------------------------------
 
     @property
-    def name(self):
+    def name(self) -> str:
         """The segment's full name (with the ``zctipc_`` prefix)."""
         return self._name
 
     @property
-    def shape(self):
+    def shape(self) -> tuple[int, ...]:
         """The shape of one frame."""
         return self._shape
 
     @property
-    def dtype(self):
+    def dtype(self) -> np.dtype[Any] | str:
         """The NumPy dtype of a frame (``'bfloat16'`` when NumPy cannot say it)."""
         return dtypes.public_dtype(self._code)
 
     @property
-    def frames(self):
+    def frames(self) -> int:
         """The number of frames in the ring."""
         return self._info.frames
 
     @property
-    def max_readers(self):
+    def max_readers(self) -> int:
         """The number of reader slots."""
         return self._info.readers
 
     @property
-    def policy(self):
+    def policy(self) -> str:
         return POLICIES[self._info.policy]
 
     @property
-    def reader_timeout(self):
+    def reader_timeout(self) -> float | None:
         ms = self._info.reader_timeout_ms
         return ms / 1000 if ms else None
 
     @property
-    def frame_nbytes(self):
+    def frame_nbytes(self) -> int:
         return self._info.frame_bytes
 
-    def _stats(self):
+    def _stats(self) -> tuple[int, int, int, bool]:
         ffi = native.ffi()
         published, dropped = ffi.new("uint64_t *"), ffi.new("uint64_t *")
         readers, ended = ffi.new("int32_t *"), ffi.new("int32_t *")
@@ -181,25 +215,25 @@ class Stream:
         return published[0], dropped[0], readers[0], bool(ended[0])
 
     @property
-    def published(self):
+    def published(self) -> int:
         """Frames published so far."""
         return self._stats()[0]
 
     @property
-    def dropped(self):
+    def dropped(self) -> int:
         """Frames lost by all readers together."""
         return self._stats()[1]
 
     @property
-    def readers(self):
+    def readers(self) -> int:
         """How many readers hold a slot now."""
         return self._stats()[2]
 
     @property
-    def ended(self):
+    def ended(self) -> bool:
         return self._stats()[3]
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         state = "closed" if self._closed else f"published={self.published}"
         return (
             f"<Stream {self._name!r} frames={self.frames} shape={self._shape} dtype={dtypes.NAMES.get(self._code)} "
@@ -208,14 +242,14 @@ class Stream:
 
     # -- use ------------------------------------------------------------------
 
-    def writer(self):
+    def writer(self) -> StreamWriter:
         """Become the stream's writer (:class:`StreamBusy` while another live
         process is; the role of one that died is taken over)."""
         handle = native.ffi().new("zct_handle *")
         native.check(native.lib().zct_stream_writer(self._live(), handle))
         return StreamWriter(self, handle[0])
 
-    def reader(self, index=None):
+    def reader(self, index: SupportsIndex | None = None) -> StreamReader:
         """Join as a reader: of slot ``index``, or of the first free slot.
         The reader starts at the next frame published. Raises
         :class:`StreamBusy` when the slot, or every slot, is held."""
@@ -226,12 +260,12 @@ class Stream:
         native.check(native.lib().zct_stream_reader(self._live(), -1 if index is None else index, handle, slot))
         return StreamReader(self, handle[0], slot[0])
 
-    def end(self):
+    def end(self) -> None:
         """End the stream: the writer can write no more, readers read what
         was published and then get :class:`StreamEnded`; waiters wake."""
         native.check(native.lib().zct_stream_end(self._live()))
 
-    def close(self):
+    def close(self) -> None:
         """Let go of this object's hold; views and open readers and writers
         keep the memory until they are gone too."""
         if not self._closed:
@@ -239,24 +273,24 @@ class Stream:
             self._frames_rw = self._frames_ro = None
             self._memory = None
 
-    def __enter__(self):
+    def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Callable[[str], Stream], tuple[str]]:
         self._live()
         return _attach_stream, (self._name,)
 
-    def _live(self):
+    def _live(self) -> int:
         if self._closed:
             raise HandleClosed(f"stream {self._name!r} is closed")
         return self._handle
 
     # -- frame views ----------------------------------------------------------
 
-    def _views(self, writable):
+    def _views(self, writable: bool) -> list[NDArray[Any]]:
         """NumPy views of every slot, made once; they hold the mapping."""
         cache = self._frames_rw if writable else self._frames_ro
         if cache is None:
@@ -276,14 +310,14 @@ class Stream:
         return cache
 
 
-def _attach_stream(name):
+def _attach_stream(name: str) -> Stream:
     return Stream.attach(name)
 
 
 class _Out(threading.local):
     """Per-thread out-parameters of an endpoint's native calls."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         ffi = native.ffi()
         self.slot = ffi.new("int32_t *")
         self.whole = ffi.new("int32_t *")
@@ -302,11 +336,11 @@ class _Endpoint:
     own.
     """
 
-    _kind = None  # "writer" or "reader": names the library's calls
+    _kind: str | None = None  # "writer" or "reader": names the library's calls
     _writable = False
-    _not_ready = None  # the status of a look that found nothing
+    _not_ready: int | None = None  # the status of a look that found nothing
 
-    def __init__(self, stream, handle):
+    def __init__(self, stream: Stream, handle: int) -> None:
         lib = native.lib()
         self._stream = stream
         self._handle = handle
@@ -314,7 +348,7 @@ class _Endpoint:
         # Views of every slot, which keep the memory mapped in this process
         # as long as this endpoint (or a view) lives.
         self._frames = stream._views(self._writable)
-        self._tensors = None
+        self._tensors: list[torch.Tensor] | None = None
         self._out = _Out()
         self._lock = threading.Lock()  # read() and write(): one frame whole
         verb = "write" if self._writable else "read"
@@ -324,7 +358,7 @@ class _Endpoint:
             self, native.finalize, f"zct_stream_{self._kind}_close", handle, f"closing a stream {self._kind}"
         )
 
-    def set_wait(self, wait="sleep", spin=None):
+    def set_wait(self, wait: str = "sleep", spin: float | None = None) -> None:
         """How this endpoint's blocking calls wait (for frames, or for room),
         as Queue.set_wait says: "sleep" (the default) or "poll", which sees
         a frame within a microsecond and takes a core while it waits."""
@@ -332,10 +366,10 @@ class _Endpoint:
         native.check(getattr(native.lib(), f"zct_stream_{self._kind}_set_wait")(self._live(), poll, spin_ns))
 
     @property
-    def stream(self):
+    def stream(self) -> Stream:
         return self._stream
 
-    def close(self):
+    def close(self) -> None:
         """Leave the stream (a reader frees its slot; a writer gives up the
         role, and a frame it looked at and did not publish is not)."""
         if not self._closed:
@@ -343,18 +377,18 @@ class _Endpoint:
             self._finalizer.detach()
             native.check(getattr(native.lib(), f"zct_stream_{self._kind}_close")(self._handle))
 
-    def __enter__(self):
+    def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _live(self):
+    def _live(self) -> int:
         if self._closed:
             raise HandleClosed(f"this stream {self._kind} of {self._stream.name!r} is closed")
         return self._handle
 
-    def _look_frame(self, block, timeout, torch):
+    def _look_frame(self, block: bool, timeout: float | None, torch: bool) -> NDArray[Any] | torch.Tensor | None:
         """The view of the next slot, or None when it is not ready within
         the timeout: one call when it is ready, wait slices otherwise."""
         if self._closed:
@@ -363,13 +397,14 @@ class _Endpoint:
         status = self._look(self._handle, 0, slot)
         if status != 0:
             if status == self._not_ready and block:
-                status = wait.retry(lambda ms: self._look(self._handle, ms, slot), self._not_ready, block, timeout)
+                # _not_ready is None only on _Endpoint itself, which has no instances.
+                status = wait.retry(lambda ms: self._look(self._handle, ms, slot), self._not_ready, block, timeout)  # type: ignore[arg-type]
             if status == self._not_ready:
                 return None
             native.check(status)
         return (self._tensor_views() if torch else self._frames)[slot[0]]
 
-    def _take_lock(self, block, timeout):
+    def _take_lock(self, block: bool, timeout: float | None) -> float | None | Literal[False]:
         """Take the endpoint's lock as block and timeout say; the time
         left of timeout, or False when the lock was not had in time."""
         if not block:
@@ -383,7 +418,7 @@ class _Endpoint:
             return False
         return max(0.0, timeout - (time.monotonic() - start))
 
-    def _tensor_views(self):
+    def _tensor_views(self) -> list[torch.Tensor]:
         """torch views of every slot, made on first use."""
         if self._tensors is None:
             code = self._stream._code
@@ -399,31 +434,50 @@ class StreamWriter(_Endpoint):
     _writable = True
     _not_ready = native.E_FULL
 
-    def look(self, block=True, timeout=None, torch=False):
+    if TYPE_CHECKING:
+
+        @overload
+        def look(
+            self, block: bool = ..., timeout: float | None = ..., torch: Literal[False] = ...
+        ) -> NDArray[Any] | None: ...
+        @overload
+        def look(
+            self, block: bool = ..., timeout: float | None = ..., *, torch: Literal[True]
+        ) -> torch.Tensor | None: ...
+        @overload
+        def look(
+            self, block: bool = ..., timeout: float | None = ..., torch: bool = ...
+        ) -> NDArray[Any] | torch.Tensor | None: ...
+
+    def look(
+        self, block: bool = True, timeout: float | None = None, torch: bool = False
+    ) -> NDArray[Any] | torch.Tensor | None:
         """A writable view (NumPy, or torch with ``torch=True``) of the next
         frame, waiting for room as ``block`` and ``timeout`` say under the
         block policy; None when there is none. Raises :class:`StreamEnded`
         once the stream ended."""
         return self._look_frame(block, timeout, torch)
 
-    def increment(self):
+    def increment(self) -> None:
         """Publish the frame returned by :meth:`look`."""
         status = self._increment(self._live())
         if status != 0:
             native.check(status)
 
-    def write(self, frame, block=True, timeout=None):
+    def write(self, frame: ArrayLike | torch.Tensor, block: bool = True, timeout: float | None = None) -> bool:
         """Copy ``frame`` (a NumPy array or CPU torch tensor of the stream's
         shape and dtype) into the next frame and publish it. Returns False
         when there was no room within the timeout."""
         s = self._stream
+        # frame is a tensor or an array as is_tensor says, which mypy does not
+        # see through the variable: the ignores below.
         is_tensor = layout.is_torch_tensor(frame)
         if not is_tensor:
             frame = np.asarray(frame)
-        if frame.shape != s._shape or _code_or_none(frame.dtype) != s._code:
+        if frame.shape != s._shape or _code_or_none(frame.dtype) != s._code:  # type: ignore[union-attr]
             raise ValueError(
-                f"a frame of shape {tuple(frame.shape)} and dtype "
-                f"{dtypes.NAMES.get(_code_or_none(frame.dtype), str(frame.dtype))} does not fit stream "
+                f"a frame of shape {tuple(frame.shape)} and dtype "  # type: ignore[union-attr]
+                f"{dtypes.NAMES.get(_code_or_none(frame.dtype), str(frame.dtype))} does not fit stream "  # type: ignore[union-attr, arg-type]
                 f"{s.name!r}, whose frames are {s.shape} {dtypes.NAMES[s._code]}"
             )
         left = self._take_lock(block, timeout)
@@ -434,16 +488,16 @@ class StreamWriter(_Endpoint):
             if view is None:
                 return False
             if is_tensor:
-                view.copy_(frame)
+                view.copy_(frame)  # type: ignore[union-attr, arg-type]
             else:
-                np.copyto(view, frame)
+                np.copyto(view, frame)  # type: ignore[arg-type]
             self.increment()
             return True
         finally:
             self._lock.release()
 
 
-def _code_or_none(dtype):
+def _code_or_none(dtype: DTypeSpec) -> int | None:
     try:
         return dtypes.code_of(dtype)
     except UnsupportedDtype:
@@ -457,39 +511,56 @@ class StreamReader(_Endpoint):
     _kind = "reader"
     _not_ready = native.E_EMPTY
 
-    def __init__(self, stream, handle, index):
+    def __init__(self, stream: Stream, handle: int, index: int) -> None:
         super().__init__(stream, handle)
         self._index = index
         self._pending = False  # a frame handed out by read(copy=False) or iteration
 
     @property
-    def index(self):
+    def index(self) -> int:
         """The reader's slot."""
         return self._index
 
-    def _counts(self):
+    def _counts(self) -> tuple[int, int, int]:
         ffi = native.ffi()
         position, received, dropped = ffi.new("uint64_t *"), ffi.new("uint64_t *"), ffi.new("uint64_t *")
         native.check(native.lib().zct_stream_reader_stats(self._live(), position, received, dropped))
         return position[0], received[0], dropped[0]
 
     @property
-    def position(self):
+    def position(self) -> int:
         """The position of the next frame to read, counted from the first
         frame the stream published."""
         return self._counts()[0]
 
     @property
-    def received(self):
+    def received(self) -> int:
         """Frames this reader took whole."""
         return self._counts()[1]
 
     @property
-    def dropped(self):
+    def dropped(self) -> int:
         """Frames this reader lost (overwritten before it read them)."""
         return self._counts()[2]
 
-    def look(self, block=True, timeout=None, torch=False):
+    if TYPE_CHECKING:
+
+        @overload
+        def look(
+            self, block: bool = ..., timeout: float | None = ..., torch: Literal[False] = ...
+        ) -> NDArray[Any] | None: ...
+        @overload
+        def look(
+            self, block: bool = ..., timeout: float | None = ..., *, torch: Literal[True]
+        ) -> torch.Tensor | None: ...
+        @overload
+        def look(
+            self, block: bool = ..., timeout: float | None = ..., torch: bool = ...
+        ) -> NDArray[Any] | torch.Tensor | None: ...
+
+    def look(
+        self, block: bool = True, timeout: float | None = None, torch: bool = False
+    ) -> NDArray[Any] | torch.Tensor | None:
         """A read-only view of the next frame, waiting for it as ``block``
         and ``timeout`` say; None when there is none. Raises
         :class:`StreamEnded` when the stream ended and every frame was
@@ -498,7 +569,7 @@ class StreamReader(_Endpoint):
             self.increment()
         return self._look_frame(block, timeout, torch)
 
-    def increment(self):
+    def increment(self) -> bool:
         """Release the frame returned by :meth:`look`. Returns False when
         the writer overwrote it while it was looked at (the overwrite policy,
         or an evicted reader): its contents may be torn, and it counts as
@@ -510,7 +581,24 @@ class StreamReader(_Endpoint):
             native.check(status)
         return whole[0] != 0
 
-    def read(self, copy=True, block=True, timeout=None, torch=False):
+    if TYPE_CHECKING:
+
+        @overload
+        def read(
+            self, copy: bool = ..., block: bool = ..., timeout: float | None = ..., torch: Literal[False] = ...
+        ) -> NDArray[Any] | None: ...
+        @overload
+        def read(
+            self, copy: bool = ..., block: bool = ..., timeout: float | None = ..., *, torch: Literal[True]
+        ) -> torch.Tensor | None: ...
+        @overload
+        def read(
+            self, copy: bool = ..., block: bool = ..., timeout: float | None = ..., torch: bool = ...
+        ) -> NDArray[Any] | torch.Tensor | None: ...
+
+    def read(
+        self, copy: bool = True, block: bool = True, timeout: float | None = None, torch: bool = False
+    ) -> NDArray[Any] | torch.Tensor | None:
         """The next frame, or None when there is none within the timeout.
 
         With ``copy`` (the default) it is a private copy, checked whole:
@@ -529,13 +617,22 @@ class StreamReader(_Endpoint):
                 view = self.look(block, left, torch)
                 if view is None:
                     return None
-                out = view.clone() if torch else view.copy()
+                out = view.clone() if torch else view.copy()  # type: ignore[union-attr]  # a tensor as torch says
                 if self.increment():
                     return out
         finally:
             self._lock.release()
 
-    def frames(self, torch=False):
+    if TYPE_CHECKING:
+
+        @overload
+        def frames(self, torch: Literal[False] = ...) -> Iterator[NDArray[Any]]: ...
+        @overload
+        def frames(self, torch: Literal[True]) -> Iterator[torch.Tensor]: ...
+        @overload
+        def frames(self, torch: bool = ...) -> Iterator[NDArray[Any]] | Iterator[torch.Tensor]: ...
+
+    def frames(self, torch: bool = False) -> Iterator[NDArray[Any] | torch.Tensor]:
         """Iterate over the frames as zero-copy views until the stream ends;
         each is released when the next is asked for (one native call per
         frame)."""
@@ -560,13 +657,13 @@ class StreamReader(_Endpoint):
             if self._pending and not self._closed:
                 self.increment()
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[NDArray[Any]]:
         return self.frames()
 
-    def torch(self):
+    def torch(self) -> Iterator[torch.Tensor]:
         """Iterate over the frames as zero-copy torch tensors (``frames(torch=True)``)."""
         return self.frames(torch=True)
 
-    def close(self):
+    def close(self) -> None:
         self._pending = False
         super().close()

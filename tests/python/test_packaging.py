@@ -24,6 +24,7 @@ def test_wheel_carries_the_native_parts_and_works(tmp_path):
     names = zipfile.ZipFile(tmp_path / wheel).namelist()
     assert "zctipc/libzctipc.so" in names
     assert "zctipc/zctipc.h" in names
+    assert "zctipc/py.typed" in names, "the PEP 561 marker: type checkers read the package's annotations"
     assert any(n.startswith("zctipc/_zctipc_cffi") and n.endswith(".so") for n in names)
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names), "the license travels with the wheel"
 

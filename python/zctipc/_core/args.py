@@ -2,14 +2,20 @@
 raise: TypeError for a value of the wrong type, ValueError (here
 InvalidArgument, a ValueError) for one out of range."""
 
+from __future__ import annotations
+
 import math
 import numbers
 import operator
 
 from ..errors import InvalidArgument
 
+TYPE_CHECKING = False  # Note [types without typing] in zctipc._core.native
+if TYPE_CHECKING:
+    from typing import SupportsIndex, overload
 
-def integer(name, value, low=None, high=None):
+
+def integer(name: str, value: SupportsIndex, low: int | None = None, high: int | None = None) -> int:
     """value as an int (anything with __index__: bool, NumPy integers),
     within [low, high] where they are given."""
     try:
@@ -25,7 +31,15 @@ def integer(name, value, low=None, high=None):
     return n
 
 
-def timeout(value, name="timeout"):
+if TYPE_CHECKING:
+
+    @overload
+    def timeout(value: float, name: str = ...) -> float: ...
+    @overload
+    def timeout(value: float | None, name: str = ...) -> float | None: ...
+
+
+def timeout(value: float | None, name: str = "timeout") -> float | None:
     """A timeout in seconds: None (no limit), or a real number not below 0
     (a float, an int, a NumPy number), as float."""
     if value is None:

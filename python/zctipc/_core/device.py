@@ -1,11 +1,21 @@
 """CUDA device memory that views keep alive: what VMM tensors (zctipc.cuda)
 and tensors received by legacy IPC (the wire's CUDA codec) are made of."""
 
+from __future__ import annotations
+
 import weakref
 
 from . import lazy
 
-np = lazy.numpy(__name__)
+TYPE_CHECKING = False  # Note [types without typing] in zctipc._core.native
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+    from typing import Any
+
+    import numpy as np
+    import torch
+else:
+    np = lazy.numpy(__name__)
 
 
 KDL_CUDA = 2  # DLPack's device type for CUDA memory
@@ -16,12 +26,12 @@ class DeviceMemory:
     ``__cuda_array_interface__`` as bytes; release() runs when the last view
     of it is gone."""
 
-    def __init__(self, ptr, nbytes, device, release):
+    def __init__(self, ptr: int, nbytes: int, device: int, release: Callable[[], object]) -> None:
         self.ptr, self.nbytes, self.device = ptr, nbytes, device
         self._finalizer = weakref.finalize(self, release)
 
     @property
-    def __cuda_array_interface__(self):
+    def __cuda_array_interface__(self) -> dict[str, Any]:
         return {
             "shape": (self.nbytes,),
             "typestr": "|u1",
@@ -32,7 +42,13 @@ class DeviceMemory:
         }
 
 
-def torch_view(memory, dtype, shape, strides=None, storage_offset=0):
+def torch_view(
+    memory: DeviceMemory,
+    dtype: torch.dtype,
+    shape: Sequence[int],
+    strides: Sequence[int] | None = None,
+    storage_offset: int = 0,
+) -> torch.Tensor:
     """A torch tensor of dtype over memory (DeviceMemory), laid out as shape
     and strides (elements), which keeps memory alive."""
     import torch

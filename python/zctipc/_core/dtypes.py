@@ -5,10 +5,24 @@ bfloat16: such segments have torch views, and NumPy views only when the
 ``ml_dtypes`` package is installed.
 """
 
+from __future__ import annotations
+
 from ..errors import UnsupportedDtype
 from . import lazy
 
-np = lazy.numpy(__name__)
+TYPE_CHECKING = False  # Note [types without typing] in zctipc._core.native
+if TYPE_CHECKING:
+    from typing import Any, TypeAlias
+
+    import numpy as np
+    import torch
+    from numpy.typing import DTypeLike
+
+    #: An element type as zctipc takes one: a name ("float32"), a NumPy
+    #: dtype or scalar type, or a torch dtype.
+    DTypeSpec: TypeAlias = DTypeLike | torch.dtype
+else:
+    np = lazy.numpy(__name__)
 
 # code -> name; the names are NumPy's and torch's spelling alike.
 NAMES = {
@@ -33,18 +47,18 @@ BFLOAT16 = CODES["bfloat16"]
 ITEMSIZE = {code: size for code, size in zip(NAMES, (1, 1, 2, 4, 8, 1, 2, 4, 8, 2, 4, 8, 2, 8, 16), strict=True)}
 # NumPy dtypes by code, and the storage dtype of each (uint16 for
 # bfloat16), made when first asked for (see zctipc._core.lazy).
-_NUMPY = {}
-_STORAGE = {}
+_NUMPY: dict[int, np.dtype[Any]] = {}
+_STORAGE: dict[int, np.dtype[Any]] = {}
 
 
-def _numpy_tables():
+def _numpy_tables() -> tuple[dict[int, np.dtype[Any]], dict[int, np.dtype[Any]]]:
     if not _STORAGE:
         _NUMPY.update({code: np.dtype(name) for code, name in NAMES.items() if code != BFLOAT16})
         _STORAGE.update({**_NUMPY, BFLOAT16: np.dtype(np.uint16)})
     return _NUMPY, _STORAGE
 
 
-def _ml_bfloat16():
+def _ml_bfloat16() -> np.dtype[Any] | None:
     try:
         import ml_dtypes
     except ImportError:
@@ -52,10 +66,11 @@ def _ml_bfloat16():
     return np.dtype(ml_dtypes.bfloat16)
 
 
-def code_of(dtype):
+def code_of(dtype: Any) -> int:
     """Return the header code of ``dtype``: a name, a NumPy dtype or scalar
     type, or a torch dtype. Raise :class:`UnsupportedDtype` for a type that
-    cannot be shared."""
+    cannot be shared. (It checks what it is given: Any; callers take a
+    DTypeSpec.)"""
     if type(dtype).__module__ == "torch":  # a torch.dtype, without importing torch
         name = str(dtype).removeprefix("torch.")
         if name in CODES:
@@ -72,10 +87,10 @@ def code_of(dtype):
 
 # The codes of the NumPy dtypes met so far (each one that can be shared):
 # asking NumPy a dtype's name costs more than the rest of a small put.
-_code_of = {}
+_code_of: dict[np.dtype[Any], int] = {}
 
 
-def code_of_numpy(dt):
+def code_of_numpy(dt: np.dtype[Any]) -> int:
     """Return the header code of the NumPy dtype ``dt``."""
     code = _code_of.get(dt)
     if code is not None:
@@ -98,7 +113,7 @@ def code_of_numpy(dt):
     return code
 
 
-def numpy_dtype(code):
+def numpy_dtype(code: int) -> np.dtype[Any]:
     """Return the NumPy dtype of ``code``; bfloat16 needs ml_dtypes."""
     dt = _numpy_tables()[0].get(code)
     if dt is not None:
@@ -111,7 +126,7 @@ def numpy_dtype(code):
     raise UnsupportedDtype(f"unknown dtype code {code}")
 
 
-def storage_dtype(code):
+def storage_dtype(code: int) -> np.dtype[Any]:
     """Return a NumPy dtype of the same size that can hold ``code``'s bits
     (uint16 for bfloat16), for building views that torch reinterprets."""
     try:
@@ -120,14 +135,14 @@ def storage_dtype(code):
         raise UnsupportedDtype(f"unknown dtype code {code}") from None
 
 
-def torch_dtype(code):
+def torch_dtype(code: int) -> torch.dtype:
     """Return the torch dtype of ``code``."""
     import torch
 
     return getattr(torch, _name(code))
 
 
-def public_dtype(code):
+def public_dtype(code: int) -> np.dtype[Any] | str:
     """The ``dtype`` attribute of a SharedTensor: a NumPy dtype when NumPy can
     say it, else the name (``'bfloat16'`` without ml_dtypes)."""
     if code == BFLOAT16 and _ml_bfloat16() is None:
@@ -135,7 +150,7 @@ def public_dtype(code):
     return numpy_dtype(code)
 
 
-def _name(code):
+def _name(code: int) -> str:
     try:
         return NAMES[code]
     except KeyError:

@@ -1,15 +1,30 @@
 """Array layout and names: shapes, strides, sizes, and segment names, in
 one place."""
 
+from __future__ import annotations
+
 import operator
 import sys
 
 from ..errors import InvalidArgument
 
+TYPE_CHECKING = False  # Note [types without typing] in zctipc._core.native
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from typing import Any, SupportsIndex, TypeAlias
 
-def shape_tuple(shape):
+    import torch
+    from typing_extensions import TypeIs
+
+    #: A shape as zctipc takes one: an int, or a sequence of ints (anything
+    #: with __index__: NumPy integers too).
+    ShapeLike: TypeAlias = SupportsIndex | Sequence[SupportsIndex]
+
+
+def shape_tuple(shape: Any) -> tuple[int, ...]:
     """shape (an int or a sequence of ints) as a tuple of non-negative
-    ints."""
+    ints. (It checks what it is given: Any; callers take a ShapeLike.)"""
+    dims: tuple[int, ...]
     try:
         dims = (operator.index(shape),)
     except TypeError:
@@ -22,7 +37,7 @@ def shape_tuple(shape):
     return dims
 
 
-def nbytes(shape, itemsize):
+def nbytes(shape: Sequence[int], itemsize: int) -> int:
     """The bytes of a C-contiguous array of shape."""
     n = itemsize
     for d in shape:
@@ -30,9 +45,9 @@ def nbytes(shape, itemsize):
     return n
 
 
-def c_strides(shape, itemsize):
+def c_strides(shape: Sequence[int], itemsize: int) -> tuple[int, ...]:
     """The byte strides of a C-contiguous array of shape."""
-    strides = []
+    strides: list[int] = []
     step = itemsize
     for d in reversed(shape):
         strides.append(step)
@@ -40,7 +55,7 @@ def c_strides(shape, itemsize):
     return tuple(reversed(strides))
 
 
-def extent(shape, strides, itemsize):
+def extent(shape: Sequence[int], strides: Sequence[int], itemsize: int) -> int:
     """The bytes an array of shape and (non-negative) byte strides can
     touch from its first element: 0 when it has none."""
     if 0 in shape:
@@ -48,7 +63,7 @@ def extent(shape, strides, itemsize):
     return sum((d - 1) * s for d, s in zip(shape, strides, strict=True)) + itemsize
 
 
-def segment_name(name):
+def segment_name(name: str) -> bytes:
     """A segment name as the library takes it (bytes), checked for what
     Python can tell before asking."""
     if not isinstance(name, str):
@@ -60,7 +75,7 @@ def segment_name(name):
     return name.encode()
 
 
-def is_torch_tensor(obj):
+def is_torch_tensor(obj: object) -> TypeIs[torch.Tensor]:
     """Whether obj is a torch tensor (of any subclass), without importing
     torch: a program that never imported it has none."""
     torch = sys.modules.get("torch")

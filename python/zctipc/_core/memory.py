@@ -16,12 +16,23 @@ for received descriptors (from_view) are not marked: find() always places
 them, and the mark would cost every get.
 """
 
+from __future__ import annotations
+
 import threading
 import warnings
 
 from . import dtypes, lazy, native
 
-np = lazy.numpy(__name__)
+TYPE_CHECKING = False  # Note [types without typing] in zctipc._core.native
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+    from typing import Any
+
+    import numpy as np
+    import torch
+    from numpy.typing import DTypeLike, NDArray
+else:
+    np = lazy.numpy(__name__)
 
 # Descriptor flags (zct_view_flags of zctipc.h; a test checks them): the
 # Python type a receiver rebuilds, in bits 0-1, and read-only.
@@ -30,14 +41,17 @@ TYPE_MASK = 3
 READONLY = 4
 
 
-def owner(address, close, handle, what):
+def owner(address: Any, close: str, handle: int, what: str) -> Any:
     """A pointer to address whose collection calls the library's function
-    close (a name) on handle, as native.finalize does."""
+    close (a name) on handle, as native.finalize does. (Pointers and other
+    cffi objects are Any: cffi has no Python types.)"""
     ffi = native.ffi()
     return ffi.gc(ffi.cast("char *", address), lambda _, h=handle: native.finalize(close, h, what))
 
 
-def ndarray(memory, nbytes, dtype, shape, strides, readonly=False):
+def ndarray(
+    memory: Any, nbytes: int, dtype: DTypeLike, shape: Sequence[int], strides: Sequence[int], readonly: bool = False
+) -> NDArray[Any]:
     """A NumPy array over nbytes of memory (an owner or a view of one)."""
     buffer = native.ffi().buffer(memory, nbytes)
     if readonly:
@@ -49,16 +63,16 @@ def ndarray(memory, nbytes, dtype, shape, strides, readonly=False):
 
 
 class _FindOut(threading.local):
-    def __init__(self):
+    def __init__(self) -> None:
         ffi = native.ffi()
         self.ref = ffi.new("zct_handle *")
         self.offset = ffi.new("uint64_t *")
 
 
-_find_out = None
+_find_out: _FindOut | None = None
 
 
-def find(address, nbytes):
+def find(address: Any, nbytes: int) -> tuple[int, int] | None:
     """(ref, offset): one more count on the zctipc memory that holds the
     nbytes at address (an integer, or a cffi pointer), or None when it is
     not zctipc memory."""
@@ -75,7 +89,7 @@ def find(address, nbytes):
     return out.ref[0], out.offset[0]
 
 
-def zctipc_memory(address, nbytes):
+def zctipc_memory(address: Any, nbytes: int) -> bool:
     """Whether the nbytes at address (an integer, or a cffi pointer) are
     zctipc memory that find() finds; no count is taken."""
     if not native.loaded():
@@ -88,18 +102,18 @@ def zctipc_memory(address, nbytes):
     return held == 1
 
 
-_torch = None
-_torch_hooks = []
+_torch: Any = None  # the torch module, once met
+_torch_hooks: list[Callable[[], object]] = []
 _MARK = "_zctipc_memory"  # Note [marked storages]
 
 
-def when_torch_is_met(hook):
+def when_torch_is_met(hook: Callable[[], object]) -> None:
     """Call hook() when zctipc first makes a torch view (the package
     registers its torch reducers so)."""
     _torch_hooks.append(hook)
 
 
-def _torch_module():
+def _torch_module() -> Any:
     global _torch
     import torch
 
@@ -109,7 +123,7 @@ def _torch_module():
     return torch
 
 
-def tensor(arr, code, readonly=False):
+def tensor(arr: NDArray[Any], code: int, readonly: bool = False) -> torch.Tensor:
     """A torch tensor sharing the memory of arr, an array of the storage
     dtype of code (uint16 bits for bfloat16), over zctipc memory: its
     storage is marked so (Note [marked storages])."""
@@ -118,18 +132,18 @@ def tensor(arr, code, readonly=False):
     return t
 
 
-def is_marked(storage):
+def is_marked(storage: object) -> bool:
     """Whether storage is one that tensor() made over zctipc memory."""
     return getattr(storage, _MARK, False)
 
 
-def storage(memory, nbytes):
+def storage(memory: Any, nbytes: int) -> torch.UntypedStorage:
     """An unmarked torch UntypedStorage over nbytes of memory (an owner,
     which it then holds, or a pointer to memory held elsewhere)."""
     return _tensor(ndarray(memory, nbytes, np.uint8, (nbytes,), (1,)), dtypes.CODES["uint8"]).untyped_storage()
 
 
-def _tensor(arr, code, readonly=False):
+def _tensor(arr: NDArray[Any], code: int, readonly: bool = False) -> torch.Tensor:
     torch = _torch or _torch_module()
     if readonly:
         # torch has no read-only tensors and warns; the mapping itself is
@@ -144,12 +158,12 @@ def _tensor(arr, code, readonly=False):
     return t
 
 
-def release_ref(ref):
+def release_ref(ref: int) -> None:
     """Release a ref: never raises, a no-op after fork."""
     native.finalize("zct_ref_release", ref, "releasing a buffer")
 
 
-def from_view(view, pytype=None):
+def from_view(view: Any, pytype: int | None = None) -> NDArray[Any] | torch.Tensor:
     """The NumPy array (or torch tensor) a received zct_view describes; it
     holds the view's ref until it is collected."""
     code = view.dtype

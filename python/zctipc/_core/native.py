@@ -28,6 +28,21 @@ import warnings
 
 from .. import errors
 
+# Note [types without typing]: zctipc's modules are annotated without
+# importing typing where they did not before (it costs milliseconds, and
+# ``import zctipc`` imports it not: Note [a lazy package]). A module binds
+# ``TYPE_CHECKING = False``, which type checkers take as typing's, true, and
+# imports what its annotations name under ``if TYPE_CHECKING:``. The modules
+# that ``import zctipc`` loads (zctipc, zctipc.errors and this one) do without
+# ``from __future__ import annotations`` too, which imports __future__: their
+# annotations are valid at run time as they stand, and name what only type
+# checkers import as strings.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from types import FrameType
+    from typing import Any
+
 ABI_VERSION = 8
 LIBRARY_ENV = "ZCTIPC_LIBRARY"
 DAEMON_ENV = "ZCTIPC_DAEMON"
@@ -38,19 +53,21 @@ CLEANUP_ENV = "ZCTIPC_CLEANUP"
 auto_cleanup = True
 
 _lock = threading.Lock()
-_ffi = None
-_lib = None
-_loaded_in_pid = None  # the pid that loaded the library; a forked child differs
-_load_hooks = []
+# cffi's objects have no Python types: the FFI, the library's functions and
+# the C values they take and return are Any to a type checker.
+_ffi: "Any" = None
+_lib: "Any" = None
+_loaded_in_pid: int | None = None  # the pid that loaded the library; a forked child differs
+_load_hooks: "list[Callable[[], object]]" = []
 
 
-def when_loaded(hook):
+def when_loaded(hook: "Callable[[], object]") -> None:
     """Call hook() when this process loads the library (before its first
     call returns)."""
     _load_hooks.append(hook)
 
 
-def _after_fork_in_child():
+def _after_fork_in_child() -> None:
     global _lib
     # The child's Go runtime is gone: drop the library so that every call
     # goes through _load, which raises ForkedProcessError at once.
@@ -60,7 +77,7 @@ def _after_fork_in_child():
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-def lib():
+def lib() -> "Any":
     """Return the bound library, loading it on first use."""
     library = _lib
     if library is None:
@@ -68,23 +85,23 @@ def lib():
     return library
 
 
-def ffi():
+def ffi() -> "Any":
     """Return the cffi ``FFI`` object of the bindings."""
     lib()
     return _ffi
 
 
-def loaded():
+def loaded() -> bool:
     """Whether this process has loaded the library and may call it."""
     return _lib is not None
 
 
-def forked():
+def forked() -> bool:
     """Whether this process was forked from one that had loaded the library."""
     return _loaded_in_pid is not None and _loaded_in_pid != os.getpid()
 
 
-def _load():
+def _load() -> "Any":
     global _ffi, _lib, _loaded_in_pid
     # Checked before taking the lock, which another thread may have held at
     # the moment of the fork.
@@ -114,7 +131,7 @@ def _load():
                 f"zctipc's native library is not built or not found ({exc}); build it with `make install`, "
                 f"or point {LIBRARY_ENV} at a libzctipc.so"
             ) from exc
-        library = _FastLib(_zctipc_cffi.ffi, _zctipc_cffi.lib)
+        library: "Any" = _FastLib(_zctipc_cffi.ffi, _zctipc_cffi.lib)
         got = library.zct_abi_version()
         if got != ABI_VERSION:
             raise ImportError(f"libzctipc has C ABI version {got}, this package needs {ABI_VERSION}; reinstall zctipc")
@@ -128,7 +145,7 @@ def _load():
         return library
 
 
-def package_version():
+def package_version() -> str:
     """The installed package's version (set from go/version at build time),
     or "0+unknown" in a source tree that was never installed."""
     from importlib.metadata import PackageNotFoundError, version
@@ -139,13 +156,13 @@ def package_version():
         return "0+unknown"
 
 
-def daemon_path():
+def daemon_path() -> str:
     """The zctipcd program that a process starts when no daemon runs."""
     package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     return os.environ.get(DAEMON_ENV) or os.path.join(package, "zctipcd")
 
 
-def _enable_cleanup(library):
+def _enable_cleanup(library: "Any") -> None:
     status = library.zct_cleanup_enable(daemon_path().encode())
     if status != 0:
         # Not fatal under file_system: the ledger waits for the next daemon.
@@ -153,14 +170,14 @@ def _enable_cleanup(library):
         warnings.warn(f"zctipc crash cleanup is not running: {error(status)}", RuntimeWarning, stacklevel=4)
 
 
-def _refuse_in_fork_server():
+def _refuse_in_fork_server() -> None:
     """Never load the Go runtime inside a multiprocessing fork server, whose
     children are forked: that happens when a module the fork server preloads
     (set_forkserver_preload, or __main__) calls zctipc at import time. The
     fork server's children run below the same frames, under _serve_one, and
     may load it."""
     in_server = False
-    frame = sys._getframe()
+    frame: "FrameType | None" = sys._getframe()
     while frame is not None:
         if frame.f_globals.get("__name__") == "multiprocessing.forkserver":
             if frame.f_code.co_name == "_serve_one":
@@ -179,7 +196,7 @@ class _FastLib:
     """The library's functions and constants as plain attributes: looking a
     name up on the cffi module costs more than many of the calls do."""
 
-    def __init__(self, ffi, lib):
+    def __init__(self, ffi: "Any", lib: "Any") -> None:
         for name in dir(lib):
             setattr(self, name, getattr(lib, name))
         self.NULL_VIEWS = ffi.cast("zct_view *", 0)
@@ -194,7 +211,7 @@ class _ExitHook:
 _exit_hook = _ExitHook()
 
 
-def _register_exit():
+def _register_exit() -> None:
     # Let go after multiprocessing's exit function has stopped its pools
     # and joined its children (they may still use zctipc queues): from its
     # last finalizers, which run at exit in the main process and in every
@@ -204,9 +221,9 @@ def _register_exit():
     # nothing.
     from multiprocessing import util
 
-    atexit.register(util._exit_function)
+    atexit.register(util._exit_function)  # type: ignore[attr-defined]  # private, not in typeshed
 
-    def finalize(_=None):
+    def finalize(_: object = None) -> None:
         util.Finalize(None, _at_exit, exitpriority=-100)
 
     finalize()
@@ -219,7 +236,7 @@ def _register_exit():
         signal.signal(signal.SIGTERM, _release_and_die)
 
 
-def _at_exit():
+def _at_exit() -> None:
     """Let go of everything, then remove the ledger: nothing is left to
     sweep. What fails is said on stderr: the process is leaving, and one
     broken segment (shrunk by another process, say) must not stop it."""
@@ -230,12 +247,12 @@ def _at_exit():
             sys.stderr.write(f"zctipc: at exit: {exc}\n")
 
 
-def _disable_cleanup():
+def _disable_cleanup() -> None:
     if _lib is not None:
         check(_lib.zct_cleanup_disable())
 
 
-def _release_and_die(signum, frame):
+def _release_and_die(signum: int, frame: "FrameType | None") -> None:
     try:
         _at_exit()
     finally:
@@ -243,7 +260,7 @@ def _release_and_die(signum, frame):
         os.kill(os.getpid(), signum)
 
 
-def release_all():
+def release_all() -> int:
     """Drop this process's count on every segment it holds (mappings stay)."""
     if _lib is None:
         return 0
@@ -252,7 +269,7 @@ def release_all():
     return count[0]
 
 
-def finalize(function, handle, what):
+def finalize(function: str, handle: int, what: str) -> None:
     """Call the library's ``function(handle)`` (a name: "zct_queue_close")
     from a finalizer: it never raises, and it is a no-op in a forked child or
     where the library was never loaded. A failure is reported on stderr as
@@ -265,7 +282,7 @@ def finalize(function, handle, what):
         report_finalizer_error(what, status)
 
 
-def report_finalizer_error(what, status):
+def report_finalizer_error(what: str, status: int) -> None:
     """Say on stderr that a finalizer failed: it cannot raise. A handle that
     release_all already gave up (at exit, or cleanup_all_segments) is not a
     failure."""
@@ -319,17 +336,17 @@ _EXCEPTION_NAMES = {
     "ZCT_E_INTERNAL": errors.LibraryPoisoned,
     "ZCT_E_POISONED": errors.LibraryPoisoned,
 }
-_EXCEPTIONS = {}  # status -> exception, from _EXCEPTION_NAMES once the library is loaded
+_EXCEPTIONS: "dict[int, type[Exception]]" = {}  # status -> exception, from _EXCEPTION_NAMES once the library is loaded
 
 # The errno an OSError subclass carries when the native side gave none.
-_DEFAULT_ERRNO = {
+_DEFAULT_ERRNO: "dict[type[Exception], int]" = {
     errors.SegmentNotFound: _errno.ENOENT,
     errors.SegmentExists: _errno.EEXIST,
     errors.PermissionDenied: _errno.EACCES,
 }
 
 
-def error(status):
+def error(status: int) -> Exception:
     """Return the exception for a failed call's status, with the message the
     library kept for this thread."""
     message = _ffi.string(_lib.zct_last_error()).decode("utf-8", "replace")
@@ -342,7 +359,7 @@ def error(status):
     return cls(message)
 
 
-def read_text(function, *args):
+def read_text(function: "Callable[..., int]", *args: object) -> str:
     """Call a function of the library that writes text into a buffer (as
     zct_segment_list does), growing the buffer until the text fits, and
     return the text."""
@@ -358,7 +375,7 @@ def read_text(function, *args):
         return _ffi.string(buf).decode()
 
 
-def check(status):
+def check(status: int) -> None:
     """Raise the exception for ``status`` unless it is 0."""
     if status != 0:
         raise error(status)

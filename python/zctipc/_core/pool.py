@@ -6,10 +6,22 @@ stream of tensors makes no system call and touches no new page. Buffers
 larger than the largest class (3.5 GiB) get a segment of their own.
 """
 
+from __future__ import annotations
+
 from typing import NamedTuple
 
 from ..errors import OutOfSharedMemory
 from . import args, dtypes, layout, memory, native, wait
+
+TYPE_CHECKING = False  # Note [types without typing] in zctipc._core.native
+if TYPE_CHECKING:
+    from typing import Any, SupportsIndex, overload
+
+    import torch
+    from numpy.typing import DTypeLike, NDArray
+
+    from .dtypes import DTypeSpec
+    from .layout import ShapeLike
 
 
 class PoolStats(NamedTuple):
@@ -22,7 +34,7 @@ class PoolStats(NamedTuple):
     bytes_in_use: int
 
 
-def stats():
+def stats() -> PoolStats:
     """A snapshot of this process's pool."""
     ffi, lib = native.ffi(), native.lib()
     st = ffi.new("zct_pool_stats *")
@@ -30,19 +42,19 @@ def stats():
     return PoolStats(st.arenas, st.reserved, st.limit, st.slots_in_use, st.bytes_in_use)
 
 
-def set_limit(nbytes):
+def set_limit(nbytes: SupportsIndex) -> None:
     """Set the most bytes of arenas the pool may hold."""
     nbytes = args.integer("a pool limit", nbytes, 0, (1 << 64) - 1)
     native.check(native.lib().zct_pool_set_limit(nbytes))
 
 
-def alloc(nbytes, block=True, timeout=None):
+def alloc(nbytes: int, block: bool = True, timeout: float | None = None) -> tuple[int, Any]:
     """A buffer of at least nbytes: (ref, address). A pool slot, or a
     segment of its own above the largest class. Waits for a free slot when
     the pool is full, as block and timeout say, then raises
     OutOfSharedMemory; raises it at once when waiting cannot help (the
     buffer is larger than the pool's limit, or /dev/shm is full and nothing
-    of this pool can come back)."""
+    of this pool can come back). The address is a cffi pointer."""
     ffi, lib = native.ffi(), native.lib()
     ref = ffi.new("zct_handle *")
     data = ffi.new("void **")
@@ -56,7 +68,7 @@ def alloc(nbytes, block=True, timeout=None):
     return ref[0], data[0]
 
 
-def _segment_buffer(nbytes):
+def _segment_buffer(nbytes: int) -> tuple[int, Any]:
     """A buffer of its own segment, as a ref (a count on the segment) and the
     address of its data."""
     ffi, lib = native.ffi(), native.lib()
@@ -73,7 +85,19 @@ def _segment_buffer(nbytes):
         native.check(lib.zct_segment_close(handle[0]))  # the ref holds it now
 
 
-def empty(shape, dtype="float32", block=True, timeout=None):
+if TYPE_CHECKING:
+
+    @overload
+    def empty(
+        shape: ShapeLike, dtype: DTypeLike = ..., block: bool = ..., timeout: float | None = ...
+    ) -> NDArray[Any]: ...
+    @overload
+    def empty(shape: ShapeLike, dtype: torch.dtype, block: bool = ..., timeout: float | None = ...) -> torch.Tensor: ...
+
+
+def empty(
+    shape: ShapeLike, dtype: DTypeSpec = "float32", block: bool = True, timeout: float | None = None
+) -> NDArray[Any] | torch.Tensor:
     """A new array in a pool buffer, uninitialized: a NumPy array, or a
     torch tensor when dtype is a torch dtype. It holds its buffer."""
     code = dtypes.code_of(dtype)

@@ -16,7 +16,17 @@ from typing import NamedTuple, Optional, Tuple
 from ..errors import HandleClosed
 from . import dtypes, layout, lazy, memory, native
 
-np = lazy.numpy(__name__)
+TYPE_CHECKING = False  # Note [types without typing] in zctipc._core.native
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
+
+    import numpy as np
+    import torch
+    from numpy.typing import DTypeLike, NDArray
+    from typing_extensions import CapsuleType, Self
+else:
+    np = lazy.numpy(__name__)
 
 
 class SharedTensor:
@@ -33,11 +43,20 @@ class SharedTensor:
 
     __slots__ = ("_memory", "_handle", "_name", "_shape", "_strides", "_code", "_nbytes", "_readonly", "__weakref__")
 
-    def __init__(self, *args, **kwargs):
+    _memory: Any  # the owner (a cffi pointer), None once closed
+    _handle: int
+    _name: str
+    _shape: tuple[int, ...]
+    _strides: tuple[int, ...]
+    _code: int
+    _nbytes: int
+    _readonly: bool
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
         raise TypeError("use zctipc.create_shared_tensor() or zctipc.attach_shared_tensor()")
 
     @classmethod
-    def _wrap(cls, handle, info):
+    def _wrap(cls, handle: int, info: Any) -> Self:
         ffi = native.ffi()
         self = object.__new__(cls)
         ndim = info.ndim
@@ -74,7 +93,7 @@ class SharedTensor:
         return len(self._shape)
 
     @property
-    def dtype(self):
+    def dtype(self) -> np.dtype[Any] | str:
         """A NumPy dtype; for bfloat16 without ml_dtypes, the string 'bfloat16'."""
         return dtypes.public_dtype(self._code)
 
@@ -104,7 +123,7 @@ class SharedTensor:
         native.check(native.lib().zct_segment_refcount(self._handle, out))
         return out[0]
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         state = "closed" if self.closed else f"refcount={self.refcount}"
         ro = ", readonly" if self._readonly else ""
         return (
@@ -114,20 +133,20 @@ class SharedTensor:
 
     # -- views ------------------------------------------------------------
 
-    def numpy(self) -> np.ndarray:
+    def numpy(self) -> NDArray[Any]:
         """A NumPy array that is a view of the shared memory (no copy)."""
         return memory.ndarray(
             self._live(), self._nbytes, dtypes.numpy_dtype(self._code), self._shape, self._strides, self._readonly
         )
 
-    def torch(self):
+    def torch(self) -> torch.Tensor:
         """A CPU torch tensor that is a view of the shared memory (no copy)."""
         arr = memory.ndarray(
             self._live(), self._nbytes, dtypes.storage_dtype(self._code), self._shape, self._strides, self._readonly
         )
         return memory.tensor(arr, self._code, self._readonly)
 
-    def ref(self) -> dict:
+    def ref(self) -> dict[str, Any]:
         """The tensor's TensorRef: a JSON-ready description (segment, dtype,
         shape, strides, offset, bytes, device) that a process in any language
         attaches the same memory with (Go: zctipc.AttachRef; Python:
@@ -144,7 +163,7 @@ class SharedTensor:
             "device": "cpu",
         }
 
-    def __array__(self, dtype=None, copy=None):
+    def __array__(self, dtype: DTypeLike | None = None, copy: bool | None = None) -> NDArray[Any]:
         arr = self.numpy()
         if dtype is not None and np.dtype(dtype) != arr.dtype:
             if copy is False:
@@ -152,46 +171,48 @@ class SharedTensor:
             return arr.astype(dtype)
         return arr.copy() if copy else arr
 
-    def __dlpack__(self, **kwargs):
+    def __dlpack__(self, **kwargs: Any) -> CapsuleType:
         """Export as DLPack (CPU memory); the capsule holds the segment."""
         if self._code == dtypes.BFLOAT16:
             return self.torch().__dlpack__(**kwargs)
         return self.numpy().__dlpack__(**kwargs)
 
-    def __dlpack_device__(self):
+    def __dlpack_device__(self) -> tuple[int, int]:
         return (1, 0)  # kDLCPU, device 0
 
     # -- lifetime ---------------------------------------------------------
 
-    def close(self):
+    def close(self) -> None:
         """Let go of this object's hold on the segment. Views made from it
         stay valid; the segment is released when they are gone too. Closing
         twice does nothing."""
         self._memory = None
 
-    def unlink(self):
+    def unlink(self) -> None:
         """Remove the segment's name now, so no one else can attach it.
         Holders keep their memory until they let go."""
         unlink(self._name)
 
-    def __enter__(self):
+    def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Callable[[str, bool], SharedTensor], tuple[str, bool]]:
         self._live()
         return attach_tensor, (self._name, self._readonly)
 
-    def _live(self):
+    def _live(self) -> Any:
         memory = self._memory
         if memory is None:
             raise HandleClosed(f"SharedTensor {self._name!r} is closed")
         return memory
 
 
-def create(name, code, shape, uninitialized=False, kind=None):
+def create(
+    name: str | None, code: int, shape: tuple[int, ...], uninitialized: bool = False, kind: int | None = None
+) -> SharedTensor:
     """A new tensor segment (or a segment of kind, a zct_kind) of type code
     and shape, zeroed, as a SharedTensor (name None: a random one). With
     uninitialized the caller writes every byte: the data is not zeroed, and
@@ -210,7 +231,7 @@ def create(name, code, shape, uninitialized=False, kind=None):
     return SharedTensor._wrap(handle[0], info)
 
 
-def attach(name, kind, readonly=False):
+def attach(name: str, kind: int, readonly: bool = False) -> SharedTensor:
     """The segment name of the given kind (a zct_kind), as a SharedTensor."""
     ffi, lib = native.ffi(), native.lib()
     handle = ffi.new("zct_handle *")
@@ -219,12 +240,12 @@ def attach(name, kind, readonly=False):
     return SharedTensor._wrap(handle[0], info)
 
 
-def attach_tensor(name, readonly=False):
+def attach_tensor(name: str, readonly: bool = False) -> SharedTensor:
     """The tensor segment name, as a SharedTensor."""
     return attach(name, native.lib().ZCT_KIND_TENSOR, readonly)
 
 
-def unlink(name):
+def unlink(name: str) -> None:
     """Remove the name of segment name now; holders keep their memory."""
     native.check(native.lib().zct_segment_unlink(name.encode()))
 
@@ -248,7 +269,7 @@ class SegmentInfo(NamedTuple):
     tracked: bool = False  # its creator recorded its counts for the cleanup daemon
 
 
-def list_segments():
+def list_segments() -> list[SegmentInfo]:
     """Every zctipc segment of this user, whoever holds it: the files in
     /dev/shm, and the memfd segments the cleanup daemon keeps.
 
@@ -279,7 +300,7 @@ def list_segments():
     return out
 
 
-def cleanup_all_segments():
+def cleanup_all_segments() -> int:
     """Let go of every segment this process holds, unlinking those that no
     other process holds, and return how many there were.
 

@@ -2,10 +2,16 @@
 Python runs its signal handlers (Ctrl-C) in between, and honours block and
 timeout as multiprocessing does."""
 
+from __future__ import annotations
+
 import math
 import time
 
 from . import args, native
+
+TYPE_CHECKING = False  # Note [types without typing] in zctipc._core.native
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
 
 # Longest single wait inside the library, so that Ctrl-C is seen in time.
 WAIT_SLICE = 0.05
@@ -18,7 +24,7 @@ WAIT_SLICE = 0.05
 POLICIES = ("sleep", "poll")
 
 
-def policy(wait, spin):
+def policy(wait: str, spin: float | None) -> tuple[bool, int]:
     """(poll flag, spin in ns) for the library's set_wait calls from a wait
     policy name and a spin in seconds (None: the policy's default, which
     the library says: for "sleep" 50 us, stretched up to 200 us while waits
@@ -28,7 +34,7 @@ def policy(wait, spin):
     return wait == "poll", -1 if spin is None else int(args.timeout(spin, "spin") * 1e9)
 
 
-def wait_slices(block, timeout):
+def wait_slices(block: bool, timeout: float | None) -> Iterator[int]:
     """Yield how long each native wait may last (in ms) until the deadline:
     0 once when not blocking; slices of WAIT_SLICE otherwise. Raises
     TypeError or ValueError for a bad timeout."""
@@ -50,7 +56,7 @@ def wait_slices(block, timeout):
         yield math.ceil(min(left, WAIT_SLICE) * 1000)
 
 
-def retry(call, again, block=True, timeout=None):
+def retry(call: Callable[[int], int], again: int, block: bool = True, timeout: float | None = None) -> int:
     """The status of call(ms), a native call that waits up to ms, called
     again in wait slices while it returns again (the status of a wait that
     timed out: nothing yet) or was interrupted by a signal, until block and

@@ -10,6 +10,8 @@ Arrays of more dimensions than a descriptor holds, and element types
 zctipc cannot share, do not go out of band: the caller pickles them in band.
 """
 
+from __future__ import annotations
+
 import struct
 
 from .._core import dtypes, layout, lazy, memory, native, pool
@@ -17,7 +19,21 @@ from .._core.segments import SharedTensor
 from ..errors import UnsupportedDtype
 from . import storages
 
-np = lazy.numpy(__name__)
+TYPE_CHECKING = False  # Note [types without typing] in zctipc._core.native
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any, TypeAlias
+
+    import numpy as np
+    import torch
+    from numpy.typing import NDArray
+
+    #: What fills a fresh pool buffer: fill(owner, nbytes, C strides).
+    Fill: TypeAlias = Callable[[Any, int, tuple[int, ...]], None]
+    #: (type code, shape, byte strides) of a tensor.
+    Layout: TypeAlias = tuple[int, tuple[int, ...], tuple[int, ...]]
+else:
+    np = lazy.numpy(__name__)
 
 
 class Export:
@@ -26,11 +42,13 @@ class Export:
 
     __slots__ = ("ref", "offset", "code", "shape", "strides", "flags")
 
-    def __init__(self, ref, offset, code, shape, strides, flags):
+    def __init__(
+        self, ref: int, offset: int, code: int, shape: tuple[int, ...], strides: tuple[int, ...], flags: int
+    ) -> None:
         self.ref, self.offset, self.code = ref, offset, code
         self.shape, self.strides, self.flags = shape, strides, flags
 
-    def fill(self, view):
+    def fill(self, view: Any) -> None:
         """Write this export into a zct_view struct."""
         view.ref = self.ref
         view.offset = self.offset
@@ -40,11 +58,22 @@ class Export:
         view.strides[0 : len(self.strides)] = self.strides
         view.flags = self.flags
 
-    def release(self):
+    def release(self) -> None:
         native.check(native.lib().zct_ref_release(self.ref))
 
 
-def _export(address, code, shape, strides, flags, fill, block, timeout, copy, extent=None):
+def _export(
+    address: Any,
+    code: int,
+    shape: tuple[int, ...],
+    strides: tuple[int, ...],
+    flags: int,
+    fill: Fill,
+    block: bool,
+    timeout: float | None,
+    copy: bool,
+    extent: int | None = None,
+) -> Export | None:
     """An Export of the array at address (an integer, or a cffi pointer):
     its own memory when that is zctipc memory, else (with copy) a fresh pool
     buffer that fill(owner, nbytes, c_strides) copies it into, in C order.
@@ -71,7 +100,7 @@ def _export(address, code, shape, strides, flags, fill, block, timeout, copy, ex
     return Export(ref, 0, code, shape, c_strides, flags)
 
 
-def array_code_flags(arr):
+def array_code_flags(arr: NDArray[Any]) -> tuple[int, int] | tuple[None, None]:
     """(type code, descriptor flags) of a C-contiguous NumPy array of some
     bytes that a descriptor can hold, else (None, None)."""
     aflags = arr.flags
@@ -83,7 +112,9 @@ def array_code_flags(arr):
     return code, memory.NUMPY if aflags.writeable else memory.NUMPY | memory.READONLY
 
 
-def export_array(arr, block=True, timeout=None, copy=True, search=True):
+def export_array(
+    arr: NDArray[Any], block: bool = True, timeout: float | None = None, copy: bool = True, search: bool = True
+) -> Export | None:
     """An Export for a NumPy array, or None when it cannot go out of band
     (object, structured, non-native dtypes) or, without copy, is not zctipc
     memory. Without search the caller knows it is not zctipc memory: a copy
@@ -93,7 +124,7 @@ def export_array(arr, block=True, timeout=None, copy=True, search=True):
     except UnsupportedDtype:
         return None
 
-    def fill(owner, size, c_strides):
+    def fill(owner: Any, size: int, c_strides: tuple[int, ...]) -> None:
         np.copyto(memory.ndarray(owner, size, arr.dtype, arr.shape, c_strides), arr)
 
     aflags = arr.flags
@@ -112,10 +143,10 @@ def export_array(arr, block=True, timeout=None, copy=True, search=True):
     return _export(arr.__array_interface__["data"][0], code, arr.shape, arr.strides, flags, fill, block, timeout, copy)
 
 
-_CODES = {}  # torch or NumPy dtype -> code (None: unsupported), filled as dtypes are met
+_CODES: dict[object, int | None] = {}  # torch or NumPy dtype -> code (None: unsupported), filled as dtypes are met
 
 
-def _code(dtype):
+def _code(dtype: np.dtype[Any] | torch.dtype) -> int | None:
     """The type code of a torch or NumPy dtype, or None when zctipc cannot
     share it."""
     try:
@@ -133,7 +164,7 @@ def _code(dtype):
 _COMPLEX = {dtypes.CODES["complex64"], dtypes.CODES["complex128"]}
 
 
-def _torch_layout(t):
+def _torch_layout(t: torch.Tensor) -> Layout | None:
     """(type code, shape, byte strides) of a CPU strided tensor whose memory
     holds its elements as they read, or None: the pickled route sends the
     others (conjugate and negative views, nested tensors) as they are."""
@@ -148,7 +179,7 @@ def _torch_layout(t):
     return code, tuple(t.shape), tuple(s * size for s in t.stride())
 
 
-def check_grad(t):
+def check_grad(t: torch.Tensor) -> None:
     """Refuse a tensor that autograd tracks from elsewhere, as torch does."""
     if t.requires_grad and not t.is_leaf:
         raise RuntimeError(
@@ -158,7 +189,9 @@ def check_grad(t):
         )
 
 
-def export_tensor(t, block=True, timeout=None, copy=True):
+def export_tensor(
+    t: torch.Tensor, block: bool = True, timeout: float | None = None, copy: bool = True
+) -> Export | None:
     """An Export for a torch tensor, as export_array does for arrays: the
     tensor's own elements, or (with copy) a copy of them."""
     found = _torch_layout(t)
@@ -167,10 +200,10 @@ def export_tensor(t, block=True, timeout=None, copy=True):
     return _export_tensor(t, found, block, timeout, copy)
 
 
-def _export_tensor(t, found, block, timeout, copy):
+def _export_tensor(t: torch.Tensor, found: Layout, block: bool, timeout: float | None, copy: bool) -> Export | None:
     code, shape, strides = found
 
-    def fill(owner, size, c_strides):
+    def fill(owner: Any, size: int, c_strides: tuple[int, ...]) -> None:
         storage = memory.ndarray(owner, size, dtypes.storage_dtype(code), shape, c_strides)
         memory.tensor(storage, code).copy_(t.detach())
 
@@ -180,10 +213,10 @@ def _export_tensor(t, found, block, timeout, copy):
 
 #: Types a queue sends as a bare tensor record, which a Go or C consumer
 #: reads as a tensor (torch.Tensor joins once zctipc has met torch).
-BARE = {SharedTensor}  # and np.ndarray once NumPy is met (_numpy_met), torch.Tensor once torch is
+BARE: set[type[object]] = {SharedTensor}  # and np.ndarray once NumPy is met (_numpy_met), torch.Tensor once torch is
 
 
-def export_bare(obj, block=True, timeout=None):
+def export_bare(obj: Any, block: bool = True, timeout: float | None = None) -> Export | None:
     """An Export for obj when it is a plain NumPy array, a plain torch
     tensor without grad that can go out of band, or an open SharedTensor;
     else None (it is pickled instead)."""
@@ -201,7 +234,7 @@ def export_bare(obj, block=True, timeout=None):
     return None
 
 
-def _share_tensor(t, found, block, timeout):
+def _share_tensor(t: torch.Tensor, found: Layout, block: bool, timeout: float | None) -> Export | None:
     """An Export of a bare tensor that is not zctipc memory: its storage
     moved into the pool (Note [moving storages] in zctipc._wire.storages),
     then the tensor's elements there. None for a tensor in torch's shared
@@ -217,14 +250,15 @@ def _share_tensor(t, found, block, timeout):
         if not memory.is_marked(s):
             code, shape, strides = found
             ref, offset = storages.move_into_pool(s, block, timeout)
-            return Export(ref, offset + t.storage_offset() * dtypes.ITEMSIZE[code], code, shape, strides, memory.TORCH)
+            # storage_offset() is a SymInt only while torch.compile traces, which never sends a tensor.
+            return Export(ref, offset + t.storage_offset() * dtypes.ITEMSIZE[code], code, shape, strides, memory.TORCH)  # type: ignore[arg-type]
     return _export_tensor(t, found, block, timeout, True)
 
 
 _UINT8 = dtypes.CODES["uint8"]
 
 
-def export_storage(storage, block=True, timeout=None):
+def export_storage(storage: torch.UntypedStorage, block: bool = True, timeout: float | None = None) -> Export | None:
     """An Export of a whole CPU torch storage of at least one byte, as
     uint8: its own memory when it is zctipc memory, else the pool buffer it
     is moved into (Note [moving storages] in zctipc._wire.storages), or a
@@ -238,7 +272,7 @@ def export_storage(storage, block=True, timeout=None):
             return None
         if memory.is_marked(storage):
 
-            def fill(owner, size, c_strides):
+            def fill(owner: Any, size: int, c_strides: tuple[int, ...]) -> None:
                 memory.storage(owner, size).copy_(storage)
 
             return _export(None, _UINT8, (nbytes,), (1,), memory.TORCH, fill, block, timeout, True)
@@ -246,7 +280,7 @@ def export_storage(storage, block=True, timeout=None):
     return Export(found[0], found[1], _UINT8, (nbytes,), (1,), memory.TORCH)
 
 
-def export_shared_tensor(st):
+def export_shared_tensor(st: SharedTensor) -> Export:
     """An Export for a SharedTensor: its own segment, by descriptor."""
     owner = st._live()
     found = memory.find(int(native.ffi().cast("uintptr_t", owner)), st.nbytes)
@@ -269,10 +303,10 @@ class _NoArray:
     """Stands for np.ndarray until NumPy is imported: nothing is one."""
 
 
-ndarray = _NoArray
+ndarray: type[Any] = _NoArray
 
 
-def _numpy_met():
+def _numpy_met() -> None:
     global ndarray
     ndarray = np.ndarray
     BARE.add(np.ndarray)
@@ -283,7 +317,7 @@ _INLINE_HEAD = struct.Struct("<HBBI")
 _SHAPES = [struct.Struct(f"<{n}q") for n in range(native.MAX_NDIM + 1)]
 
 
-def inline_payload(arr):
+def inline_payload(arr: NDArray[Any]) -> bytes | None:
     """The payload of an inline record of the NumPy array arr, or None
     when it must go otherwise: it is zctipc memory (by descriptor), or of
     a dtype or rank a descriptor cannot hold (pickled)."""
@@ -299,7 +333,7 @@ def inline_payload(arr):
     return b"".join((_INLINE_HEAD.pack(code, flags, ndim, 0), _SHAPES[ndim].pack(*arr.shape), arr.data))
 
 
-def in_zctipc_memory(arr):
+def in_zctipc_memory(arr: NDArray[Any]) -> bool:
     """Whether the NumPy array arr lies in zctipc memory that its
     descriptor can name (an array with negative strides is copied)."""
     if not arr.nbytes or min(arr.strides, default=0) < 0:
@@ -310,7 +344,7 @@ def in_zctipc_memory(arr):
     return memory.zctipc_memory(arr.__array_interface__["data"][0], extent)
 
 
-def build_inline(mem, off, length):
+def build_inline(mem: memoryview | bytes, off: int, length: int) -> NDArray[Any]:
     """A new NumPy array of the inline record payload at mem[off:off+length]
     (the library checked it against its header)."""
     code, flags, ndim, _ = _INLINE_HEAD.unpack_from(mem, off)
@@ -328,13 +362,13 @@ def build_inline(mem, off, length):
     return arr if ndim == 1 else arr.reshape(shape)
 
 
-def rebuild_inline(payload):
+def rebuild_inline(payload: bytes) -> NDArray[Any]:
     """Unpickle a small array that a queue pickled in band, as its inline
     payload."""
     return build_inline(payload, 0, len(payload))
 
 
-def build(view):
+def build(view: Any) -> NDArray[Any] | torch.Tensor | SharedTensor:
     """The object a received zct_view stands for; it holds the view's ref."""
     lib = native.lib()
     if view.flags & memory.TYPE_MASK == memory.SHARED_TENSOR and view.kind == lib.ZCT_REF_SEGMENT:
@@ -346,7 +380,7 @@ def build(view):
     return memory.from_view(view)
 
 
-def encode(export):
+def encode(export: Export) -> bytes:
     """Descriptor bytes for an Export; its count travels in them (it is
     released when they cannot be made)."""
     ffi, lib = native.ffi(), native.lib()
@@ -362,13 +396,14 @@ def encode(export):
     return ffi.buffer(buf, size[0])[:]
 
 
-def decode(data, requires_grad=False):
+def decode(data: bytes, requires_grad: bool = False) -> Any:
     """The object descriptor bytes (made by encode) stand for, taking over
-    the count they carried."""
+    the count they carried. (Any: the descriptor says which of an array, a
+    tensor or a SharedTensor; a caller that sent a tensor gets one.)"""
     ffi, lib = native.ffi(), native.lib()
     view = ffi.new("zct_view *")
     native.check(lib.zct_ref_decode(data, len(data), view))
-    obj = build(view)
+    obj: Any = build(view)
     if requires_grad:
         obj.requires_grad_()
     return obj

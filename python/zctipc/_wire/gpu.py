@@ -9,6 +9,8 @@ consumer let go of it (a cross-process count), and warns at exit about
 tensors still in use elsewhere.
 """
 
+from __future__ import annotations
+
 import atexit
 import pickle
 import threading
@@ -17,6 +19,16 @@ import warnings
 from .._core import dtypes, memory, native, pool
 from ..errors import CudaUnavailable, InvalidArgument
 from . import exports
+
+TYPE_CHECKING = False  # Note [types without typing] in zctipc._core.native
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any, TypeAlias
+
+    import torch
+
+    #: A pickle reduction: (rebuild, its arguments).
+    Reduction: TypeAlias = tuple[Callable[..., object], tuple[Any, ...]]
 
 # -- torch CUDA tensors by legacy IPC ---------------------------------------------
 
@@ -27,12 +39,12 @@ from . import exports
 # daemon). A storage is let go once its count is back to one.
 
 _lock = threading.Lock()
-_sent = {}  # (storage key) -> _Sent
+_sent: dict[tuple[int, int, int], _Sent] = {}  # (storage key) -> _Sent
 _SWEEP_EVERY = 64  # sends between sweeps
 
 
 class _Sent:
-    def __init__(self, storage, export, ipc, counter, address):
+    def __init__(self, storage: torch.UntypedStorage, export: int, ipc: bytes, counter: int, address: Any) -> None:
         self.storage = storage  # keeps the memory alive
         self.export = export  # the export handle (its event), re-recorded for every send
         self.ipc = ipc  # the zct_cuda_ipc bytes
@@ -43,13 +55,13 @@ class _Sent:
 _sends = 0
 
 
-def _holders(ref):
+def _holders(ref: int) -> int:
     out = native.ffi().new("int64_t *")
     native.check(native.lib().zct_ref_holders(ref, out))
     return out[0]
 
 
-def _sweep(final=False):
+def _sweep(final: bool = False) -> None:
     """Let go of the storages no other process holds; at exit, warn about
     the ones that are still held."""
     lib = native.lib()
@@ -70,7 +82,7 @@ def _sweep(final=False):
         )
 
 
-def _at_exit():
+def _at_exit() -> None:
     if native.loaded() and _sent:
         try:
             _sweep(final=True)
@@ -81,7 +93,7 @@ def _at_exit():
 atexit.register(_at_exit)
 
 
-def _sent_record(t, storage, stream):
+def _sent_record(t: torch.Tensor, storage: torch.UntypedStorage, stream: int) -> _Sent:
     """The _Sent record of the storage of CUDA tensor t, made on its first
     send; on a later send its event is recorded again on stream. The caller
     holds _lock."""
@@ -102,20 +114,20 @@ def _sent_record(t, storage, stream):
     return s
 
 
-def _counter_descriptor(s):
+def _counter_descriptor(s: _Sent) -> bytes:
     """Descriptor bytes carrying one more count on s's slot."""
-    ref, offset = memory.find(s.address, 8)
+    ref, offset = memory.find(s.address, 8)  # type: ignore[misc]  # a pool slot, which find() places
     return exports.encode(exports.Export(ref, offset, dtypes.CODES["uint8"], (8,), (1,), memory.NUMPY))
 
 
-def _adopt_counter(data):
+def _adopt_counter(data: bytes) -> int:
     """The ref of the count a counter descriptor carried."""
     view = native.ffi().new("zct_view *")
     native.check(native.lib().zct_ref_decode(data, len(data), view))
     return view.ref
 
 
-def reduce_tensor(t):
+def reduce_tensor(t: torch.Tensor) -> Reduction:
     """The pickle reduction of a torch CUDA tensor: (rebuild, args) that
     opens the same device memory in the receiver. Raises CudaUnavailable
     when zctipc cannot reach CUDA."""
@@ -144,13 +156,22 @@ def reduce_tensor(t):
     )
 
 
-def _rebuild_empty(dtype, shape, device):
+def _rebuild_empty(dtype: str, shape: tuple[int, ...], device: int) -> torch.Tensor:
     import torch
 
     return torch.empty(shape, dtype=getattr(torch, dtype), device=f"cuda:{device}")
 
 
-def rebuild_tensor(ipc_bytes, counter, dtype, shape, strides, storage_offset, nbytes, requires_grad=False):
+def rebuild_tensor(
+    ipc_bytes: bytes,
+    counter: bytes,
+    dtype: str,
+    shape: tuple[int, ...],
+    strides: tuple[int, ...],
+    storage_offset: int,
+    nbytes: int,
+    requires_grad: bool = False,
+) -> torch.Tensor:
     """Open device memory another process sent (legacy IPC) as a torch
     tensor; the current stream waits for the sender's work first."""
     import torch
@@ -170,7 +191,7 @@ def rebuild_tensor(ipc_bytes, counter, dtype, shape, strides, storage_offset, nb
         lib.zct_ref_release(ref)
         raise
 
-    def release(ipc=ipc, ref=ref):
+    def release(ipc: Any = ipc, ref: int = ref) -> None:
         native.finalize("zct_cuda_ipc_close", ipc, "closing CUDA memory")
         native.finalize("zct_ref_release", ref, "releasing a buffer")
 
@@ -181,7 +202,7 @@ def rebuild_tensor(ipc_bytes, counter, dtype, shape, strides, storage_offset, nb
     return t
 
 
-def reduce_cuda(t, fallback=None):
+def reduce_cuda(t: torch.Tensor, fallback: Callable[[torch.Tensor], Any] | None = None) -> Any:
     """A CUDA tensor by CUDA IPC; where zctipc cannot reach CUDA, by
     fallback (the reducer torch.multiprocessing registered), or as torch
     pickles it."""

@@ -12,6 +12,8 @@ descriptor that is never unpickled keeps its memory until the cleanup of
 its segment (the queue's last holder drains unread messages).
 """
 
+from __future__ import annotations
+
 import copyreg
 import pickle
 import sys
@@ -21,7 +23,23 @@ from .._core import lazy, memory
 from .._core.segments import SharedTensor
 from . import exports, gpu, reducers, storages, tables
 
-np = lazy.numpy(__name__)
+TYPE_CHECKING = False  # Note [types without typing] in zctipc._core.native
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable, Iterator
+    from typing import Any, TypeAlias
+
+    import numpy as np
+    import torch
+    from numpy.typing import NDArray
+
+    from .exports import Export
+
+    #: A pickle reduction, as __reduce__ returns one: (rebuild, its arguments, ...), or a global's name.
+    Reduction: TypeAlias = tuple[Any, ...] | str
+    #: What dump_run says of the object that ended a run, if one did.
+    Single: TypeAlias = tuple[object, bytes | None, list[Export]] | None
+else:
+    np = lazy.numpy(__name__)
 
 
 class Oversized:
@@ -29,7 +47,7 @@ class Oversized:
 
     __slots__ = ("obj",)
 
-    def __init__(self, obj):
+    def __init__(self, obj: object) -> None:
         self.obj = obj
 
 
@@ -39,7 +57,7 @@ class Failed:
 
     __slots__ = ("exc",)
 
-    def __init__(self, exc):
+    def __init__(self, exc: Exception) -> None:
         self.exc = exc
 
 
@@ -47,7 +65,7 @@ _receiving = threading.local()
 _sending = threading.local()
 
 
-def _rebuild(index, requires_grad=False):
+def _rebuild(index: int, requires_grad: bool = False) -> Any:
     """Unpickle the buffer at index of the message being received."""
     ctx = _receiving.ctx
     obj = ctx.objects[index]
@@ -58,7 +76,7 @@ def _rebuild(index, requires_grad=False):
     return obj
 
 
-def _rebuild_storage(index):
+def _rebuild_storage(index: int) -> torch.UntypedStorage:
     """Unpickle the torch storage at index of the message being received
     (the pickle's memo gives every tensor of it the same one)."""
     return _rebuild(index).untyped_storage()
@@ -78,12 +96,12 @@ class QueuePickler:
     SharedTensors out of band; kept between messages, since making a pickler
     costs more than pickling a small object."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         # The pickler hands what it wrote to its file's write() at the end of
         # each dump (and at each 64 KiB frame of a large one): into a list.
-        self.chunks = []
+        self.chunks: list[bytes] = []
         self.pickler = pickle.Pickler(_Sink(self.chunks.append), pickle.HIGHEST_PROTOCOL)
-        table = dict(copyreg.dispatch_table)
+        table: dict[type[Any], Callable[[Any], Reduction]] = dict(copyreg.dispatch_table)
         if "numpy" in sys.modules:
             lazy.check()
             table[np.ndarray] = self._reduce_array
@@ -98,10 +116,12 @@ class QueuePickler:
         self.modules = _modules()
         self.nmodules = len(sys.modules)
         self.busy = False
-        self.exports = []
-        self.block, self.timeout, self.inline = True, None, -1
+        self.exports: list[Export] = []
+        self.block: bool = True
+        self.timeout: float | None = None
+        self.inline: int = -1
 
-    def current(self):
+    def current(self) -> bool:
         """Whether this pickler still fits: no module it knows types of
         (torch, pyarrow, pandas, polars) imported since. Looked at only when
         the number of modules changed."""
@@ -111,7 +131,9 @@ class QueuePickler:
             self.nmodules = len(sys.modules)
         return True
 
-    def dumps(self, obj, block=True, timeout=None, inline=-1):
+    def dumps(
+        self, obj: object, block: bool = True, timeout: float | None = None, inline: int = -1
+    ) -> tuple[bytes, list[Export]]:
         """(pickle bytes, [Export, ...]); NumPy arrays of inline bytes or
         fewer (-1: none) that are not zctipc memory are pickled in band (Note
         [inline arrays] in zctipc._wire.exports). On failure every buffer
@@ -131,23 +153,24 @@ class QueuePickler:
             chunks.clear()
             self.busy = False
 
-    def _begin(self, block, timeout, inline):
+    def _begin(self, block: bool, timeout: float | None, inline: int) -> list[Export]:
         """Start pickling, with how exports wait for pool buffers and the
         arrays that go in band; returns the list the exports go to."""
         self.busy = True
+        out: list[Export]
         self.exports = out = []
         self.block, self.timeout, self.inline = block, timeout, inline
         self.chunks.clear()
         return out
 
-    def _take(self):
+    def _take(self) -> bytes:
         """The pickle just dumped."""
         chunks = self.chunks
         data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
         chunks.clear()
         return data
 
-    def _dump(self, obj):
+    def _dump(self, obj: object) -> None:
         """Pickle obj and empty the memo while obj is still held (see
         Note [the memo])."""
         try:
@@ -155,7 +178,15 @@ class QueuePickler:
         finally:
             self.pickler.clear_memo()
 
-    def dump_run(self, objs, limit, block, timeout, first=None, inline=-1):
+    def dump_run(
+        self,
+        objs: Iterator[object],
+        limit: int,
+        block: bool,
+        timeout: float | None,
+        first: object = None,
+        inline: int = -1,
+    ) -> tuple[bytes, list[int], Single]:
         """Pickle objects from the iterator objs (after first, when given)
         one after another into one buffer, stopping at the first whose
         pickle has out-of-band buffers or would take the run past limit
@@ -166,7 +197,9 @@ class QueuePickler:
         objs ran out."""
         out = self._begin(block, timeout, inline)
         dump, take = self._dump, self._take
-        pickles, ends, total = [], [], 0
+        pickles: list[bytes] = []
+        ends: list[int] = []
+        total = 0
         try:
             for obj in objs if first is None else _chain(first, objs):
                 try:
@@ -197,19 +230,19 @@ class QueuePickler:
             self.chunks.clear()
             self.busy = False
 
-    def _export(self, obj, export):
+    def _export(self, obj: Any, export: Callable[[Any, bool, float | None], Export | None]) -> Reduction:
         e = export(obj, self.block, self.timeout)
         if e is None:
             return obj.__reduce_ex__(pickle.HIGHEST_PROTOCOL)
         self.exports.append(e)
         return _rebuild, (len(self.exports) - 1,)
 
-    def _reduce_array(self, arr):
+    def _reduce_array(self, arr: NDArray[Any]) -> Reduction:
         if arr.nbytes <= self.inline and (payload := exports.inline_payload(arr)) is not None:
             return exports.rebuild_inline, (payload,)  # in band
         return self._export(arr, exports.export_array)
 
-    def _reduce_tensor(self, t):
+    def _reduce_tensor(self, t: torch.Tensor) -> Reduction:
         exports.check_grad(t)
         if storages.shareable(t):
             return storages.reduce_tensor(t)  # its storage comes to _reduce_storage
@@ -219,7 +252,7 @@ class QueuePickler:
             return _reduce_sparse(t)
         return t.__reduce_ex__(pickle.HIGHEST_PROTOCOL)
 
-    def _reduce_storage(self, s):
+    def _reduce_storage(self, s: torch.UntypedStorage) -> Reduction:
         if not storages.is_cpu(s):
             return s.__reduce_ex__(pickle.HIGHEST_PROTOCOL)
         if s.nbytes() == 0:
@@ -230,7 +263,7 @@ class QueuePickler:
         self.exports.append(e)
         return _rebuild_storage, (len(self.exports) - 1,)
 
-    def _reduce_shared(self, st):
+    def _reduce_shared(self, st: SharedTensor) -> Reduction:
         return self._export(st, lambda st, block, timeout: exports.export_shared_tensor(st))
 
 
@@ -242,10 +275,10 @@ class QueuePickler:
 # itself (out of band, as any tensor) and rebuilds the sparse tensor from
 # them without that list: dropping it frees its buffers.
 
-_SPARSE = {}  # torch layout -> its name, once torch is met
+_SPARSE: dict[torch.layout, str] = {}  # torch layout -> its name, once torch is met
 
 
-def _sparse_layouts():
+def _sparse_layouts() -> dict[torch.layout, str]:
     if not _SPARSE:
         import torch
 
@@ -254,9 +287,10 @@ def _sparse_layouts():
     return _SPARSE
 
 
-def _reduce_sparse(t):
+def _reduce_sparse(t: torch.Tensor) -> Reduction:
     """A sparse tensor as its parts (see Note [sparse tensors])."""
     layout = _SPARSE[t.layout]
+    parts: tuple[Any, ...]
     if layout == "coo":
         parts = (t._indices(), t._values(), tuple(t.shape), t.is_coalesced())
     elif layout in ("csr", "bsr"):
@@ -266,7 +300,7 @@ def _reduce_sparse(t):
     return _rebuild_sparse, (layout, parts, t.requires_grad)
 
 
-def _rebuild_sparse(layout, parts, requires_grad=False):
+def _rebuild_sparse(layout: str, parts: tuple[Any, ...], requires_grad: bool = False) -> torch.Tensor:
     import torch
 
     if layout == "coo":
@@ -283,13 +317,13 @@ def _rebuild_sparse(layout, parts, requires_grad=False):
 _KNOWN_MODULES = ("numpy", "torch", "pyarrow", "pandas", "polars")
 
 
-def _modules():
+def _modules() -> tuple[bool, ...]:
     """Which of the modules whose types zctipc sends its own way are
     imported."""
     return tuple(m in sys.modules for m in _KNOWN_MODULES)
 
 
-def _chain(first, rest):
+def _chain(first: object, rest: Iterable[object]) -> Iterator[object]:
     yield first
     yield from rest
 
@@ -299,11 +333,11 @@ class _Sink:
 
     __slots__ = ("write",)
 
-    def __init__(self, write):
+    def __init__(self, write: Callable[[bytes], object]) -> None:
         self.write = write
 
 
-def pickler():
+def pickler() -> QueuePickler:
     """A QueuePickler this thread may use now."""
     p = getattr(_sending, "pickler", None)
     if p is None or p.nmodules != len(sys.modules) and not p.current():
@@ -311,7 +345,9 @@ def pickler():
     return QueuePickler() if p.busy else p
 
 
-def dumps(obj, block=True, timeout=None, inline=-1):
+def dumps(
+    obj: object, block: bool = True, timeout: float | None = None, inline: int = -1
+) -> tuple[bytes, list[Export]]:
     """Pickle obj for a queue: (pickle bytes, [Export, ...]), as
     QueuePickler.dumps does."""
     return pickler().dumps(obj, block, timeout, inline)
@@ -320,8 +356,11 @@ def dumps(obj, block=True, timeout=None, inline=-1):
 class _Receiving:
     __slots__ = ("views", "objects")
 
+    views: Any  # zct_view structs
+    objects: list[Any]
 
-def loads(data, views, nviews):
+
+def loads(data: bytes | memoryview, views: Any, nviews: int) -> Any:
     """Unpickle a queue message whose buffers are views[0:nviews]. A buffer
     the pickle does not use is released."""
     if nviews == 0:

@@ -8,6 +8,8 @@ into zctipc memory first, so the receiver shares it, as torch.multiprocessing
 shares tensors (zctipc._wire.storages), or, in torch's shared memory
 already, goes as torch sends it. Everything else pickles as before."""
 
+from __future__ import annotations
+
 import pickle
 import sys
 from multiprocessing.reduction import ForkingPickler
@@ -16,13 +18,25 @@ from .._core import layout, lazy
 from .._core.segments import SharedTensor
 from . import exports, gpu, storages, tables
 
-np = lazy.numpy(__name__)
+TYPE_CHECKING = False  # Note [types without typing] in zctipc._core.native
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any, TypeAlias
 
-_torch_fallback = None  # the torch tensor reducer registered before zctipc's
-_torch_storage_fallback = None  # and the torch storage reducer
+    import numpy as np
+    import torch
+    from numpy.typing import NDArray
+
+    #: A pickle reduction, as __reduce__ returns one: (rebuild, its arguments, ...), or a global's name.
+    Reduction: TypeAlias = tuple[Any, ...] | str
+else:
+    np = lazy.numpy(__name__)
+
+_torch_fallback: Callable[[torch.Tensor], Any] | None = None  # the torch tensor reducer registered before zctipc's
+_torch_storage_fallback: Callable[[torch.UntypedStorage], Any] | None = None  # and the torch storage reducer
 
 
-def torch_fallback():
+def torch_fallback() -> Callable[[torch.Tensor], Any] | None:
     """The reducer torch tensors had before zctipc's (torch.multiprocessing's,
     when imported), for what zctipc does not send itself; or None."""
     return _torch_fallback
@@ -35,20 +49,20 @@ def torch_fallback():
 COPY_BYTES = 1 << 20
 
 
-def _reduce_array(arr):
+def _reduce_array(arr: NDArray[Any]) -> Reduction:
     e = exports.export_array(arr, copy=arr.nbytes >= COPY_BYTES)
     if e is None:
         return arr.__reduce__()
     return exports.decode, (exports.encode(e),)
 
 
-def _reduce_shared(st):
+def _reduce_shared(st: SharedTensor) -> Reduction:
     if st.closed:
         return st.__reduce__()  # raises HandleClosed
     return exports.decode, (exports.encode(exports.export_shared_tensor(st)),)
 
 
-def _reduce_tensor(t):
+def _reduce_tensor(t: torch.Tensor) -> Reduction:
     exports.check_grad(t)
     if storages.shareable(t):
         return storages.reduce_tensor(t)  # its storage comes to _reduce_storage
@@ -59,7 +73,7 @@ def _reduce_tensor(t):
     return t.__reduce_ex__(pickle.DEFAULT_PROTOCOL)
 
 
-def _reduce_storage(s):
+def _reduce_storage(s: torch.UntypedStorage) -> Reduction:
     if storages.is_cpu(s):
         if s.nbytes() == 0:
             return storages.rebuild_empty, ()
@@ -72,12 +86,12 @@ def _reduce_storage(s):
     return s.__reduce_ex__(pickle.DEFAULT_PROTOCOL)
 
 
-def _rebuild_storage(data):
+def _rebuild_storage(data: bytes) -> torch.UntypedStorage:
     """The torch storage a descriptor (made by _reduce_storage) stands for."""
     return exports.decode(data).untyped_storage()
 
 
-def init_reductions():
+def init_reductions() -> None:
     """Register zctipc's reducers with multiprocessing's ForkingPickler: for
     NumPy arrays and SharedTensors now, for torch tensors once torch is
     imported, and for pyarrow Tables and RecordBatches and pandas and polars
@@ -100,14 +114,14 @@ def init_reductions():
         ForkingPickler.register(t, tables.reduce_table)
 
 
-def _init_numpy_reductions():
+def _init_numpy_reductions() -> None:
     ForkingPickler.register(np.ndarray, _reduce_array)
 
 
 lazy.when_numpy_is_met(_init_numpy_reductions)
 
 
-def init_torch_reductions():
+def init_torch_reductions() -> None:
     """Register the torch tensor and storage reducers if torch is imported
     and the registered ones are not zctipc's, over torch.multiprocessing's
     (imported here first, so that importing it later keeps zctipc's), and
@@ -119,7 +133,7 @@ def init_torch_reductions():
 
         storages.patch_torch()
         exports.BARE.add(torch.Tensor)
-        reducers = ForkingPickler._extra_reducers
+        reducers = ForkingPickler._extra_reducers  # type: ignore[attr-defined]  # private, not in typeshed
         current = reducers.get(torch.Tensor)
         if current is not _reduce_tensor:
             _torch_fallback = current
@@ -130,7 +144,7 @@ def init_torch_reductions():
             ForkingPickler.register(torch.UntypedStorage, _reduce_storage)
 
 
-def is_shared(obj):
+def is_shared(obj: object) -> bool:
     """Whether obj (a NumPy array, a torch tensor or a SharedTensor) lies in
     zctipc shared memory: an array or SharedTensor that zctipc sends by
     descriptor, or a CPU tensor whose storage does (Tensor.is_shared() then

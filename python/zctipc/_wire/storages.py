@@ -25,16 +25,25 @@ A storage that zctipc made over its own memory is never moved (Note
 (a stream's slot), it is copied, as before.
 """
 
+from __future__ import annotations
+
 import functools
 import sys
 import threading
 
 from .._core import memory, pool
 
+TYPE_CHECKING = False  # Note [types without typing] in zctipc._core.native
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
+
+    import torch
+
 _lock = threading.Lock()  # one move at a time: re-checked under it
 
 
-def is_zctipc(storage):
+def is_zctipc(storage: torch.UntypedStorage) -> bool:
     """Whether a CPU storage lies in zctipc memory: marked as made by
     zctipc, or placed by find()."""
     if memory.is_marked(storage):
@@ -46,13 +55,13 @@ def is_zctipc(storage):
     return True
 
 
-def is_torch_shared(storage):
+def is_torch_shared(storage: torch.UntypedStorage) -> bool:
     """Whether storage is in torch's own shared memory (what is_shared()
     said before zctipc patched it)."""
     return (_original_is_shared or type(storage).is_shared)(storage)
 
 
-def move_into_pool(storage, block=True, timeout=None):
+def move_into_pool(storage: torch.UntypedStorage, block: bool = True, timeout: float | None = None) -> tuple[int, int]:
     """(ref, offset): a count on the pool buffer that holds the whole CPU
     storage (of at least one byte) after moving its bytes there in place
     (Note [moving storages]), for a storage that find() did not place (one
@@ -68,17 +77,20 @@ def move_into_pool(storage, block=True, timeout=None):
         found = memory.find(storage.data_ptr(), nbytes)
         if found is None:
             new.copy_(storage)
-            storage._swap_data_ptr_(new)
+            storage._swap_data_ptr_(new)  # type: ignore[attr-defined]  # private, not in torch's types
             found = memory.find(storage.data_ptr(), nbytes)
     # new holds the old memory now (or the unused buffer), freed with it.
-    return found
+    return found  # type: ignore[return-value]  # in zctipc memory now, which find() places
 
 
-_torch = _cpu = _strided = None  # torch's, once torch is met
-_dtype_names = {}  # torch dtype -> its name, which pickles faster
+# torch's, once torch is met
+_torch: Any = None
+_cpu: torch.device | None = None
+_strided: torch.layout | None = None
+_dtype_names: dict[torch.dtype, str] = {}  # torch dtype -> its name, which pickles faster
 
 
-def _met_torch():
+def _met_torch() -> Any:
     global _torch, _cpu, _strided
     import torch
 
@@ -86,7 +98,7 @@ def _met_torch():
     return torch
 
 
-def shareable(t):
+def shareable(t: torch.Tensor) -> bool:
     """Whether torch tensor t is one that goes as its storage: a CPU
     strided tensor, not quantized or nested."""
     if _strided is None:
@@ -94,7 +106,7 @@ def shareable(t):
     return t.is_cpu and t.layout is _strided and not t.is_quantized and not t.is_nested
 
 
-def is_cpu(storage):
+def is_cpu(storage: torch.UntypedStorage) -> bool:
     """Whether a torch storage is in CPU memory."""
     if _cpu is None:
         _met_torch()
@@ -106,7 +118,7 @@ def is_cpu(storage):
 _PLAIN, _CONJ, _NEG = 0, 1, 2
 
 
-def reduce_tensor(t):
+def reduce_tensor(t: torch.Tensor) -> tuple[Callable[..., torch.Tensor], tuple[Any, ...]]:
     """The pickle reduction of a shareable tensor: its storage, which the
     pickler sends its own way, and where the tensor lies in it."""
     dtype = t.dtype
@@ -116,7 +128,15 @@ def reduce_tensor(t):
     return rebuild_tensor, (args + (bits,) if bits else args)
 
 
-def rebuild_tensor(storage, dtype, offset, shape, stride, requires_grad=False, bits=_PLAIN):
+def rebuild_tensor(
+    storage: torch.UntypedStorage,
+    dtype: str,
+    offset: int,
+    shape: tuple[int, ...],
+    stride: tuple[int, ...],
+    requires_grad: bool = False,
+    bits: int = _PLAIN,
+) -> torch.Tensor:
     """A tensor over storage, as reduce_tensor described it (dtype is the
     name of a torch dtype)."""
     torch = _torch or _met_torch()
@@ -130,12 +150,12 @@ def rebuild_tensor(storage, dtype, offset, shape, stride, requires_grad=False, b
     return t
 
 
-def rebuild_empty():
+def rebuild_empty() -> torch.UntypedStorage:
     """A storage of no bytes (one is sent in band)."""
     return (_torch or _met_torch()).UntypedStorage(0)
 
 
-def reduce_torch_shared(storage):
+def reduce_torch_shared(storage: torch.UntypedStorage) -> Any:
     """A storage in torch's shared memory, as torch.multiprocessing
     reduces it: without a copy."""
     from torch.multiprocessing import reductions
@@ -143,11 +163,11 @@ def reduce_torch_shared(storage):
     return reductions.reduce_storage(storage)
 
 
-_original_is_shared = None
-_original_share_memory_ = None
+_original_is_shared: Callable[[torch.UntypedStorage], bool] | None = None
+_original_share_memory_: Callable[..., torch.UntypedStorage] | None = None
 
 
-def patch_torch():
+def patch_torch() -> None:
     """Make torch.UntypedStorage (and so Tensor) say is_shared() for
     storages in zctipc memory, and share_memory_() leave them where they
     are (torch would move them into its own shared memory). Idempotent."""
@@ -158,11 +178,11 @@ def patch_torch():
     _original_is_shared, _original_share_memory_ = cls.is_shared, cls.share_memory_
 
     @functools.wraps(_original_is_shared)
-    def is_shared(self):
+    def is_shared(self: torch.UntypedStorage) -> bool:
         return _original_is_shared(self) or (is_cpu(self) and is_zctipc(self))
 
     @functools.wraps(_original_share_memory_)
-    def share_memory_(self, *args, **kwargs):
+    def share_memory_(self: torch.UntypedStorage, *args: Any, **kwargs: Any) -> torch.UntypedStorage:
         if is_cpu(self) and is_zctipc(self):
             return self
         return _original_share_memory_(self, *args, **kwargs)

@@ -3,21 +3,34 @@ polars DataFrame) as one Arrow IPC stream in shared memory, sized exactly
 (its size is measured first without copying data), read back zero-copy
 over the mapping."""
 
+from __future__ import annotations
+
 import sys
 
 from .._core import lazy, pool
 from ..errors import CorruptTable, ZctipcError
 
-np = lazy.numpy(__name__)
+TYPE_CHECKING = False  # Note [types without typing] in zctipc._core.native
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
+
+    import numpy as np
+
+    # pyarrow has no types of its own: its objects are Any without stubs.
+    import pyarrow as pa
+    from numpy.typing import NDArray
+else:
+    np = lazy.numpy(__name__)
 
 
-def _pa():
+def _pa() -> Any:
     import pyarrow
 
     return pyarrow
 
 
-def as_table(obj):
+def as_table(obj: Any) -> tuple[pa.Table, str]:
     """(pyarrow.Table, kind) of a table, a record batch, or a pandas or
     polars DataFrame; kind says what to give back."""
     pa = _pa()
@@ -35,7 +48,7 @@ def as_table(obj):
     )
 
 
-def stream_size(table):
+def stream_size(table: pa.Table) -> int:
     """The exact size of table's IPC stream, computed without copying data."""
     pa = _pa()
     sink = pa.MockOutputStream()
@@ -44,7 +57,7 @@ def stream_size(table):
     return sink.size()
 
 
-def write_stream(table, array):
+def write_stream(table: pa.Table, array: NDArray[Any]) -> None:
     """Write table's IPC stream into the uint8 array (exactly its size)."""
     pa = _pa()
     sink = pa.FixedSizeBufferWriter(pa.py_buffer(array))
@@ -54,7 +67,7 @@ def write_stream(table, array):
         raise ZctipcError(f"the Arrow IPC stream took {sink.tell()} bytes, not the {len(array)} measured")
 
 
-def read_stream(array, what):
+def read_stream(array: NDArray[Any], what: str) -> pa.Table:
     """The table of the IPC stream in array (zero-copy over it)."""
     pa = _pa()
     try:
@@ -63,7 +76,7 @@ def read_stream(array, what):
         raise CorruptTable(f"{what} does not hold a whole Arrow IPC stream ({len(array)} bytes): {exc}") from None
 
 
-def give_back(table, kind):
+def give_back(table: pa.Table, kind: str) -> Any:
     """table as the kind of object it was sent as."""
     if kind == "batch":
         batches = table.combine_chunks().to_batches()
@@ -77,7 +90,7 @@ def give_back(table, kind):
     return table
 
 
-def reduce_table(obj):
+def reduce_table(obj: Any) -> tuple[Callable[[NDArray[Any], str], Any], tuple[NDArray[Any], str]]:
     """The pickle reduction of a table or DataFrame: its IPC stream written
     once into a pool buffer, which goes out of band by descriptor."""
     table, kind = as_table(obj)
@@ -86,13 +99,13 @@ def reduce_table(obj):
     return rebuild_table, (buf, kind)
 
 
-def rebuild_table(buf, kind):
+def rebuild_table(buf: NDArray[Any], kind: str) -> Any:
     return give_back(read_stream(buf, "a received table"), kind)
 
 
-def table_types():
+def table_types() -> list[type[Any]]:
     """The table types of the modules imported so far."""
-    types = []
+    types: list[type[Any]] = []
     pa = sys.modules.get("pyarrow")
     if pa is not None:
         types += [pa.Table, pa.RecordBatch]

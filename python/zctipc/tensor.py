@@ -72,9 +72,8 @@ def create_shared_tensor(
             data = np.asarray(data, dtype=None if dtype is None else dtypes.numpy_dtype(dtypes.code_of(dtype)))
         code = dtypes.code_of_numpy(data.dtype) if dtype is None else dtypes.code_of(dtype)
     dims = tuple(data.shape)
-    if shape is not None and layout.shape_tuple(shape) != dims:
-        # TODO: an int shape makes tuple(shape) raise TypeError here, not InvalidArgument.
-        raise InvalidArgument(f"shape {tuple(shape)} does not match the data's shape {dims}")  # type: ignore[arg-type]
+    if shape is not None and (asked := layout.shape_tuple(shape)) != dims:
+        raise InvalidArgument(f"shape {asked} does not match the data's shape {dims}")
 
     tensor = segments.create(name, code, dims, uninitialized=True)
     try:

@@ -253,6 +253,36 @@ def test_an_allocation_sent_ten_thousand_times_is_opened_once_with_the_stand_in_
     assert lines[1] == "0", "the producer never opens its own allocation"
 
 
+def test_a_received_legacy_handle_becomes_a_view_of_the_senders_memory_with_the_stand_in_driver(mock_env):
+    # torch has no CUDA here: its current stream and the final tensor view
+    # are stood in for; the rest of rebuild_tensor (the counter, the
+    # handle opened, the memory object the view holds) runs as on a GPU.
+    lines = run_with(
+        mock_env,
+        """
+        import ctypes, types, torch, zctipc
+        from zctipc._core import device, native as _native, pool
+        from zctipc._wire import gpu
+        ffi, lib = _native.ffi(), _native.lib()
+        ct = zctipc.cuda.empty((16,), "int32")
+        (ctypes.c_int32 * 16).from_address(ct.data_ptr)[3] = 77
+        ipc, export = ffi.new("zct_cuda_ipc *"), ffi.new("zct_handle *")
+        _native.check(lib.zct_cuda_ipc_export(0, ct.data_ptr, 0, ipc, export))
+        ref, address = pool.alloc(8)
+        sent = gpu._Sent(None, export[0], bytes(ffi.buffer(ipc)), ref, address)
+        counter = gpu._counter_descriptor(sent)
+        torch.cuda.current_stream = lambda index: types.SimpleNamespace(cuda_stream=0)
+        device.torch_view = lambda memory, *layout: (memory, layout)
+        memory, layout = gpu.rebuild_tensor(sent.ipc, counter, "int32", (16,), (1,), 0, 64)
+        print(memory.device, memory.nbytes, ctypes.c_int32.from_address(memory.ptr + 12).value, layout)
+        del memory
+        _native.check(lib.zct_ref_release(ref))
+        _native.check(lib.zct_cuda_ipc_release(export[0]))
+    """,
+    )
+    assert lines[0] == "0 64 77 (torch.int32, (16,), (1,), 0)"
+
+
 def test_cuda_errors_from_the_driver_are_clear_with_the_stand_in_driver(mock_env):
     lines = run_with(
         mock_env,

@@ -196,6 +196,8 @@ def test_create_checks_its_arguments():
         zctipc.create_shared_tensor()
     with pytest.raises(zctipc.InvalidArgument, match="does not match"):
         zctipc.create_shared_tensor(data=np.zeros((2, 3)), shape=(3, 2))
+    with pytest.raises(zctipc.InvalidArgument, match=r"shape \(4,\) does not match"):
+        zctipc.create_shared_tensor(data=np.zeros(3), shape=4)
     with pytest.raises(zctipc.InvalidArgument, match="negative"):
         zctipc.create_shared_tensor(shape=(2, -1))
     with pytest.raises(zctipc.InvalidArgument, match="ndim 33"):

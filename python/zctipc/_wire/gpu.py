@@ -16,6 +16,7 @@ import pickle
 import threading
 import warnings
 
+from .._core import device as _device
 from .._core import dtypes, memory, native, pool
 from ..errors import CudaUnavailable, InvalidArgument
 from . import exports
@@ -182,8 +183,8 @@ def rebuild_tensor(
         raise InvalidArgument(f"a CUDA descriptor of {len(ipc_bytes)} bytes, not {ffi.sizeof('zct_cuda_ipc')}")
     ffi.memmove(ipc, ipc_bytes, len(ipc_bytes))
     ref = _adopt_counter(counter)  # this tensor's count on the sender's record
-    device = ipc.device
-    stream = torch.cuda.current_stream(device).cuda_stream
+    index = ipc.device
+    stream = torch.cuda.current_stream(index).cuda_stream
     ptr = ffi.new("uint64_t *")
     try:
         native.check(lib.zct_cuda_ipc_open(ipc, stream, ptr))
@@ -195,8 +196,8 @@ def rebuild_tensor(
         native.finalize("zct_cuda_ipc_close", ipc, "closing CUDA memory")
         native.finalize("zct_ref_release", ref, "releasing a buffer")
 
-    memory = device.DeviceMemory(ptr[0], nbytes, device, release)
-    t = device.torch_view(memory, getattr(torch, dtype), shape, strides, storage_offset)
+    memory = _device.DeviceMemory(ptr[0], nbytes, index, release)
+    t = _device.torch_view(memory, getattr(torch, dtype), shape, strides, storage_offset)
     if requires_grad:
         t.requires_grad_()
     return t

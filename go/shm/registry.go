@@ -99,13 +99,19 @@ func register(f *file) {
 // forget removes f from the registry and unmaps it. The caller holds
 // registry.mu.
 func forget(f *file) error {
+	unregister(f)
+	return f.unmap()
+}
+
+// unregister takes f out of the registry, where it is still there. The
+// caller holds registry.mu.
+func unregister(f *file) {
 	if registry.files[f.key] == f {
 		delete(registry.files, f.key)
 	}
 	if registry.byName[f.name] == f {
 		delete(registry.byName, f.name)
 	}
-	return f.unmap()
 }
 
 // current reports whether the header in f's file is still the one f was
@@ -126,12 +132,7 @@ func (f *file) current() bool {
 // a cached mapping is unmapped; one that handles still use stays until they
 // close. The caller holds registry.mu.
 func (f *file) retire() {
-	if registry.files[f.key] == f {
-		delete(registry.files, f.key)
-	}
-	if registry.byName[f.name] == f {
-		delete(registry.byName, f.name)
-	}
+	unregister(f)
 	if f.handles == 0 && !f.idle.IsZero() {
 		registry.cached--
 		f.idle = time.Time{}
@@ -183,17 +184,16 @@ func (f *file) letGo() error {
 		return nil
 	}
 	var err error
-	if f.counted && f.spareable() {
+	if f.counted {
+		spare := f.spareable() // before unrecord forgets the tracker
 		f.unrecord()
 		var n int64
 		if n, err = f.decrement(); n == 0 {
-			if keepSpare(f) {
+			if spare && keepSpare(f) {
 				return nil
 			}
 			err = f.remove()
 		}
-	} else if f.counted {
-		_, err = f.uncount()
 	}
 	if !mapCache.Load() || atomic.LoadInt64(f.rc) <= 0 || registry.files[f.key] != f {
 		return errors.Join(err, forget(f))

@@ -409,13 +409,10 @@ class Queue:
         record, in one try without waiting: True when it went, False when
         it is not zctipc memory, None when it must take the long way (the
         queue is full, or the array is of another layout or dtype)."""
-        code, flags = exports.array_code_flags(arr)
-        if code is None:
+        found = exports.contiguous_view(arr)
+        if found is None:
             return None
-        try:
-            address = native.ffi().from_buffer(arr, require_writable=False)
-        except (TypeError, ValueError, BufferError):
-            return None
+        code, flags, address = found
         status = native.lib().zct_queue_put_array(
             self._handle, _TENSOR, address, arr.nbytes, code, arr.ndim, arr.shape, arr.strides, flags, 0
         )

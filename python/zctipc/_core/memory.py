@@ -172,6 +172,8 @@ def from_view(view: Any, pytype: int | None = None) -> NDArray[Any] | torch.Tens
         shape, strides = (view.shape[0],), (view.strides[0],)
     else:
         shape, strides = tuple(view.shape[0:ndim]), tuple(view.strides[0:ndim])
+    # owner() and ndarray() written out: through them a get takes 0.35 us
+    # more here (2.4 against 2.75 us for this function).
     ffi = native.ffi()
     ref = view.ref
     memory = ffi.gc(ffi.cast("char *", view.data), lambda _: native.finalize("zct_ref_release", ref, _RELEASING))

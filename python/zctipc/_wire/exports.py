@@ -100,16 +100,32 @@ def _export(
     return Export(ref, 0, code, shape, c_strides, flags)
 
 
-def array_code_flags(arr: NDArray[Any]) -> tuple[int, int] | tuple[None, None]:
-    """(type code, descriptor flags) of a C-contiguous NumPy array of some
-    bytes that a descriptor can hold, else (None, None)."""
-    aflags = arr.flags
-    if not aflags.c_contiguous or not arr.nbytes or arr.ndim > native.MAX_NDIM:
-        return None, None
-    code = _code(arr.dtype)
+def _numpy_flags(aflags: Any) -> int:
+    """The descriptor flags of a NumPy array whose flags are aflags."""
+    return memory.NUMPY if aflags.writeable else memory.NUMPY | memory.READONLY
+
+
+def contiguous_address(arr: NDArray[Any]) -> Any:
+    """A cffi pointer to the first byte of arr when it is C-contiguous and
+    holds some bytes, else None (also for a dtype the buffer protocol cannot
+    say): the address without building __array_interface__, which costs
+    more than the lookup it is for."""
+    if not arr.flags.c_contiguous or not arr.nbytes:
+        return None
+    try:
+        return native.ffi().from_buffer(arr, require_writable=False)
+    except (TypeError, ValueError, BufferError):
+        return None
+
+
+def contiguous_view(arr: NDArray[Any]) -> tuple[int, int, Any] | None:
+    """(type code, descriptor flags, address) of a C-contiguous NumPy array
+    of some bytes that a descriptor can hold, else None."""
+    code = _code(arr.dtype) if arr.ndim <= native.MAX_NDIM else None
     if code is None:
-        return None, None
-    return code, memory.NUMPY if aflags.writeable else memory.NUMPY | memory.READONLY
+        return None
+    address = contiguous_address(arr)
+    return None if address is None else (code, _numpy_flags(arr.flags), address)
 
 
 def export_array(
@@ -127,19 +143,12 @@ def export_array(
     def fill(owner: Any, size: int, c_strides: tuple[int, ...]) -> None:
         np.copyto(memory.ndarray(owner, size, arr.dtype, arr.shape, c_strides), arr)
 
-    aflags = arr.flags
-    flags = memory.NUMPY if aflags.writeable else memory.NUMPY | memory.READONLY
+    flags = _numpy_flags(arr.flags)
     if not search:
         return _export(None, code, arr.shape, arr.strides, flags, fill, block, timeout, copy)
-    if aflags.c_contiguous and (nbytes := arr.nbytes):
-        # The common case, without building __array_interface__ or summing
-        # strides (each costs more than the rest of the lookup).
-        try:
-            address = native.ffi().from_buffer(arr, require_writable=False)
-        except (TypeError, ValueError, BufferError):
-            pass  # a dtype the buffer protocol cannot say: the long way
-        else:
-            return _export(address, code, arr.shape, arr.strides, flags, fill, block, timeout, copy, nbytes)
+    address = contiguous_address(arr)
+    if address is not None:  # the common case: its extent is its size
+        return _export(address, code, arr.shape, arr.strides, flags, fill, block, timeout, copy, arr.nbytes)
     return _export(arr.__array_interface__["data"][0], code, arr.shape, arr.strides, flags, fill, block, timeout, copy)
 
 
@@ -327,7 +336,7 @@ def inline_payload(arr: NDArray[Any]) -> bytes | None:
     code = _code(arr.dtype)
     if code is None or in_zctipc_memory(arr):
         return None
-    flags = memory.NUMPY if arr.flags.writeable else memory.NUMPY | memory.READONLY
+    flags = _numpy_flags(arr.flags)
     if not arr.flags.c_contiguous:
         arr = np.ascontiguousarray(arr)
     return b"".join((_INLINE_HEAD.pack(code, flags, ndim, 0), _SHAPES[ndim].pack(*arr.shape), arr.data))
@@ -336,10 +345,11 @@ def inline_payload(arr: NDArray[Any]) -> bytes | None:
 def in_zctipc_memory(arr: NDArray[Any]) -> bool:
     """Whether the NumPy array arr lies in zctipc memory that its
     descriptor can name (an array with negative strides is copied)."""
+    address = contiguous_address(arr)
+    if address is not None:
+        return memory.zctipc_memory(address, arr.nbytes)
     if not arr.nbytes or min(arr.strides, default=0) < 0:
         return False
-    if arr.flags.c_contiguous:
-        return memory.zctipc_memory(native.ffi().from_buffer(arr, require_writable=False), arr.nbytes)
     extent = layout.extent(arr.shape, arr.strides, arr.itemsize)
     return memory.zctipc_memory(arr.__array_interface__["data"][0], extent)
 

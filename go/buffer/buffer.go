@@ -190,11 +190,60 @@ func Adopt(d *message.Descriptor) (*Ref, []byte, error) {
 		}
 		r = recorded(&Ref{slot: s})
 	}
+	data, err := r.bytesOf(d)
+	if err != nil {
+		return nil, nil, err
+	}
+	return r, data, nil
+}
+
+// Attach turns a descriptor that someone still holds (one made by
+// Describe and not sent: its count stays with whoever described it) into a
+// Ref with a count of this process's own, and returns the array's bytes
+// (from its offset). The count is added only while the memory still has
+// one (a segment's refcount, or the slot's, above zero, and the slot still
+// of the descriptor's generation): memory let go of is never revived, and
+// attaching it fails with an error that is unix.ENOENT.
+func Attach(d *message.Descriptor) (*Ref, []byte, error) {
+	if err := d.Check(); err != nil {
+		return nil, nil, err
+	}
+	var r *Ref
+	switch d.Kind {
+	case message.RefSegment:
+		seg, err := shm.Attach(d.Name, header.KindTensor, false)
+		if err != nil {
+			return nil, nil, err
+		}
+		r = &Ref{seg: seg, entry: shm.NoEntry}
+	default:
+		s, err := pool.Adopt(d.Name, d.Slot, d.Generation)
+		if err == nil {
+			s, err = s.AddRef()
+		}
+		if errors.Is(err, pool.ErrStale) || errors.Is(err, unix.ENOENT) {
+			return nil, nil, fmt.Errorf("%w: the buffer was let go of by every holder (%v)", unix.ENOENT, err)
+		}
+		if err != nil {
+			return nil, nil, err
+		}
+		r = recorded(&Ref{slot: s})
+	}
+	data, err := r.bytesOf(d)
+	if err != nil {
+		return nil, nil, err
+	}
+	return r, data, nil
+}
+
+// bytesOf returns the bytes of r's region that d describes; when they do
+// not lie in it, r is released and the error says so.
+func (r *Ref) bytesOf(d *message.Descriptor) ([]byte, error) {
 	data := r.Data()
 	if d.Offset+d.NBytes > uint64(len(data)) {
-		return nil, nil, errors.Join(fmt.Errorf("descriptor reaches past its %d-byte region: %w", len(data), message.ErrMalformed), r.Release())
+		return nil, errors.Join(fmt.Errorf("descriptor reaches past its %d-byte region: %w", len(data), message.ErrMalformed), r.Release())
 	}
-	return r, data[d.Offset : d.Offset+d.NBytes : d.Offset+d.NBytes], nil
+	return data[d.Offset : d.Offset+d.NBytes : d.Offset+d.NBytes], nil
 }
 
 // Drop gives up the count a received descriptor carried, for a message

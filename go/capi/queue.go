@@ -253,17 +253,64 @@ func zct_ref_decode(buf *C.zct_cvoid, length C.uint64_t, view *C.zct_view) C.int
 		if view == nil || length > 0 && buf == nil {
 			return errNilArg
 		}
-		raw := C.GoBytes(unsafe.Pointer(buf), C.int(min(uint64(length), 1<<16)))
-		d, n, err := message.DecodeDescriptor(raw)
+		d, err := decodeOne(buf, length)
 		if err != nil {
 			return err
-		}
-		if n != len(raw) {
-			return fmt.Errorf("%w: %d bytes after the descriptor", message.ErrMalformed, len(raw)-n)
 		}
 		views := unsafe.Slice(view, 1)
 		return adopt([]message.Descriptor{d}, views)
 	})
+}
+
+//export zct_ref_describe
+func zct_ref_describe(view *C.zct_cview, buf unsafe.Pointer, capacity C.uint64_t, length *C.uint64_t) C.int {
+	return run(func() error {
+		if view == nil || length == nil || capacity > 0 && buf == nil {
+			return errNilArg
+		}
+		d, _, err := describe((*C.zct_view)(unsafe.Pointer(view)))
+		if err != nil {
+			return err
+		}
+		*length = C.uint64_t(d.Size())
+		if uint64(capacity) < uint64(d.Size()) {
+			return errRange
+		}
+		d.Encode(unsafe.Slice((*byte)(buf), capacity))
+		return nil
+	})
+}
+
+//export zct_ref_attach
+func zct_ref_attach(buf *C.zct_cvoid, length C.uint64_t, view *C.zct_view) C.int {
+	return run(func() error {
+		if view == nil || length > 0 && buf == nil {
+			return errNilArg
+		}
+		d, err := decodeOne(buf, length)
+		if err != nil {
+			return err
+		}
+		r, data, err := buffer.Attach(&d)
+		if err != nil {
+			return err
+		}
+		fillView(view, refs.put(r), data, &d)
+		return nil
+	})
+}
+
+// decodeOne decodes the one descriptor that the length bytes at buf hold.
+func decodeOne(buf *C.zct_cvoid, length C.uint64_t) (message.Descriptor, error) {
+	raw := C.GoBytes(unsafe.Pointer(buf), C.int(min(uint64(length), 1<<16)))
+	d, n, err := message.DecodeDescriptor(raw)
+	if err != nil {
+		return d, err
+	}
+	if n != len(raw) {
+		return d, fmt.Errorf("%w: %d bytes after the descriptor", message.ErrMalformed, len(raw)-n)
+	}
+	return d, nil
 }
 
 //export zct_pool_alloc

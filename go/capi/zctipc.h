@@ -32,7 +32,7 @@ extern "C" {
 
 /* BEGIN CDEF (python/zctipc/_ffi_build.py feeds from here to END CDEF to cffi) */
 
-#define ZCT_ABI_VERSION 8
+#define ZCT_ABI_VERSION 9
 #define ZCT_MAX_NDIM 32
 #define ZCT_NAME_CAP 256
 
@@ -286,6 +286,14 @@ int zct_ref_segment(zct_handle ref, zct_handle *segment, zct_info *info);
 int zct_ref_encode(const zct_view *view, void *buf, uint64_t cap, uint64_t *len);
 /* Decode a descriptor made by zct_ref_encode, taking over its count. */
 int zct_ref_decode(const void *buf, uint64_t len, zct_view *view);
+/* Encode a view of a ref as a descriptor, as zct_ref_encode does, but keep
+   the ref and its count: the descriptor carries none. Whoever holds the
+   ref keeps the memory alive for those who attach the descriptor. */
+int zct_ref_describe(const zct_view *view, void *buf, uint64_t cap, uint64_t *len);
+/* Attach a descriptor made by zct_ref_describe with a new count of this
+   process's own, while the memory still has one (ZCT_E_NOT_FOUND once its
+   holders all let go); the descriptor may be attached any number of times. */
+int zct_ref_attach(const void *buf, uint64_t len, zct_view *view);
 
 /* The pool. timeout_ms: -1 waits for ever, 0 not at all. */
 /* A slot of at least nbytes, with one count, its bytes not zeroed; *size

@@ -406,6 +406,29 @@ def encode(export: Export) -> bytes:
     return ffi.buffer(buf, size[0])[:]
 
 
+def describe(export: Export) -> bytes:
+    """Descriptor bytes for an Export that carry no count: the Export keeps
+    its count, and the memory lives while it does, for whoever attaches the
+    bytes (attach) in the meantime, any number of times."""
+    ffi, lib = native.ffi(), native.lib()
+    view = ffi.new("zct_view *")
+    export.fill(view)
+    buf = ffi.new("char[]", 1024)
+    size = ffi.new("uint64_t *")
+    native.check(lib.zct_ref_describe(view, buf, 1024, size))
+    return ffi.buffer(buf, size[0])[:]
+
+
+def attach(data: bytes) -> Any:
+    """The object descriptor bytes made by describe stand for, with a count
+    of this process's own (SegmentNotFound once every holder let go). (Any,
+    as decode says.)"""
+    ffi, lib = native.ffi(), native.lib()
+    view = ffi.new("zct_view *")
+    native.check(lib.zct_ref_attach(data, len(data), view))
+    return build(view)
+
+
 def decode(data: bytes, requires_grad: bool = False) -> Any:
     """The object descriptor bytes (made by encode) stand for, taking over
     the count they carried. (Any: the descriptor says which of an array, a

@@ -121,7 +121,7 @@ def contiguous_address(arr: NDArray[Any]) -> Any:
 def contiguous_view(arr: NDArray[Any]) -> tuple[int, int, Any] | None:
     """(type code, descriptor flags, address) of a C-contiguous NumPy array
     of some bytes that a descriptor can hold, else None."""
-    code = _code(arr.dtype) if arr.ndim <= native.MAX_NDIM else None
+    code = code_of(arr.dtype) if arr.ndim <= native.MAX_NDIM else None
     if code is None:
         return None
     address = contiguous_address(arr)
@@ -155,7 +155,7 @@ def export_array(
 _CODES: dict[object, int | None] = {}  # torch or NumPy dtype -> code (None: unsupported), filled as dtypes are met
 
 
-def _code(dtype: np.dtype[Any] | torch.dtype) -> int | None:
+def code_of(dtype: np.dtype[Any] | torch.dtype) -> int | None:
     """The type code of a torch or NumPy dtype, or None when zctipc cannot
     share it."""
     try:
@@ -179,7 +179,7 @@ def _torch_layout(t: torch.Tensor) -> Layout | None:
     others (conjugate and negative views, nested tensors) as they are."""
     if not storages.shareable(t) or t.is_neg():
         return None
-    code = _code(t.dtype)
+    code = code_of(t.dtype)
     if code is None:
         return None
     if code in _COMPLEX and t.is_conj():
@@ -333,7 +333,7 @@ def inline_payload(arr: NDArray[Any]) -> bytes | None:
     ndim = arr.ndim
     if ndim > native.MAX_NDIM:
         return None
-    code = _code(arr.dtype)
+    code = code_of(arr.dtype)
     if code is None or in_zctipc_memory(arr):
         return None
     flags = _numpy_flags(arr.flags)

@@ -1,0 +1,227 @@
+"""zctipc as Ray's same-node tensor transport, on a local cluster of two
+Ray nodes on this machine (node A, the driver's, and node B): same-node
+hand-offs are zero copy, other-node ones go through Ray, a killed producer
+leaves nothing behind, and bad input gets a clear error."""
+
+import os
+import signal
+import time
+from unittest import mock
+
+import numpy as np
+import pytest
+import torch
+from conftest import wait_until_gone
+
+import zctipc
+
+ray = pytest.importorskip("ray", reason="zctipc.ray needs Ray (pip install zctipc[ray]); make test installs it")
+zr = pytest.importorskip("zctipc.ray")
+from ray.cluster_utils import Cluster  # noqa: E402
+
+pytestmark = pytest.mark.timeout(600)
+
+MIB = 1 << 20
+N = 256 * MIB // 4  # a 256 MiB int32 tensor
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    c = Cluster(
+        initialize_head=True,
+        head_node_args={"num_cpus": 4, "resources": {"node_a": 100}, "object_store_memory": 700 * MIB},
+    )
+    c.add_node(num_cpus=4, resources={"node_b": 100}, object_store_memory=700 * MIB)
+    ray.init(address=c.address, logging_level="WARNING", log_to_driver=False)
+    c.wait_for_nodes()
+    yield c
+    ray.shutdown()
+    c.shutdown()
+
+
+def on(node):
+    return {"resources": {f"node_{node}": 1}}
+
+
+@ray.remote(enable_tensor_transport=True)
+class Producer:
+    def __init__(self):
+        self.t = None
+
+    @ray.method(tensor_transport="zctipc")
+    def make(self, n):
+        self.t = torch.arange(n, dtype=torch.int32)
+        return self.t
+
+    @ray.method(tensor_transport="zctipc")
+    def send(self, value):
+        return value
+
+    @ray.method(tensor_transport="zctipc")
+    def send_float8(self):
+        return torch.zeros(4, dtype=torch.float8_e4m3fn)
+
+    def read(self, i):
+        return int(self.t[i])
+
+    def pid(self):
+        return os.getpid()
+
+    def slots_in_use(self):
+        self.t = None
+        return zctipc.pool_stats().slots_in_use
+
+
+@ray.remote(enable_tensor_transport=True)
+class Consumer:
+    def __init__(self):
+        self.kept = None
+
+    def take(self, t, write=None):
+        from zctipc._wire import exports
+
+        if write is not None:
+            t[0] = write
+        samples = [int(t[i]) for i in (1, len(t) // 2, len(t) - 1)]
+        return exports.in_zctipc_memory(t.numpy()), samples, len(t)
+
+    def keep(self, t):
+        self.kept = t
+        return os.getpid()
+
+    def read_kept(self):
+        return [int(self.kept[i]) for i in (0, 1, len(self.kept) - 1)]
+
+    def files(self):
+        """The zctipc files this process or any other holds a count on, made
+        by whom: {name: creator pid}."""
+        return {s.name: s.creator_pid for s in zctipc.list_segments()}
+
+
+def test_same_node_actor_gets_a_view_of_the_producers_memory(cluster):
+    p = Producer.options(**on("a")).remote()
+    c = Consumer.options(**on("a")).remote()
+    shared, samples, n = ray.get(c.take.remote(p.make.remote(N), write=-1))
+    assert shared, "the receiver's tensor lies in zctipc memory"
+    assert n == N and samples == [1, N // 2, N - 1]
+    assert ray.get(p.read.remote(0)) == -1, "a write by the receiver is seen by the producer"
+
+
+def test_other_node_actor_gets_the_data_through_ray(cluster):
+    p = Producer.options(**on("a")).remote()
+    c = Consumer.options(**on("b")).remote()
+    shared, samples, n = ray.get(c.take.remote(p.make.remote(N), write=-1))
+    assert not shared, "across nodes the tensor is Ray's copy, not zctipc memory"
+    assert n == N and samples == [1, N // 2, N - 1]
+    assert ray.get(p.read.remote(0)) == 0, "the producer's memory was not written"
+
+
+def test_driver_gets_views(cluster):
+    p = Producer.options(**on("a")).remote()
+    t = ray.get(p.make.remote(1000))
+    from zctipc._wire import exports
+
+    assert exports.in_zctipc_memory(t.numpy())
+    assert t[999] == 999
+
+
+def test_put_and_get_any_object(cluster):
+    from zctipc._wire import exports
+
+    obj = {"x": np.arange(100, dtype=np.int64), "t": torch.ones(3, 4), "name": "weights", "n": [1, 2]}
+    ref = zr.put(obj)
+    got = ray.get(ref)
+    assert got["name"] == "weights" and got["n"] == [1, 2]
+    assert isinstance(got["x"], np.ndarray) and got["x"].dtype == np.int64
+    np.testing.assert_array_equal(got["x"], obj["x"])
+    assert torch.equal(got["t"], obj["t"])
+    assert exports.in_zctipc_memory(got["x"]) and exports.in_zctipc_memory(got["t"].numpy())
+    # An actor given the ref gets views too; one on the other node, copies.
+    for node, expect in (("a", True), ("b", False)):
+        c = Consumer.options(**on(node)).remote()
+        shared, samples, _ = ray.get(c.take.remote(zr.put(torch.arange(10))))
+        assert shared is expect and samples == [1, 5, 9]
+
+
+@ray.remote
+def summarize(v):
+    from zctipc._wire import exports
+
+    return exports.in_zctipc_memory(v["x"]), float(v["x"].sum()), v["label"], ray.get_runtime_context().get_node_id()
+
+
+@ray.remote
+def fetch(refs):
+    import zctipc.ray as zr
+
+    v = zr.get(refs[0])
+    return type(v).__name__, float(v.sum())
+
+
+def test_tasks_get_views_on_the_same_node(cluster):
+    x = np.arange(MIB, dtype=np.float32)
+    s = zr.share({"x": x, "label": "frame"})
+    total = float(x.sum())
+    nodes = {n["NodeID"]: n["Resources"] for n in ray.nodes()}
+    for node, expect in (("a", True), ("b", False)):
+        shared, got, label, where = ray.get(summarize.options(**on(node)).remote(s))
+        assert f"node_{node}" in nodes[where]
+        assert shared is expect and got == total and label == "frame"
+    assert s.value()["label"] == "frame"
+    # A task given the ref in a list fetches it itself.
+    ref = zr.put(np.ones(50))
+    assert ray.get(fetch.options(**on("a")).remote([ref])) == ("ndarray", 50.0)
+    assert ray.get(fetch.options(**on("b")).remote([ref])) == ("ndarray", 50.0)
+
+
+def test_the_producer_lets_go_when_ray_frees_the_object(cluster):
+    p = Producer.options(**on("a")).remote()
+    c = Consumer.options(**on("a")).remote()
+    ref = p.send.remote(torch.arange(MIB))
+    assert ray.get(c.take.remote(ref))[0]
+    assert ray.get(p.slots_in_use.remote()) == 1, "the producer holds what Ray holds"
+    del ref
+    deadline = time.monotonic() + 30
+    while ray.get(p.slots_in_use.remote()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert ray.get(p.slots_in_use.remote()) == 0, "garbage_collect let go of it"
+
+
+def test_killed_producer_leaves_nothing_and_the_consumer_keeps_its_view(cluster):
+    p = Producer.options(**on("a")).remote()
+    c = Consumer.options(**on("a")).remote()
+    ppid = ray.get(p.pid.remote())
+    cpid = ray.get(c.keep.remote(p.make.remote(N)))
+    theirs = {name for name, pid in ray.get(c.files.remote()).items() if pid in (ppid, cpid)}
+    assert theirs, "the producer's and the consumer's files are listed"
+    ray.kill(p)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            os.kill(ppid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.05)
+    time.sleep(1)  # the daemon's sweep of the producer
+    assert ray.get(c.read_kept.remote()) == [0, 1, N - 1], "the view outlives its producer"
+    os.kill(cpid, signal.SIGKILL)
+    assert wait_until_gone(theirs, timeout=30) == []
+
+
+def test_bad_input_is_refused_with_a_clear_error(cluster):
+    p = Producer.options(**on("a")).remote()
+    with pytest.raises(Exception, match="contiguous tensors"):
+        ray.get(p.send.remote(torch.arange(12.0).reshape(3, 4).t()))
+    with pytest.raises(Exception, match="cannot share a tensor of dtype torch.float8_e4m3fn"):
+        ray.get(p.send_float8.remote())
+    t = zr.ZctipcTransport()
+    cuda = mock.Mock(spec=torch.Tensor)
+    cuda.device = torch.device("cuda", 0)
+    with pytest.raises(zctipc.InvalidArgument, match='Ray\'s own CUDA transport.*"cuda_ipc"'):
+        t.extract_tensor_transport_metadata("x", [cuda])
+    with pytest.raises(zctipc.InvalidArgument, match="sends torch tensors, not str"):
+        t.extract_tensor_transport_metadata("x", ["not a tensor"])
+    with pytest.raises(zctipc.InvalidArgument, match="not zctipc transport metadata"):
+        t.recv_multiple_tensors("x", object(), zr.ZctipcCommunicatorMetadata())
+    with pytest.raises(NotImplementedError, match="one-sided"):
+        t.send_multiple_tensors([], None, None)

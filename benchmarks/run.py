@@ -11,6 +11,8 @@ Suites (each is also a script of its own in this directory):
   stream    stream throughput (1, 2, 4 readers) and latency  bench_stream.py
   arrow     Arrow tables, and Go producers                   bench_arrow.py
   gpu       GPU tensor hand-off, where a GPU exists          bench_gpu.py
+  ray       actor to actor on one Ray node: zctipc's Ray      bench_ray.py
+            transport, the object store, GLOO
 
 The floor is measured first: the one-way wake latency of a process asleep on
 a futex (two processes, the same kernel path zctipc's blocked calls take) and
@@ -49,7 +51,7 @@ from _common import (
     versions,
 )
 
-SUITES = ("handoff", "queue", "stream", "arrow", "gpu")
+SUITES = ("handoff", "queue", "stream", "arrow", "gpu", "ray")
 MODES = ("full", "quick", "tiny")
 PEER_PACKAGES = (
     "zctipc",
@@ -78,6 +80,7 @@ def suite_argv(suite, mode, json_path):
         "stream": {"full": [], "quick": ["--quick"], "tiny": ["--tiny"]},
         "arrow": {"full": [], "quick": ["--quick"], "tiny": ["--tiny"]},
         "gpu": {"full": [], "quick": ["--quick"], "tiny": ["--tiny"]},
+        "ray": {"full": [], "quick": ["--quick"], "tiny": ["--tiny"]},
     }[suite][mode]
     return [*argv, "--json", json_path]
 
@@ -90,6 +93,7 @@ def expected_cells(suite, mode):
         "stream": {"full": 29, "quick": 29, "tiny": 29},
         "arrow": {"full": 12, "quick": 12, "tiny": 12},
         "gpu": {"full": 8, "quick": 8, "tiny": 8},
+        "ray": {"full": 10, "quick": 7, "tiny": 4},
     }[suite][mode]
 
 
@@ -248,6 +252,21 @@ def floor_rows(report):
                 f"{fmt_ratio(r['per_message_us'] / message)} a message's" if message else "-",
             )
         )
+    for r in suites.get("ray", {}).get("results", []):
+        if r["bytes"]:
+            store = next(
+                o["median_us"]
+                for o in suites["ray"]["results"]
+                if o["bytes"] == r["bytes"] and o["transport"] == "object store"
+            )
+            rows.append(
+                (
+                    "ray",
+                    f"{r['transport']}, actor to actor, {fmt_bytes(r['bytes'])}",
+                    fmt_us(r["median_us"]),
+                    f"{fmt_ratio(r['median_us'] / store)} the object store's",
+                )
+            )
     return rows
 
 

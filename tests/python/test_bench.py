@@ -11,6 +11,31 @@ import sys
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 
 
+def test_the_ray_suite_measures_every_transport(tmp_path):
+    out = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(ROOT, "benchmarks", "bench_ray.py"),
+            "--tiny",
+            "--json",
+            str(tmp_path / "r.json"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = json.loads((tmp_path / "r.json").read_text())["results"]
+    assert [(r["transport"], r["bytes"]) for r in rows] == [
+        ("no tensor", 0),
+        ("zctipc", 1 << 20),
+        ("object store", 1 << 20),
+        ("gloo", 1 << 20),
+    ]
+    assert all(r["median_us"] > 0 and r["rounds"] == 3 for r in rows)
+    assert "| 1 MiB | zctipc | descriptors (zctipc.ray) |" in out.stdout
+
+
 def test_every_suite_runs_and_the_report_has_its_shape(tmp_path):
     # The same peers are measured wherever the test runs: none of the optional ones.
     env = dict(os.environ, ZCTIPC_BENCH_WITHOUT="pythusa,faster-fifo,iceoryx2,ray")
@@ -35,7 +60,7 @@ def test_every_suite_runs_and_the_report_has_its_shape(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     assert "skipping pythusa: left out by ZCTIPC_BENCH_WITHOUT" in out.stderr
     assert "floor    measuring a futex wake and a memcpy" in out.stderr
-    for suite in ("handoff", "queue", "stream", "arrow", "gpu"):
+    for suite in ("handoff", "queue", "stream", "arrow", "gpu", "ray"):
         # Not a terminal: one line per suite, no redrawn progress bar.
         assert re.search(rf"^{suite} +\d+/\d+ cells in ", out.stderr, re.M), f"a line for {suite}"
     assert "\r" not in out.stderr
@@ -46,7 +71,7 @@ def test_every_suite_runs_and_the_report_has_its_shape(tmp_path):
     floor = report["floor"]
     assert floor["futex_wake"]["median_us"] > 0 and floor["futex_wake"]["rounds"] == 50
     assert floor["memcpy_bytes_per_s"] > 0
-    assert list(report["suites"]) == ["handoff", "queue", "stream", "arrow", "gpu"]
+    assert list(report["suites"]) == ["handoff", "queue", "stream", "arrow", "gpu", "ray"]
     suites = report["suites"]
     assert {r["peer"] for r in suites["handoff"]["results"]} >= {"zctipc", "multiprocessing.Queue"}
     assert all(r["median_us"] > 0 for r in suites["handoff"]["results"])
@@ -79,10 +104,11 @@ def test_every_suite_runs_and_the_report_has_its_shape(tmp_path):
     }
     assert all(r["per_second"] > 0 for r in suites["arrow"]["rates"])
     assert suites["gpu"]["skipped"] or suites["gpu"]["rows"]
+    assert suites["ray"]["skipped"] == {"ray": "left out by ZCTIPC_BENCH_WITHOUT"}
     text = (tmp_path / "report.md").read_text()
     assert "Skipped pythusa: left out by ZCTIPC_BENCH_WITHOUT." in text
     assert "| suite | result | value | vs floor |" in text
-    for suite in ("handoff", "queue", "stream", "arrow", "gpu"):
+    for suite in ("handoff", "queue", "stream", "arrow", "gpu", "ray"):
         assert f"### {suite}" in text
     if isinstance(report["plots"], list):
         assert all(os.path.getsize(p) > 1000 for p in report["plots"])

@@ -37,13 +37,14 @@ PLAIN = [
     "test_processes.py",
     "test_public_api.py",
 ]
-# And those that need torch or pyarrow too.
+# And those that need torch, pyarrow or Ray too.
 WITH_EXTRAS = [
     "test_arrow.py",
     "test_bad_input.py",
     "test_dropin.py",
     "test_pickling.py",
     "test_queue.py",
+    "test_ray.py",
     "test_stream.py",
     "test_tensor.py",
     "test_threads.py",

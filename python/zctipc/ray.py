@@ -27,18 +27,23 @@ Nothing here speaks to the network: across nodes Ray moves the bytes.
 
 from __future__ import annotations
 
+import io
 import pickle
 import threading
 import warnings
 from dataclasses import dataclass, field
 
-import ray
-from ray.experimental import (
-    CommunicatorMetadata,
-    TensorTransportManager,
-    TensorTransportMetadata,
-    register_tensor_transport,
-)
+try:
+    import ray
+    import torch
+    from ray.experimental import (
+        CommunicatorMetadata,
+        TensorTransportManager,
+        TensorTransportMetadata,
+        register_tensor_transport,
+    )
+except ImportError as exc:  # pragma: no cover - the extra is missing
+    raise ImportError(f"zctipc.ray needs Ray 2.60 or later and torch: pip install zctipc[ray] ({exc})") from exc
 
 from . import errors
 from ._core import lazy, native
@@ -49,7 +54,6 @@ if TYPE_CHECKING:
     from typing import Any
 
     import numpy as np
-    import torch
 else:
     np = lazy.numpy(__name__)
 
@@ -76,8 +80,6 @@ class ZctipcCommunicatorMetadata(CommunicatorMetadata):
 
 def _check(t: Any) -> None:
     """Raise a clear error for what the transport does not send."""
-    import torch
-
     if not isinstance(t, torch.Tensor):
         raise errors.InvalidArgument(f"the zctipc Ray transport sends torch tensors, not {type(t).__name__}")
     if t.device.type == "cuda":
@@ -95,6 +97,17 @@ def _check(t: Any) -> None:
             f"{t.stride()}) is not: send t.contiguous()"
         )
     exports.check_grad(t)
+
+
+def _sendable(t: Any) -> bool:
+    """Whether _check lets torch tensor t through, and it has no grad to lose."""
+    return (
+        t.device.type == "cpu"
+        and not t.requires_grad
+        and t.is_contiguous()
+        and exports.code_of(t.dtype) is not None
+        and t.dim() <= native.MAX_NDIM
+    )
 
 
 def _node() -> str:
@@ -224,20 +237,21 @@ def _pack(obj: Any) -> tuple[bytes, list[Any], list[int]]:
     """obj pickled with its CPU torch tensors and NumPy arrays left out: the
     pickle, the tensors (an array as a tensor over its memory), and which of
     them stand for arrays."""
-    import io
-
-    import torch
 
     tensors: list[torch.Tensor] = []
     arrays: list[int] = []
 
     class Pickler(pickle.Pickler):
         def persistent_id(self, obj: Any) -> int | None:
-            if isinstance(obj, torch.Tensor) and obj.device.type == "cpu":
+            if isinstance(obj, torch.Tensor):
+                if not _sendable(obj):
+                    return None  # pickled with the rest, as Ray would
                 tensors.append(obj)
             elif type(obj) is np.ndarray and exports.code_of(obj.dtype) is not None:
                 arrays.append(len(tensors))
-                tensors.append(torch.from_numpy(np.ascontiguousarray(obj)))
+                with warnings.catch_warnings():  # a read-only array: the transport only reads it
+                    warnings.filterwarnings("ignore", "The given NumPy array is not writable", UserWarning)
+                    tensors.append(torch.from_numpy(np.ascontiguousarray(obj)))
             else:
                 return None
             return len(tensors) - 1
@@ -249,7 +263,6 @@ def _pack(obj: Any) -> tuple[bytes, list[Any], list[int]]:
 
 def _unpack(data: bytes, tensors: list[Any], arrays: list[int]) -> Any:
     """The object _pack took apart, over the tensors received for it."""
-    import io
 
     items = list(tensors)
     for i in arrays:
@@ -358,7 +371,6 @@ def register() -> None:
         if _registered or NAME.upper() in util.transport_manager_info:
             _registered = True
             return
-        import torch
 
         register_tensor_transport(NAME, ["cpu"], ZctipcTransport, torch.Tensor)
         _registered = True

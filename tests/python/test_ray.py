@@ -136,6 +136,14 @@ def test_put_and_get_any_object(cluster):
     np.testing.assert_array_equal(got["x"], obj["x"])
     assert torch.equal(got["t"], obj["t"])
     assert exports.in_zctipc_memory(got["x"]) and exports.in_zctipc_memory(got["t"].numpy())
+    # What the transport cannot send whole is pickled with the rest.
+    ro = np.arange(6.0)
+    ro.flags.writeable = False
+    odd = {"strided": torch.arange(12.0).reshape(3, 4).t(), "grad": torch.ones(2, requires_grad=True), "ro": ro}
+    got = ray.get(zr.put(odd))
+    assert torch.equal(got["strided"], odd["strided"]) and torch.equal(got["grad"], odd["grad"].detach())
+    assert got["grad"].requires_grad
+    np.testing.assert_array_equal(got["ro"], ro)
     # An actor given the ref gets views too; one on the other node, copies.
     for node, expect in (("a", True), ("b", False)):
         c = Consumer.options(**on(node)).remote()

@@ -3,7 +3,8 @@ zctipc's Ray transport, Ray's object store (the default) and Ray's GLOO
 transport, in one run on one local Ray node.
 
 The time is from the driver's call of the producer's method (which returns
-a tensor the producer made before the clock started) to the consumer actor
+a tensor the producer made before the clock started: the one it returned
+before, or, in the "fresh" row, a new one that zctipc moves into its pool) to the consumer actor
 holding a usable tensor (it checks 256 values spread over it), median and
 p99 over the rounds: two actor calls each, whatever the transport (the
 same two calls passing an int are measured too: the floor Ray's calls set).
@@ -36,10 +37,15 @@ from _common import (
 
 MIB = 1 << 20
 MARKS = 256
+# name: (tensor_transport, what it does, whether the producer makes a fresh
+# tensor for each round, before the clock starts: zctipc then moves its
+# storage into the pool, one copy; otherwise it sends the one it sent before,
+# already in the pool).
 TRANSPORTS = {
-    "zctipc": ("zctipc", "descriptors (zctipc.ray)"),
-    "object store": (None, "Ray's object store (the default)"),
-    "gloo": ("gloo", "Ray's GLOO transport (torch.distributed)"),
+    "zctipc": ("zctipc", "descriptors (zctipc.ray), the tensor sent before", False),
+    "object store": (None, "Ray's object store (the default)", False),
+    "gloo": ("gloo", "Ray's GLOO transport (torch.distributed)", False),
+    "zctipc, fresh": ("zctipc", "descriptors, a new tensor moved into the pool", True),
 }
 
 
@@ -75,7 +81,7 @@ def measure(sizes):
         @ray.remote(enable_tensor_transport=True)
         class Producer:
             def make(self, nbytes, marks=MARKS):
-                self.t = torch.zeros(nbytes // 4, dtype=torch.float32)
+                self.t = torch.empty(nbytes // 4, dtype=torch.float32).fill_(0.5)  # every page written
                 at = torch.arange(marks) * (len(self.t) - 1) // (marks - 1)
                 self.t[at] = torch.arange(marks, dtype=torch.float32)
 
@@ -116,7 +122,9 @@ def measure(sizes):
             ray.get(p.make.remote(nbytes))
             samples = {name: [] for name in TRANSPORTS}
             for i in range(rounds + 2):  # two rounds of warm-up each
-                for name, (transport, _) in TRANSPORTS.items():
+                for name, (transport, _, fresh) in TRANSPORTS.items():
+                    if fresh:
+                        ray.get(p.make.remote(nbytes))
                     send = p.send.options(tensor_transport=transport) if transport else p.send
                     start = time.perf_counter_ns()
                     ref = send.remote()
@@ -126,7 +134,7 @@ def measure(sizes):
                         raise RuntimeError(f"ray {name}: the consumer did not see the producer's data")
                     if i >= 2:
                         samples[name].append(done - start)
-            for name, (_, how) in TRANSPORTS.items():
+            for name, (_, how, _) in TRANSPORTS.items():
                 stats = summarize(samples[name])
                 rows.append({"transport": name, "how": how, "bytes": nbytes, **stats})
                 print(f"  ray {fmt_bytes(nbytes):>8} {name:<13} p50 {stats['median_us']:10.1f} us", flush=True)

@@ -32,6 +32,7 @@ import pickle
 import threading
 import warnings
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 try:
     import ray
@@ -51,16 +52,32 @@ from ._wire import exports
 
 TYPE_CHECKING = False  # Note [types without typing] in zctipc._core.native
 if TYPE_CHECKING:
+    from collections.abc import Iterable
     from typing import Any
 
     import numpy as np
 else:
     np = lazy.numpy(__name__)
 
-__all__ = ["NAME", "Shared", "ZctipcTransport", "ZctipcTransportMetadata", "get", "put", "register", "share"]
+__all__ = [
+    "NAME",
+    "POOL_WAIT",
+    "Shared",
+    "ZctipcCommunicatorMetadata",
+    "ZctipcTransport",
+    "ZctipcTransportMetadata",
+    "get",
+    "put",
+    "register",
+    "share",
+]
 
 #: The transport's name, as ``tensor_transport=`` and ``_tensor_transport=`` take it.
 NAME = "zctipc"
+
+#: How long a producer waits for room in its pool for a tensor it returns
+#: (one not yet in zctipc memory) before raising OutOfSharedMemory.
+POOL_WAIT = 30.0
 
 
 @dataclass
@@ -89,8 +106,19 @@ def _check(t: Any) -> None:
         )
     if t.device.type != "cpu":
         raise errors.InvalidArgument(f"the zctipc Ray transport sends CPU tensors; this one is on {t.device}")
+    if t.layout != torch.strided:
+        raise errors.InvalidArgument(f"the zctipc Ray transport sends dense tensors, not {t.layout} ones")
     if exports.code_of(t.dtype) is None:
         raise errors.UnsupportedDtype(f"the zctipc Ray transport cannot share a tensor of dtype {t.dtype}")
+    if t.is_conj() or t.is_neg():
+        raise errors.InvalidArgument(
+            "the zctipc Ray transport sends tensors as their memory holds them; this one is a lazy "
+            "conjugate or negative view: send t.resolve_conj().resolve_neg()"
+        )
+    if t.dim() > native.MAX_NDIM:
+        raise errors.InvalidArgument(
+            f"the zctipc Ray transport sends tensors of up to {native.MAX_NDIM} dimensions, not {t.dim()}"
+        )
     if not t.is_contiguous():
         raise errors.InvalidArgument(
             f"the zctipc Ray transport sends contiguous tensors; this one (shape {tuple(t.shape)}, strides "
@@ -101,13 +129,11 @@ def _check(t: Any) -> None:
 
 def _sendable(t: Any) -> bool:
     """Whether _check lets torch tensor t through, and it has no grad to lose."""
-    return (
-        t.device.type == "cpu"
-        and not t.requires_grad
-        and t.is_contiguous()
-        and exports.code_of(t.dtype) is not None
-        and t.dim() <= native.MAX_NDIM
-    )
+    try:
+        _check(t)
+    except (errors.InvalidArgument, errors.UnsupportedDtype):
+        return False
+    return not t.requires_grad
 
 
 def _node() -> str:
@@ -120,6 +146,7 @@ class ZctipcTransport(TensorTransportManager):
 
     def __init__(self) -> None:
         self._held: dict[str, list[exports.Export]] = {}  # object id: the counts the producer keeps
+        self._fetching: dict[str, Any] = {}  # object id: the reading task of a receive from another node
         self._lock = threading.Lock()
 
     def tensor_transport_backend(self) -> str:
@@ -132,7 +159,7 @@ class ZctipcTransport(TensorTransportManager):
     @staticmethod
     def can_abort_transport() -> bool:
         # A receive on the producer's node attaches and returns at once; one
-        # on another node is a Ray task that Ray itself fails or cancels.
+        # from another node waits on a Ray task, which abort_transport cancels.
         return True
 
     def actor_has_tensor_transport(self, actor: Any) -> bool:
@@ -144,11 +171,11 @@ class ZctipcTransport(TensorTransportManager):
         held, descriptors = [], []
         try:
             for t in rdt_object:
-                e = exports.export_bare(t.detach()) or exports.export_tensor(t.detach())
-                if e is None:  # more dimensions than a descriptor holds
-                    raise errors.InvalidArgument(
-                        f"the zctipc Ray transport cannot send a tensor of {t.dim()} dimensions"
-                    )
+                e = exports.export_bare(t.detach(), timeout=POOL_WAIT) or exports.export_tensor(
+                    t.detach(), timeout=POOL_WAIT
+                )
+                if e is None:  # not expected after _check
+                    raise errors.InvalidArgument(f"the zctipc Ray transport cannot send {t!r}")
                 held.append(e)
                 descriptors.append(exports.describe(e))
         except BaseException:
@@ -186,7 +213,14 @@ class ZctipcTransport(TensorTransportManager):
         if meta.node_id == _node():
             tensors = [exports.attach(d) for d in meta.descriptors]
         else:
-            tensors = _fetch_from(meta.node_id, meta.descriptors)
+            task = _read_on(meta.node_id, meta.descriptors)
+            with self._lock:
+                self._fetching[obj_id] = task
+            try:
+                tensors = ray.get(task)
+            finally:
+                with self._lock:
+                    self._fetching.pop(obj_id, None)
         if target_buffers:
             for buf, t in zip(target_buffers, tensors, strict=True):
                 buf.copy_(t)
@@ -201,11 +235,25 @@ class ZctipcTransport(TensorTransportManager):
     def garbage_collect(self, obj_id: str, tensor_transport_meta: Any, tensors: list[Any]) -> None:
         with self._lock:
             held = self._held.pop(obj_id, ())
-        for e in held:
-            e.release()
+        _release(held)
 
     def abort_transport(self, obj_id: str, communicator_metadata: Any) -> None:
-        pass  # nothing in flight: a receive attaches, or waits on a Ray task
+        with self._lock:
+            task = self._fetching.get(obj_id)
+        if task is not None:  # the receive waits on it, and raises TaskCancelledError
+            ray.cancel(task, force=True)
+
+
+def _release(held: Iterable[exports.Export]) -> None:
+    """Release every export, and raise the first failure afterwards."""
+    failed: BaseException | None = None
+    for e in held:
+        try:
+            e.release()
+        except BaseException as exc:  # raised once the rest are released
+            failed = failed or exc
+    if failed is not None:
+        raise failed
 
 
 def _read(descriptors: list[bytes]) -> list[Any]:
@@ -217,60 +265,87 @@ def _read(descriptors: list[bytes]) -> list[Any]:
 _reader: Any = None
 
 
-def _fetch_from(node_id: str, descriptors: list[bytes]) -> list[Any]:
+def _read_on(node_id: str, descriptors: list[bytes]) -> ray.ObjectRef[list[Any]]:
     """Read tensors living on another node: a task pinned to that node
-    attaches them there, and Ray moves its result."""
+    attaches them there, and Ray moves its result (a task that cannot be
+    placed there, the node being gone, fails)."""
     global _reader
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     if _reader is None:
         _reader = ray.remote(num_cpus=0, max_retries=0)(_read)
     strategy = NodeAffinitySchedulingStrategy(node_id=node_id, soft=False)
-    result: list[Any] = ray.get(_reader.options(scheduling_strategy=strategy).remote(descriptors))
-    return result
+    ref: ray.ObjectRef[list[Any]] = _reader.options(scheduling_strategy=strategy).remote(descriptors)
+    return ref
 
 
 # -- ray.put, ray.get and task arguments of any object ---------------------------
 
 
-def _pack(obj: Any) -> tuple[bytes, list[Any], list[int]]:
-    """obj pickled with its CPU torch tensors and NumPy arrays left out: the
-    pickle, the tensors (an array as a tensor over its memory), and which of
-    them stand for arrays."""
+class _Packed(NamedTuple):
+    """An object taken apart for Ray: its pickle (by Ray's cloudpickle),
+    the CPU torch tensors the transport takes (a NumPy array as a tensor
+    over its memory), which of them stand for arrays, and the ObjectRefs it
+    holds, which Ray serializes itself (so that it knows they are borrowed)."""
 
-    tensors: list[torch.Tensor] = []
-    arrays: list[int] = []
+    data: bytes
+    tensors: list[Any]
+    arrays: list[int]
+    refs: list[Any]
 
-    class Pickler(pickle.Pickler):
-        def persistent_id(self, obj: Any) -> int | None:
+
+def _as_tensor(arr: Any) -> Any:
+    """A torch tensor over the NumPy array's memory (a contiguous copy when
+    it is not contiguous), or None for a dtype torch does not take."""
+    with warnings.catch_warnings():  # a read-only array: the transport only reads it
+        warnings.filterwarnings("ignore", "The given NumPy array is not writable", UserWarning)
+        try:
+            return torch.from_numpy(np.ascontiguousarray(arr))
+        except TypeError:  # ml_dtypes' bfloat16, say
+            return None
+
+
+def _pack(obj: Any) -> _Packed:
+    """obj taken apart: what the transport sends whole goes to the tensors,
+    everything else into the pickle, as Ray would pickle it."""
+    from ray import cloudpickle
+
+    packed = _Packed(b"", [], [], [])
+
+    class Pickler(cloudpickle.CloudPickler):
+        def persistent_id(self, obj: Any) -> tuple[str, int] | None:
+            if isinstance(obj, ray.ObjectRef):
+                packed.refs.append(obj)
+                return "ref", len(packed.refs) - 1
             if isinstance(obj, torch.Tensor):
                 if not _sendable(obj):
-                    return None  # pickled with the rest, as Ray would
-                tensors.append(obj)
+                    return None  # pickled with the rest
+                packed.tensors.append(obj)
             elif type(obj) is np.ndarray and exports.code_of(obj.dtype) is not None:
-                arrays.append(len(tensors))
-                with warnings.catch_warnings():  # a read-only array: the transport only reads it
-                    warnings.filterwarnings("ignore", "The given NumPy array is not writable", UserWarning)
-                    tensors.append(torch.from_numpy(np.ascontiguousarray(obj)))
+                t = _as_tensor(obj)
+                if t is None:
+                    return None
+                packed.arrays.append(len(packed.tensors))
+                packed.tensors.append(t)
             else:
                 return None
-            return len(tensors) - 1
+            return "tensor", len(packed.tensors) - 1
 
     out = io.BytesIO()
-    Pickler(out, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
-    return out.getvalue(), tensors, arrays
+    Pickler(out, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)  # type: ignore[no-untyped-call]  # cloudpickle
+    return packed._replace(data=out.getvalue())
 
 
-def _unpack(data: bytes, tensors: list[Any], arrays: list[int]) -> Any:
+def _unpack(data: bytes, tensors: list[Any], arrays: list[int], refs: list[Any]) -> Any:
     """The object _pack took apart, over the tensors received for it."""
-
     items = list(tensors)
     for i in arrays:
         items[i] = items[i].numpy()
 
     class Unpickler(pickle.Unpickler):
         def persistent_load(self, pid: Any) -> Any:
-            return items[pid]
+            kind, i = pid
+            return refs[i] if kind == "ref" else items[i]
 
     return Unpickler(io.BytesIO(data)).load()
 
@@ -279,25 +354,29 @@ class _Parcel:
     """What put() hands to Ray: an object whose tensors and arrays Ray's
     serializer meets as tensors, which the transport takes."""
 
-    __slots__ = ("obj",)
+    __slots__ = ("packed",)
 
-    def __init__(self, obj: Any) -> None:
-        self.obj = obj
+    def __init__(self, packed: _Packed) -> None:
+        self.packed = packed
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return _unpack, _pack(self.obj)
+        return _unpack, tuple(self.packed)
 
 
 def put(obj: Any) -> ray.ObjectRef[Any]:
     """``ray.put(obj)`` whose CPU torch tensors and NumPy arrays go through
     the zctipc transport: ``ray.get`` on this node, and actor tasks given the
     ref, receive views of zctipc memory; on another node, Ray moves them.
-    The rest of obj pickles as usual. The memory lives until Ray frees the
-    object. (A plain task cannot be given the ref itself, which Ray's direct
-    transport serves to actors only: give it :func:`share` (obj), or the ref
-    in a list and let it call :func:`get`.)"""
+    The rest of obj pickles as Ray pickles it (and an object with nothing
+    the transport takes is a plain ``ray.put``). The memory lives until Ray
+    frees the object. (A plain task cannot be given the ref itself, which
+    Ray's direct transport serves to actors only: give it :func:`share`
+    (obj), or the ref in a list and let it call :func:`get`.)"""
     register()
-    return ray.put(_Parcel(obj), _tensor_transport=NAME)
+    packed = _pack(obj)
+    if not packed.tensors:
+        return ray.put(obj)
+    return ray.put(_Parcel(packed), _tensor_transport=NAME)
 
 
 def get(ref: Any, timeout: float | None = None) -> Any:
@@ -315,32 +394,37 @@ class Shared:
     object holds the memory (so Ray's own reference counting says when it
     goes), and each receiver takes a count of its own."""
 
-    __slots__ = ("_data", "_arrays", "_ref", "_node", "_descriptors")
+    __slots__ = ("_packed", "_ref", "_node", "_descriptors")
 
     def __init__(self, obj: Any) -> None:
         register()
-        self._data, tensors, self._arrays = _pack(obj)
-        self._ref = ray.put(tensors, _tensor_transport=NAME)
-        rdt = ray._private.worker.global_worker.rdt_manager.get_rdt_metadata(self._ref.hex())
-        meta = rdt.tensor_transport_meta if rdt is not None else None
-        if not isinstance(meta, ZctipcTransportMetadata):  # ray.put of one transport: not expected
-            raise errors.ZctipcError(f"Ray kept no zctipc transport metadata for {self._ref!r}")
-        self._node, self._descriptors = meta.node_id, meta.descriptors
+        self._packed = _pack(obj)
+        self._ref: ray.ObjectRef[Any] | None = None
+        self._node, self._descriptors = "", []
+        if self._packed.tensors:
+            self._ref = ray.put(self._packed.tensors, _tensor_transport=NAME)
+            rdt = ray._private.worker.global_worker.rdt_manager.get_rdt_metadata(self._ref.hex())
+            meta = rdt.tensor_transport_meta if rdt is not None else None
+            if not isinstance(meta, ZctipcTransportMetadata):  # Ray's bookkeeping changed under us
+                raise errors.ZctipcError(f"Ray kept no zctipc transport metadata for {self._ref!r}")
+            self._node, self._descriptors = meta.node_id, meta.descriptors
 
     @property
-    def ref(self) -> ray.ObjectRef[Any]:
-        """The Ray object that holds the memory."""
+    def ref(self) -> ray.ObjectRef[Any] | None:
+        """The Ray object that holds the memory (None when obj had nothing
+        the transport takes)."""
         return self._ref
 
     def value(self) -> Any:
         """The object, as a receiver gets it."""
-        return _unshare(self._data, self._arrays, self._ref, self._node, self._descriptors)
+        return _unshare(*self.__reduce__()[1])
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return _unshare, (self._data, self._arrays, self._ref, self._node, self._descriptors)
+        p = self._packed
+        return _unshare, (p.data, p.arrays, p.refs, self._ref, self._node, self._descriptors)
 
 
-def _unshare(data: bytes, arrays: list[int], ref: Any, node: str, descriptors: list[bytes]) -> Any:
+def _unshare(data: bytes, arrays: list[int], refs: list[Any], ref: Any, node: str, descriptors: list[bytes]) -> Any:
     # ref rides along so that Ray keeps the memory while the argument is in
     # flight; once attached, the views hold counts of their own.
     if not descriptors:
@@ -348,8 +432,8 @@ def _unshare(data: bytes, arrays: list[int], ref: Any, node: str, descriptors: l
     elif node == _node():
         tensors = [exports.attach(d) for d in descriptors]
     else:
-        tensors = _fetch_from(node, descriptors)
-    return _unpack(data, tensors, arrays)
+        tensors = ray.get(_read_on(node, descriptors))
+    return _unpack(data, tensors, arrays, refs)
 
 
 def share(obj: Any) -> Shared:
@@ -368,19 +452,18 @@ def register() -> None:
     from ray.experimental.rdt import util
 
     with _register_lock:
-        if _registered or NAME.upper() in util.transport_manager_info:
-            _registered = True
+        if _registered:
             return
-
-        register_tensor_transport(NAME, ["cpu"], ZctipcTransport, torch.Tensor)
+        if NAME.upper() not in util.transport_manager_info:
+            register_tensor_transport(NAME, ["cpu"], ZctipcTransport, torch.Tensor)
+        if getattr(ray._private.worker.global_worker, "mode", None) == ray.WORKER_MODE:
+            # A Ray worker loads the library now, quietly: that zctipc makes
+            # forkserver multiprocessing's default start method is news to
+            # the program that started Ray, not to each of its workers.
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", "zctipc made 'forkserver'", RuntimeWarning)
+                native.lib()
         _registered = True
-    if getattr(ray._private.worker.global_worker, "mode", None) == ray.WORKER_MODE:
-        # A Ray worker loads the library now, quietly: that zctipc makes
-        # forkserver multiprocessing's default start method is news to the
-        # program that started Ray, not to each of its workers.
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", "zctipc made 'forkserver'", RuntimeWarning)
-            native.lib()
 
 
 register()

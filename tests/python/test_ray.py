@@ -89,6 +89,9 @@ class Consumer:
         self.kept = t
         return os.getpid()
 
+    def write_kept(self, i, value):
+        self.kept[i] = value
+
     def read_kept(self):
         return [int(self.kept[i]) for i in (0, 1, len(self.kept) - 1)]
 
@@ -105,6 +108,15 @@ def test_same_node_actor_gets_a_view_of_the_producers_memory(cluster):
     assert shared, "the receiver's tensor lies in zctipc memory"
     assert n == N and samples == [1, N // 2, N - 1]
     assert ray.get(p.read.remote(0)) == -1, "a write by the receiver is seen by the producer"
+
+
+def test_receivers_on_one_node_share_one_memory(cluster):
+    p = Producer.options(**on("a")).remote()
+    first, second = Consumer.options(**on("a")).remote(), Consumer.options(**on("a")).remote()
+    ref = p.send.remote(torch.zeros(1000, dtype=torch.int32))
+    assert ray.get(first.keep.remote(ref)) and ray.get(second.keep.remote(ref))
+    ray.get(first.write_kept.remote(1, 7))
+    assert ray.get(second.read_kept.remote()) == [0, 7, 0], "one receiver's write is the other's"
 
 
 def test_other_node_actor_gets_the_data_through_ray(cluster):
@@ -136,14 +148,30 @@ def test_put_and_get_any_object(cluster):
     np.testing.assert_array_equal(got["x"], obj["x"])
     assert torch.equal(got["t"], obj["t"])
     assert exports.in_zctipc_memory(got["x"]) and exports.in_zctipc_memory(got["t"].numpy())
-    # What the transport cannot send whole is pickled with the rest.
+    # What the transport cannot send whole is pickled with the rest; a
+    # read-only array goes through it (it is only read).
     ro = np.arange(6.0)
     ro.flags.writeable = False
-    odd = {"strided": torch.arange(12.0).reshape(3, 4).t(), "grad": torch.ones(2, requires_grad=True), "ro": ro}
+    inner = ray.put("inner")
+    odd = {
+        "strided": torch.arange(12.0).reshape(3, 4).t(),
+        "grad": torch.ones(2, requires_grad=True),
+        "conj": torch.ones(2, dtype=torch.complex64).conj(),
+        "ro": ro,
+        "ref": inner,
+    }
     got = ray.get(zr.put(odd))
     assert torch.equal(got["strided"], odd["strided"]) and torch.equal(got["grad"], odd["grad"].detach())
-    assert got["grad"].requires_grad
+    assert got["grad"].requires_grad and torch.equal(got["conj"], odd["conj"])
     np.testing.assert_array_equal(got["ro"], ro)
+    assert exports.in_zctipc_memory(got["ro"])
+    del inner
+    assert ray.get(got["ref"]) == "inner", "a ref inside is borrowed as Ray borrows refs"
+    # Nothing for the transport: a plain ray.put, and a Shared with no ref.
+    assert ray.get(zr.put({"id": 7})) == {"id": 7}
+    s = zr.share({"id": 8})
+    assert s.ref is None and s.value() == {"id": 8}
+    assert ray.get(summarize_plain.remote(s)) == {"id": 8}
     # An actor given the ref gets views too; one on the other node, copies.
     for node, expect in (("a", True), ("b", False)):
         c = Consumer.options(**on(node)).remote()
@@ -156,6 +184,11 @@ def summarize(v):
     from zctipc._wire import exports
 
     return exports.in_zctipc_memory(v["x"]), float(v["x"].sum()), v["label"], ray.get_runtime_context().get_node_id()
+
+
+@ray.remote
+def summarize_plain(v):
+    return v
 
 
 @ray.remote
@@ -223,6 +256,10 @@ def test_bad_input_is_refused_with_a_clear_error(cluster):
     with pytest.raises(Exception, match="cannot share a tensor of dtype torch.float8_e4m3fn"):
         ray.get(p.send_float8.remote())
     t = zr.ZctipcTransport()
+    with pytest.raises(zctipc.InvalidArgument, match=r"conjugate or negative view: send t.resolve_conj\(\)"):
+        t.extract_tensor_transport_metadata("x", [torch.ones(2, dtype=torch.complex64).conj()])
+    with pytest.raises(zctipc.InvalidArgument, match="dense tensors, not torch.sparse_coo"):
+        t.extract_tensor_transport_metadata("x", [torch.eye(3).to_sparse()])
     cuda = mock.Mock(spec=torch.Tensor)
     cuda.device = torch.device("cuda", 0)
     with pytest.raises(zctipc.InvalidArgument, match='Ray\'s own CUDA transport.*"cuda_ipc"'):

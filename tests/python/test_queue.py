@@ -378,6 +378,11 @@ def test_inline_bytes_sets_the_bound_and_zctipc_memory_never_goes_inline():
     for got in (q.get(), q.get()["a"]):
         got[0] = 6
         assert a[0] == 6, "zctipc memory goes by descriptor, shared"
+    q.put(a[1:])  # a view: NumPy does not own its data, the library says whose it is
+    q.get()[0] = 7
+    assert a[1] == 7
+    q.put(np.arange(12)[2:])  # a view of NumPy's own memory goes inline
+    assert not zctipc.is_shared(q.get())
     off = zctipc.Queue(inline_bytes=0)
     off.put(np.arange(2))
     assert zctipc.is_shared(off.get())

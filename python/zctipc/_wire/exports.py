@@ -334,10 +334,13 @@ def inline_payload(arr: NDArray[Any]) -> bytes | None:
     if ndim > native.MAX_NDIM:
         return None
     code = code_of(arr.dtype)
-    if code is None or in_zctipc_memory(arr):
+    aflags = arr.flags
+    # A buffer NumPy allocated itself (owndata) is not zctipc memory: only
+    # an array over someone else's memory needs the library to say.
+    if code is None or not aflags.owndata and in_zctipc_memory(arr):
         return None
-    flags = _numpy_flags(arr.flags)
-    if not arr.flags.c_contiguous:
+    flags = _numpy_flags(aflags)
+    if not aflags.c_contiguous:
         arr = np.ascontiguousarray(arr)
     return b"".join((_INLINE_HEAD.pack(code, flags, ndim, 0), _SHAPES[ndim].pack(*arr.shape), arr.data))
 

@@ -1,5 +1,6 @@
 """SharedTensor: creation, attachment, views and their lifetime, in one process."""
 
+import ctypes
 import gc
 import os
 import pickle
@@ -129,6 +130,32 @@ def test_array_protocol_and_dlpack_share_memory():
         assert np.array(t, dtype=np.float32).dtype == np.float32
         with pytest.raises(ValueError):
             np.asarray(t, dtype=np.float32, copy=False)
+
+
+def _capsule_name(capsule):
+    get = ctypes.pythonapi.PyCapsule_GetName
+    get.restype, get.argtypes = ctypes.c_char_p, [ctypes.py_object]
+    return get(capsule)
+
+
+def test_dlpack_versioned_capsules_when_asked(segname):
+    with zctipc.create_shared_tensor(segname, data=np.arange(6.0)) as t:
+        assert _capsule_name(t.__dlpack__(max_version=(1, 0))) == b"dltensor_versioned"
+        assert _capsule_name(t.__dlpack__()) == b"dltensor", "the legacy capsule for an old consumer"
+        with zctipc.attach_shared_tensor(segname, readonly=True) as ro:
+            assert _capsule_name(ro.__dlpack__(max_version=(1, 1))) == b"dltensor_versioned"
+            a = np.from_dlpack(ro)  # NumPy asks for version 1: the read-only flag travels
+            assert not a.flags.writeable and a.tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
+            assert torch.from_dlpack(ro).tolist() == a.tolist()
+            with pytest.raises(BufferError, match="readonly"):
+                ro.__dlpack__()  # a legacy capsule cannot say read-only
+        copied = np.from_dlpack(t, copy=True)
+        copied[0] = 42
+        assert t.numpy()[0] == 0.0, "copy=True gives a copy"
+        with pytest.raises(zctipc.InvalidArgument, match="no DLPack stream"):
+            t.__dlpack__(stream=1)
+        with pytest.raises(TypeError):
+            t.__dlpack__((1, 0))  # keywords only, as the standard says
 
 
 def test_dlpack_of_bfloat16_goes_through_torch():

@@ -13,7 +13,7 @@ from __future__ import annotations  # annotations name np.ndarray without import
 import json
 from typing import NamedTuple, Optional, Tuple
 
-from ..errors import HandleClosed
+from ..errors import HandleClosed, InvalidArgument
 from . import dtypes, layout, lazy, memory, native
 
 TYPE_CHECKING = False  # Note [types without typing] in zctipc._core.native
@@ -171,8 +171,29 @@ class SharedTensor:
             return arr.astype(dtype)
         return arr.copy() if copy else arr
 
-    def __dlpack__(self, **kwargs: Any) -> CapsuleType:
-        """Export as DLPack (CPU memory); the capsule holds the segment."""
+    def __dlpack__(
+        self,
+        *,
+        stream: Any = None,
+        max_version: tuple[int, int] | None = None,
+        dl_device: tuple[int, int] | None = None,
+        copy: bool | None = None,
+    ) -> CapsuleType:
+        """Export as DLPack (CPU memory); the capsule holds the segment. A
+        consumer that asks for max_version (1, 0) or later gets a versioned
+        capsule ("dltensor_versioned", read-only flagged for a read-only
+        mapping); one that does not gets the legacy capsule, which cannot
+        say read-only, so a read-only segment refuses it (BufferError).
+        stream must be None on the CPU."""
+        if stream is not None:
+            raise InvalidArgument(f"a CPU tensor takes no DLPack stream, not {stream!r}")
+        kwargs: dict[str, Any] = {}
+        if max_version is not None:
+            kwargs["max_version"] = max_version
+        if dl_device is not None:
+            kwargs["dl_device"] = dl_device
+        if copy is not None:
+            kwargs["copy"] = copy
         if self._code == dtypes.BFLOAT16:
             return self.torch().__dlpack__(**kwargs)
         return self.numpy().__dlpack__(**kwargs)

@@ -38,6 +38,7 @@ var statuses = []struct {
 	{errRange, C.ZCT_E_RANGE},
 	{daemon.ErrUnavailable, C.ZCT_E_NO_DAEMON},
 	{cuda.ErrUnavailable, C.ZCT_E_NO_CUDA},
+	{cuda.ErrOutOfMemory, C.ZCT_E_CUDA_OOM},
 	{cuda.ErrDriver, C.ZCT_E_CUDA},
 	{cuda.ErrNotShared, C.ZCT_E_NOT_FOUND},
 	{shm.ErrNoBroker, C.ZCT_E_NO_DAEMON},

@@ -32,7 +32,7 @@ extern "C" {
 
 /* BEGIN CDEF (python/zctipc/_ffi_build.py feeds from here to END CDEF to cffi) */
 
-#define ZCT_ABI_VERSION 9
+#define ZCT_ABI_VERSION 10
 #define ZCT_MAX_NDIM 32
 #define ZCT_NAME_CAP 256
 
@@ -58,6 +58,7 @@ typedef enum zct_status {
     ZCT_E_NO_CUDA = -18,     /* no CUDA driver or device here; the message says why */
     ZCT_E_CUDA = -19,        /* the CUDA driver refused a call; the message names it and the CUresult */
     ZCT_E_OS = -20,          /* another operating-system error; see zct_last_errno() */
+    ZCT_E_CUDA_OOM = -21,    /* a GPU had not the memory asked; the message says how much was free */
     ZCT_E_INTERNAL = -98,    /* a bug was caught; the library is now poisoned */
     ZCT_E_POISONED = -99     /* an earlier call failed with ZCT_E_INTERNAL */
 } zct_status;

@@ -34,6 +34,7 @@ static struct {
 	CUresult (*MemMap)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long);
 	CUresult (*MemUnmap)(CUdeviceptr, size_t);
 	CUresult (*MemSetAccess)(CUdeviceptr, size_t, const CUmemAccessDesc *, size_t);
+	CUresult (*MemGetInfo)(size_t *, size_t *);
 } cu;
 
 // zct_cuda_load opens the driver and finds every entry point; it returns
@@ -73,6 +74,7 @@ const char *zct_cuda_load(const char *path) {
 	SYM(MemMap, "cuMemMap")
 	SYM(MemUnmap, "cuMemUnmap")
 	SYM(MemSetAccess, "cuMemSetAccess")
+	SYM(MemGetInfo, "cuMemGetInfo_v2")
 #undef SYM
 	return NULL;
 }
@@ -150,6 +152,7 @@ CUresult zct_cuMemCreate(int ordinal, size_t size, CUmemGenericAllocationHandle 
 	return cu.MemCreate(h, size, &p, 0);
 }
 CUresult zct_cuMemRelease(CUmemGenericAllocationHandle h) { return cu.MemRelease(h); }
+CUresult zct_cuMemGetInfo(size_t *free, size_t *total) { return cu.MemGetInfo(free, total); }
 CUresult zct_cuMemExportFD(CUmemGenericAllocationHandle h, int *fd) {
 	return cu.MemExportToShareableHandle(fd, h, 1, 0);
 }

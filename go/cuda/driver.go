@@ -44,6 +44,30 @@ const LibraryEnv = "ZCTIPC_CUDA_LIBRARY"
 // ErrDriver is wrapped by every error the CUDA driver returned (an *Error).
 var ErrDriver = errors.New("CUDA driver error")
 
+// ErrOutOfMemory is wrapped by an *OutOfMemory: a device had not the memory
+// an allocation asked for.
+var ErrOutOfMemory = errors.New("out of GPU memory")
+
+// cudaErrorOutOfMemory is CUDA_ERROR_OUT_OF_MEMORY.
+const cudaErrorOutOfMemory = 2
+
+// OutOfMemory says that device Device could not give Asked bytes: Free of
+// its Total were free when it refused. It is an ErrOutOfMemory, and an
+// ErrDriver through the driver's error.
+type OutOfMemory struct {
+	Device      int
+	Asked       uint64
+	Free, Total uint64
+	Err         error // the driver's refusal
+}
+
+func (e *OutOfMemory) Error() string {
+	return fmt.Sprintf("CUDA device %d is out of memory: %d bytes asked, %d of %d free (%v)", e.Device, e.Asked, e.Free, e.Total, e.Err)
+}
+
+// Unwrap makes an *OutOfMemory both ErrOutOfMemory and the driver's error.
+func (e *OutOfMemory) Unwrap() []error { return []error{ErrOutOfMemory, e.Err} }
+
 // Error is a CUDA driver error.
 type Error struct {
 	Call   string

@@ -57,6 +57,7 @@ CUresult zct_cuIpcOpenEvent(const void *h, uintptr_t *event);
 CUresult zct_cuStreamWaitEvent(uintptr_t stream, uintptr_t ev);
 CUresult zct_cuGranularity(int ordinal, size_t *g);
 CUresult zct_cuMemCreate(int ordinal, size_t size, CUmemGenericAllocationHandle *h);
+CUresult zct_cuMemGetInfo(size_t *free, size_t *total);
 CUresult zct_cuMemRelease(CUmemGenericAllocationHandle h);
 CUresult zct_cuMemExportFD(CUmemGenericAllocationHandle h, int *fd);
 CUresult zct_cuMemImportFD(int fd, CUmemGenericAllocationHandle *h);

@@ -46,7 +46,7 @@ func Alloc(ordinal int, size uint64) (*Allocation, error) {
 	a := &Allocation{Resident: ordinal, Device: ordinal, Size: size}
 	err = onDevice(ordinal, func() error {
 		if err := check("cuMemCreate", C.zct_cuMemCreate(C.int(ordinal), C.size_t(size), &a.handle)); err != nil {
-			return err
+			return outOfMemory(ordinal, size, err)
 		}
 		return a.mapHere(g)
 	})
@@ -54,6 +54,21 @@ func Alloc(ordinal int, size uint64) (*Allocation, error) {
 		return nil, err
 	}
 	return a, nil
+}
+
+// outOfMemory returns err, made an *OutOfMemory saying what device ordinal
+// has free when the driver refused size bytes for want of memory. The
+// caller holds the device's context.
+func outOfMemory(ordinal int, size uint64, err error) error {
+	var e *Error
+	if !errors.As(err, &e) || e.Result != cudaErrorOutOfMemory {
+		return err
+	}
+	var free, total C.size_t
+	if check("cuMemGetInfo", C.zct_cuMemGetInfo(&free, &total)) != nil {
+		free, total = 0, 0 // unknown: the message says 0 of 0
+	}
+	return &OutOfMemory{Device: ordinal, Asked: size, Free: uint64(free), Total: uint64(total), Err: err}
 }
 
 // mapHere maps the allocation on a.Device; on failure it releases the

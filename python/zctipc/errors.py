@@ -22,6 +22,7 @@ __all__ = [
     "DaemonUnavailable",
     "CudaUnavailable",
     "CudaError",
+    "CudaOutOfMemory",
     "StreamBusy",
     "StreamEnded",
     "ZctipcOSError",
@@ -108,6 +109,11 @@ class CudaUnavailable(ZctipcError, RuntimeError):
 class CudaError(ZctipcError, RuntimeError):
     """The CUDA driver refused a call; the message names the call and its
     CUresult."""
+
+
+class CudaOutOfMemory(CudaError, MemoryError):
+    """A GPU had not the memory an allocation asked for; the message names
+    the device, the bytes asked and the bytes free."""
 
 
 class StreamBusy(ZctipcError, RuntimeError):

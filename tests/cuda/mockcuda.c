@@ -21,7 +21,8 @@
 #include "../../go/cuda/driver.h" /* the driver's types, as zctipc declares them */
 
 
-enum { OK = 0, INVALID_VALUE = 1, NOT_INITIALIZED = 3, INVALID_DEVICE = 101, INVALID_HANDLE = 400 };
+enum { OK = 0, INVALID_VALUE = 1, OUT_OF_MEMORY = 2, NOT_INITIALIZED = 3, INVALID_DEVICE = 101, INVALID_CONTEXT = 201,
+       INVALID_HANDLE = 400 };
 #define GRANULARITY (64 << 10)
 
 static int initialized;
@@ -44,6 +45,16 @@ static int devices(void) {
 	const char *n = getenv("ZCTIPC_MOCK_CUDA_DEVICES");
 	return n ? atoi(n) : 1;
 }
+
+/* Each device's memory, ZCTIPC_MOCK_CUDA_MEMORY bytes (16 GiB unless set),
+ * of which cuMemCreate takes and cuMemRelease gives back what this process
+ * made: a device runs out as a real one does. */
+static size_t device_memory(void) {
+	const char *n = getenv("ZCTIPC_MOCK_CUDA_MEMORY");
+	return n ? (size_t)strtoull(n, NULL, 10) : (size_t)16 << 30;
+}
+static size_t used[64];
+static struct made { size_t size; int dev; } made[65536]; /* by handle: what cuMemCreate made */
 
 static struct range *find(CUdeviceptr p) {
 	for (int i = 0; i < nranges; i++) {
@@ -71,6 +82,7 @@ CUresult cuDriverGetVersion(int *v) { *v = 12040; return OK; }
 CUresult cuGetErrorString(CUresult r, const char **s) {
 	switch (r) {
 	case INVALID_VALUE: *s = "invalid argument (mock)"; break;
+	case OUT_OF_MEMORY: *s = "out of memory (mock)"; break;
 	case INVALID_DEVICE: *s = "invalid device ordinal (mock)"; break;
 	case INVALID_HANDLE: *s = "invalid resource handle (mock)"; break;
 	default: *s = "mock CUDA error";
@@ -182,12 +194,29 @@ CUresult cuMemGetAllocationGranularity(size_t *g, const CUmemAllocationProp *p, 
 }
 CUresult cuMemCreate(uint64_t *h, size_t size, const CUmemAllocationProp *p, unsigned long long flags) {
 	if (!prop_ok(p) || flags != 0 || size == 0 || size % GRANULARITY) return INVALID_VALUE;
+	int dev = p->location.id;
+	if (size > device_memory() - used[dev]) return OUT_OF_MEMORY;
 	int fd = memfd_create("mockcuda", MFD_CLOEXEC);
-	if (fd < 0 || ftruncate(fd, size) != 0) return INVALID_VALUE;
+	if (fd < 0 || fd + 1 >= 65536 || ftruncate(fd, size) != 0) return INVALID_VALUE;
 	*h = (uint64_t)fd + 1;
+	made[*h] = (struct made){size, dev};
+	used[dev] += size;
 	return OK;
 }
-CUresult cuMemRelease(uint64_t h) { return close((int)h - 1) == 0 ? OK : INVALID_HANDLE; }
+CUresult cuMemRelease(uint64_t h) {
+	if (h < 65536 && made[h].size) {
+		used[made[h].dev] -= made[h].size;
+		made[h].size = 0;
+	}
+	return close((int)h - 1) == 0 ? OK : INVALID_HANDLE;
+}
+CUresult cuMemGetInfo_v2(size_t *free, size_t *total) {
+	if (!need_context()) return INVALID_CONTEXT;
+	int dev = (int)((uintptr_t)current - 0x1000);
+	*total = device_memory();
+	*free = *total - used[dev];
+	return OK;
+}
 CUresult cuMemExportToShareableHandle(void *out, uint64_t h, int type, unsigned long long flags) {
 	if (type != 1 || flags != 0) return INVALID_VALUE;
 	int fd = fcntl((int)h - 1, F_DUPFD_CLOEXEC, 0);

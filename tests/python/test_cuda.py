@@ -283,6 +283,29 @@ def test_a_received_legacy_handle_becomes_a_view_of_the_senders_memory_with_the_
     assert lines[0] == "0 64 77 (torch.int32, (16,), (1,), 0)"
 
 
+def test_out_of_gpu_memory_is_an_error_naming_what_is_free_with_the_stand_in_driver(mock_env):
+    lines = run_with(
+        dict(mock_env, ZCTIPC_MOCK_CUDA_MEMORY=str(1 << 20)),
+        """
+        import zctipc
+        def attempt(nbytes):
+            try:
+                return zctipc.cuda.empty(nbytes, "uint8")
+            except zctipc.CudaOutOfMemory as e:
+                print(isinstance(e, MemoryError), isinstance(e, zctipc.CudaError), e)
+        attempt(2 << 20)
+        half = attempt(512 << 10)
+        attempt(1 << 20)
+        del half
+        print(attempt(1 << 20).shape)
+    """,
+    )
+    assert lines[0].startswith("True True CUDA device 0 is out of memory: 2097152 bytes asked, 1048576 of 1048576 free")
+    assert "cuMemCreate: CUDA error 2" in lines[0]
+    assert lines[1].startswith("True True CUDA device 0 is out of memory: 1048576 bytes asked, 524288 of 1048576 free")
+    assert lines[2] == "(1048576,)", "freed memory is there again"
+
+
 def test_cuda_errors_from_the_driver_are_clear_with_the_stand_in_driver(mock_env):
     lines = run_with(
         mock_env,

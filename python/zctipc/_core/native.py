@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from types import FrameType
     from typing import Any
 
-ABI_VERSION = 9
+ABI_VERSION = 10
 LIBRARY_ENV = "ZCTIPC_LIBRARY"
 DAEMON_ENV = "ZCTIPC_DAEMON"
 CLEANUP_ENV = "ZCTIPC_CLEANUP"
@@ -332,6 +332,7 @@ _EXCEPTION_NAMES = {
     "ZCT_E_ENDED": errors.StreamEnded,
     "ZCT_E_NO_CUDA": errors.CudaUnavailable,
     "ZCT_E_CUDA": errors.CudaError,
+    "ZCT_E_CUDA_OOM": errors.CudaOutOfMemory,
     "ZCT_E_OS": errors.ZctipcOSError,
     "ZCT_E_INTERNAL": errors.LibraryPoisoned,
     "ZCT_E_POISONED": errors.LibraryPoisoned,

@@ -228,6 +228,24 @@ def test_the_producer_lets_go_when_ray_frees_the_object(cluster):
     assert ray.get(p.slots_in_use.remote()) == 0, "garbage_collect let go of it"
 
 
+@ray.remote
+def make_frames(n):
+    import numpy as np
+
+    import zctipc.ray as zr
+
+    return zr.share({"frames": np.full((n, 64), 3, np.uint8)})
+
+
+def test_a_task_returns_arrays_that_stay_in_zctipc_memory(cluster):
+    from zctipc._wire import exports
+
+    got = ray.get(make_frames.options(**on("a")).remote(10))
+    assert exports.in_zctipc_memory(got["frames"]) and int(got["frames"].sum()) == 3 * 640
+    far = ray.get(make_frames.options(**on("b")).remote(10))
+    assert not exports.in_zctipc_memory(far["frames"]) and int(far["frames"].sum()) == 3 * 640
+
+
 def test_killed_producer_leaves_nothing_and_the_consumer_keeps_its_view(cluster):
     p = Producer.options(**on("a")).remote()
     c = Consumer.options(**on("a")).remote()

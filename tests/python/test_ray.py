@@ -40,7 +40,10 @@ def cluster():
 
 
 def on(node):
-    return {"resources": {f"node_{node}": 1}}
+    """Options that place an actor or task on node A or B. An actor with a
+    resource named holds a CPU unless it says otherwise: these hold none, so
+    that actors a finished test has not yet seen torn down never fill a node."""
+    return {"num_cpus": 0, "resources": {f"node_{node}": 1}}
 
 
 @ray.remote(enable_tensor_transport=True)

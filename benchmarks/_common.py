@@ -49,6 +49,12 @@ def now():
     return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
 
 
+def new_report(name, packages, **fields):
+    """A benchmark's report: its name, when and where it ran, the versions
+    of packages, then fields (its result lists, in order)."""
+    return {"benchmark": name, "date": now(), "machine": machine(), "versions": versions(*packages), **fields}
+
+
 def latency_cells(stats, base_us):
     """A latency row's cells from summarize()'s stats: median, p99, rounds,
     and the median as a ratio to base_us."""

@@ -39,12 +39,10 @@ from _common import (
     fmt_ratio,
     fmt_us,
     latency_cells,
-    machine,
     machine_line,
     markdown_table,
-    now,
+    new_report,
     summarize,
-    versions,
 )
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -333,17 +331,7 @@ def render(report):
 def main(argv=None):
     parser = arguments(__doc__, "arrow", SUITES)
     args = parser.parse_args(argv)
-    report = {
-        "benchmark": "arrow",
-        "date": now(),
-        "machine": machine(),
-        "versions": versions("zctipc", "pyarrow"),
-        "arrow": [],
-        "go": [],
-        "rates": [],
-        "skipped": {},
-        "tables": {},
-    }
+    report = new_report("arrow", ("zctipc", "pyarrow"), arrow=[], go=[], rates=[], skipped={}, tables={})
     for name in args.only.split(","):
         report["tables"][name] = SUITES[name](args, report)
     finish(report, render(report), args.json, "bench_arrow", args.readme)

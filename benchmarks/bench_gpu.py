@@ -20,12 +20,10 @@ from _common import (
     finish,
     fmt_ratio,
     fmt_us,
-    machine,
     machine_line,
     markdown_table,
-    now,
+    new_report,
     summarize,
-    versions,
 )
 
 SIZES = {"64 MiB": 64 << 20, "1 GiB": 1 << 30}
@@ -77,14 +75,7 @@ def main(argv=None):
 
     import zctipc
 
-    report = {
-        "benchmark": "gpu",
-        "date": now(),
-        "machine": machine(),
-        "versions": versions("zctipc", "torch"),
-        "rows": [],
-        "skipped": None,
-    }
+    report = new_report("gpu", ("zctipc", "torch"), rows=[], skipped=None)
     reason = zctipc.cuda.unavailable_reason() or (None if torch.cuda.is_available() else "torch sees no CUDA device")
     if reason:
         report["skipped"] = reason

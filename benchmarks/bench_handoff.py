@@ -45,13 +45,11 @@ from _common import (
     fmt_ratio,
     fmt_us,
     left_out,
-    machine,
     machine_line,
     markdown_table,
-    now,
+    new_report,
     summarize,
     update_readme,
-    versions,
 )
 
 SIZES = {"1M": 1 << 20, "100M": 100 << 20, "1G": 1 << 30}
@@ -366,14 +364,7 @@ def main(argv=None):
 
     ctx = zctipc.get_context()
     sizes = [SIZES[s] for s in args.sizes.split(",")]
-    report = {
-        "benchmark": "handoff",
-        "date": now(),
-        "machine": machine(),
-        "versions": versions("zctipc", "numpy", "torch", "ray"),
-        "results": [],
-        "skipped": [],
-    }
+    report = new_report("handoff", ("zctipc", "numpy", "torch", "ray"), results=[], skipped=[])
     ray_missing = left_out("ray", "ray")
     if ray_missing:
         report["skipped"].append({"peer": "ray", "reason": ray_missing})

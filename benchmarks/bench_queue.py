@@ -44,12 +44,10 @@ from _common import (
     fmt_us,
     latency_cells,
     left_out,
-    machine,
     machine_line,
     markdown_table,
-    now,
+    new_report,
     summarize,
-    versions,
 )
 
 MSG = (1, 2, 3, 4, 5)
@@ -568,18 +566,16 @@ def main(argv=None):
     global BIG, TINY
     TINY = args.tiny
     BIG = (1 << 20) if TINY else (256 << 20) if args.quick else GIB  # --quick: under two minutes in all
-    report = {
-        "benchmark": "queue",
-        "date": now(),
-        "machine": machine(),
-        "versions": versions("zctipc", "numpy", "torch", "faster-fifo"),
-        "local": [],
-        "rate": [],
-        "latency": [],
-        "big": [],
-        "skipped": [],
-        "tables": {},
-    }
+    report = new_report(
+        "queue",
+        ("zctipc", "numpy", "torch", "faster-fifo"),
+        local=[],
+        rate=[],
+        latency=[],
+        big=[],
+        skipped=[],
+        tables={},
+    )
     for name in args.only.split(","):
         report["tables"][name] = SUITES[name](args.quick, report)
     finish(report, render(report), args.json, "bench_queue", args.readme)

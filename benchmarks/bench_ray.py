@@ -27,12 +27,10 @@ from _common import (
     fmt_bytes,
     latency_cells,
     left_out,
-    machine,
     machine_line,
     markdown_table,
-    now,
+    new_report,
     summarize,
-    versions,
 )
 
 MIB = 1 << 20
@@ -161,14 +159,7 @@ def render(report):
 def main(argv=None):
     parser = arguments(__doc__, "ray")
     args = parser.parse_args(argv)
-    report = {
-        "benchmark": "ray",
-        "date": now(),
-        "machine": machine(),
-        "versions": versions("zctipc", "torch", "ray"),
-        "results": [],
-        "skipped": {},
-    }
+    report = new_report("ray", ("zctipc", "torch", "ray"), results=[], skipped={})
     why = left_out("ray", "ray") or left_out("torch", "torch")
     if why:
         report["skipped"]["ray"] = why

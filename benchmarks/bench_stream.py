@@ -38,12 +38,10 @@ from _common import (
     fmt_us,
     latency_cells,
     left_out,
-    machine,
     machine_line,
     markdown_table,
-    now,
+    new_report,
     summarize,
-    versions,
 )
 from _floor import memcpy_bytes_per_s
 
@@ -623,16 +621,9 @@ def main(argv=None):
         help="throughput runs per peer and cell, the peers taking turns; the median counts",
     )
     args = parser.parse_args(argv)
-    report = {
-        "benchmark": "stream",
-        "date": now(),
-        "machine": machine(),
-        "versions": versions("zctipc", "numpy", "pythusa", "iceoryx2"),
-        "throughput": [],
-        "latency": [],
-        "skipped_peers": {},
-        "tables": {},
-    }
+    report = new_report(
+        "stream", ("zctipc", "numpy", "pythusa", "iceoryx2"), throughput=[], latency=[], skipped_peers={}, tables={}
+    )
     for peer, module in (("pythusa", "pythusa"), ("iceoryx2", "iceoryx2")):
         missing = left_out(peer, module)
         if missing:

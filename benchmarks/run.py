@@ -42,13 +42,11 @@ from _common import (
     fmt_bytes,
     fmt_ratio,
     fmt_us,
-    machine,
     machine_line,
     markdown_table,
-    now,
+    new_report,
     summarize,
     update_readme,
-    versions,
 )
 
 SUITES = ("handoff", "queue", "stream", "arrow", "gpu", "ray")
@@ -414,19 +412,17 @@ def main(argv=None):
 
     print("floor    measuring a futex wake and a memcpy ...", file=sys.stderr, flush=True)
     rounds = {"full": 2000, "quick": 500, "tiny": 50}[mode]
-    report = {
-        "benchmark": "all",
-        "mode": mode,
-        "date": now(),
-        "machine": machine(),
-        "versions": versions(*PEER_PACKAGES),
-        "skipped": skipped,
-        "floor": {
+    report = new_report(
+        "all",
+        PEER_PACKAGES,
+        mode=mode,
+        skipped=skipped,
+        floor={
             "futex_wake": summarize(_floor.futex_wake_ns(rounds)),
             "memcpy_bytes_per_s": _floor.memcpy_bytes_per_s(),
         },
-        "suites": {},
-    }
+        suites={},
+    )
     for suite in suites:
         try:
             report["suites"][suite] = run_suite(suite, mode, args.out, sys.stderr)

@@ -171,31 +171,7 @@ func Send(refs []*Ref, publish func() error) (bool, error) {
 
 // Adopt turns a received descriptor into a Ref that owns the count it
 // carried, and returns the array's bytes (from its offset).
-func Adopt(d *message.Descriptor) (*Ref, []byte, error) {
-	if err := d.Check(); err != nil {
-		return nil, nil, err
-	}
-	var r *Ref
-	switch d.Kind {
-	case message.RefSegment:
-		seg, err := shm.Adopt(d.Name, header.KindTensor)
-		if err != nil {
-			return nil, nil, err
-		}
-		r = &Ref{seg: seg, entry: shm.NoEntry}
-	default:
-		s, err := pool.Adopt(d.Name, d.Slot, d.Generation)
-		if err != nil {
-			return nil, nil, err
-		}
-		r = recorded(&Ref{slot: s})
-	}
-	data, err := r.bytesOf(d)
-	if err != nil {
-		return nil, nil, err
-	}
-	return r, data, nil
-}
+func Adopt(d *message.Descriptor) (*Ref, []byte, error) { return open(d, false) }
 
 // Attach turns a descriptor that someone still holds (one made by
 // Describe and not sent: its count stays with whoever described it) into a
@@ -204,25 +180,37 @@ func Adopt(d *message.Descriptor) (*Ref, []byte, error) {
 // one (a segment's refcount, or the slot's, above zero, and the slot still
 // of the descriptor's generation): memory let go of is never revived, and
 // attaching it fails with an error that is unix.ENOENT.
-func Attach(d *message.Descriptor) (*Ref, []byte, error) {
+func Attach(d *message.Descriptor) (*Ref, []byte, error) { return open(d, true) }
+
+// open makes the Ref of descriptor d: one that takes over the count d
+// carried, or with attach one with a count added for this process.
+func open(d *message.Descriptor, attach bool) (*Ref, []byte, error) {
 	if err := d.Check(); err != nil {
 		return nil, nil, err
 	}
 	var r *Ref
 	switch d.Kind {
 	case message.RefSegment:
-		seg, err := shm.Attach(d.Name, header.KindTensor, false)
+		var seg *shm.Segment
+		var err error
+		if attach {
+			seg, err = shm.Attach(d.Name, header.KindTensor, false)
+		} else {
+			seg, err = shm.Adopt(d.Name, header.KindTensor)
+		}
 		if err != nil {
 			return nil, nil, err
 		}
 		r = &Ref{seg: seg, entry: shm.NoEntry}
 	default:
 		s, err := pool.Adopt(d.Name, d.Slot, d.Generation)
-		if err == nil {
-			s, err = s.AddRef()
-		}
-		if errors.Is(err, pool.ErrStale) || errors.Is(err, unix.ENOENT) {
-			return nil, nil, fmt.Errorf("%w: the buffer was let go of by every holder (%v)", unix.ENOENT, err)
+		if attach {
+			if err == nil {
+				s, err = s.AddRef()
+			}
+			if errors.Is(err, pool.ErrStale) || errors.Is(err, unix.ENOENT) {
+				return nil, nil, fmt.Errorf("%w: the buffer was let go of by every holder (%v)", unix.ENOENT, err)
+			}
 		}
 		if err != nil {
 			return nil, nil, err

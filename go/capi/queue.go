@@ -224,19 +224,11 @@ func zct_ref_segment(ref C.zct_handle, segment *C.zct_handle, info *C.zct_info) 
 //export zct_ref_encode
 func zct_ref_encode(view *C.zct_cview, buf unsafe.Pointer, capacity C.uint64_t, length *C.uint64_t) C.int {
 	return run(func() error {
-		if view == nil || length == nil || capacity > 0 && buf == nil {
-			return errNilArg
-		}
-		v := (*C.zct_view)(unsafe.Pointer(view))
-		d, r, err := describe(v)
+		d, r, err := describeInto(view, buf, capacity, length)
 		if err != nil {
 			return err
 		}
-		*length = C.uint64_t(d.Size())
-		if uint64(capacity) < uint64(d.Size()) {
-			return errRange
-		}
-		if _, err := refs.take(uint64(v.ref)); err != nil {
+		if _, err := refs.take(uint64(view.ref)); err != nil {
 			return err
 		}
 		_, err = buffer.Send([]*buffer.Ref{r}, func() error {
@@ -245,6 +237,24 @@ func zct_ref_encode(view *C.zct_cview, buf unsafe.Pointer, capacity C.uint64_t, 
 		})
 		return err
 	})
+}
+
+// describeInto is the descriptor of view, for the encoders that write it
+// into the capacity bytes at buf: *length receives its size, and a buf too
+// small is errRange.
+func describeInto(view *C.zct_cview, buf unsafe.Pointer, capacity C.uint64_t, length *C.uint64_t) (message.Descriptor, *buffer.Ref, error) {
+	if view == nil || length == nil || capacity > 0 && buf == nil {
+		return message.Descriptor{}, nil, errNilArg
+	}
+	d, r, err := describe((*C.zct_view)(unsafe.Pointer(view)))
+	if err != nil {
+		return d, nil, err
+	}
+	*length = C.uint64_t(d.Size())
+	if uint64(capacity) < uint64(d.Size()) {
+		return d, nil, errRange
+	}
+	return d, r, nil
 }
 
 //export zct_ref_decode
@@ -265,19 +275,11 @@ func zct_ref_decode(buf *C.zct_cvoid, length C.uint64_t, view *C.zct_view) C.int
 //export zct_ref_describe
 func zct_ref_describe(view *C.zct_cview, buf unsafe.Pointer, capacity C.uint64_t, length *C.uint64_t) C.int {
 	return run(func() error {
-		if view == nil || length == nil || capacity > 0 && buf == nil {
-			return errNilArg
+		d, _, err := describeInto(view, buf, capacity, length)
+		if err == nil {
+			d.Encode(unsafe.Slice((*byte)(buf), capacity))
 		}
-		d, _, err := describe((*C.zct_view)(unsafe.Pointer(view)))
-		if err != nil {
-			return err
-		}
-		*length = C.uint64_t(d.Size())
-		if uint64(capacity) < uint64(d.Size()) {
-			return errRange
-		}
-		d.Encode(unsafe.Slice((*byte)(buf), capacity))
-		return nil
+		return err
 	})
 }
 

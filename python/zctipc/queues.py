@@ -502,7 +502,7 @@ class Queue:
             finally:
                 free.append(s)
         if len(payload) + _HEADER > self._capacity:
-            self._release(buffers)
+            exports.release_all(buffers)
             raise ValueError(
                 f"the object pickles to {len(payload)} bytes, more than this queue takes "
                 f"(max_bytes={self._capacity}); make the queue with a larger max_bytes"
@@ -520,16 +520,11 @@ class Queue:
                 timeout,
             )
         except BaseException:  # Ctrl-C between slices: the refs are still ours
-            self._release(buffers)
+            exports.release_all(buffers)
             raise
         if status != 0:
-            self._release(buffers)
+            exports.release_all(buffers)
             native.check(status)
-
-    @staticmethod
-    def _release(buffers: Iterable[Export]) -> None:
-        for e in buffers:
-            e.release()
 
     # -- getting --------------------------------------------------------------
 

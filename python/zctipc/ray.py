@@ -52,7 +52,6 @@ from ._wire import exports
 
 TYPE_CHECKING = False  # Note [types without typing] in zctipc._core.native
 if TYPE_CHECKING:
-    from collections.abc import Iterable
     from typing import Any
 
     import numpy as np
@@ -179,13 +178,12 @@ class ZctipcTransport(TensorTransportManager):
                 held.append(e)
                 descriptors.append(exports.describe(e))
         except BaseException:
-            for e in held:
-                e.release()
+            exports.release_all(held)
             raise
         with self._lock:
-            for e in self._held.pop(obj_id, ()):  # a retried task's first attempt
-                e.release()
+            retried = self._held.pop(obj_id, ())  # a retried task's first attempt
             self._held[obj_id] = held
+        exports.release_all(retried)
         return ZctipcTransportMetadata(
             tensor_meta=[(t.shape, t.dtype) for t in rdt_object],
             tensor_device="cpu" if rdt_object else None,
@@ -235,25 +233,13 @@ class ZctipcTransport(TensorTransportManager):
     def garbage_collect(self, obj_id: str, tensor_transport_meta: Any, tensors: list[Any]) -> None:
         with self._lock:
             held = self._held.pop(obj_id, ())
-        _release(held)
+        exports.release_all(held)
 
     def abort_transport(self, obj_id: str, communicator_metadata: Any) -> None:
         with self._lock:
             task = self._fetching.get(obj_id)
         if task is not None:  # the receive waits on it, and raises TaskCancelledError
             ray.cancel(task, force=True)
-
-
-def _release(held: Iterable[exports.Export]) -> None:
-    """Release every export, and raise the first failure afterwards."""
-    failed: BaseException | None = None
-    for e in held:
-        try:
-            e.release()
-        except BaseException as exc:  # raised once the rest are released
-            failed = failed or exc
-    if failed is not None:
-        raise failed
 
 
 def _read(descriptors: list[bytes]) -> list[Any]:

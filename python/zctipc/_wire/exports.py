@@ -21,7 +21,7 @@ from . import storages
 
 TYPE_CHECKING = False  # Note [types without typing] in zctipc._core.native
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterable
     from typing import Any, TypeAlias
 
     import numpy as np
@@ -60,6 +60,19 @@ class Export:
 
     def release(self) -> None:
         native.check(native.lib().zct_ref_release(self.ref))
+
+
+def release_all(held: Iterable[Export]) -> None:
+    """Release every export, and raise the first failure once all are
+    released."""
+    failed: BaseException | None = None
+    for e in held:
+        try:
+            e.release()
+        except BaseException as exc:  # raised once the rest are released
+            failed = failed or exc
+    if failed is not None:
+        raise failed
 
 
 def _export(
@@ -396,29 +409,29 @@ def build(view: Any) -> NDArray[Any] | torch.Tensor | SharedTensor:
 def encode(export: Export) -> bytes:
     """Descriptor bytes for an Export; its count travels in them (it is
     released when they cannot be made)."""
-    ffi, lib = native.ffi(), native.lib()
-    view = ffi.new("zct_view *")
-    export.fill(view)
-    buf = ffi.new("char[]", 1024)
-    size = ffi.new("uint64_t *")
     try:
-        native.check(lib.zct_ref_encode(view, buf, 1024, size))
+        return _descriptor(export, native.lib().zct_ref_encode)
     except BaseException:
         export.release()
         raise
-    return ffi.buffer(buf, size[0])[:]
 
 
 def describe(export: Export) -> bytes:
     """Descriptor bytes for an Export that carry no count: the Export keeps
     its count, and the memory lives while it does, for whoever attaches the
     bytes (attach) in the meantime, any number of times."""
-    ffi, lib = native.ffi(), native.lib()
+    return _descriptor(export, native.lib().zct_ref_describe)
+
+
+def _descriptor(export: Export, write: Callable[..., int]) -> bytes:
+    """The descriptor of export, as write (zct_ref_encode or
+    zct_ref_describe) makes it."""
+    ffi = native.ffi()
     view = ffi.new("zct_view *")
     export.fill(view)
     buf = ffi.new("char[]", 1024)
     size = ffi.new("uint64_t *")
-    native.check(lib.zct_ref_describe(view, buf, 1024, size))
+    native.check(write(view, buf, 1024, size))
     return ffi.buffer(buf, size[0])[:]
 
 
@@ -426,20 +439,22 @@ def attach(data: bytes) -> Any:
     """The object descriptor bytes made by describe stand for, with a count
     of this process's own (SegmentNotFound once every holder let go). (Any,
     as decode says.)"""
-    ffi, lib = native.ffi(), native.lib()
-    view = ffi.new("zct_view *")
-    native.check(lib.zct_ref_attach(data, len(data), view))
-    return build(view)
+    return _received(data, native.lib().zct_ref_attach)
 
 
 def decode(data: bytes, requires_grad: bool = False) -> Any:
     """The object descriptor bytes (made by encode) stand for, taking over
     the count they carried. (Any: the descriptor says which of an array, a
     tensor or a SharedTensor; a caller that sent a tensor gets one.)"""
-    ffi, lib = native.ffi(), native.lib()
-    view = ffi.new("zct_view *")
-    native.check(lib.zct_ref_decode(data, len(data), view))
-    obj: Any = build(view)
+    obj = _received(data, native.lib().zct_ref_decode)
     if requires_grad:
         obj.requires_grad_()
     return obj
+
+
+def _received(data: bytes, read: Callable[..., int]) -> Any:
+    """The object data stands for, its view given by read (zct_ref_decode
+    or zct_ref_attach)."""
+    view = native.ffi().new("zct_view *")
+    native.check(read(data, len(data), view))
+    return build(view)

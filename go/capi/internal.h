@@ -17,5 +17,6 @@ typedef const int64_t zct_cint64;
 typedef const uint64_t zct_cuint64;
 typedef const zct_view zct_cview;
 typedef const zct_cuda_ipc zct_ccuda_ipc;
+typedef const zct_cuda_vmm zct_ccuda_vmm;
 
 #endif

@@ -32,7 +32,7 @@ extern "C" {
 
 /* BEGIN CDEF (python/zctipc/_ffi_build.py feeds from here to END CDEF to cffi) */
 
-#define ZCT_ABI_VERSION 10
+#define ZCT_ABI_VERSION 11
 #define ZCT_MAX_NDIM 32
 #define ZCT_NAME_CAP 256
 
@@ -487,6 +487,55 @@ int zct_cuda_import(const char *name, int32_t device, zct_handle *alloc, uint64_
                     int32_t *resident);
 /* Unmap and release this process's hold (and stop sharing it). */
 int zct_cuda_free(zct_handle alloc);
+
+/* The caching allocator of shareable device memory: every block lies in a
+   VMM allocation another process can map by name (zct_cuda_vmm_export), and
+   a freed block is kept for the next request of its size on its device and
+   stream, so a steady-state allocation makes no driver call. A request of 0
+   bytes gets address 0. When the driver runs out of memory the cache gives
+   back what it holds unused and tries once more: ZCT_E_CUDA_OOM after. */
+int zct_cuda_cache_alloc(int32_t device, uint64_t size, uint64_t stream, uint64_t *ptr);
+int zct_cuda_cache_free(uint64_t ptr);
+/* Give unused cached allocations back to the driver (device -1: of every
+   device); *released receives how many. */
+int zct_cuda_cache_trim(int32_t device, int64_t *released);
+typedef struct zct_cuda_cache_info {
+    int64_t segments;                /* allocations held, in use or cached */
+    uint64_t reserved;               /* their bytes */
+    uint64_t in_use;                 /* bytes of blocks handed out */
+    int64_t blocks;                  /* blocks handed out */
+    uint64_t creates;                /* driver allocations made, ever */
+    uint64_t hits;                   /* requests served from the cache, ever */
+    uint64_t trimmed;                /* allocations given back, ever */
+    uint64_t requested;              /* requests, ever */
+} zct_cuda_cache_info;
+int zct_cuda_cache_stats(zct_cuda_cache_info *info);
+/* torch.cuda.memory.CUDAPluggableAllocator's two functions over the cache:
+   NULL when the allocation failed (zct_last_error says why). */
+void *zct_torch_alloc(size_t size, int device, void *stream);
+void zct_torch_free(void *ptr, size_t size, int device, void *stream);
+
+/* Memory of the caching allocator, described for another process. */
+typedef struct zct_cuda_vmm {
+    char name[64];                   /* the share name of the allocation, NUL-terminated */
+    uint8_t event[64];               /* an interprocess event recorded on the producer's stream; zero: none */
+    uint64_t offset;                 /* of the memory from the allocation's base */
+    uint64_t size;                   /* of the allocation */
+    int32_t device;                  /* the device it lives on */
+    int32_t reserved;
+} zct_cuda_vmm;
+/* Describe the memory at ptr (anywhere in a block in use) with an event
+   recorded on stream; ZCT_E_NOT_FOUND when ptr is not the cache's. The
+   export is an event handle as zct_cuda_ipc_export makes:
+   zct_cuda_ipc_record records it again, zct_cuda_ipc_release destroys it. */
+int zct_cuda_vmm_export(uint64_t ptr, uint64_t stream, zct_cuda_vmm *vmm, zct_handle *export_);
+/* The address of described memory here: the allocation is fetched by file
+   descriptor and mapped once per process (cached), or is this process's
+   own; stream is made to wait for the producer's event, on the GPU. */
+int zct_cuda_vmm_open(const zct_cuda_vmm *vmm, uint64_t stream, uint64_t *ptr);
+int zct_cuda_vmm_close(const zct_cuda_vmm *vmm);
+/* How many allocations this process has mapped by zct_cuda_vmm_open. */
+int zct_cuda_vmm_imports(int64_t *count);
 
 /* END CDEF */
 

@@ -74,13 +74,8 @@ func ExportMemory(ordinal int, ptr, stream uint64) (*Export, error) {
 			return err
 		}
 		e.Offset, e.Size = ptr-uint64(base), uint64(size)
-		var ev C.uintptr_t
-		if err := check("cuEventCreate", C.zct_cuEventCreateShared(unsafe.Pointer(&e.Event[0]), &ev)); err != nil {
+		if err := e.newEvent(stream); err != nil {
 			return err
-		}
-		e.event = uintptr(ev)
-		if err := check("cuEventRecord", C.zct_cuEventRecord(ev, C.uintptr_t(stream))); err != nil {
-			return errors.Join(err, check("cuEventDestroy", C.zct_cuEventDestroy(ev)))
 		}
 		ipcMu.Lock()
 		exported[e.Handle] = uint64(base)
@@ -91,6 +86,32 @@ func ExportMemory(ordinal int, ptr, stream uint64) (*Export, error) {
 		return nil, err
 	}
 	return e, nil
+}
+
+// ExportEvent makes an Export that carries no memory handle, only an
+// interprocess event recorded on stream: the consumer of memory shared some
+// other way (a VMM allocation by name) waits on it before it reads.
+func ExportEvent(ordinal int, stream uint64) (*Export, error) {
+	e := &Export{Device: ordinal}
+	if err := onDevice(ordinal, func() error { return e.newEvent(stream) }); err != nil {
+		return nil, err
+	}
+	return e, nil
+}
+
+// newEvent makes e's interprocess event and records it on stream. The
+// caller holds the device's context.
+func (e *Export) newEvent(stream uint64) error {
+	var ev C.uintptr_t
+	if err := check("cuEventCreate", C.zct_cuEventCreateShared(unsafe.Pointer(&e.Event[0]), &ev)); err != nil {
+		return err
+	}
+	e.event = uintptr(ev)
+	if err := check("cuEventRecord", C.zct_cuEventRecord(ev, C.uintptr_t(stream))); err != nil {
+		e.event = 0
+		return errors.Join(err, check("cuEventDestroy", C.zct_cuEventDestroy(ev)))
+	}
+	return nil
 }
 
 // Record records the export's event on stream again, for another send of
@@ -183,8 +204,12 @@ func Close(handle [HandleSize]byte) error {
 }
 
 // Forget closes cached allocations that no view uses, keeping at most keep
-// of them open.
+// of each kind (legacy IPC, VMM by name) open.
 func Forget(keep int) error {
+	return errors.Join(forgetLegacy(keep), forgetImported(keep))
+}
+
+func forgetLegacy(keep int) error {
 	ipcMu.Lock()
 	var idle []*openAllocation
 	var keys [][HandleSize]byte

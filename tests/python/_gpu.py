@@ -81,3 +81,108 @@ def ipc_child(q, back, n):
         _native.check(lib.zct_cuda_ipc_open(ipc, 0, ptr))
         _native.check(lib.zct_cuda_ipc_close(ipc))
     back.put((zctipc.cuda.ipc_opens(), ctypes.c_int32.from_address(ptr[0]).value))
+
+
+# torch has no CUDA with the stand-in driver: its current stream, the views
+# over device memory and stream synchronization are stood in for, and
+# FakeCudaTensor carries what zctipc reads of a torch CUDA tensor.
+
+
+def stand_in_torch_cuda():
+    import ctypes
+    import types
+
+    from zctipc._core import device
+
+    torch.cuda.current_stream = lambda index=None: types.SimpleNamespace(cuda_stream=0)
+
+    def view(memory, dtype, shape, strides=None, storage_offset=0):
+        raw = torch.frombuffer((ctypes.c_char * memory.nbytes).from_address(memory.ptr), dtype=torch.uint8)
+        typed = raw.view(dtype)
+        if strides is None:
+            t = typed[: int(torch.Size(shape).numel())].view(shape)
+        else:
+            t = typed.as_strided(shape, strides, storage_offset)
+        t._zctipc_memory = memory  # the device memory lives while the view does
+        return t
+
+    device.torch_view = view
+    device.synchronize = lambda index: None
+
+
+class FakeStorage:
+    def __init__(self, ptr, nbytes):
+        self.ptr, self.size, self._cdata = ptr, nbytes, ptr
+
+    def data_ptr(self):
+        return self.ptr
+
+    def nbytes(self):
+        return self.size
+
+
+class FakeCudaTensor:
+    """An int32 CUDA tensor of n values at ptr, as zctipc's codec sees one."""
+
+    def __init__(self, ptr, n):
+        import types
+
+        self.storage = FakeStorage(ptr, 4 * n)
+        self.device = types.SimpleNamespace(index=0, type="cuda")
+        self.dtype, self.shape, self.requires_grad, self.is_cuda = torch.int32, (n,), False, True
+
+    def untyped_storage(self):
+        return self.storage
+
+    def stride(self):
+        return (1,)
+
+    def storage_offset(self):
+        return 0
+
+    def detach(self):
+        return self
+
+    def cpu(self):
+        import ctypes
+
+        host = (ctypes.c_char * self.storage.size).from_address(self.storage.ptr)
+        return torch.frombuffer(host, dtype=torch.int32).clone()
+
+
+def send_fake_cuda_tensors():
+    """Make the zctipc pickler of this thread send FakeCudaTensor as it sends
+    torch CUDA tensors."""
+    from zctipc._wire import gpu, pickler
+
+    pk = pickler.pickler()
+    pk.pickler.dispatch_table[FakeCudaTensor] = lambda t: gpu.reduce_cuda(t, None, pk._carry)
+
+
+def vmm_tensor_child(q, back, n):
+    """Receive n tensors by file descriptor; report the imports and a value."""
+    stand_in_torch_cuda()
+    from zctipc._core import native as _native
+
+    first = None
+    for _ in range(n):
+        t = q.get(timeout=60)
+        first = int(t[5]) if first is None else first
+        del t
+    count = _native.ffi().new("int64_t *")
+    _native.check(_native.lib().zct_cuda_vmm_imports(count))
+    back.put((count[0], first))
+    assert q.get(timeout=60) == "done"
+
+
+def state_dict_child(q, back):
+    """Attach a SharedStateDict, report its sums, then again after the
+    producer's in-place update, and whether a second receipt maps anew."""
+    stand_in_torch_cuda()
+    shared = q.get(timeout=60)
+    tensors = zctipc.cuda.attach_state_dict(shared)
+    back.put({k: float(v.double().sum()) for k, v in tensors.items()})
+    assert q.get(timeout=60) == "updated"
+    back.put({k: float(v.double().sum()) for k, v in tensors.items()})
+    again = zctipc.cuda.attach_state_dict(q.get(timeout=60))
+    back.put(all(again[k].data_ptr() == tensors[k].data_ptr() for k in tensors))

@@ -262,7 +262,7 @@ def test_a_received_legacy_handle_becomes_a_view_of_the_senders_memory_with_the_
         """
         import ctypes, types, torch, zctipc
         from zctipc._core import device, native as _native, pool
-        from zctipc._wire import gpu
+        from zctipc._wire import exports, gpu
         ffi, lib = _native.ffi(), _native.lib()
         ct = zctipc.cuda.empty((16,), "int32")
         (ctypes.c_int32 * 16).from_address(ct.data_ptr)[3] = 77
@@ -270,7 +270,7 @@ def test_a_received_legacy_handle_becomes_a_view_of_the_senders_memory_with_the_
         _native.check(lib.zct_cuda_ipc_export(0, ct.data_ptr, 0, ipc, export))
         ref, address = pool.alloc(8)
         sent = gpu._Sent(None, export[0], bytes(ffi.buffer(ipc)), ref, address)
-        counter = gpu._counter_descriptor(sent)
+        counter = exports.encode(gpu._counter(sent))
         torch.cuda.current_stream = lambda index: types.SimpleNamespace(cuda_stream=0)
         device.torch_view = lambda memory, *layout: (memory, layout)
         memory, layout = gpu.rebuild_tensor(sent.ipc, counter, "int32", (16,), (1,), 0, 64)
@@ -326,3 +326,181 @@ def test_cuda_errors_from_the_driver_are_clear_with_the_stand_in_driver(mock_env
     )
     assert lines[0] == "device: CUDA device 3: there are 1: CUDA is unavailable"
     assert lines[1].startswith("pointer: 0x1000 is not device memory of device 0: cuMemGetAddressRange: CUDA error 1")
+
+
+def test_the_shareable_allocator_caches_blocks_and_torch_can_load_it_with_the_stand_in_driver(mock_env):
+    lines = run_with(
+        mock_env,
+        """
+        import torch, zctipc
+        from zctipc._core import native as _native
+        ffi, lib = _native.ffi(), _native.lib()
+        a = lib.zct_torch_alloc(1000, 0, ffi.NULL)
+        b = lib.zct_torch_alloc(5 << 20, 0, ffi.NULL)
+        lib.zct_torch_free(a, 1000, 0, ffi.NULL)
+        lib.zct_torch_free(b, 5 << 20, 0, ffi.NULL)
+        for _ in range(1000):
+            a2 = lib.zct_torch_alloc(1000, 0, ffi.NULL)
+            b2 = lib.zct_torch_alloc(5 << 20, 0, ffi.NULL)
+            lib.zct_torch_free(a2, 1000, 0, ffi.NULL)
+            lib.zct_torch_free(b2, 5 << 20, 0, ffi.NULL)
+        print(a2 == a, b2 == b, lib.zct_torch_alloc(0, 0, ffi.NULL) == ffi.NULL)
+        stats = zctipc.cuda.allocator_stats()
+        print(stats["creates"], stats["hits"], stats["blocks"], stats["in_use"])
+        print(zctipc.cuda.empty_cache(), zctipc.cuda.allocator_stats()["segments"])
+        print(lib.zct_torch_alloc(100 << 30, 0, ffi.NULL) == ffi.NULL)
+        try:
+            _native.check(lib.zct_cuda_cache_alloc(0, 100 << 30, 0, ffi.new("uint64_t *")))
+        except zctipc.CudaOutOfMemory as e:
+            print("oom:", e)
+        path = _native.library_path()
+        allocator = torch.cuda.memory.CUDAPluggableAllocator(path, "zct_torch_alloc", "zct_torch_free")
+        print(type(allocator).__name__)
+    """,
+    )
+    assert lines[0] == "True True True", "a freed block is handed out again; 0 bytes is NULL"
+    assert lines[1] == "2 2000 0 0", "two driver allocations for 2002 requests"
+    assert lines[2] == "2 0", "both given back"
+    assert lines[3] == "True", "torch's alloc gets NULL when the device is out of memory"
+    assert lines[4].startswith("oom: CUDA device 0 is out of memory: 107374182400 bytes asked")
+    assert lines[5] == "CUDAPluggableAllocator", "torch finds the two functions in the loaded library"
+
+
+def test_tensors_of_the_shareable_allocator_go_by_file_descriptor_and_map_once_with_the_stand_in_driver(mock_env):
+    lines = run_with(
+        mock_env,
+        """
+        import ctypes, time, zctipc, _gpu
+        from zctipc._core import native as _native
+        from zctipc._wire import gpu
+        _gpu.stand_in_torch_cuda()
+        gpu.vmm_storages = True  # as use_shareable_allocator() leaves it
+        ffi, lib = _native.ffi(), _native.lib()
+        ptr = ffi.new("uint64_t *")
+        _native.check(lib.zct_cuda_cache_alloc(0, 4096, 0, ptr))
+        _native.check(lib.zct_cuda_cache_alloc(0, 4096, 0, ptr))  # the second block of its slab
+        values = (ctypes.c_int32 * 1024).from_address(ptr[0])
+        values[5] = 4321
+        t = _gpu.FakeCudaTensor(ptr[0], 1024)
+        q, back = zctipc.Queue(), zctipc.Queue()
+        p = zctipc.get_context("spawn").Process(target=_gpu.vmm_tensor_child, args=(q, back, 1000))
+        p.start()
+        _gpu.send_fake_cuda_tensors()
+        for _ in range(1000):
+            q.put(t)
+        print(back.get(timeout=120))
+        (record,) = gpu._sent.values()
+        print(record.vmm, zctipc.cuda.ipc_opens())
+        deadline = time.monotonic() + 30
+        while gpu._holders(record.counter) > 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        print(gpu._holders(record.counter))
+        q.put("done")
+        p.join(60)
+        print(p.exitcode)
+    """,
+    )
+    assert lines[0] == "(1, 4321)", "1000 receipts, one mapping, the producer's bytes at the block's place"
+    assert lines[1] == "True 0", "by file descriptor, no legacy handle"
+    assert lines[2] == "1", "the receiver's counts went back as its tensors were dropped"
+    assert lines[3] == "0"
+
+
+def test_a_put_whose_cuda_tensor_cannot_be_exported_sends_nothing_with_the_stand_in_driver(mock_env):
+    lines = run_with(
+        mock_env,
+        """
+        import ctypes, queue, numpy as np, zctipc, _gpu
+        from zctipc._core import native as _native
+        from zctipc._wire import gpu
+        _gpu.stand_in_torch_cuda()
+        gpu.vmm_storages = True
+        ffi, lib = _native.ffi(), _native.lib()
+        ptr = ffi.new("uint64_t *")
+        _native.check(lib.zct_cuda_cache_alloc(0, 4096, 0, ptr))
+        good = _gpu.FakeCudaTensor(ptr[0], 1024)
+        host = (ctypes.c_int32 * 1024)()
+        host[0] = 99
+        bad = _gpu.FakeCudaTensor(ctypes.addressof(host), 1024)  # not device memory: the driver refuses it
+        big = np.arange(1 << 20)
+        q = zctipc.Queue()
+        _gpu.send_fake_cuda_tensors()
+        try:
+            q.put((big, good, bad))
+        except zctipc.CudaError as e:
+            print("refused:", type(e).__name__, "not device memory" in str(e))
+        (record,) = gpu._sent.values()
+        print(gpu._holders(record.counter), q.qsize(), zctipc.buffers.pool_stats().slots_in_use)
+        try:
+            q.get_nowait()
+        except queue.Empty:
+            print("nothing was sent")
+        zctipc.cuda.set_host_fallback(True)
+        rebuild, args = gpu.reduce_cuda(bad, None)
+        print(rebuild.__name__, args[0][0].item(), args[1])
+    """,
+    )
+    assert lines[0] == "refused: CudaError True"
+    # The good tensor's count and the array's copy were given back; the slot
+    # left is the producer's record.
+    assert lines[1] == "1 0 1"
+    assert lines[2] == "nothing was sent"
+    assert lines[3] == "_rebuild_from_host 99 0", "with the host fallback it goes as a CPU tensor, back to cuda:0"
+
+
+def test_a_state_dict_is_packed_sent_once_and_updated_in_place_with_the_stand_in_driver(mock_env):
+    lines = run_with(
+        mock_env,
+        """
+        import torch, zctipc, _gpu
+        _gpu.stand_in_torch_cuda()
+        dtypes = [torch.float32, torch.bfloat16, torch.float16, torch.int64, torch.int8, torch.bool, torch.float64]
+        sd = {}
+        for i in range(300):
+            dt = dtypes[i % len(dtypes)]
+            shape = (i % 7 + 1, i % 5 + 3)
+            sd[f"layer{i}.weight"] = (torch.arange(shape[0] * shape[1]).reshape(shape) % 5 + i % 3).to(dt)
+        sd["strided"] = torch.arange(64.0).reshape(8, 8).t()
+        shared = zctipc.cuda.share_state_dict(sd, device=0)
+        print(len(shared), shared.allocations)
+        views = shared.tensors
+        print(all(torch.equal(views[k], v) for k, v in sd.items()), all(v.is_contiguous() for v in views.values()))
+        print(all(v.data_ptr() % 256 == 0 for v in views.values()))
+        q, back = zctipc.Queue(), zctipc.Queue()
+        p = zctipc.get_context("spawn").Process(target=_gpu.state_dict_child, args=(q, back))
+        p.start()
+        q.put(shared)
+        sums = back.get(timeout=120)
+        print(sums == {k: float(v.double().sum()) for k, v in sd.items()})
+        new = {k: v + 1 if v.dtype != torch.bool else ~v for k, v in sd.items()}
+        shared.update(new)
+        q.put("updated")
+        print(back.get(timeout=120) == {k: float(v.double().sum()) for k, v in new.items()})
+        q.put(shared)
+        print(back.get(timeout=120))
+        p.join(60)
+        for bad in ({"layer0.weight": torch.zeros(3)}, {"nope": torch.zeros(1)}):
+            try:
+                shared.update(bad)
+            except zctipc.InvalidArgument as e:
+                print("refused:", e)
+        for bad in ({"a": 1}, {"a": torch.zeros(2).to_sparse()}, [1]):
+            try:
+                zctipc.cuda.share_state_dict(bad, device=0)
+            except zctipc.InvalidArgument as e:
+                print("refused:", e)
+        print(p.exitcode)
+    """,
+    )
+    assert lines[0] == "301 1", "301 tensors of 7 dtypes in one allocation"
+    assert lines[1] == "True True", "packed values equal, every view contiguous"
+    assert lines[2] == "True", "every tensor 256-byte aligned"
+    assert lines[3] == "True", "the receiver's views hold the producer's values"
+    assert lines[4] == "True", "and see the update in place"
+    assert lines[5] == "True", "a second receipt maps nothing new"
+    assert lines[6].startswith("refused: 'layer0.weight' is (3,) torch.float32, and the shared one (1, 3)")
+    assert lines[7] == "refused: 'nope' is not a tensor of this SharedStateDict"
+    assert lines[8] == "refused: 'a' is a int, not a tensor"
+    assert lines[9].startswith("refused: 'a' is a torch.sparse_coo tensor")
+    assert lines[10] == "refused: share_state_dict takes a mapping of names to tensors, not list"
+    assert lines[11] == "0"

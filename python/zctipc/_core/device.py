@@ -58,3 +58,10 @@ def torch_view(
     if strides is None:
         return typed[: int(np.prod(shape, dtype=np.int64))].view(shape)
     return typed.as_strided(shape, strides, storage_offset)
+
+
+def synchronize(device: int) -> None:
+    """Wait until the work queued on device's current torch stream is done."""
+    import torch
+
+    torch.cuda.current_stream(device).synchronize()

@@ -145,6 +145,18 @@ def _load() -> "Any":
         return library
 
 
+def library_path() -> str:
+    """The file of the libzctipc.so this process loaded (others that load
+    the same file, torch's pluggable allocator among them, share it)."""
+    lib()
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            path = line.rstrip("\n").partition("/")[2]
+            if path.endswith("/libzctipc.so"):
+                return "/" + path
+    raise ImportError("libzctipc.so is loaded but not found in /proc/self/maps")
+
+
 def package_version() -> str:
     """The installed package's version (set from go/version at build time),
     or "0+unknown" in a source tree that was never installed."""

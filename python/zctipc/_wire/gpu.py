@@ -1,24 +1,36 @@
-"""The CUDA codec: torch CUDA tensors by legacy CUDA IPC.
+"""The CUDA codec: torch CUDA tensors between processes.
 
-The producer exports the base of the tensor's allocation
-(``cuIpcGetMemHandle``) with the tensor's place in it and an interprocess
-event recorded on its current stream; the consumer opens the allocation once
-per process (cached) and makes its current stream wait for the event before
-anything reads the memory. The producer keeps the tensor alive until every
-consumer let go of it (a cross-process count), and warns at exit about
-tensors still in use elsewhere.
+Two routes, chosen per storage by the producer:
+
+* **By file descriptor** (the VMM route), for storages made by zctipc's
+  shareable allocator (``zctipc.cuda.use_shareable_allocator``): the
+  producer names the VMM allocation that holds the storage and the storage's
+  place in it; the consumer fetches the allocation's file descriptor from
+  the producer (SCM_RIGHTS) and maps it, once per process. No legacy IPC
+  handle and no ptrace permission is involved, and a consumer's mapping
+  stays valid if the producer dies.
+* **Legacy IPC** for every other storage: the producer exports the base of
+  the storage's allocation (``cuIpcGetMemHandle``); the consumer opens it
+  once per process (cached).
+
+Either way the producer records an interprocess event on its current
+stream, which the consumer's current stream waits on before anything reads
+the memory, and keeps the storage alive until every consumer let go of it
+(a cross-process count). It warns at exit about legacy tensors still in use
+elsewhere.
 """
 
 from __future__ import annotations
 
 import atexit
+import os
 import pickle
 import threading
 import warnings
 
 from .._core import device as _device
 from .._core import dtypes, memory, native, pool
-from ..errors import CudaUnavailable, InvalidArgument
+from ..errors import CudaError, CudaUnavailable, InvalidArgument
 from . import exports
 
 TYPE_CHECKING = False  # Note [types without typing] in zctipc._core.native
@@ -43,14 +55,27 @@ _lock = threading.Lock()
 _sent: dict[tuple[int, int, int], _Sent] = {}  # (storage key) -> _Sent
 _SWEEP_EVERY = 64  # sends between sweeps
 
+#: Whether this process's torch allocates through zctipc's shareable
+#: allocator, whose storages go by file descriptor (set by
+#: zctipc.cuda.use_shareable_allocator).
+vmm_storages = False
+
+#: Whether a CUDA tensor that cannot go by CUDA IPC goes through host shared
+#: memory instead (zctipc.cuda.set_host_fallback; the environment variable
+#: ZCTIPC_CUDA_HOST_FALLBACK=1 sets it at import).
+host_fallback = os.environ.get("ZCTIPC_CUDA_HOST_FALLBACK", "") == "1"
+
 
 class _Sent:
-    def __init__(self, storage: torch.UntypedStorage, export: int, ipc: bytes, counter: int, address: Any) -> None:
+    def __init__(
+        self, storage: torch.UntypedStorage, export: int, ipc: bytes, counter: int, address: Any, vmm: bool = False
+    ) -> None:
         self.storage = storage  # keeps the memory alive
         self.export = export  # the export handle (its event), re-recorded for every send
-        self.ipc = ipc  # the zct_cuda_ipc bytes
+        self.ipc = ipc  # the zct_cuda_ipc bytes, or zct_cuda_vmm bytes by file descriptor
         self.counter = counter  # this process's ref on the count slot
         self.address = address  # of the count slot
+        self.vmm = vmm  # by file descriptor: a consumer's mapping outlives this process
 
 
 _sends = 0
@@ -72,7 +97,7 @@ def _sweep(final: bool = False) -> None:
             s = _sent.pop(k)
             lib.zct_cuda_ipc_release(s.export)
             lib.zct_ref_release(s.counter)
-        left = len(_sent)
+        left = sum(not s.vmm for s in _sent.values())
     if final and left:
         warnings.warn(
             f"zctipc: this process exits while {left} CUDA tensors it sent are still in use by other "
@@ -104,21 +129,39 @@ def _sent_record(t: torch.Tensor, storage: torch.UntypedStorage, stream: int) ->
     if s is not None:
         native.check(lib.zct_cuda_ipc_record(s.export, stream))
         return s
-    ipc, export = ffi.new("zct_cuda_ipc *"), ffi.new("zct_handle *")
-    native.check(lib.zct_cuda_ipc_export(t.device.index, storage.data_ptr(), stream, ipc, export))
+    export = ffi.new("zct_handle *")
+    vmm = vmm_storages and _vmm_export(storage.data_ptr(), stream, export)
+    if vmm:
+        ipc = bytes(ffi.buffer(vmm))
+    else:
+        desc = ffi.new("zct_cuda_ipc *")
+        native.check(lib.zct_cuda_ipc_export(t.device.index, storage.data_ptr(), stream, desc, export))
+        ipc = bytes(ffi.buffer(desc))
     try:
         ref, address = pool.alloc(8)
     except BaseException:
         lib.zct_cuda_ipc_release(export[0])
         raise
-    s = _sent[key] = _Sent(storage, export[0], bytes(ffi.buffer(ipc)), ref, address)
+    s = _sent[key] = _Sent(storage, export[0], ipc, ref, address, vmm=bool(vmm))
     return s
 
 
-def _counter_descriptor(s: _Sent) -> bytes:
-    """Descriptor bytes carrying one more count on s's slot."""
+def _vmm_export(ptr: int, stream: int, export: Any) -> Any:
+    """The zct_cuda_vmm of a storage made by zctipc's shareable allocator
+    (its export handle in export), or None for another storage."""
+    vmm = native.ffi().new("zct_cuda_vmm *")
+    status = native.lib().zct_cuda_vmm_export(ptr, stream, vmm, export)
+    if status == native.E_NOT_FOUND:
+        return None
+    native.check(status)
+    return vmm
+
+
+def _counter(s: _Sent) -> exports.Export:
+    """An Export of s's count slot with one more count: a torch tensor of 8
+    bytes when received, which holds the count while it lives."""
     ref, offset = memory.find(s.address, 8)  # type: ignore[misc]  # a pool slot, which find() places
-    return exports.encode(exports.Export(ref, offset, dtypes.CODES["uint8"], (8,), (1,), memory.NUMPY))
+    return exports.Export(ref, offset, dtypes.CODES["uint8"], (8,), (1,), memory.TORCH)
 
 
 def _adopt_counter(data: bytes) -> int:
@@ -128,10 +171,14 @@ def _adopt_counter(data: bytes) -> int:
     return view.ref
 
 
-def reduce_tensor(t: torch.Tensor) -> Reduction:
+def reduce_tensor(t: torch.Tensor, carry: Callable[[exports.Export], object] | None = None) -> Reduction:
     """The pickle reduction of a torch CUDA tensor: (rebuild, args) that
-    opens the same device memory in the receiver. Raises CudaUnavailable
-    when zctipc cannot reach CUDA."""
+    opens the same device memory in the receiver. The count the receiver's
+    tensor holds goes in the pickle as descriptor bytes, or, given carry, as
+    what carry makes of its Export (a pickler's out-of-band buffer, released
+    with the others if the message is not sent). Raises CudaUnavailable when
+    zctipc cannot reach CUDA, and CudaError when the driver cannot export
+    the memory; then nothing of this tensor was taken."""
     global _sends
     import torch
 
@@ -141,13 +188,14 @@ def reduce_tensor(t: torch.Tensor) -> Reduction:
     stream = torch.cuda.current_stream(t.device).cuda_stream
     with _lock:
         s = _sent_record(t, storage, stream)
-        counter = _counter_descriptor(s)
+        counter = _counter(s)
+    held = carry(counter) if carry is not None else exports.encode(counter)
     _sends += 1
     if _sends % _SWEEP_EVERY == 0:
         _sweep()
-    return rebuild_tensor, (
+    return rebuild_vmm_tensor if s.vmm else rebuild_tensor, (
         s.ipc,
-        counter,
+        held,
         str(t.dtype).removeprefix("torch."),
         tuple(t.shape),
         tuple(t.stride()),
@@ -165,7 +213,7 @@ def _rebuild_empty(dtype: str, shape: tuple[int, ...], device: int) -> torch.Ten
 
 def rebuild_tensor(
     ipc_bytes: bytes,
-    counter: bytes,
+    counter: bytes | torch.Tensor,
     dtype: str,
     shape: tuple[int, ...],
     strides: tuple[int, ...],
@@ -173,28 +221,69 @@ def rebuild_tensor(
     nbytes: int,
     requires_grad: bool = False,
 ) -> torch.Tensor:
-    """Open device memory another process sent (legacy IPC) as a torch
+    """Open device memory another process sent by legacy IPC as a torch
     tensor; the current stream waits for the sender's work first."""
+    return _rebuild_cuda("ipc", ipc_bytes, counter, dtype, shape, strides, storage_offset, nbytes, requires_grad)
+
+
+def rebuild_vmm_tensor(
+    vmm_bytes: bytes,
+    counter: bytes | torch.Tensor,
+    dtype: str,
+    shape: tuple[int, ...],
+    strides: tuple[int, ...],
+    storage_offset: int,
+    nbytes: int,
+    requires_grad: bool = False,
+) -> torch.Tensor:
+    """Map device memory another process sent by file descriptor (its
+    allocation once per process) as a torch tensor; the current stream
+    waits for the sender's work first."""
+    return _rebuild_cuda("vmm", vmm_bytes, counter, dtype, shape, strides, storage_offset, nbytes, requires_grad)
+
+
+def _rebuild_cuda(
+    route: str,
+    data: bytes,
+    counter: bytes | torch.Tensor,
+    dtype: str,
+    shape: tuple[int, ...],
+    strides: tuple[int, ...],
+    storage_offset: int,
+    nbytes: int,
+    requires_grad: bool,
+) -> torch.Tensor:
+    """A torch tensor over sent device memory, by route ("ipc": a
+    zct_cuda_ipc, "vmm": a zct_cuda_vmm). counter holds the tensor's count
+    on the sender's record: descriptor bytes, or a received tensor over the
+    count slot."""
     import torch
 
     ffi, lib = native.ffi(), native.lib()
-    ipc = ffi.new("zct_cuda_ipc *")
-    if len(ipc_bytes) != ffi.sizeof("zct_cuda_ipc"):
-        raise InvalidArgument(f"a CUDA descriptor of {len(ipc_bytes)} bytes, not {ffi.sizeof('zct_cuda_ipc')}")
-    ffi.memmove(ipc, ipc_bytes, len(ipc_bytes))
-    ref = _adopt_counter(counter)  # this tensor's count on the sender's record
-    index = ipc.device
+    struct = f"zct_cuda_{route}"
+    desc = ffi.new(struct + " *")
+    if len(data) != ffi.sizeof(struct):
+        raise InvalidArgument(f"a CUDA descriptor of {len(data)} bytes, not {ffi.sizeof(struct)}")
+    ffi.memmove(desc, data, len(data))
+    if isinstance(counter, bytes):
+        ref = _adopt_counter(counter)  # this tensor's count on the sender's record
+        holder: object = None
+    else:
+        ref, holder = 0, counter  # the count lives while the holder does
+    index = desc.device
     stream = torch.cuda.current_stream(index).cuda_stream
     ptr = ffi.new("uint64_t *")
     try:
-        native.check(lib.zct_cuda_ipc_open(ipc, stream, ptr))
+        native.check(getattr(lib, f"zct_cuda_{route}_open")(desc, stream, ptr))
     except BaseException:
-        lib.zct_ref_release(ref)
+        if ref:
+            lib.zct_ref_release(ref)
         raise
 
-    def release(ipc: Any = ipc, ref: int = ref) -> None:
-        native.finalize("zct_cuda_ipc_close", ipc, "closing CUDA memory")
-        native.finalize("zct_ref_release", ref, "releasing a buffer")
+    def release(desc: Any = desc, ref: int = ref, holder: object = holder) -> None:
+        native.finalize(f"zct_cuda_{route}_close", desc, "closing CUDA memory")
+        if ref:
+            native.finalize("zct_ref_release", ref, "releasing a buffer")
 
     memory = _device.DeviceMemory(ptr[0], nbytes, index, release)
     t = _device.torch_view(memory, getattr(torch, dtype), shape, strides, storage_offset)
@@ -203,13 +292,31 @@ def rebuild_tensor(
     return t
 
 
-def reduce_cuda(t: torch.Tensor, fallback: Callable[[torch.Tensor], Any] | None = None) -> Any:
-    """A CUDA tensor by CUDA IPC; where zctipc cannot reach CUDA, by
-    fallback (the reducer torch.multiprocessing registered), or as torch
-    pickles it."""
+def reduce_cuda(
+    t: torch.Tensor,
+    fallback: Callable[[torch.Tensor], Any] | None = None,
+    carry: Callable[[exports.Export], object] | None = None,
+) -> Any:
+    """A CUDA tensor by CUDA IPC (carry: as reduce_tensor). Where zctipc
+    cannot reach CUDA: by fallback (the reducer torch.multiprocessing
+    registered), or as torch pickles it. With host_fallback set, a tensor
+    that cannot go by CUDA IPC (no CUDA here, or memory the driver cannot
+    export) goes through host shared memory instead, and is copied back to
+    its device on receipt."""
     try:
-        return reduce_tensor(t)
-    except CudaUnavailable:
+        return reduce_tensor(t, carry)
+    except (CudaUnavailable, CudaError) as exc:
+        if host_fallback:
+            return _rebuild_from_host, (t.detach().cpu(), t.device.index, t.requires_grad)
+        if not isinstance(exc, CudaUnavailable):
+            raise
         if fallback is not None:
             return fallback(t)
         return t.__reduce_ex__(pickle.DEFAULT_PROTOCOL)
+
+
+def _rebuild_from_host(t: torch.Tensor, device: int, requires_grad: bool = False) -> torch.Tensor:
+    """A tensor sent through host memory (host_fallback), back on its
+    device."""
+    out = t.to(f"cuda:{device}")
+    return out.requires_grad_() if requires_grad else out

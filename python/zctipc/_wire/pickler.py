@@ -76,6 +76,19 @@ def _rebuild(index: int, requires_grad: bool = False) -> Any:
     return obj
 
 
+class _OutOfBand:
+    """Pickles as the buffer at index of the message (what _rebuild makes
+    of it)."""
+
+    __slots__ = ("index",)
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+
+    def __reduce__(self) -> Reduction:
+        return _rebuild, (self.index,)
+
+
 def _rebuild_storage(index: int) -> torch.UntypedStorage:
     """Unpickle the torch storage at index of the message being received
     (the pickle's memo gives every tensor of it the same one)."""
@@ -237,6 +250,13 @@ class QueuePickler:
         self.exports.append(e)
         return _rebuild, (len(self.exports) - 1,)
 
+    def _carry(self, e: Export) -> _OutOfBand:
+        """Send e as one of this message's buffers, from inside another
+        object's reduction: released with the others if the message is not
+        sent."""
+        self.exports.append(e)
+        return _OutOfBand(len(self.exports) - 1)
+
     def _reduce_array(self, arr: NDArray[Any]) -> Reduction:
         if arr.nbytes <= self.inline and (payload := exports.inline_payload(arr)) is not None:
             return exports.rebuild_inline, (payload,)  # in band
@@ -247,7 +267,7 @@ class QueuePickler:
         if storages.shareable(t):
             return storages.reduce_tensor(t)  # its storage comes to _reduce_storage
         if t.is_cuda:
-            return gpu.reduce_cuda(t, reducers.torch_fallback())
+            return gpu.reduce_cuda(t, reducers.torch_fallback(), self._carry)
         if t.layout in _sparse_layouts():
             return _reduce_sparse(t)
         return t.__reduce_ex__(pickle.HIGHEST_PROTOCOL)

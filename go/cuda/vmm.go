@@ -46,7 +46,7 @@ func Alloc(ordinal int, size uint64) (*Allocation, error) {
 	a := &Allocation{Resident: ordinal, Device: ordinal, Size: size}
 	err = onDevice(ordinal, func() error {
 		if err := check("cuMemCreate", C.zct_cuMemCreate(C.int(ordinal), C.size_t(size), &a.handle)); err != nil {
-			return outOfMemory(ordinal, size, err)
+			return refused(ordinal, size, err)
 		}
 		return a.mapHere(g)
 	})
@@ -56,12 +56,21 @@ func Alloc(ordinal int, size uint64) (*Allocation, error) {
 	return a, nil
 }
 
-// outOfMemory returns err, made an *OutOfMemory saying what device ordinal
-// has free when the driver refused size bytes for want of memory. The
+// cudaErrorNotSupported is CUDA_ERROR_NOT_SUPPORTED.
+const cudaErrorNotSupported = 801
+
+// refused returns cuMemCreate's refusal err of size bytes on device ordinal
+// said plainly: an *OutOfMemory saying what the device has free when it
+// ran out, or that the device cannot share memory by file descriptor. The
 // caller holds the device's context.
-func outOfMemory(ordinal int, size uint64, err error) error {
+func refused(ordinal int, size uint64, err error) error {
 	var e *Error
-	if !errors.As(err, &e) || e.Result != cudaErrorOutOfMemory {
+	if errors.As(err, &e) && e.Result == cudaErrorNotSupported {
+		return fmt.Errorf("CUDA device %d cannot make memory shareable by file descriptor "+
+			"(CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR is not supported by this device or driver; "+
+			"some virtualized GPUs lack it): %w", ordinal, err)
+	}
+	if e == nil || e.Result != cudaErrorOutOfMemory {
 		return err
 	}
 	var free, total C.size_t

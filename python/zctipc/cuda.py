@@ -301,7 +301,12 @@ def use_shareable_allocator() -> None:
 
     if _gpu.vmm_storages:
         return
-    _devices()  # CudaUnavailable, before torch is touched
+    count, _ = _devices()  # CudaUnavailable, before torch is touched
+    ffi, lib = _native.ffi(), _native.lib()
+    ptr = ffi.new("uint64_t *")
+    for device in range(count):  # a device that cannot share by file descriptor says so here, not in torch
+        _native.check(lib.zct_cuda_cache_alloc(device, 1, 0, ptr))
+        _native.check(lib.zct_cuda_cache_free(ptr[0]))
     if torch.cuda.is_initialized():
         raise InvalidArgument(
             "torch has initialized CUDA with its own allocator already; call "

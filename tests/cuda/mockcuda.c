@@ -22,7 +22,7 @@
 
 
 enum { OK = 0, INVALID_VALUE = 1, OUT_OF_MEMORY = 2, NOT_INITIALIZED = 3, INVALID_DEVICE = 101, INVALID_CONTEXT = 201,
-       INVALID_HANDLE = 400 };
+       INVALID_HANDLE = 400, NOT_SUPPORTED = 801 };
 #define GRANULARITY (64 << 10)
 
 static int initialized;
@@ -85,6 +85,7 @@ CUresult cuGetErrorString(CUresult r, const char **s) {
 	case OUT_OF_MEMORY: *s = "out of memory (mock)"; break;
 	case INVALID_DEVICE: *s = "invalid device ordinal (mock)"; break;
 	case INVALID_HANDLE: *s = "invalid resource handle (mock)"; break;
+	case NOT_SUPPORTED: *s = "operation not supported (mock)"; break;
 	default: *s = "mock CUDA error";
 	}
 	return OK;
@@ -194,6 +195,9 @@ CUresult cuMemGetAllocationGranularity(size_t *g, const CUmemAllocationProp *p, 
 }
 CUresult cuMemCreate(uint64_t *h, size_t size, const CUmemAllocationProp *p, unsigned long long flags) {
 	if (!prop_ok(p) || flags != 0 || size == 0 || size % GRANULARITY) return INVALID_VALUE;
+	/* A device without POSIX file-descriptor handles (some virtualized GPUs)
+	   refuses them as a real driver does. */
+	if (getenv("ZCTIPC_MOCK_CUDA_NO_FD_HANDLES")) return NOT_SUPPORTED;
 	int dev = p->location.id;
 	if (size > device_memory() - used[dev]) return OUT_OF_MEMORY;
 	int fd = memfd_create("mockcuda", MFD_CLOEXEC);

@@ -186,3 +186,31 @@ def state_dict_child(q, back):
     back.put({k: float(v.double().sum()) for k, v in tensors.items()})
     again = zctipc.cuda.attach_state_dict(q.get(timeout=60))
     back.put(all(again[k].data_ptr() == tensors[k].data_ptr() for k in tensors))
+
+
+# -- on a GPU, with zctipc's shareable allocator -----------------------------
+
+
+def receive_vmm_tensors(q, back, n):
+    """Receive n tensors the producer allocated with zctipc's allocator;
+    report the mappings made, legacy opens, and a checksum of the last."""
+    from zctipc._core import native as _native
+
+    total = None
+    for _ in range(n):
+        t = q.get(timeout=120)
+        total = float(t.double().sum().item())
+        del t
+    count = _native.ffi().new("int64_t *")
+    _native.check(_native.lib().zct_cuda_vmm_imports(count))
+    back.put((count[0], zctipc.cuda.ipc_opens(), total))
+
+
+def attach_state_dict_and_report(q, back):
+    """Attach a SharedStateDict on the GPU; report sums before and after the
+    producer's update."""
+    tensors = zctipc.cuda.attach_state_dict(q.get(timeout=120))
+    torch.cuda.synchronize()
+    back.put({k: float(v.double().sum().item()) for k, v in tensors.items()})
+    assert q.get(timeout=120) == "updated"
+    back.put({k: float(v.double().sum().item()) for k, v in tensors.items()})

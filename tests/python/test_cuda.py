@@ -504,3 +504,136 @@ def test_a_state_dict_is_packed_sent_once_and_updated_in_place_with_the_stand_in
     assert lines[9].startswith("refused: 'a' is a torch.sparse_coo tensor")
     assert lines[10] == "refused: share_state_dict takes a mapping of names to tensors, not list"
     assert lines[11] == "0"
+
+
+def test_installing_the_shareable_allocator_with_the_stand_in_driver(mock_env):
+    code = """
+        import torch, zctipc
+        from zctipc._wire import gpu
+        try:
+            zctipc.cuda.use_shareable_allocator()
+        except zctipc.CudaError as e:
+            print("refused:", e)
+        zctipc.cuda.use_shareable_allocator()  # again: nothing more happens, or it fails the same way
+        print(gpu.vmm_storages, zctipc.cuda.allocator_stats()["creates"])
+    """
+    lines = run_with(mock_env, code)
+    assert lines[0] == "True 1", "installed; the probe allocation is cached"
+    with pytest.raises(AssertionError, match="cannot make memory shareable by file descriptor"):
+        run_with(dict(mock_env, ZCTIPC_MOCK_CUDA_NO_FD_HANDLES="1"), code)
+    once = code.replace("zctipc.cuda.use_shareable_allocator()  # again", "pass  #")
+    lines = run_with(dict(mock_env, ZCTIPC_MOCK_CUDA_NO_FD_HANDLES="1"), once)
+    assert lines[0].startswith("refused: CUDA device 0 cannot make memory shareable by file descriptor")
+    assert "CUDA error 801" in lines[0]
+    assert lines[1] == "False 0", "a device that cannot share leaves torch's allocator as it was"
+
+
+# -- on a GPU: the shareable allocator, whole models, DLPack 1.x --------------
+
+
+def run_gpu_script(code):
+    """Run code in a fresh process (the allocator goes in before CUDA is
+    initialized); returns its output lines."""
+    env = dict(os.environ, PYTHONPATH=HERE)
+    out = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert out.returncode == 0, out.stderr
+    return out.stdout.split("\n")
+
+
+@gpu
+def test_torch_tensors_from_the_shareable_allocator_go_by_file_descriptor():
+    lines = run_gpu_script(
+        """
+        import torch, zctipc, _gpu
+        zctipc.cuda.use_shareable_allocator()
+        t = torch.arange(1 << 20, device="cuda:0", dtype=torch.float32).mul_(2)  # a kernel's output
+        q, back = zctipc.Queue(), zctipc.Queue()
+        p = zctipc.get_context("spawn").Process(target=_gpu.receive_vmm_tensors, args=(q, back, 1000))
+        p.start()
+        for _ in range(1000):
+            q.put(t)
+        print(back.get(timeout=300))
+        p.join(60)
+        before = zctipc.cuda.allocator_stats()["creates"]
+        for _ in range(100):
+            x = torch.empty(3 << 20, device="cuda:0")
+            y = torch.empty(1000, device="cuda:0")
+            del x, y
+        print(zctipc.cuda.allocator_stats()["creates"] - before)
+        try:
+            zctipc.cuda.use_shareable_allocator()
+            print("again: nothing happens")
+        except zctipc.InvalidArgument as e:
+            print(e)
+    """
+    )
+    expected = float(sum(range(1 << 20)) * 2)
+    assert lines[0] == f"(1, 0, {expected})", "one mapping for 1000 receipts, no legacy handle, the kernel's values"
+    assert int(lines[1]) <= 2, "steady-state allocation is served from the cache"
+    assert lines[2] == "again: nothing happens"
+
+
+@gpu
+def test_a_vmm_tensor_outlives_its_killed_producer():
+    q, ready = zctipc.Queue(), zctipc.Queue()
+    code = textwrap.dedent("""
+        import pickle, sys, time, torch, zctipc
+        zctipc.cuda.use_shareable_allocator()
+        q, ready = pickle.loads(bytes.fromhex(sys.argv[1])), pickle.loads(bytes.fromhex(sys.argv[2]))
+        t = torch.full((1 << 20,), 3.0, device="cuda:0")
+        q.put(t)
+        ready.put("sent")
+        time.sleep(600)
+    """)
+    from _crash import queue_arg
+
+    p = subprocess.Popen([sys.executable, "-c", code, queue_arg(q), queue_arg(ready)])
+    try:
+        assert ready.get(timeout=120) == "sent"
+        t = q.get(timeout=120)
+        p.kill()
+        p.wait(60)
+        torch.cuda.synchronize()
+        assert t.sum().item() == 3.0 * (1 << 20), "the mapping stays valid after the producer died"
+        t.add_(1)
+        assert t.sum().item() == 4.0 * (1 << 20)
+    finally:
+        p.kill()
+
+
+@gpu
+def test_a_state_dict_on_the_gpu_is_packed_sent_and_updated_in_place():
+    sd = {}
+    for i in range(300):
+        dt = (torch.bfloat16, torch.float32, torch.float16, torch.int64)[i % 4]
+        sd[f"layer{i}.weight"] = torch.full((i % 9 + 1, 17), float(i % 5), device="cuda:0").to(dt)
+    shared = cuda.share_state_dict(sd)
+    assert shared.allocations == 1
+    ctx = zctipc.get_context("spawn")
+    q, back = zctipc.Queue(), zctipc.Queue()
+    p = ctx.Process(target=_gpu.attach_state_dict_and_report, args=(q, back))
+    p.start()
+    q.put(shared)
+    assert back.get(timeout=120) == {k: float(v.double().sum().item()) for k, v in sd.items()}
+    new = {k: v + 1 for k, v in sd.items()}
+    shared.update(new)
+    q.put("updated")
+    assert back.get(timeout=120) == {k: float(v.double().sum().item()) for k, v in new.items()}
+    p.join(60)
+    assert p.exitcode == 0
+
+
+@gpu
+def test_cuda_memory_gives_versioned_dlpack_capsules():
+    import ctypes
+
+    ct = cuda.empty((8,), "float32")
+    ct.torch().fill_(2.0)
+    torch.cuda.synchronize()
+    is_capsule = ctypes.pythonapi.PyCapsule_IsValid
+    is_capsule.restype, is_capsule.argtypes = ctypes.c_int, [ctypes.py_object, ctypes.c_char_p]
+    assert is_capsule(ct.__dlpack__(max_version=(1, 0)), b"dltensor_versioned")
+    assert is_capsule(ct.__dlpack__(), b"dltensor")
+    assert float(torch.from_dlpack(ct).sum()) == 16.0

@@ -214,3 +214,23 @@ def attach_state_dict_and_report(q, back):
     back.put({k: float(v.double().sum().item()) for k, v in tensors.items()})
     assert q.get(timeout=120) == "updated"
     back.put({k: float(v.double().sum().item()) for k, v in tensors.items()})
+
+
+def send_fake_and_wait(q, ready):
+    """Allocate a block of the shareable allocator, send it, and wait to be
+    killed."""
+    import ctypes
+
+    from zctipc._core import native as _native
+    from zctipc._wire import gpu
+
+    stand_in_torch_cuda()
+    gpu.vmm_storages = True
+    ffi, lib = _native.ffi(), _native.lib()
+    ptr = ffi.new("uint64_t *")
+    _native.check(lib.zct_cuda_cache_alloc(0, 4096, 0, ptr))
+    (ctypes.c_int32 * 1024).from_address(ptr[0])[7] = 777
+    send_fake_cuda_tensors()
+    q.put(FakeCudaTensor(ptr[0], 1024))
+    ready.put("sent")
+    time.sleep(600)

@@ -637,3 +637,26 @@ def test_cuda_memory_gives_versioned_dlpack_capsules():
     assert is_capsule(ct.__dlpack__(max_version=(1, 0)), b"dltensor_versioned")
     assert is_capsule(ct.__dlpack__(), b"dltensor")
     assert float(torch.from_dlpack(ct).sum()) == 16.0
+
+
+def test_a_tensor_sent_by_file_descriptor_outlives_its_killed_producer_with_the_stand_in_driver(mock_env):
+    lines = run_with(
+        mock_env,
+        """
+        import zctipc, _gpu
+        _gpu.stand_in_torch_cuda()
+        q, ready = zctipc.Queue(), zctipc.Queue()
+        p = zctipc.get_context("spawn").Process(target=_gpu.send_fake_and_wait, args=(q, ready))
+        p.start()
+        assert ready.get(timeout=60) == "sent"
+        t = q.get(timeout=60)
+        p.kill()
+        p.join(60)
+        print(p.exitcode, int(t[7]))
+        t[7] = 1
+        print(int(t.sum()))
+        del t
+    """,
+    )
+    assert lines[0] == "-9 777", "the consumer's mapping holds the memory of a producer killed by SIGKILL"
+    assert lines[1] == "1", "and it can still write it"

@@ -41,6 +41,7 @@ PLAIN = [
 WITH_EXTRAS = [
     "test_arrow.py",
     "test_bad_input.py",
+    "test_cuda.py",
     "test_dropin.py",
     "test_pickling.py",
     "test_queue.py",

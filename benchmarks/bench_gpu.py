@@ -4,7 +4,9 @@ Hand-off: a tensor already on the GPU (64 MiB and 1 GiB, float32 and
 bfloat16) is put in a queue by the producer; the time is until the consumer
 holds a usable tensor (its stream ordered after the producer's work).
 "first" is the first send of a tensor (the consumer opens the allocation);
-"steady" the median of the rest (the allocation is cached). Peers: zctipc's
+"steady" the median of the rest (the allocation is cached). The consumer
+has started CUDA before the first round, and each round waits for the one
+before, so one message is in flight at a time. Peers: zctipc's
 legacy-IPC route (torch's own allocator), zctipc with its shareable
 allocator (the tensor goes by file descriptor), torch.multiprocessing.
 
@@ -65,12 +67,23 @@ def _context(peer):
 # -- hand-off ----------------------------------------------------------------------
 
 
+def start_cuda():
+    """Start CUDA in this process (context, streams), so no round pays it."""
+    import torch
+
+    torch.empty(1, device="cuda:0")
+    torch.cuda.synchronize()
+
+
 def handoff_consumer(q, out, rounds):
+    start_cuda()
+    out.put("ready")
     samples = []
     for _ in range(rounds):
         sent, t = q.get()  # usable: the current stream is ordered after the producer's work
         samples.append(time.perf_counter_ns() - sent)
         del t
+        out.put(None)  # the next round starts after this one: one message in flight
     out.put(samples)
 
 
@@ -88,8 +101,10 @@ def handoff_producer(peer, nbytes, dtype, rounds, result):
     dt = getattr(torch, dtype)
     t = torch.ones(nbytes // dt.itemsize, dtype=dt, device="cuda:0")
     torch.cuda.synchronize()
+    assert out.get() == "ready"
     for _ in range(rounds):
         q.put((time.perf_counter_ns(), t))
+        out.get()
         time.sleep(0.002)
     result.put(out.get())
     p.join()
@@ -115,6 +130,8 @@ def model_consumer(peer, q, acks, rounds):
 
     import zctipc
 
+    start_cuda()
+    acks.put(("ready", 0))
     msg = q.get()
     tensors = zctipc.cuda.attach_state_dict(msg) if peer == "zctipc" else msg
     torch.cuda.synchronize()
@@ -149,6 +166,7 @@ def model_producer(peer, rounds, result):
     torch.cuda.synchronize()
     copy_ns = time.perf_counter_ns() - start
     del src, dst
+    assert acks.get()[0] == "ready"
     start = time.perf_counter_ns()
     if peer == "zctipc":
         shared = zctipc.cuda.share_state_dict(sd)

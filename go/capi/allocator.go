@@ -6,6 +6,9 @@ package main
 import "C"
 
 import (
+	"errors"
+	"fmt"
+
 	"github.com/zctipc/zctipc/go/cuda"
 	"github.com/zctipc/zctipc/go/cudaalloc"
 )
@@ -24,6 +27,11 @@ func zct_cuda_cache_alloc(device C.int32_t, size, stream C.uint64_t, ptr *C.uint
 		*ptr = C.uint64_t(p)
 		return err
 	})
+}
+
+//export zct_cuda_shareable
+func zct_cuda_shareable(device C.int32_t) C.int {
+	return run(func() error { return cuda.Shareable(int(device)) })
 }
 
 //export zct_cuda_cache_free
@@ -69,13 +77,16 @@ func zct_cuda_vmm_export(ptr, stream C.uint64_t, vmm *C.zct_cuda_vmm, out *C.zct
 		if vmm == nil || out == nil {
 			return errNilArg
 		}
-		sh, err := deviceCache.Share(uint64(ptr))
+		sh, err := shareAny(uint64(ptr))
 		if err != nil {
 			return err
 		}
 		e, err := cuda.ExportEvent(sh.Device, uint64(stream))
 		if err != nil {
 			return err
+		}
+		if len(sh.Name) >= len(vmm.name) {
+			return fmt.Errorf("a share name of %d bytes does not fit zct_cuda_vmm: %w", len(sh.Name), errRange)
 		}
 		*vmm = C.zct_cuda_vmm{offset: C.uint64_t(sh.Offset), size: C.uint64_t(sh.Size), device: C.int32_t(sh.Device)}
 		for i := range len(sh.Name) {
@@ -85,6 +96,25 @@ func zct_cuda_vmm_export(ptr, stream C.uint64_t, vmm *C.zct_cuda_vmm, out *C.zct
 		*out = C.zct_handle(cudaExports.put(e))
 		return nil
 	})
+}
+
+// shareAny says where the VMM memory at ptr lies for another process: a
+// block of the caching allocator, an allocation of zct_cuda_alloc (shared
+// now if it was not), or an allocation this process mapped by name (whose
+// producer serves it). Other memory is ErrNotOurs.
+func shareAny(ptr uint64) (cudaalloc.Shared, error) {
+	sh, err := deviceCache.Share(ptr)
+	if !errors.Is(err, cudaalloc.ErrNotOurs) {
+		return sh, err
+	}
+	if a, ok := cudaAllocs.find(func(a *sharedAllocation) bool { return ptr >= a.Ptr && ptr < a.Ptr+a.Size }); ok {
+		name, err := a.shareName()
+		return cudaalloc.Shared{Name: name, Offset: ptr - a.Ptr, Size: a.Size, Device: a.Resident}, err
+	}
+	if name, a, ok := cuda.FindImported(ptr); ok {
+		return cudaalloc.Shared{Name: name, Offset: ptr - a.Ptr, Size: a.Size, Device: a.Resident}, nil
+	}
+	return cudaalloc.Shared{}, err
 }
 
 //export zct_cuda_vmm_open

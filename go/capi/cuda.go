@@ -6,6 +6,7 @@ package main
 import "C"
 
 import (
+	"sync"
 	"unsafe"
 
 	"github.com/zctipc/zctipc/go/cuda"
@@ -19,7 +20,22 @@ var (
 // sharedAllocation is a VMM allocation and the name it is shared under.
 type sharedAllocation struct {
 	*cuda.Allocation
+	mu   sync.Mutex
 	name string
+}
+
+// shareName shares the allocation, once, and returns its name.
+func (a *sharedAllocation) shareName() (string, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.name == "" {
+		name, err := a.Share()
+		if err != nil {
+			return "", err
+		}
+		a.name = name
+	}
+	return a.name, nil
 }
 
 //export zct_cuda_devices
@@ -133,15 +149,12 @@ func zct_cuda_alloc(device C.int32_t, size C.uint64_t, out *C.zct_handle, ptr, s
 //export zct_cuda_share
 func zct_cuda_share(h C.zct_handle, name *C.char, capacity C.uint64_t) C.int {
 	return with(cudaAllocs, uint64(h), func(a *sharedAllocation) error {
-		if a.name == "" {
-			name, err := a.Share()
-			if err != nil {
-				return err
-			}
-			a.name = name
+		shared, err := a.shareName()
+		if err != nil {
+			return err
 		}
 		var n C.uint64_t
-		return copyOut(a.name, name, capacity, &n)
+		return copyOut(shared, name, capacity, &n)
 	})
 }
 

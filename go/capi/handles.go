@@ -48,6 +48,19 @@ func (t *table[T]) take(h uint64) (T, error) {
 	return v, nil
 }
 
+// find returns an object of the table that ok accepts.
+func (t *table[T]) find(ok func(T) bool) (T, bool) {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	for _, v := range t.m {
+		if ok(v) {
+			return v, true
+		}
+	}
+	var zero T
+	return zero, false
+}
+
 // drain empties the table and returns what it held.
 func (t *table[T]) drain() []T {
 	t.mu.Lock()

@@ -495,6 +495,10 @@ int zct_cuda_free(zct_handle alloc);
    bytes gets address 0. When the driver runs out of memory the cache gives
    back what it holds unused and tries once more: ZCT_E_CUDA_OOM after. */
 int zct_cuda_cache_alloc(int32_t device, uint64_t size, uint64_t stream, uint64_t *ptr);
+/* ZCT_OK when device can make memory shareable by file descriptor (virtual
+   memory management, POSIX file-descriptor handles); asks the device's
+   attributes, without making a context on it. */
+int zct_cuda_shareable(int32_t device);
 int zct_cuda_cache_free(uint64_t ptr);
 /* Give unused cached allocations back to the driver (device -1: of every
    device); *released receives how many. */
@@ -510,8 +514,11 @@ typedef struct zct_cuda_cache_info {
     uint64_t requested;              /* requests, ever */
 } zct_cuda_cache_info;
 int zct_cuda_cache_stats(zct_cuda_cache_info *info);
-/* torch.cuda.memory.CUDAPluggableAllocator's two functions over the cache:
-   NULL when the allocation failed (zct_last_error says why). */
+/* torch.cuda.memory.CUDAPluggableAllocator's two functions over the cache.
+   When an allocation fails, zct_torch_alloc throws std::runtime_error (a C++
+   exception, with zct_last_error's message) where the process has a C++
+   runtime loaded, since torch reports nothing else; otherwise it returns
+   NULL. C callers use zct_cuda_cache_alloc. */
 void *zct_torch_alloc(size_t size, int device, void *stream);
 void zct_torch_free(void *ptr, size_t size, int device, void *stream);
 
@@ -524,8 +531,11 @@ typedef struct zct_cuda_vmm {
     int32_t device;                  /* the device it lives on */
     int32_t reserved;
 } zct_cuda_vmm;
-/* Describe the memory at ptr (anywhere in a block in use) with an event
-   recorded on stream; ZCT_E_NOT_FOUND when ptr is not the cache's. The
+/* Describe the shareable memory at ptr with an event recorded on stream:
+   anywhere in a block of the cache in use, in an allocation of
+   zct_cuda_alloc (shared by this call if it was not), or in one this
+   process mapped by zct_cuda_vmm_open (described by its producer's name);
+   ZCT_E_NOT_FOUND for other memory. The
    export is an event handle as zct_cuda_ipc_export makes:
    zct_cuda_ipc_record records it again, zct_cuda_ipc_release destroys it. */
 int zct_cuda_vmm_export(uint64_t ptr, uint64_t stream, zct_cuda_vmm *vmm, zct_handle *export_);
@@ -534,7 +544,9 @@ int zct_cuda_vmm_export(uint64_t ptr, uint64_t stream, zct_cuda_vmm *vmm, zct_ha
    own; stream is made to wait for the producer's event, on the GPU. */
 int zct_cuda_vmm_open(const zct_cuda_vmm *vmm, uint64_t stream, uint64_t *ptr);
 int zct_cuda_vmm_close(const zct_cuda_vmm *vmm);
-/* How many allocations this process has mapped by zct_cuda_vmm_open. */
+/* How many allocations this process has mapped by zct_cuda_vmm_open, ever.
+   A mapping stays while a user holds it, and the 8 most recently idle stay
+   after; zct_cuda_ipc_trim unmaps idle ones. */
 int zct_cuda_vmm_imports(int64_t *count);
 
 /* END CDEF */

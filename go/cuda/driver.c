@@ -35,6 +35,8 @@ static struct {
 	CUresult (*MemUnmap)(CUdeviceptr, size_t);
 	CUresult (*MemSetAccess)(CUdeviceptr, size_t, const CUmemAccessDesc *, size_t);
 	CUresult (*MemGetInfo)(size_t *, size_t *);
+	CUresult (*CtxSynchronize)(void);
+	CUresult (*DeviceGetAttribute)(int *, int, CUdevice);
 } cu;
 
 // zct_cuda_load opens the driver and finds every entry point; it returns
@@ -75,6 +77,8 @@ const char *zct_cuda_load(const char *path) {
 	SYM(MemUnmap, "cuMemUnmap")
 	SYM(MemSetAccess, "cuMemSetAccess")
 	SYM(MemGetInfo, "cuMemGetInfo_v2")
+	SYM(CtxSynchronize, "cuCtxSynchronize")
+	SYM(DeviceGetAttribute, "cuDeviceGetAttribute")
 #undef SYM
 	return NULL;
 }
@@ -153,6 +157,12 @@ CUresult zct_cuMemCreate(int ordinal, size_t size, CUmemGenericAllocationHandle 
 }
 CUresult zct_cuMemRelease(CUmemGenericAllocationHandle h) { return cu.MemRelease(h); }
 CUresult zct_cuMemGetInfo(size_t *free, size_t *total) { return cu.MemGetInfo(free, total); }
+CUresult zct_cuCtxSynchronize(void) { return cu.CtxSynchronize(); }
+CUresult zct_cuDeviceAttribute(int ordinal, int attribute, int *value) {
+	CUdevice dev;
+	CUresult r = cu.DeviceGet(&dev, ordinal);
+	return r != 0 ? r : cu.DeviceGetAttribute(value, attribute, dev);
+}
 CUresult zct_cuMemExportFD(CUmemGenericAllocationHandle h, int *fd) {
 	return cu.MemExportToShareableHandle(fd, h, 1, 0);
 }

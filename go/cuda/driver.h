@@ -58,6 +58,8 @@ CUresult zct_cuStreamWaitEvent(uintptr_t stream, uintptr_t ev);
 CUresult zct_cuGranularity(int ordinal, size_t *g);
 CUresult zct_cuMemCreate(int ordinal, size_t size, CUmemGenericAllocationHandle *h);
 CUresult zct_cuMemGetInfo(size_t *free, size_t *total);
+CUresult zct_cuCtxSynchronize(void);
+CUresult zct_cuDeviceAttribute(int ordinal, int attribute, int *value);
 CUresult zct_cuMemRelease(CUmemGenericAllocationHandle h);
 CUresult zct_cuMemExportFD(CUmemGenericAllocationHandle h, int *fd);
 CUresult zct_cuMemImportFD(int fd, CUmemGenericAllocationHandle *h);

@@ -2,9 +2,12 @@ package cuda
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"strconv"
 	"strings"
+
+	"golang.org/x/sys/unix"
 )
 
 // A VMM allocation received by name (a block of zctipc's caching allocator,
@@ -24,6 +27,13 @@ var (
 	// imports counts the allocations mapped by OpenShared.
 	imports int
 )
+
+// Mapped returns how many allocations mapped by OpenShared are mapped now.
+func Mapped() int {
+	ipcMu.Lock()
+	defer ipcMu.Unlock()
+	return len(imported)
+}
 
 // ImportCount returns how many allocations OpenShared has mapped.
 func ImportCount() int {
@@ -49,6 +59,15 @@ func own(name string) *Allocation {
 	return s.shared[name]
 }
 
+// KeepIdle is how many allocations mapped by OpenShared that no view uses
+// stay mapped, for the next receipt; beyond it the oldest idle one is
+// unmapped, since a mapping holds the producer's GPU memory.
+const KeepIdle = 8
+
+// idle lists the mapped allocations no view uses, oldest first; ipcMu
+// guards it.
+var idle []string
+
 // OpenShared returns the address, offset bytes into the allocation shared
 // as name, in this process: its own allocation as it is, another process's
 // mapped on the device it lives on the first time (cached afterwards). It
@@ -57,12 +76,15 @@ func own(name string) *Allocation {
 func OpenShared(name string, offset uint64, event [HandleSize]byte, stream uint64) (uint64, error) {
 	if a := own(name); a != nil {
 		if offset >= a.Size {
-			return 0, errors.New("an offset past the allocation " + name)
+			return 0, fmt.Errorf("offset %d past the allocation %s of %d bytes: %w", offset, name, a.Size, unix.EINVAL)
 		}
 		return a.Ptr + offset, nil
 	}
 	ipcMu.Lock()
 	a := imported[name]
+	if a != nil {
+		a.use()
+	}
 	ipcMu.Unlock()
 	if a == nil {
 		m, err := ImportShared(name, -1)
@@ -76,56 +98,94 @@ func OpenShared(name string, offset uint64, event [HandleSize]byte, stream uint6
 			imports++
 			m = nil
 		}
+		a.use()
 		ipcMu.Unlock()
 		if m != nil {
 			_ = m.Free()
 		}
 	}
 	if offset >= a.Size {
-		return 0, errors.New("an offset past the allocation " + name)
+		CloseShared(name)
+		return 0, fmt.Errorf("offset %d past the allocation %s of %d bytes: %w", offset, name, a.Size, unix.EINVAL)
 	}
-	var ptr uint64
 	err := onDevice(a.Device, func() error {
 		ipcMu.Lock()
 		defer ipcMu.Unlock()
-		if err := waitEvent(event, stream); err != nil {
-			return err
-		}
-		a.users++
-		ptr = a.Ptr + offset
-		return nil
+		return waitEvent(event, stream)
 	})
-	return ptr, err
+	if err != nil {
+		CloseShared(name)
+		return 0, err
+	}
+	return a.Ptr + offset, nil
+}
+
+// use counts one more user of a, which is no longer idle. The caller holds
+// ipcMu.
+func (a *importedAllocation) use() {
+	if a.users == 0 {
+		for i, n := range idle {
+			if imported[n] == a {
+				idle = append(idle[:i], idle[i+1:]...)
+				break
+			}
+		}
+	}
+	a.users++
+}
+
+// FindImported returns the allocation mapped by OpenShared that holds the
+// address ptr, and its share name.
+func FindImported(ptr uint64) (string, *Allocation, bool) {
+	ipcMu.Lock()
+	defer ipcMu.Unlock()
+	for name, a := range imported {
+		if ptr >= a.Ptr && ptr < a.Ptr+a.Size {
+			return name, a.Allocation, true
+		}
+	}
+	return "", nil, false
 }
 
 // CloseShared gives back one use of an allocation opened by OpenShared. It
-// stays mapped (and cached) until Forget.
+// stays mapped (and cached) while it is one of the KeepIdle most recently
+// idle, or until Forget; the caller's work on it must be done.
 func CloseShared(name string) {
 	ipcMu.Lock()
-	defer ipcMu.Unlock()
-	if a := imported[name]; a != nil && a.users > 0 {
-		a.users--
+	a := imported[name]
+	if a == nil || a.users == 0 {
+		ipcMu.Unlock()
+		return
+	}
+	a.users--
+	var drop *importedAllocation
+	if a.users == 0 {
+		idle = append(idle, name)
+		if len(idle) > KeepIdle {
+			drop = imported[idle[0]]
+			delete(imported, idle[0])
+			idle = idle[1:]
+		}
+	}
+	ipcMu.Unlock()
+	if drop != nil {
+		_ = drop.Free()
 	}
 }
 
 // forgetImported unmaps allocations mapped by OpenShared that no view uses,
-// keeping at most keep of them.
+// keeping at most keep of them (the most recently idle).
 func forgetImported(keep int) error {
 	ipcMu.Lock()
-	var idle []*importedAllocation
-	for name, a := range imported {
-		if a.users == 0 {
-			if keep > 0 {
-				keep--
-				continue
-			}
-			idle = append(idle, a)
-			delete(imported, name)
-		}
+	var drop []*importedAllocation
+	for len(idle) > keep {
+		drop = append(drop, imported[idle[0]])
+		delete(imported, idle[0])
+		idle = idle[1:]
 	}
 	ipcMu.Unlock()
 	var errs []error
-	for _, a := range idle {
+	for _, a := range drop {
 		errs = append(errs, a.Free())
 	}
 	return errors.Join(errs...)

@@ -38,8 +38,10 @@ var (
 	// opened caches the allocations this process opened, so that each is
 	// opened once however often it is received.
 	opened = map[[HandleSize]byte]*openAllocation{}
-	// events caches opened interprocess events.
-	events = map[[HandleSize]byte]uintptr{}
+	// events caches opened interprocess events, at most KeepEvents of
+	// them, eventOrder the order they were opened in.
+	events     = map[[HandleSize]byte]uintptr{}
+	eventOrder [][HandleSize]byte
 	// opens counts cuIpcOpenMemHandle calls.
 	opens int
 )
@@ -173,8 +175,15 @@ func Open(handle [HandleSize]byte, offset uint64, device int, event [HandleSize]
 	return ptr, err
 }
 
+// KeepEvents is how many opened interprocess events a process keeps: every
+// storage a producer sends has an event of its own, so a consumer of many
+// storages would otherwise gather them without end. The oldest is destroyed
+// first; a stream already waiting on it still waits (the driver releases an
+// event once the work that uses it is done).
+const KeepEvents = 256
+
 // waitEvent makes stream wait for an interprocess event. The caller holds
-// ipcMu and the device's context.
+// ipcMu and the context of the device the event lives on.
 func waitEvent(handle [HandleSize]byte, stream uint64) error {
 	if handle == ([HandleSize]byte{}) {
 		return nil
@@ -186,7 +195,13 @@ func waitEvent(handle [HandleSize]byte, stream uint64) error {
 			return err
 		}
 		ev = uintptr(e)
+		if len(eventOrder) >= KeepEvents {
+			_ = check("cuEventDestroy", C.zct_cuEventDestroy(C.uintptr_t(events[eventOrder[0]])))
+			delete(events, eventOrder[0])
+			eventOrder = eventOrder[1:]
+		}
 		events[handle] = ev
+		eventOrder = append(eventOrder, handle)
 	}
 	return check("cuStreamWaitEvent", C.zct_cuStreamWaitEvent(C.uintptr_t(stream), C.uintptr_t(ev)))
 }
@@ -209,26 +224,29 @@ func Forget(keep int) error {
 	return errors.Join(forgetLegacy(keep), forgetImported(keep))
 }
 
+// forgetLegacy closes idle legacy allocations beyond keep. They leave the
+// cache in the same critical section that finds them idle, so an Open in
+// between cannot take one that is about to close.
 func forgetLegacy(keep int) error {
 	ipcMu.Lock()
 	var idle []*openAllocation
-	var keys [][HandleSize]byte
 	for h, a := range opened {
-		if a.users == 0 {
-			idle, keys = append(idle, a), append(keys, h)
+		if a.users > 0 {
+			continue
 		}
+		if keep > 0 {
+			keep--
+			continue
+		}
+		idle = append(idle, a)
+		delete(opened, h)
 	}
 	ipcMu.Unlock()
 	var errs []error
-	for i := keep; i < len(idle); i++ {
-		a := idle[i]
-		err := onDevice(a.device, func() error {
+	for _, a := range idle {
+		errs = append(errs, onDevice(a.device, func() error {
 			return check("cuIpcCloseMemHandle", C.zct_cuIpcCloseMemHandle(C.CUdeviceptr(a.base)))
-		})
-		ipcMu.Lock()
-		delete(opened, keys[i])
-		ipcMu.Unlock()
-		errs = append(errs, err)
+		}))
 	}
 	return errors.Join(errs...)
 }

@@ -24,6 +24,43 @@ type Allocation struct {
 	freed    bool
 }
 
+// Shareable returns nil when device ordinal can make memory another process
+// maps by file descriptor (virtual memory management with POSIX
+// file-descriptor handles), and says why not otherwise. It asks the device's
+// attributes, which needs no context on the device.
+func Shareable(ordinal int) error {
+	if err := load(); err != nil {
+		return err
+	}
+	if ordinal < 0 || ordinal >= devices {
+		return fmt.Errorf("CUDA device %d: there are %d: %w", ordinal, devices, ErrUnavailable)
+	}
+	for _, a := range []struct {
+		attr int
+		what string
+	}{{102, "virtual memory management"}, {103, "POSIX file-descriptor handles"}} {
+		var v C.int
+		if err := check("cuDeviceGetAttribute", C.zct_cuDeviceAttribute(C.int(ordinal), C.int(a.attr), &v)); err != nil {
+			return err
+		}
+		if v == 0 {
+			return fmt.Errorf("CUDA device %d cannot make memory shareable by file descriptor: it has no %s "+
+				"(some virtualized GPUs lack it): %w", ordinal, a.what, ErrNotSupported)
+		}
+	}
+	return nil
+}
+
+// ErrNotSupported means a device or driver lacks what a call needs; it is
+// an ErrDriver, as the driver's own refusal would be.
+var ErrNotSupported = fmt.Errorf("not supported by this CUDA device or driver: %w", ErrDriver)
+
+// Synchronize waits until the work queued on device ordinal (every stream
+// of its primary context) is done.
+func Synchronize(ordinal int) error {
+	return onDevice(ordinal, func() error { return check("cuCtxSynchronize", C.zct_cuCtxSynchronize()) })
+}
+
 // Granularity returns the allocation granularity of device ordinal for
 // shareable allocations.
 func Granularity(ordinal int) (uint64, error) {

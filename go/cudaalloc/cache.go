@@ -40,6 +40,9 @@ const (
 	SmallLimit = 1 << 20
 	// SlabSize is the least size of a slab (rounded up to the granularity).
 	SlabSize = 2 << 20
+	// MaxRequest is the largest request (256 TiB): rounding it up to any
+	// granularity cannot overflow.
+	MaxRequest = 1 << 48
 )
 
 // ErrNotOurs means an address is not a block of this cache.
@@ -124,6 +127,9 @@ func (c *Cache) Alloc(device int, size, stream uint64) (uint64, error) {
 	}
 	if size == 0 {
 		return 0, nil
+	}
+	if size > MaxRequest {
+		return 0, fmt.Errorf("an allocation of %d bytes, more than %d: %w", size, uint64(MaxRequest), unix.EINVAL)
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -225,10 +231,21 @@ func (c *Cache) Trim(device int) int {
 	return c.trim(device)
 }
 
-// trim is Trim; the caller holds c.mu. A failure to free is not fatal to a
-// cache: the allocation is dropped from it either way, since its handle can
-// no longer be trusted.
+// trim is Trim; the caller holds c.mu. A block is cached as soon as its
+// user frees it, while kernels queued before may still use it, and unmapping
+// does not wait for them: so each device whose allocations go is
+// synchronized first. A failure to free is not fatal to a cache: the
+// allocation is dropped from it either way, since its handle can no longer
+// be trusted.
 func (c *Cache) trim(device int) int {
+	synced := map[int]bool{}
+	for _, s := range c.segs {
+		d := s.alloc.Device
+		if s.used == 0 && (device < 0 || d == device) && !synced[d] {
+			synced[d] = true
+			_ = cuda.Synchronize(d)
+		}
+	}
 	n := 0
 	kept := c.segs[:0]
 	for _, s := range c.segs {
@@ -284,8 +301,8 @@ func (c *Cache) Share(ptr uint64) (Shared, error) {
 	s := c.segs[i]
 	if s.name == "" {
 		name, err := s.alloc.Share()
-		if err != nil {
-			return Shared{}, err
+		if err != nil { // not ErrNotOurs, whatever its errno
+			return Shared{}, fmt.Errorf("share the allocation that holds %#x: %v: %w", ptr, err, unix.EIO)
 		}
 		s.name = name
 	}

@@ -142,18 +142,23 @@ class CudaTensor:
 
     @classmethod
     def _wrap(cls, handle: int, ptr: int, size: int, device: int, shape: tuple[int, ...], code: int) -> Self:
-        self = object.__new__(cls)
-        self._handle = handle
         # mypy cannot infer the type of a lambda whose default binds the handle.
-        self._memory = _device.DeviceMemory(
+        memory = _device.DeviceMemory(
             ptr,
             size,
             device,
             lambda h=handle: _native.finalize("zct_cuda_free", h, "freeing CUDA memory"),  # type: ignore[misc]
         )
-        self._shape = shape
-        self._code = code
-        self._name = None
+        return cls._over(handle, memory, shape, code, None)
+
+    @classmethod
+    def _over(
+        cls, handle: int, memory: _device.DeviceMemory, shape: tuple[int, ...], code: int, name: str | None
+    ) -> Self:
+        """A CudaTensor over memory, allocated here (handle) or imported by
+        name."""
+        self = object.__new__(cls)
+        self._handle, self._memory, self._shape, self._code, self._name = handle, memory, shape, code, name
         return self
 
     @property
@@ -235,15 +240,16 @@ class CudaTensor:
         return _attach, (self._name, self._shape, self._code)
 
 
-#: The CudaTensors this process imported, by (name, device): one received
-#: again while the first is alive is the same object (one mapping).
-_imported: weakref.WeakValueDictionary[tuple[str, int], CudaTensor] = weakref.WeakValueDictionary()
+#: The memory of the allocations this process imported by name, by (name,
+#: device): received again while any view of it is alive, an allocation is
+#: not mapped again.
+_imported: weakref.WeakValueDictionary[tuple[str, int], _device.DeviceMemory] = weakref.WeakValueDictionary()
 
 
 def _attach(name: str, shape: tuple[int, ...], code: int, device: int = -1) -> CudaTensor:
-    known = _imported.get((name, device))
-    if known is not None and known._shape == shape and known._code == code:
-        return known
+    memory = _imported.get((name, device))
+    if memory is not None:
+        return CudaTensor._over(0, memory, shape, code, name)
     ffi = _native.ffi()
     handle, ptr, size, resident = (
         ffi.new("zct_handle *"),
@@ -255,7 +261,7 @@ def _attach(name: str, shape: tuple[int, ...], code: int, device: int = -1) -> C
     mapped_on = resident[0] if device < 0 else device
     ct = CudaTensor._wrap(handle[0], ptr[0], size[0], mapped_on, shape, code)
     ct._name = name
-    _imported[(name, device)] = ct
+    _imported[(name, device)] = ct._memory
     return ct
 
 
@@ -302,11 +308,8 @@ def use_shareable_allocator() -> None:
     if _gpu.vmm_storages:
         return
     count, _ = _devices()  # CudaUnavailable, before torch is touched
-    ffi, lib = _native.ffi(), _native.lib()
-    ptr = ffi.new("uint64_t *")
     for device in range(count):  # a device that cannot share by file descriptor says so here, not in torch
-        _native.check(lib.zct_cuda_cache_alloc(device, 1, 0, ptr))
-        _native.check(lib.zct_cuda_cache_free(ptr[0]))
+        _native.check(_native.lib().zct_cuda_shareable(device))
     if torch.cuda.is_initialized():
         raise InvalidArgument(
             "torch has initialized CUDA with its own allocator already; call "

@@ -214,6 +214,21 @@ CUresult cuMemRelease(uint64_t h) {
 	}
 	return close((int)h - 1) == 0 ? OK : INVALID_HANDLE;
 }
+static int syncs;
+int mock_syncs(void) { return syncs; }
+CUresult cuCtxSynchronize(void) {
+	if (!need_context()) return INVALID_CONTEXT;
+	syncs++;
+	return OK;
+}
+CUresult cuDeviceGetAttribute(int *value, int attribute, int dev) {
+	if (dev < 0 || dev >= devices()) return INVALID_DEVICE;
+	switch (attribute) {
+	case 102: *value = 1; return OK; /* virtual memory management */
+	case 103: *value = getenv("ZCTIPC_MOCK_CUDA_NO_FD_HANDLES") ? 0 : 1; return OK; /* POSIX fd handles */
+	default: return INVALID_VALUE;
+	}
+}
 CUresult cuMemGetInfo_v2(size_t *free, size_t *total) {
 	if (!need_context()) return INVALID_CONTEXT;
 	int dev = (int)((uintptr_t)current - 0x1000);

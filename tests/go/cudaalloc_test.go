@@ -59,7 +59,60 @@ func TestCudaCacheBlocksAcrossProcessesOutliveTheProducer(t *testing.T) {
 	consumer.wait(t)
 }
 
+// A consumer keeps at most cuda.KeepIdle allocations mapped that no view
+// uses (each holds the producer's GPU memory), the most recently idle.
+func TestCudaIdleMappingsAreBoundedWithTheStandInDriver(t *testing.T) {
+	producer := startMockHelper(t, "mock-cache-many")
+	names := producer.readLine(t)
+	consumer := startMockHelper(t, "mock-cache-idle", names)
+	require.Equal(t, fmt.Sprintf("mapped %d imports 10", cuda.KeepIdle), consumer.readLine(t))
+	require.Equal(t, "the newest again: imports 10; the oldest again: imports 11", consumer.readLine(t))
+	consumer.wait(t)
+	producer.send(t, "done")
+	producer.wait(t)
+}
+
 func init() {
+	helpers["mock-cache-many"] = func(args []string) error {
+		c := cudaalloc.New()
+		var names []string
+		for range 10 {
+			p, err := c.Alloc(0, 2<<20, 0) // a large block: an allocation each
+			if err != nil {
+				return err
+			}
+			sh, err := c.Share(p)
+			if err != nil {
+				return err
+			}
+			names = append(names, sh.Name)
+		}
+		fmt.Println(strings.Join(names, ","))
+		_, err := stdinLine()
+		return err
+	}
+	helpers["mock-cache-idle"] = func(args []string) error {
+		names := strings.Split(args[0], ",")
+		var none [cuda.HandleSize]byte
+		for _, name := range names {
+			if _, err := cuda.OpenShared(name, 0, none, 0); err != nil {
+				return err
+			}
+			cuda.CloseShared(name)
+		}
+		fmt.Println("mapped", cuda.Mapped(), "imports", cuda.ImportCount())
+		if _, err := cuda.OpenShared(names[9], 0, none, 0); err != nil {
+			return err
+		}
+		cuda.CloseShared(names[9])
+		newest := cuda.ImportCount()
+		if _, err := cuda.OpenShared(names[0], 0, none, 0); err != nil {
+			return err
+		}
+		cuda.CloseShared(names[0])
+		fmt.Printf("the newest again: imports %d; the oldest again: imports %d\n", newest, cuda.ImportCount())
+		return cuda.Forget(0)
+	}
 	helpers["mock-cache"] = func(args []string) error {
 		c := cudaalloc.New()
 		sizes := []uint64{100, 1000, 600, 3 << 20}

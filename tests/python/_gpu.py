@@ -97,13 +97,16 @@ def stand_in_torch_cuda():
     torch.cuda.current_stream = lambda index=None: types.SimpleNamespace(cuda_stream=0)
 
     def view(memory, dtype, shape, strides=None, storage_offset=0):
-        raw = torch.frombuffer((ctypes.c_char * memory.nbytes).from_address(memory.ptr), dtype=torch.uint8)
+        import numpy as np
+
+        host = (ctypes.c_char * memory.nbytes).from_address(memory.ptr)
+        host.memory = memory  # the storage holds the device memory, as torch's over CUDA memory does
+        raw = torch.from_numpy(np.frombuffer(host, dtype=np.uint8))
         typed = raw.view(dtype)
         if strides is None:
             t = typed[: int(torch.Size(shape).numel())].view(shape)
         else:
             t = typed.as_strided(shape, strides, storage_offset)
-        t._zctipc_memory = memory  # the device memory lives while the view does
         return t
 
     device.torch_view = view
@@ -179,8 +182,7 @@ def state_dict_child(q, back):
     """Attach a SharedStateDict, report its sums, then again after the
     producer's in-place update, and whether a second receipt maps anew."""
     stand_in_torch_cuda()
-    shared = q.get(timeout=60)
-    tensors = zctipc.cuda.attach_state_dict(shared)
+    tensors = zctipc.cuda.attach_state_dict(q.get(timeout=60))  # the SharedStateDict itself is dropped
     back.put({k: float(v.double().sum()) for k, v in tensors.items()})
     assert q.get(timeout=60) == "updated"
     back.put({k: float(v.double().sum()) for k, v in tensors.items()})

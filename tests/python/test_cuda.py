@@ -348,7 +348,6 @@ def test_the_shareable_allocator_caches_blocks_and_torch_can_load_it_with_the_st
         stats = zctipc.cuda.allocator_stats()
         print(stats["creates"], stats["hits"], stats["blocks"], stats["in_use"])
         print(zctipc.cuda.empty_cache(), zctipc.cuda.allocator_stats()["segments"])
-        print(lib.zct_torch_alloc(100 << 30, 0, ffi.NULL) == ffi.NULL)
         try:
             _native.check(lib.zct_cuda_cache_alloc(0, 100 << 30, 0, ffi.new("uint64_t *")))
         except zctipc.CudaOutOfMemory as e:
@@ -361,9 +360,49 @@ def test_the_shareable_allocator_caches_blocks_and_torch_can_load_it_with_the_st
     assert lines[0] == "True True True", "a freed block is handed out again; 0 bytes is NULL"
     assert lines[1] == "2 2000 0 0", "two driver allocations for 2002 requests"
     assert lines[2] == "2 0", "both given back"
-    assert lines[3] == "True", "torch's alloc gets NULL when the device is out of memory"
-    assert lines[4].startswith("oom: CUDA device 0 is out of memory: 107374182400 bytes asked")
-    assert lines[5] == "CUDAPluggableAllocator", "torch finds the two functions in the loaded library"
+    assert lines[3].startswith("oom: CUDA device 0 is out of memory: 107374182400 bytes asked")
+    assert lines[4] == "CUDAPluggableAllocator", "torch finds the two functions in the loaded library"
+
+
+CXX_CALLER = r"""
+#include <dlfcn.h>
+#include <cstdio>
+#include <exception>
+// Calls zct_torch_alloc as torch's pluggable allocator does, from C++.
+int main(int argc, char **argv) {
+    void *lib = dlopen(argv[1], RTLD_NOW | RTLD_LOCAL);
+    if (lib == nullptr) { std::printf("dlopen: %s\n", dlerror()); return 1; }
+    auto alloc = (void *(*)(size_t, int, void *))dlsym(lib, "zct_torch_alloc");
+    auto release = (void (*)(void *, size_t, int, void *))dlsym(lib, "zct_torch_free");
+    void *p = alloc(1000, 0, nullptr);
+    std::printf("allocated %d\n", p != nullptr);
+    release(p, 1000, 0, nullptr);
+    try {
+        alloc(size_t(100) << 30, 0, nullptr);
+        std::printf("no exception\n");
+    } catch (const std::exception &e) {
+        std::printf("caught: %s\n", e.what());
+    }
+    return 0;
+}
+"""
+
+
+def test_torchs_allocate_function_fails_with_a_cpp_exception_with_the_stand_in_driver(mock_env, tmp_path):
+    # torch ignores what its allocate function returns, so a failure is
+    # thrown as std::runtime_error, which torch turns into a RuntimeError.
+    source, program = tmp_path / "caller.cc", tmp_path / "caller"
+    source.write_text(CXX_CALLER)
+    subprocess.run(["g++", "-O1", "-o", str(program), str(source), "-ldl"], check=True)
+    from zctipc._core import native
+
+    out = subprocess.run(
+        [str(program), native.library_path()], env=mock_env, capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.split("\n")
+    assert lines[0] == "allocated 1"
+    assert lines[1].startswith("caught: CUDA device 0 is out of memory: 107374182400 bytes asked"), lines[1]
 
 
 def test_tensors_of_the_shareable_allocator_go_by_file_descriptor_and_map_once_with_the_stand_in_driver(mock_env):
@@ -516,16 +555,22 @@ def test_installing_the_shareable_allocator_with_the_stand_in_driver(mock_env):
             print("refused:", e)
         zctipc.cuda.use_shareable_allocator()  # again: nothing more happens, or it fails the same way
         print(gpu.vmm_storages, zctipc.cuda.allocator_stats()["creates"])
+        try:
+            zctipc.cuda.empty(4)
+            print("allocated")
+        except zctipc.CudaError as e:
+            print("refused:", e)
     """
     lines = run_with(mock_env, code)
-    assert lines[0] == "True 1", "installed; the probe allocation is cached"
+    assert lines[0] == "True 0", "installed, after asking each device's attributes (no allocation, no context)"
     with pytest.raises(AssertionError, match="cannot make memory shareable by file descriptor"):
         run_with(dict(mock_env, ZCTIPC_MOCK_CUDA_NO_FD_HANDLES="1"), code)
     once = code.replace("zctipc.cuda.use_shareable_allocator()  # again", "pass  #")
     lines = run_with(dict(mock_env, ZCTIPC_MOCK_CUDA_NO_FD_HANDLES="1"), once)
-    assert lines[0].startswith("refused: CUDA device 0 cannot make memory shareable by file descriptor")
-    assert "CUDA error 801" in lines[0]
+    assert lines[0].startswith("refused: CUDA device 0 cannot make memory shareable by file descriptor: it has no")
     assert lines[1] == "False 0", "a device that cannot share leaves torch's allocator as it was"
+    assert lines[2].startswith("refused: CUDA device 0 cannot make memory shareable by file descriptor")
+    assert "cuMemCreate: CUDA error 801" in lines[2], "the driver's own refusal, said plainly"
 
 
 # -- on a GPU: the shareable allocator, whole models, DLPack 1.x --------------
@@ -660,3 +705,23 @@ def test_a_tensor_sent_by_file_descriptor_outlives_its_killed_producer_with_the_
     )
     assert lines[0] == "-9 777", "the consumer's mapping holds the memory of a producer killed by SIGKILL"
     assert lines[1] == "1", "and it can still write it"
+
+
+def test_memory_of_empty_goes_by_file_descriptor_without_the_allocator_with_the_stand_in_driver(mock_env):
+    lines = run_with(
+        mock_env,
+        """
+        import ctypes, zctipc, _gpu
+        from zctipc._wire import gpu
+        _gpu.stand_in_torch_cuda()
+        ct = zctipc.cuda.empty((1024,), "int32")
+        ctypes.c_int32.from_address(ct.data_ptr + 4 * 9).value = 99
+        q = zctipc.Queue()
+        _gpu.send_fake_cuda_tensors()
+        q.put(_gpu.FakeCudaTensor(ct.data_ptr, 1024))
+        t = q.get(timeout=60)
+        (record,) = gpu._sent.values()
+        print(gpu.vmm_storages, record.vmm, int(t[9]), t.data_ptr() == ct.data_ptr, zctipc.cuda.ipc_opens())
+    """,
+    )
+    assert lines[0] == "False True 99 True 0", "by name, without the allocator; this process's own memory as it is"

@@ -97,12 +97,15 @@ def _sweep(final: bool = False) -> None:
             s = _sent.pop(k)
             lib.zct_cuda_ipc_release(s.export)
             lib.zct_ref_release(s.counter)
-        left = sum(not s.vmm for s in _sent.values())
+        left = len(_sent)
+        legacy = sum(not s.vmm for s in _sent.values())
     if final and left:
         warnings.warn(
             f"zctipc: this process exits while {left} CUDA tensors it sent are still in use by other "
-            "processes; their memory goes with this process, and those tensors become invalid. Keep the "
-            "producer alive until consumers are done.",
+            f"processes: {legacy} by legacy CUDA IPC, whose memory goes with this process (those tensors "
+            f"become invalid), and {left - legacy} by file descriptor, which consumers that mapped them keep, "
+            "but which a message not yet received can no longer fetch. Keep the producer alive until "
+            "consumers are done.",
             RuntimeWarning,
             stacklevel=2,
         )
@@ -130,7 +133,7 @@ def _sent_record(t: torch.Tensor, storage: torch.UntypedStorage, stream: int) ->
         native.check(lib.zct_cuda_ipc_record(s.export, stream))
         return s
     export = ffi.new("zct_handle *")
-    vmm = vmm_storages and _vmm_export(storage.data_ptr(), stream, export)
+    vmm = _vmm_export(storage.data_ptr(), stream, export)
     if vmm:
         ipc = bytes(ffi.buffer(vmm))
     else:
@@ -147,8 +150,10 @@ def _sent_record(t: torch.Tensor, storage: torch.UntypedStorage, stream: int) ->
 
 
 def _vmm_export(ptr: int, stream: int, export: Any) -> Any:
-    """The zct_cuda_vmm of a storage made by zctipc's shareable allocator
-    (its export handle in export), or None for another storage."""
+    """The zct_cuda_vmm of a storage in shareable memory (its export handle
+    in export): made by zctipc's allocator, by zctipc.cuda.empty or
+    share_state_dict, or received by file descriptor. None for another
+    storage, which goes by legacy IPC."""
     vmm = native.ffi().new("zct_cuda_vmm *")
     status = native.lib().zct_cuda_vmm_export(ptr, stream, vmm, export)
     if status == native.E_NOT_FOUND:
@@ -280,7 +285,13 @@ def _rebuild_cuda(
             lib.zct_ref_release(ref)
         raise
 
-    def release(desc: Any = desc, ref: int = ref, holder: object = holder) -> None:
+    def release(desc: Any = desc, ref: int = ref, holder: object = holder, index: int = index) -> None:
+        # The work this process queued on the memory is done before the
+        # mapping may go and the producer may reuse the memory.
+        try:
+            _device.synchronize(index)
+        except Exception:
+            pass  # at exit, torch may be gone: the process's work went with it
         native.finalize(f"zct_cuda_{route}_close", desc, "closing CUDA memory")
         if ref:
             native.finalize("zct_ref_release", ref, "releasing a buffer")

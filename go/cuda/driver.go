@@ -151,14 +151,23 @@ var (
 	contexts = map[int]C.CUcontext{}
 )
 
-// onDevice runs fn on a locked OS thread with the primary context of device
-// ordinal current, and puts the thread's context back afterwards.
-func onDevice(ordinal int, fn func() error) error {
+// device returns nil when the driver is loaded and ordinal names one of
+// its devices.
+func device(ordinal int) error {
 	if err := load(); err != nil {
 		return err
 	}
 	if ordinal < 0 || ordinal >= devices {
 		return fmt.Errorf("CUDA device %d: there are %d: %w", ordinal, devices, ErrUnavailable)
+	}
+	return nil
+}
+
+// onDevice runs fn on a locked OS thread with the primary context of device
+// ordinal current, and puts the thread's context back afterwards.
+func onDevice(ordinal int, fn func() error) error {
+	if err := device(ordinal); err != nil {
+		return err
 	}
 	ctxMu.Lock()
 	ctx, ok := contexts[ordinal]

@@ -75,10 +75,7 @@ var idle []string
 // (zero: none). CloseShared gives the use back.
 func OpenShared(name string, offset uint64, event [HandleSize]byte, stream uint64) (uint64, error) {
 	if a := own(name); a != nil {
-		if offset >= a.Size {
-			return 0, fmt.Errorf("offset %d past the allocation %s of %d bytes: %w", offset, name, a.Size, unix.EINVAL)
-		}
-		return a.Ptr + offset, nil
+		return a.at(name, offset)
 	}
 	ipcMu.Lock()
 	a := imported[name]
@@ -104,18 +101,25 @@ func OpenShared(name string, offset uint64, event [HandleSize]byte, stream uint6
 			_ = m.Free()
 		}
 	}
-	if offset >= a.Size {
-		CloseShared(name)
-		return 0, fmt.Errorf("offset %d past the allocation %s of %d bytes: %w", offset, name, a.Size, unix.EINVAL)
+	ptr, err := a.at(name, offset)
+	if err == nil {
+		err = onDevice(a.Device, func() error {
+			ipcMu.Lock()
+			defer ipcMu.Unlock()
+			return waitEvent(event, stream)
+		})
 	}
-	err := onDevice(a.Device, func() error {
-		ipcMu.Lock()
-		defer ipcMu.Unlock()
-		return waitEvent(event, stream)
-	})
 	if err != nil {
 		CloseShared(name)
 		return 0, err
+	}
+	return ptr, nil
+}
+
+// at returns the address offset bytes into a, shared as name.
+func (a *Allocation) at(name string, offset uint64) (uint64, error) {
+	if offset >= a.Size {
+		return 0, fmt.Errorf("offset %d past the allocation %s of %d bytes: %w", offset, name, a.Size, unix.EINVAL)
 	}
 	return a.Ptr + offset, nil
 }

@@ -29,26 +29,37 @@ type Allocation struct {
 // file-descriptor handles), and says why not otherwise. It asks the device's
 // attributes, which needs no context on the device.
 func Shareable(ordinal int) error {
-	if err := load(); err != nil {
+	if err := device(ordinal); err != nil {
 		return err
-	}
-	if ordinal < 0 || ordinal >= devices {
-		return fmt.Errorf("CUDA device %d: there are %d: %w", ordinal, devices, ErrUnavailable)
 	}
 	for _, a := range []struct {
 		attr int
 		what string
-	}{{102, "virtual memory management"}, {103, "POSIX file-descriptor handles"}} {
+	}{{attrVirtualMemory, "virtual memory management"}, {attrPosixFD, "POSIX file-descriptor handles"}} {
 		var v C.int
 		if err := check("cuDeviceGetAttribute", C.zct_cuDeviceAttribute(C.int(ordinal), C.int(a.attr), &v)); err != nil {
 			return err
 		}
 		if v == 0 {
-			return fmt.Errorf("CUDA device %d cannot make memory shareable by file descriptor: it has no %s "+
-				"(some virtualized GPUs lack it): %w", ordinal, a.what, ErrNotSupported)
+			return notShareable(ordinal, "it has no "+a.what, ErrNotSupported)
 		}
 	}
 	return nil
+}
+
+// The device attributes Shareable asks: CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_
+// MANAGEMENT_SUPPORTED and CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_
+// DESCRIPTOR_SUPPORTED.
+const (
+	attrVirtualMemory = 102
+	attrPosixFD       = 103
+)
+
+// notShareable says that device ordinal cannot make memory shareable by
+// file descriptor, and why.
+func notShareable(ordinal int, why string, err error) error {
+	return fmt.Errorf("CUDA device %d cannot make memory shareable by file descriptor: %s "+
+		"(some virtualized GPUs lack it): %w", ordinal, why, err)
 }
 
 // ErrNotSupported means a device or driver lacks what a call needs; it is
@@ -103,9 +114,7 @@ const cudaErrorNotSupported = 801
 func refused(ordinal int, size uint64, err error) error {
 	var e *Error
 	if errors.As(err, &e) && e.Result == cudaErrorNotSupported {
-		return fmt.Errorf("CUDA device %d cannot make memory shareable by file descriptor "+
-			"(CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR is not supported by this device or driver; "+
-			"some virtualized GPUs lack it): %w", ordinal, err)
+		return notShareable(ordinal, "the driver refuses POSIX file-descriptor handles", err)
 	}
 	if e == nil || e.Result != cudaErrorOutOfMemory {
 		return err

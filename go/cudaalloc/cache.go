@@ -26,6 +26,7 @@ import (
 	"errors"
 	"fmt"
 	"math/bits"
+	"slices"
 	"sort"
 	"sync"
 
@@ -238,18 +239,17 @@ func (c *Cache) Trim(device int) int {
 // allocation is dropped from it either way, since its handle can no longer
 // be trusted.
 func (c *Cache) trim(device int) int {
+	idle := func(s *segment) bool { return s.used == 0 && (device < 0 || s.alloc.Device == device) }
 	synced := map[int]bool{}
 	for _, s := range c.segs {
-		d := s.alloc.Device
-		if s.used == 0 && (device < 0 || d == device) && !synced[d] {
+		if d := s.alloc.Device; idle(s) && !synced[d] {
 			synced[d] = true
 			_ = cuda.Synchronize(d)
 		}
 	}
-	n := 0
 	kept := c.segs[:0]
 	for _, s := range c.segs {
-		if s.used > 0 || device >= 0 && s.alloc.Device != device {
+		if !idle(s) {
 			kept = append(kept, s)
 			continue
 		}
@@ -258,21 +258,15 @@ func (c *Cache) trim(device int) int {
 		}
 		_ = s.alloc.Free()
 		c.stats.Trimmed++
-		n++
 	}
+	n := len(c.segs) - len(kept)
 	clear(c.segs[len(kept):])
 	c.segs = kept
 	for k, segs := range c.avail {
-		live := segs[:0]
-		for _, s := range segs {
-			if s.used > 0 || device >= 0 && s.alloc.Device != device {
-				live = append(live, s)
-			}
-		}
-		if len(live) == 0 {
+		if segs = slices.DeleteFunc(segs, idle); len(segs) == 0 {
 			delete(c.avail, k)
 		} else {
-			c.avail[k] = live
+			c.avail[k] = segs
 		}
 	}
 	return n

@@ -214,13 +214,7 @@ class CudaTensor:
         for max_version (1, 0) or later, the legacy capsule otherwise. The
         capsule holds the memory. stream is the consumer's, as the standard
         says (None: the legacy default stream)."""
-        kwargs: dict[str, Any] = {"stream": stream}
-        if max_version is not None:
-            kwargs["max_version"] = max_version
-        if dl_device is not None:
-            kwargs["dl_device"] = dl_device
-        if copy is not None:
-            kwargs["copy"] = copy
+        kwargs = {"stream": stream, **_device.dlpack_keywords(max_version, dl_device, copy)}
         try:
             return self.torch().__dlpack__(**kwargs)
         except ImportError:
@@ -288,6 +282,9 @@ def forget_idle(keep: int = 0) -> None:
 
 # -- every torch allocation shareable --------------------------------------------
 
+#: Whether use_shareable_allocator installed zctipc's allocator in torch.
+_allocator_installed = False
+
 
 def use_shareable_allocator() -> None:
     """Make torch allocate CUDA memory through zctipc's caching allocator of
@@ -305,7 +302,8 @@ def use_shareable_allocator() -> None:
     has allocated CUDA memory with another allocator."""
     import torch
 
-    if _gpu.vmm_storages:
+    global _allocator_installed
+    if _allocator_installed:
         return
     count, _ = _devices()  # CudaUnavailable, before torch is touched
     for device in range(count):  # a device that cannot share by file descriptor says so here, not in torch
@@ -317,7 +315,7 @@ def use_shareable_allocator() -> None:
         )
     allocator = torch.cuda.memory.CUDAPluggableAllocator(_native.library_path(), "zct_torch_alloc", "zct_torch_free")
     torch.cuda.memory.change_current_allocator(allocator)
-    _gpu.vmm_storages = True
+    _allocator_installed = True
 
 
 def allocator_stats() -> dict[str, int]:
@@ -470,14 +468,12 @@ def share_state_dict(state_dict: Mapping[str, torch.Tensor], device: int | None 
         raise InvalidArgument(f"device must be a CUDA device index, not {device!r}")
     places: dict[int, int] = {}  # device -> bytes so far
     entries: list[tuple[str, int, int, str, tuple[int, ...]]] = []
-    where: list[int] = []
     for name, t in state_dict.items():
         _check_member(name, t)
         dev = t.device.index if t.is_cuda else (device or 0)
         offset = -(-places.get(dev, 0) // PACK_ALIGN) * PACK_ALIGN
         places[dev] = offset + t.numel() * t.element_size()
         entries.append((name, dev, offset, str(t.dtype).removeprefix("torch."), tuple(t.shape)))
-        where.append(dev)
     order = sorted(places)
     buffers = [empty(max(places[d], 1), "uint8", device=d) for d in order]
     index = {d: i for i, d in enumerate(order)}

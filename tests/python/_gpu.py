@@ -224,10 +224,8 @@ def send_fake_and_wait(q, ready):
     import ctypes
 
     from zctipc._core import native as _native
-    from zctipc._wire import gpu
 
     stand_in_torch_cuda()
-    gpu.vmm_storages = True
     ffi, lib = _native.ffi(), _native.lib()
     ptr = ffi.new("uint64_t *")
     _native.check(lib.zct_cuda_cache_alloc(0, 4096, 0, ptr))

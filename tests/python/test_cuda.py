@@ -45,7 +45,7 @@ def test_bad_input_is_refused_before_any_gpu_call():
     with pytest.raises(zctipc.UnsupportedDtype):
         cuda.empty(4, dtype=object)
     with pytest.raises(zctipc.InvalidArgument, match="CUDA descriptor of 3 bytes"):
-        cuda_codec.rebuild_tensor(b"abc", b"", "float32", (1,), (1,), 0, 4)
+        cuda_codec.rebuild_tensor("ipc", b"abc", b"", "float32", (1,), (1,), 0, 4)
 
 
 def test_the_library_loads_and_cpu_work_goes_on_without_cuda():
@@ -273,7 +273,7 @@ def test_a_received_legacy_handle_becomes_a_view_of_the_senders_memory_with_the_
         counter = exports.encode(gpu._counter(sent))
         torch.cuda.current_stream = lambda index: types.SimpleNamespace(cuda_stream=0)
         device.torch_view = lambda memory, *layout: (memory, layout)
-        memory, layout = gpu.rebuild_tensor(sent.ipc, counter, "int32", (16,), (1,), 0, 64)
+        memory, layout = gpu.rebuild_tensor("ipc", sent.desc, counter, "int32", (16,), (1,), 0, 64)
         print(memory.device, memory.nbytes, ctypes.c_int32.from_address(memory.ptr + 12).value, layout)
         del memory
         _native.check(lib.zct_ref_release(ref))
@@ -348,6 +348,8 @@ def test_the_shareable_allocator_caches_blocks_and_torch_can_load_it_with_the_st
         stats = zctipc.cuda.allocator_stats()
         print(stats["creates"], stats["hits"], stats["blocks"], stats["in_use"])
         print(zctipc.cuda.empty_cache(), zctipc.cuda.allocator_stats()["segments"])
+        import ctypes, os
+        print("device syncs", ctypes.CDLL(os.environ["ZCTIPC_CUDA_LIBRARY"]).mock_syncs())
         try:
             _native.check(lib.zct_cuda_cache_alloc(0, 100 << 30, 0, ffi.new("uint64_t *")))
         except zctipc.CudaOutOfMemory as e:
@@ -360,8 +362,9 @@ def test_the_shareable_allocator_caches_blocks_and_torch_can_load_it_with_the_st
     assert lines[0] == "True True True", "a freed block is handed out again; 0 bytes is NULL"
     assert lines[1] == "2 2000 0 0", "two driver allocations for 2002 requests"
     assert lines[2] == "2 0", "both given back"
-    assert lines[3].startswith("oom: CUDA device 0 is out of memory: 107374182400 bytes asked")
-    assert lines[4] == "CUDAPluggableAllocator", "torch finds the two functions in the loaded library"
+    assert lines[3] == "device syncs 1", "after waiting once for the device's queued work"
+    assert lines[4].startswith("oom: CUDA device 0 is out of memory: 107374182400 bytes asked")
+    assert lines[5] == "CUDAPluggableAllocator", "torch finds the two functions in the loaded library"
 
 
 CXX_CALLER = r"""
@@ -413,7 +416,6 @@ def test_tensors_of_the_shareable_allocator_go_by_file_descriptor_and_map_once_w
         from zctipc._core import native as _native
         from zctipc._wire import gpu
         _gpu.stand_in_torch_cuda()
-        gpu.vmm_storages = True  # as use_shareable_allocator() leaves it
         ffi, lib = _native.ffi(), _native.lib()
         ptr = ffi.new("uint64_t *")
         _native.check(lib.zct_cuda_cache_alloc(0, 4096, 0, ptr))
@@ -453,7 +455,6 @@ def test_a_put_whose_cuda_tensor_cannot_be_exported_sends_nothing_with_the_stand
         from zctipc._core import native as _native
         from zctipc._wire import gpu
         _gpu.stand_in_torch_cuda()
-        gpu.vmm_storages = True
         ffi, lib = _native.ffi(), _native.lib()
         ptr = ffi.new("uint64_t *")
         _native.check(lib.zct_cuda_cache_alloc(0, 4096, 0, ptr))
@@ -548,13 +549,12 @@ def test_a_state_dict_is_packed_sent_once_and_updated_in_place_with_the_stand_in
 def test_installing_the_shareable_allocator_with_the_stand_in_driver(mock_env):
     code = """
         import torch, zctipc
-        from zctipc._wire import gpu
         try:
             zctipc.cuda.use_shareable_allocator()
         except zctipc.CudaError as e:
             print("refused:", e)
         zctipc.cuda.use_shareable_allocator()  # again: nothing more happens, or it fails the same way
-        print(gpu.vmm_storages, zctipc.cuda.allocator_stats()["creates"])
+        print(zctipc.cuda._allocator_installed, zctipc.cuda.allocator_stats()["creates"])
         try:
             zctipc.cuda.empty(4)
             print("allocated")
@@ -721,7 +721,8 @@ def test_memory_of_empty_goes_by_file_descriptor_without_the_allocator_with_the_
         q.put(_gpu.FakeCudaTensor(ct.data_ptr, 1024))
         t = q.get(timeout=60)
         (record,) = gpu._sent.values()
-        print(gpu.vmm_storages, record.vmm, int(t[9]), t.data_ptr() == ct.data_ptr, zctipc.cuda.ipc_opens())
+        installed, opens = zctipc.cuda._allocator_installed, zctipc.cuda.ipc_opens()
+        print(installed, record.vmm, int(t[9]), t.data_ptr() == ct.data_ptr, opens)
     """,
     )
     assert lines[0] == "False True 99 True 0", "by name, without the allocator; this process's own memory as it is"

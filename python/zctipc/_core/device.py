@@ -21,6 +21,15 @@ else:
 KDL_CUDA = 2  # DLPack's device type for CUDA memory
 
 
+def dlpack_keywords(
+    max_version: tuple[int, int] | None, dl_device: tuple[int, int] | None, copy: bool | None
+) -> dict[str, Any]:
+    """The keywords of a ``__dlpack__`` call the consumer gave, to pass on
+    to the exporter (NumPy, torch, CuPy) that makes the capsule."""
+    given = {"max_version": max_version, "dl_device": dl_device, "copy": copy}
+    return {k: v for k, v in given.items() if v is not None}
+
+
 class DeviceMemory:
     """nbytes of device memory at ptr, exposed with
     ``__cuda_array_interface__`` as bytes; release() runs when the last view

@@ -14,7 +14,7 @@ import json
 from typing import NamedTuple, Optional, Tuple
 
 from ..errors import HandleClosed, InvalidArgument
-from . import dtypes, layout, lazy, memory, native
+from . import device, dtypes, layout, lazy, memory, native
 
 TYPE_CHECKING = False  # Note [types without typing] in zctipc._core.native
 if TYPE_CHECKING:
@@ -187,13 +187,7 @@ class SharedTensor:
         stream must be None on the CPU."""
         if stream is not None:
             raise InvalidArgument(f"a CPU tensor takes no DLPack stream, not {stream!r}")
-        kwargs: dict[str, Any] = {}
-        if max_version is not None:
-            kwargs["max_version"] = max_version
-        if dl_device is not None:
-            kwargs["dl_device"] = dl_device
-        if copy is not None:
-            kwargs["copy"] = copy
+        kwargs = device.dlpack_keywords(max_version, dl_device, copy)
         if self._code == dtypes.BFLOAT16:
             return self.torch().__dlpack__(**kwargs)
         return self.numpy().__dlpack__(**kwargs)

@@ -55,11 +55,6 @@ _lock = threading.Lock()
 _sent: dict[tuple[int, int, int], _Sent] = {}  # (storage key) -> _Sent
 _SWEEP_EVERY = 64  # sends between sweeps
 
-#: Whether this process's torch allocates through zctipc's shareable
-#: allocator, whose storages go by file descriptor (set by
-#: zctipc.cuda.use_shareable_allocator).
-vmm_storages = False
-
 #: Whether a CUDA tensor that cannot go by CUDA IPC goes through host shared
 #: memory instead (zctipc.cuda.set_host_fallback; the environment variable
 #: ZCTIPC_CUDA_HOST_FALLBACK=1 sets it at import).
@@ -68,11 +63,11 @@ host_fallback = os.environ.get("ZCTIPC_CUDA_HOST_FALLBACK", "") == "1"
 
 class _Sent:
     def __init__(
-        self, storage: torch.UntypedStorage, export: int, ipc: bytes, counter: int, address: Any, vmm: bool = False
+        self, storage: torch.UntypedStorage, export: int, desc: bytes, counter: int, address: Any, vmm: bool = False
     ) -> None:
         self.storage = storage  # keeps the memory alive
         self.export = export  # the export handle (its event), re-recorded for every send
-        self.ipc = ipc  # the zct_cuda_ipc bytes, or zct_cuda_vmm bytes by file descriptor
+        self.desc = desc  # the zct_cuda_ipc bytes, or with vmm the zct_cuda_vmm bytes
         self.counter = counter  # this process's ref on the count slot
         self.address = address  # of the count slot
         self.vmm = vmm  # by file descriptor: a consumer's mapping outlives this process
@@ -198,8 +193,9 @@ def reduce_tensor(t: torch.Tensor, carry: Callable[[exports.Export], object] | N
     _sends += 1
     if _sends % _SWEEP_EVERY == 0:
         _sweep()
-    return rebuild_vmm_tensor if s.vmm else rebuild_tensor, (
-        s.ipc,
+    return rebuild_tensor, (
+        "vmm" if s.vmm else "ipc",
+        s.desc,
         held,
         str(t.dtype).removeprefix("torch."),
         tuple(t.shape),
@@ -217,37 +213,6 @@ def _rebuild_empty(dtype: str, shape: tuple[int, ...], device: int) -> torch.Ten
 
 
 def rebuild_tensor(
-    ipc_bytes: bytes,
-    counter: bytes | torch.Tensor,
-    dtype: str,
-    shape: tuple[int, ...],
-    strides: tuple[int, ...],
-    storage_offset: int,
-    nbytes: int,
-    requires_grad: bool = False,
-) -> torch.Tensor:
-    """Open device memory another process sent by legacy IPC as a torch
-    tensor; the current stream waits for the sender's work first."""
-    return _rebuild_cuda("ipc", ipc_bytes, counter, dtype, shape, strides, storage_offset, nbytes, requires_grad)
-
-
-def rebuild_vmm_tensor(
-    vmm_bytes: bytes,
-    counter: bytes | torch.Tensor,
-    dtype: str,
-    shape: tuple[int, ...],
-    strides: tuple[int, ...],
-    storage_offset: int,
-    nbytes: int,
-    requires_grad: bool = False,
-) -> torch.Tensor:
-    """Map device memory another process sent by file descriptor (its
-    allocation once per process) as a torch tensor; the current stream
-    waits for the sender's work first."""
-    return _rebuild_cuda("vmm", vmm_bytes, counter, dtype, shape, strides, storage_offset, nbytes, requires_grad)
-
-
-def _rebuild_cuda(
     route: str,
     data: bytes,
     counter: bytes | torch.Tensor,
@@ -256,14 +221,18 @@ def _rebuild_cuda(
     strides: tuple[int, ...],
     storage_offset: int,
     nbytes: int,
-    requires_grad: bool,
+    requires_grad: bool = False,
 ) -> torch.Tensor:
-    """A torch tensor over sent device memory, by route ("ipc": a
-    zct_cuda_ipc, "vmm": a zct_cuda_vmm). counter holds the tensor's count
-    on the sender's record: descriptor bytes, or a received tensor over the
-    count slot."""
+    """A torch tensor over device memory another process sent, by route:
+    "ipc", a zct_cuda_ipc (legacy IPC; the allocation opened once per
+    process), or "vmm", a zct_cuda_vmm (by file descriptor; the allocation
+    mapped once per process). The current stream waits for the sender's
+    work first. counter holds the tensor's count on the sender's record:
+    descriptor bytes, or a received tensor over the count slot."""
     import torch
 
+    if route not in ("ipc", "vmm"):
+        raise InvalidArgument(f"a CUDA route {route!r}, not 'ipc' or 'vmm'")
     ffi, lib = native.ffi(), native.lib()
     struct = f"zct_cuda_{route}"
     desc = ffi.new(struct + " *")

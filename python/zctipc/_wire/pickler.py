@@ -158,8 +158,7 @@ class QueuePickler:
             self.pickler.dump(obj)
             return (chunks[0] if len(chunks) == 1 else b"".join(chunks)), out
         except BaseException:
-            for e in out:
-                e.release()
+            exports.release_all(out)
             raise
         finally:
             self.pickler.clear_memo()  # Note [the memo]
@@ -221,8 +220,7 @@ class QueuePickler:
                     if not ends:
                         raise
                     # The objects before it go first, as puts one by one would.
-                    for e in out:
-                        e.release()
+                    exports.release_all(out)
                     out.clear()
                     return b"".join(pickles), ends, (Failed(exc), None, [])
                 payload = take()
@@ -236,8 +234,7 @@ class QueuePickler:
                 ends.append(total)
             return b"".join(pickles), ends, None
         except BaseException:
-            for e in out:
-                e.release()
+            exports.release_all(out)
             raise
         finally:
             self.chunks.clear()

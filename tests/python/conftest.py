@@ -24,6 +24,12 @@ PREFIX = "zctipc_"
 SWEEP_TIMEOUT = 15
 
 
+def with_pythonpath(*dirs):
+    """PYTHONPATH for a child: dirs, then the caller's own PYTHONPATH (which
+    may point at a zctipc checkout other than the installed one)."""
+    return os.pathsep.join(filter(None, [*dirs, os.environ.get("PYTHONPATH")]))
+
+
 def library_files():
     """The library's files in /dev/shm: segments, and segments being made."""
     return {name for name in os.listdir(SHM) if name.startswith(PREFIX) or name.startswith("zctipc-")}
@@ -106,7 +112,7 @@ def isolated(tmp_path):
     shm_dir = f"/dev/shm/zctipc-pytest-{uuid.uuid4().hex[:12]}"
     os.mkdir(shm_dir, 0o700)
     run_dir = str(tmp_path / "run")
-    env = dict(os.environ, ZCTIPC_SHM_DIR=shm_dir, ZCTIPC_RUNTIME_DIR=run_dir, ZCTIPC_DAEMON_IDLE="2", PYTHONPATH=HERE)
+    env = dict(os.environ, ZCTIPC_SHM_DIR=shm_dir, ZCTIPC_RUNTIME_DIR=run_dir, ZCTIPC_DAEMON_IDLE="2", PYTHONPATH=with_pythonpath(HERE))
     env.pop("ZCTIPC_SHARING_STRATEGY", None)
     yield env
     pid = daemon_pid(run_dir)

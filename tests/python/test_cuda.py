@@ -12,6 +12,7 @@ import time
 import _gpu
 import pytest
 import torch
+from conftest import with_pythonpath
 
 import zctipc
 from zctipc import cuda
@@ -191,7 +192,7 @@ def test_dlpack_consumers():
 def mock_env(tmp_path_factory):
     path = tmp_path_factory.mktemp("mockcuda") / "libcuda.so.1"
     subprocess.run(["gcc", "-shared", "-fPIC", "-O1", "-o", str(path), MOCK_SOURCE], check=True)
-    return dict(os.environ, ZCTIPC_CUDA_LIBRARY=str(path), PYTHONPATH=HERE)
+    return dict(os.environ, ZCTIPC_CUDA_LIBRARY=str(path), PYTHONPATH=with_pythonpath(HERE))
 
 
 def run_with(env, code):
@@ -579,7 +580,7 @@ def test_installing_the_shareable_allocator_with_the_stand_in_driver(mock_env):
 def run_gpu_script(code):
     """Run code in a fresh process (the allocator goes in before CUDA is
     initialized); returns its output lines."""
-    env = dict(os.environ, PYTHONPATH=HERE)
+    env = dict(os.environ, PYTHONPATH=with_pythonpath(HERE))
     out = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True, text=True, timeout=600
     )

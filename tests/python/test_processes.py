@@ -10,7 +10,7 @@ import textwrap
 import _workers
 import numpy as np
 import pytest
-from conftest import segment_exists
+from conftest import segment_exists, with_pythonpath
 
 import zctipc
 
@@ -152,7 +152,7 @@ def test_fork_server_never_loads_the_library(tmp_path):
                 print("start failed:", type(exc).__name__)
     """)
     )
-    env = dict(os.environ, PYTHONPATH=str(tmp_path))
+    env = dict(os.environ, PYTHONPATH=with_pythonpath(str(tmp_path)))
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=env)
     assert "while the multiprocessing fork server imported" in out.stderr, out.stderr
 

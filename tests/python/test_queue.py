@@ -18,7 +18,7 @@ import _workers
 import numpy as np
 import pytest
 import torch
-from conftest import wait_until_gone
+from conftest import wait_until_gone, with_pythonpath
 
 import zctipc
 
@@ -555,7 +555,7 @@ def test_killed_consumers_lose_no_other_message(blob):
     unbounded queue holds 30 MB, and consumers are killed while they give
     back its ring's pages."""
     kills = 12
-    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=with_pythonpath(os.path.dirname(os.path.abspath(__file__))))
     before = {s.name for s in zctipc.list_segments()}
     producer = subprocess.run(
         [sys.executable, "-c", f"import _workers; _workers.killed_consumers_scenario(kills={kills}, blob={blob})"],

@@ -18,7 +18,8 @@ import pytest
 import zctipc
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SHM = "/dev/shm"
+# Where segments live: the library honours ZCTIPC_SHM_DIR, and so does the suite.
+SHM = os.environ.get("ZCTIPC_SHM_DIR") or "/dev/shm"
 PREFIX = "zctipc_"
 # How long the cleanup daemon may take to sweep a killed process.
 SWEEP_TIMEOUT = 15
@@ -109,10 +110,16 @@ def isolated(tmp_path):
     """A segment directory on /dev/shm and a runtime directory of its own,
     as an environment for child processes. The daemon started for them is
     killed and both directories removed afterwards."""
-    shm_dir = f"/dev/shm/zctipc-pytest-{uuid.uuid4().hex[:12]}"
+    shm_dir = os.path.join(SHM, f"zctipc-pytest-{uuid.uuid4().hex[:12]}")
     os.mkdir(shm_dir, 0o700)
     run_dir = str(tmp_path / "run")
-    env = dict(os.environ, ZCTIPC_SHM_DIR=shm_dir, ZCTIPC_RUNTIME_DIR=run_dir, ZCTIPC_DAEMON_IDLE="2", PYTHONPATH=with_pythonpath(HERE))
+    env = dict(
+        os.environ,
+        ZCTIPC_SHM_DIR=shm_dir,
+        ZCTIPC_RUNTIME_DIR=run_dir,
+        ZCTIPC_DAEMON_IDLE="2",
+        PYTHONPATH=with_pythonpath(HERE),
+    )
     env.pop("ZCTIPC_SHARING_STRATEGY", None)
     yield env
     pid = daemon_pid(run_dir)

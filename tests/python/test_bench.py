@@ -135,7 +135,9 @@ def test_a_suite_whose_imports_are_missing_is_skipped(tmp_path):
     # Without torch (a stand-in that fails to import, ahead of the real one),
     # the suites that import it are skipped with the reason; the rest run.
     (tmp_path / "torch.py").write_text("raise ModuleNotFoundError(\"No module named 'torch'\", name='torch')\n")
-    env = dict(os.environ, PYTHONPATH=with_pythonpath(str(tmp_path)), ZCTIPC_BENCH_WITHOUT="faster-fifo,pythusa,iceoryx2,ray")
+    env = dict(
+        os.environ, PYTHONPATH=with_pythonpath(str(tmp_path)), ZCTIPC_BENCH_WITHOUT="faster-fifo,pythusa,iceoryx2,ray"
+    )
     out = subprocess.run(
         [sys.executable, "-m", "zctipc", "bench", "--tiny", "--only", "queue,stream", "--out", str(tmp_path / "out")],
         env=env,

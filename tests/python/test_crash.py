@@ -16,7 +16,7 @@ import time
 import numpy as np
 import pytest
 from _format import decode
-from conftest import daemon_pid
+from conftest import SHM, daemon_pid
 
 import zctipc
 
@@ -203,7 +203,7 @@ def test_queues_and_pickling_work_under_the_file_descriptor_strategy(monkeypatch
         assert os.environ["ZCTIPC_SHARING_STRATEGY"] == "file_descriptor", "children inherit it"
         ctx = zctipc.get_context("spawn")
         inq, outq = zctipc.Queue(), zctipc.Queue()
-        before = set(os.listdir("/dev/shm"))
+        before = set(os.listdir(SHM))
         p = ctx.Process(target=_workers.echo, args=(inq, outq, 2))
         p.start()
         t = zctipc.create_shared_tensor(data=np.arange(10.0))
@@ -223,7 +223,7 @@ def test_queues_and_pickling_work_under_the_file_descriptor_strategy(monkeypatch
         assert parent.recv() is True, "it went by descriptor"
         assert a[0] == 9, "and the child wrote into our memory"
         q.join(60)
-        assert {n for n in os.listdir("/dev/shm") if n.startswith("zctipc")} <= before
+        assert {n for n in os.listdir(SHM) if n.startswith("zctipc")} <= before
         del first, second, a
         t.close()
         inq.close()

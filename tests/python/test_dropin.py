@@ -23,6 +23,7 @@ import _workers
 import numpy as np
 import pytest
 import torch
+from conftest import SHM
 
 import zctipc
 
@@ -132,7 +133,7 @@ def test_fill_the_task_queue_then_start_the_workers():
         w.join(60)
     assert got == [(i, 100_000) for i in range(400)]
     assert tasks.empty()
-    used = os.stat(f"/dev/shm/{tasks.name}").st_blocks * 512
+    used = os.stat(os.path.join(SHM, tasks.name)).st_blocks * 512
     assert used < 8 << 20, f"the drained queue still uses {used} bytes"
     tasks.close(), results.close()
 
@@ -199,7 +200,7 @@ def test_a_child_killed_before_it_attached_its_queue_leaves_nothing():
     q.close()
     del p
     gc.collect()
-    assert not os.path.exists(f"/dev/shm/{name}"), "nothing holds the queue once the parent let go"
+    assert not os.path.exists(os.path.join(SHM, name)), "nothing holds the queue once the parent let go"
 
 
 def test_connection_wait_on_queues_among_other_things():

@@ -183,6 +183,9 @@ func (c *Client) roundTrip(req *Request, fd int) (*Reply, int, error) {
 		return nil, -1, err
 	}
 	if err := fdpass.Send(c.conn, b, fds...); err != nil {
+		if rep := c.refusal(); rep != nil { // it answered before it hung up
+			return rep, -1, rep.err()
+		}
 		return nil, -1, c.timedOut(err, limit)
 	}
 	want := 0
@@ -191,6 +194,9 @@ func (c *Client) roundTrip(req *Request, fd int) (*Reply, int, error) {
 	}
 	n, got, err := fdpass.Recv(c.conn, c.buf, want)
 	if err != nil {
+		if rep := c.refusal(); rep != nil { // ECONNRESET comes before the answer that waits
+			return rep, -1, rep.err()
+		}
 		return nil, -1, c.timedOut(err, limit)
 	}
 	if n == 0 {
@@ -213,6 +219,28 @@ func (c *Client) roundTrip(req *Request, fd int) (*Reply, int, error) {
 		return &rep, -1, err
 	}
 	return &rep, out, nil
+}
+
+// refusal returns the reply that waits on a connection the daemon closed
+// (the reason it refused the connection), or nil: a daemon that refuses a
+// connection answers it and hangs up, and the client's send then fails
+// with EPIPE, or its read with ECONNRESET, before it reads the answer. The
+// caller holds c.mu.
+func (c *Client) refusal() *Reply {
+	raw, err := c.conn.SyscallConn()
+	if err != nil {
+		return nil
+	}
+	n := -1
+	raw.Read(func(fd uintptr) bool {
+		n, _, _ = unix.Recvfrom(int(fd), c.buf, unix.MSG_DONTWAIT)
+		return true
+	})
+	var rep Reply
+	if n <= 0 || json.Unmarshal(c.buf[:n], &rep) != nil || rep.Error == "" {
+		return nil
+	}
+	return &rep
 }
 
 // timedOut turns a deadline that passed into ErrUnavailable, naming the

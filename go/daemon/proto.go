@@ -57,7 +57,7 @@ type Status struct {
 	Counts    int       `json:"counts_given_up"`
 	Collected int       `json:"orphans_removed"`
 	Recovered int       `json:"ledgers_found_at_start"`
-	Refused   int       `json:"connections_refused"` // at the limit of open files
+	Refused   int       `json:"connections_refused"` // at the limit of connections or of open files
 }
 
 // Watched is one process the daemon watches.

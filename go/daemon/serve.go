@@ -26,8 +26,14 @@ import (
 
 // serve answers the requests of one client.
 func (s *Server) serve(c *net.UnixConn) {
-	defer c.Close()
 	peer, err := usersock.PeerOf(c)
+	if errors.Is(err, unix.EMFILE) || errors.Is(err, unix.ENFILE) {
+		// Telling who the peer is takes a descriptor (its /proc entry):
+		// say why rather than hang up without a word.
+		s.acc.Refuse(c, s.acc.NoFiles())
+		return
+	}
+	defer c.Close()
 	if err != nil {
 		s.log.Printf("refused a connection: %v", err)
 		return
@@ -192,6 +198,7 @@ func (s *Server) status() Status {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	st := s.stats
+	st.Refused = s.acc.Refused()
 	st.Uptime = time.Since(s.started).Seconds()
 	for _, w := range s.watches {
 		counts := -1 // a ledger that faults (shrunk by someone) has no count to show

@@ -21,8 +21,10 @@
 //
 // A client never waits on the daemon without a deadline (see Client), and
 // the daemon never lets a client hold it: it raises its limit of open files
-// at start; at the limit it answers a new connection with an error and
-// closes it rather than stop accepting; a connection that says nothing for
+// at start, serves only as many connections at once as that limit leaves
+// room for, and answers any other with the reason (the limit of connections
+// or of open files) before closing it; accept errors are retried, never the
+// end of accepting (usersock.Acceptor); a connection that says nothing for
 // Options.Silent is closed (one that watches a ledger may stay silent: its hang-up
 // is the news); a reply a client does not read within replyFor ends the
 // connection. Ledgers and segments are memory other processes can shrink: a
@@ -65,9 +67,6 @@ const (
 	DefaultSilent = 30 * time.Second
 	// replyFor bounds the write of one reply.
 	replyFor = 5 * time.Second
-	// acceptPause is how long accept waits after a failure, such as having
-	// no descriptor left for a new connection.
-	acceptPause = 10 * time.Millisecond
 )
 
 // ErrRunning is returned by Serve when another daemon serves the directory.
@@ -105,6 +104,8 @@ type Server struct {
 	collectAt  time.Time         // when an orphan collection is due
 	stats      Status
 	sweepWake  chan struct{}
+
+	acc *usersock.Acceptor // its connections, at most connLimit at once
 }
 
 // Serve runs the daemon of opts.Dir until it has been idle for opts.Idle.
@@ -118,6 +119,16 @@ func Serve(opts Options) error {
 		watches:   map[string]*watch{},
 		kept:      map[string]*kept{},
 		sweepWake: make(chan struct{}, 1),
+	}
+	s.acc = &usersock.Acceptor{
+		Name:  "zctipcd",
+		Serve: s.serve,
+		Refusal: func(reason error) []byte {
+			b, _ := encode(errReply(reason))
+			return b
+		},
+		Limit: s.connLimit,
+		Logf:  func(format string, args ...any) { s.log.Printf(format, args...) },
 	}
 	if s.dir == "" {
 		s.dir = usersock.RuntimeDir()
@@ -250,7 +261,7 @@ func (s *Server) listen() error {
 		return err
 	}
 	s.ln, s.sockIno = ln, st.Ino
-	go s.accept(ln)
+	go s.acc.Run(ln)
 	return nil
 }
 
@@ -272,49 +283,20 @@ func (s *Server) keepSocket() {
 	s.log.Printf("the socket %s went away: made it again", s.sock)
 }
 
-// accept serves each connection of ln in its own goroutine, until ln
-// closes. Out of descriptors, it refuses the connection that waits (a
-// spare descriptor makes room to accept it and say why) and goes on.
-func (s *Server) accept(ln *net.UnixListener) {
-	spare, _ := unix.Open("/dev/null", unix.O_RDONLY|unix.O_CLOEXEC, 0)
-	defer func() {
-		if spare >= 0 {
-			unix.Close(spare)
-		}
-	}()
-	for {
-		c, err := ln.AcceptUnix()
-		if err == nil {
-			go s.serve(c)
-			continue
-		}
-		if errors.Is(err, net.ErrClosed) {
-			return
-		}
-		if errors.Is(err, unix.EMFILE) || errors.Is(err, unix.ENFILE) {
-			if spare >= 0 {
-				unix.Close(spare)
-				spare = -1
-				if c, err := ln.AcceptUnix(); err == nil {
-					s.refuse(c, fmt.Errorf("zctipcd is at its limit of open files: %w", unix.EMFILE))
-				}
-				spare, _ = unix.Open("/dev/null", unix.O_RDONLY|unix.O_CLOEXEC, 0)
-			}
-		} else {
-			s.log.Printf("accept: %v", err)
-		}
-		time.Sleep(acceptPause)
-	}
-}
+// reserveFiles is how many descriptors the daemon keeps for its own work
+// (reading /proc, mapping ledgers, censuses, its log) beside those of its
+// connections and of the memfd segments it keeps.
+const reserveFiles = 32
 
-// refuse answers a connection's first request with err and closes it.
-func (s *Server) refuse(c *net.UnixConn, err error) {
-	defer c.Close()
+// connLimit returns how many connections the daemon serves at once: what
+// its open-file limit leaves after its reserve and the descriptors of the
+// segments it keeps (see Note [Serving a socket that any process of the
+// user may flood] in package usersock).
+func (s *Server) connLimit() int {
 	s.mu.Lock()
-	s.stats.Refused++
+	kept := len(s.kept)
 	s.mu.Unlock()
-	rep := errReply(err)
-	s.reply(c, &rep, -1)
+	return max(usersock.FileLimit(1024)-reserveFiles-kept, 1)
 }
 
 // loop checks the watched processes and the kept segments, runs orphan

@@ -10,12 +10,15 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"github.com/zctipc/zctipc/go/daemon"
 	"github.com/zctipc/zctipc/go/fdpass"
@@ -111,7 +114,7 @@ func TestADaemonAtItsFileLimitGoesOnServing(t *testing.T) {
 		if n, _, err := fdpass.Recv(conn, buf, 0); err == nil && n > 0 {
 			var rep daemon.Reply
 			require.NoError(t, json.Unmarshal(buf[:n], &rep))
-			require.Contains(t, rep.Error, "limit of open files")
+			require.Contains(t, rep.Error, "zctipcd is at its limit of")
 			refused++
 		}
 	}
@@ -240,3 +243,228 @@ func TestADaemonRemakesADeletedSocket(t *testing.T) {
 	kill(t, h)
 	waitGone(t, names[:3]...)
 }
+
+func init() {
+	// low-limit-daemon runs zctipcd (its arguments) under an open-file limit
+	// of 64 that it cannot raise: the limit is set in this process, which
+	// then becomes the daemon, and a root test run first gives up the
+	// capability that would let the daemon raise it again.
+	helpers["low-limit-daemon"] = func(args []string) error {
+		runtime.LockOSThread() // the capability bounding set is the thread's, and so is execve
+		if unix.Geteuid() == 0 {
+			if err := unix.Prctl(unix.PR_CAPBSET_DROP, unix.CAP_SYS_RESOURCE, 0, 0, 0); err != nil {
+				return fmt.Errorf("prctl(PR_CAPBSET_DROP): %w", err)
+			}
+		}
+		// syscall's Setrlimit, so that the exec keeps this limit rather than
+		// the one this program started with.
+		if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &syscall.Rlimit{Cur: 64, Max: 64}); err != nil {
+			return fmt.Errorf("setrlimit: %w", err)
+		}
+		return syscall.Exec(args[0], args, os.Environ())
+	}
+}
+
+// runLowLimitDaemon runs zctipcd for dir with an open-file limit of 64 that
+// it cannot raise, and waits until it answers.
+func runLowLimitDaemon(t *testing.T, dir string, args ...string) *exec.Cmd {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	all := append([]string{daemonExe(t), "-dir", dir, "-shm-dir", shm.Dir(), "-idle", "60s"}, args...)
+	cmd.Env = append(os.Environ(), helperEnv+"=low-limit-daemon", helperEnv+"_ARGS="+strings.Join(all, "\x1f"))
+	cmd.Stderr = os.Stderr
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() {
+		cmd.Process.Signal(syscall.SIGCONT)
+		cmd.Process.Kill()
+		cmd.Wait()
+	})
+	require.Eventually(t, func() bool {
+		c, err := daemon.Dial(dir, daemon.Launcher{}, nil)
+		if err == nil {
+			c.Close()
+		}
+		return err == nil
+	}, 10*time.Second, 10*time.Millisecond, "zctipcd came up")
+	limits, err := os.ReadFile(fmt.Sprintf("/proc/%d/limits", cmd.Process.Pid))
+	require.NoError(t, err)
+	require.Regexp(t, `Max open files\s+64\s+64`, string(limits), "the daemon runs at the low limit")
+	return cmd
+}
+
+// serves requires that a new client of dir gets its status, in the bounded
+// time a busy machine may need.
+func serves(t *testing.T, dir string) daemon.Status {
+	t.Helper()
+	var st daemon.Status
+	var last error
+	ok := assert.Eventually(t, func() bool {
+		c, err := daemon.Dial(dir, daemon.Launcher{}, nil)
+		if err != nil {
+			last = err
+			return false
+		}
+		defer c.Close()
+		st, last = c.Status()
+		return last == nil
+	}, 30*time.Second, 20*time.Millisecond)
+	require.True(t, ok, "the daemon no longer serves a new client: %v", last)
+	return st
+}
+
+func TestADaemonStartedAtALowFileLimitServesAfterABurst(t *testing.T) {
+	dir := withRuntimeDir(t)
+	runLowLimitDaemon(t, dir)
+	for round := range 3 {
+		// 150 clients at once, more than the daemon has descriptors for:
+		// some say hello, some say nothing, each hangs up.
+		var wg sync.WaitGroup
+		for i := range 150 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				conn, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: filepath.Join(dir, daemon.SocketName), Net: "unixpacket"})
+				if err != nil {
+					return // a full backlog may refuse some
+				}
+				defer conn.Close()
+				if i%2 == 0 {
+					fdpass.Send(conn, []byte(`{"op":"status"}`))
+					conn.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
+					fdpass.Recv(conn, make([]byte, 64<<10), 0)
+				}
+			}()
+		}
+		wg.Wait()
+		st := serves(t, dir)
+		t.Logf("round %d: %d refused so far", round, st.Refused)
+	}
+}
+
+// flood opens n connections to the socket at path that say nothing, and
+// closes them when the test ends.
+func flood(t *testing.T, path string, n int) []*net.UnixConn {
+	t.Helper()
+	var conns []*net.UnixConn
+	for range n {
+		conn, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: path, Net: "unixpacket"})
+		require.NoError(t, err)
+		conns = append(conns, conn)
+	}
+	t.Cleanup(func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	})
+	return conns
+}
+
+func TestADaemonAtItsLimitAnswersEveryNewClient(t *testing.T) {
+	dir := withRuntimeDir(t)
+	runLowLimitDaemon(t, dir)
+	conns := flood(t, filepath.Join(dir, daemon.SocketName), 150)
+	// Each new client is served, or refused with the reason: never hung up
+	// on without a word, never left waiting for its deadline.
+	for range 5 {
+		c, err := daemon.Dial(dir, daemon.Launcher{}, nil)
+		if err == nil {
+			c.Close()
+			continue
+		}
+		require.ErrorIs(t, err, daemon.ErrUnavailable)
+		require.ErrorContains(t, err, "zctipcd is at its limit of")
+	}
+	for _, c := range conns {
+		c.Close()
+	}
+	st := serves(t, dir)
+	require.Positive(t, st.Refused)
+}
+
+func init() {
+	// raw-daemon-client connects to the daemon and goes as far as its
+	// argument says: "connect", "request" (a status request, unread), or
+	// "answer" (the answer read). It prints the step it reached, then waits
+	// for a line and prints what the connection holds: "reply" for an
+	// unread answer, and "closed" once the daemon hung up.
+	helpers["raw-daemon-client"] = func(args []string) error {
+		conn, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: filepath.Join(usersock.RuntimeDir(), daemon.SocketName), Net: "unixpacket"})
+		if err != nil {
+			return err
+		}
+		defer conn.Close()
+		buf := make([]byte, 64<<10)
+		if args[0] != "connect" {
+			if err := fdpass.Send(conn, []byte(`{"op":"status"}`)); err != nil {
+				return err
+			}
+		}
+		if args[0] == "answer" {
+			if _, _, err := fdpass.Recv(conn, buf, 0); err != nil {
+				return err
+			}
+		}
+		fmt.Println(args[0])
+		if _, err := stdinLine(); err != nil {
+			return err
+		}
+		conn.SetReadDeadline(time.Now().Add(time.Minute))
+		for {
+			n, _, err := fdpass.Recv(conn, buf, 0)
+			if errors.Is(err, io.EOF) || err == nil && n == 0 {
+				fmt.Println("closed")
+				return nil
+			}
+			if err != nil {
+				return err
+			}
+			fmt.Println("reply")
+		}
+	}
+}
+
+// Clients stopped (SIGSTOP) at each step of an exchange hold nothing: the
+// daemon serves others meanwhile, and closes their connections once they
+// said nothing for the silent period.
+func TestADaemonServesWhileClientsAreStoppedMidExchange(t *testing.T) {
+	dir := withRuntimeDir(t)
+	runDaemon(t, dir, "-silent", "300ms")
+	steps := []string{"connect", "request", "answer"}
+	var stopped []*helper
+	for _, step := range steps {
+		for range 3 {
+			h := startHelper(t, "raw-daemon-client", step)
+			require.Equal(t, step, h.readLine(t))
+			require.NoError(t, h.cmd.Process.Signal(syscall.SIGSTOP))
+			waitStopped(t, h.cmd.Process.Pid)
+			stopped = append(stopped, h)
+		}
+	}
+	serves(t, dir)
+	for i, h := range stopped {
+		require.NoError(t, h.cmd.Process.Signal(syscall.SIGCONT))
+		h.send(t, "go on")
+		if steps[i/3] == "request" {
+			require.Equal(t, "reply", h.readLine(t), "the answer waited for the stopped client")
+		}
+		require.Equal(t, "closed", h.readLine(t), "the silent connection was closed")
+		h.wait(t)
+	}
+	serves(t, dir)
+}
+
+// Clients killed (SIGKILL) at each step of an exchange leave a daemon that
+// serves the next one.
+func TestADaemonServesAfterClientsAreKilledMidExchange(t *testing.T) {
+	dir := withRuntimeDir(t)
+	runDaemon(t, dir)
+	for _, step := range []string{"connect", "request", "answer"} {
+		for range 3 {
+			h := startHelper(t, "raw-daemon-client", step)
+			require.Equal(t, step, h.readLine(t))
+			kill(t, h)
+		}
+		serves(t, dir)
+	}
+}
+

@@ -1,10 +1,13 @@
 package gotests
 
 import (
+	"errors"
 	"net"
 	"os"
 	"path/filepath"
 	"testing"
+	"testing/quick"
+	"time"
 
 	"github.com/stretchr/testify/require"
 	"github.com/zctipc/zctipc/go/proc"
@@ -67,4 +70,78 @@ func TestPeerOfNamesTheProcessAtTheOtherEnd(t *testing.T) {
 		require.NoError(t, err, "PeerOf")
 		require.Equal(t, self, got, "a socket pair has this process at both ends")
 	}
+}
+
+// An Acceptor, driven by random sequences of connections and hang-ups,
+// against a model: a connection is served while fewer than the limit are,
+// and refused with the reason otherwise; hang-ups give the room back.
+func TestAcceptorKeepsItsLimitAgainstAModel(t *testing.T) {
+	const limit = 3
+	path := filepath.Join(t.TempDir(), "s.sock")
+	ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: path, Net: "unixpacket"})
+	require.NoError(t, err)
+	a := &usersock.Acceptor{
+		Name: "the test server",
+		Serve: func(c *net.UnixConn) { // answers "served" to each message until the hang-up
+			defer c.Close()
+			buf := make([]byte, 64)
+			for {
+				if n, err := c.Read(buf); err != nil || n == 0 {
+					return
+				}
+				if _, err := c.Write([]byte("served")); err != nil {
+					return
+				}
+			}
+		},
+		Refusal: func(reason error) []byte { return []byte("refused: " + reason.Error()) },
+		Limit:   func() int { return limit },
+	}
+	done := make(chan struct{})
+	go func() { a.Run(ln); close(done) }()
+	defer func() { ln.Close(); <-done }()
+
+	refusals := 0
+	check := func(ops []uint8) bool {
+		var open []*net.UnixConn
+		defer func() {
+			for _, c := range open {
+				c.Close()
+			}
+			require.Eventually(t, func() bool { return a.Open() == 0 }, 10*time.Second, time.Millisecond)
+		}()
+		for _, op := range ops {
+			// The server sees a hang-up a moment after it happens.
+			require.Eventually(t, func() bool { return a.Open() == len(open) }, 10*time.Second, time.Millisecond)
+			if op%3 == 0 && len(open) > 0 { // a client hangs up
+				i := int(op/3) % len(open)
+				open[i].Close()
+				open = append(open[:i], open[i+1:]...)
+				continue
+			}
+			c, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: path, Net: "unixpacket"})
+			require.NoError(t, err)
+			c.Write([]byte("hello")) // fails with EPIPE when refused and closed already
+			c.SetReadDeadline(time.Now().Add(10 * time.Second))
+			buf := make([]byte, 256)
+			n, err := c.Read(buf)
+			if errors.Is(err, unix.ECONNRESET) { // the refusal waits behind the reset
+				n, err = c.Read(buf)
+			}
+			require.NoError(t, err)
+			if len(open) < limit {
+				require.Equal(t, "served", string(buf[:n]))
+				open = append(open, c)
+				continue
+			}
+			require.Equal(t, "refused: the test server is at its limit of 3 connections; try again later: "+
+				unix.EAGAIN.Error(), string(buf[:n]))
+			refusals++
+			c.Close()
+		}
+		return true
+	}
+	require.NoError(t, quick.Check(check, &quick.Config{MaxCount: 30}))
+	require.Equal(t, refusals, a.Refused())
+	require.Positive(t, refusals)
 }

@@ -468,3 +468,24 @@ func TestADaemonServesAfterClientsAreKilledMidExchange(t *testing.T) {
 	}
 }
 
+// A daemon that cannot read /proc (no descriptor left) has no news of a
+// death: it gives up no count of a live process.
+func TestADaemonWithNoDescriptorLeftSweepsNoLiveProcess(t *testing.T) {
+	dir := withRuntimeDir(t)
+	d := runDaemon(t, dir)
+	h := startClient(t, "tracked-holder", nil)
+	names := strings.Fields(h.readLine(t))
+	require.Eventually(t, func() bool { return len(status(t).Clients) == 1 }, 5*time.Second, 10*time.Millisecond)
+	var was unix.Rlimit
+	require.NoError(t, unix.Prlimit(d.Process.Pid, unix.RLIMIT_NOFILE, nil, &was))
+	require.NoError(t, unix.Prlimit(d.Process.Pid, unix.RLIMIT_NOFILE, &unix.Rlimit{Cur: 3, Max: was.Max}, nil))
+	time.Sleep(3 * time.Second) // three full checks of the watched processes
+	require.NoError(t, unix.Prlimit(d.Process.Pid, unix.RLIMIT_NOFILE, &was, nil))
+	st := serves(t, dir)
+	require.Zero(t, st.Swept, "a live process was taken for dead")
+	for _, n := range names[:3] {
+		require.FileExists(t, filepath.Join(shm.Dir(), n))
+	}
+	kill(t, h)
+	waitGone(t, names[:3]...)
+}

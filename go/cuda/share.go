@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/zctipc/zctipc/go/fdpass"
 	"github.com/zctipc/zctipc/go/usersock"
@@ -64,14 +65,63 @@ import (
 // only on a GPU (the VMM tests in tests/go/cuda_test.go skip without one).
 // So the export window stays tied to the exporter's life.
 
+// Note [The CUDA share server's threat model]
+//
+// Who can call: any process of this user can connect to cuda-<pid>.sock
+// (the runtime directory is 0700; PeerOf refuses another uid where one
+// could connect), as often as it likes, and then say nothing, send any
+// bytes (a name it guessed, garbage, descriptors), stop or die at any step.
+// The server runs inside a user's program (a training loop, a model
+// server), so its descriptors and goroutines are that program's.
+//
+// What can be forged: the name asked for (only the exact 128-bit random
+// names that Share handed out are served; an allocation already unshared
+// is not), descriptors attached to the request (closed unread), and on
+// the consumer's side the reply (Fetch refuses a malformed one and closes
+// any descriptor that came with it, and never waits without a deadline).
+//
+// What must never happen: the producer runs out of descriptors because of
+// its consumers, the server stops accepting while the producer lives, or a
+// consumer waits for ever on a stopped, wedged or flooded producer. So the
+// server keeps the daemon's rules (usersock.Acceptor): at most
+// maxShareConns connections at once (fewer under a low open-file limit),
+// any other refused with the reason; accept errors retried with back-off;
+// a connection that has not asked within shareSilent closed; each reply
+// written within shareSilent. Fetch bounds its whole exchange by fetchFor
+// and names the producer's pid when it runs out.
+
 // ErrNotShared means no live process shares an allocation by that name.
 var ErrNotShared = fmt.Errorf("no such shared CUDA allocation: %w", unix.ENOENT)
+
+// ErrBusy means the process that shares an allocation serves as many
+// consumers as it may at once: try again later.
+var ErrBusy = fmt.Errorf("the CUDA share server is at its limit of connections: %w", unix.EAGAIN)
+
+// Deadlines and limits of sharing by name.
+const (
+	// shareSilent bounds how long the server waits for a consumer's
+	// request, and the write of its reply.
+	shareSilent = 5 * time.Second
+	// fetchFor bounds a consumer's whole exchange with the server.
+	fetchFor = 5 * time.Second
+	// maxShareConns bounds the connections served at once.
+	maxShareConns = 64
+)
 
 type server struct {
 	ln     *net.UnixListener
 	path   string
+	acc    *usersock.Acceptor
 	mu     sync.Mutex
 	shared map[string]*Allocation
+}
+
+// shareLimit returns how many connections the server serves at once: each
+// takes up to three descriptors of the program it runs in (the connection,
+// the peer's /proc entry, the exported allocation), so no more than a
+// sixteenth of its open-file limit.
+func shareLimit() int {
+	return max(min(maxShareConns, usersock.FileLimit(1024)/16), 2)
 }
 
 var (
@@ -153,30 +203,38 @@ func startServer() (*server, error) {
 		ln.Close()
 		return nil, err
 	}
-	serving = &server{ln: ln, path: path, shared: map[string]*Allocation{}}
-	go serving.accept()
-	return serving, nil
-}
-
-func (s *server) accept() {
-	for {
-		c, err := s.ln.AcceptUnix()
-		if err != nil {
-			return
-		}
-		go s.serve(c)
+	s := &server{ln: ln, path: path, shared: map[string]*Allocation{}}
+	s.acc = &usersock.Acceptor{
+		Name:    fmt.Sprintf("the CUDA share server of pid %d", os.Getpid()),
+		Serve:   s.serve,
+		Refusal: func(reason error) []byte { return []byte("error: " + reason.Error()) },
+		Limit:   shareLimit,
 	}
+	go s.acc.Run(ln)
+	serving = s
+	return s, nil
 }
 
 func (s *server) serve(c *net.UnixConn) {
+	_, err := usersock.PeerOf(c)
+	if errors.Is(err, unix.EMFILE) || errors.Is(err, unix.ENFILE) {
+		s.acc.Refuse(c, s.acc.NoFiles())
+		return
+	}
 	defer c.Close()
-	if _, err := usersock.PeerOf(c); err != nil {
+	if err := c.SetDeadline(time.Now().Add(shareSilent)); err != nil {
+		return
+	}
+	if err != nil { // another user's process (where one could connect)
 		_ = fdpass.Send(c, []byte("error: "+err.Error()))
 		return
 	}
 	buf := make([]byte, 256)
-	n, fds, err := fdpass.Recv(c, buf, 0)
+	n, fds, err := fdpass.Recv(c, buf, 0) // a silent consumer is closed at the deadline
 	if err != nil {
+		if errors.Is(err, fdpass.ErrRejected) {
+			_ = fdpass.Send(c, []byte("error: "+err.Error()))
+		}
 		return
 	}
 	for _, fd := range fds {
@@ -200,35 +258,60 @@ func (s *server) serve(c *net.UnixConn) {
 
 // Fetch asks the process that shares name for the allocation's descriptor,
 // and returns it with the allocation's size and device; the caller closes
-// the descriptor.
+// the descriptor. The exchange has a deadline (fetchFor): a stopped or
+// wedged producer makes Fetch fail with an error that names its pid and
+// wraps ETIMEDOUT; one that serves too many consumers at once, with ErrBusy.
 func Fetch(name string) (fd int, size uint64, resident int, err error) {
 	pidText, _, ok := strings.Cut(name, "-")
 	pid, perr := strconv.Atoi(pidText)
 	if !ok || perr != nil || pid <= 0 {
 		return -1, 0, 0, fmt.Errorf("%q is not a CUDA share name: %w", name, unix.EINVAL)
 	}
-	c, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: socketPath(pid), Net: "unixpacket"})
+	deadline := time.Now().Add(fetchFor)
+	dialer := net.Dialer{Deadline: deadline}
+	conn, err := dialer.Dial("unixpacket", socketPath(pid))
 	if err != nil {
 		return -1, 0, 0, fmt.Errorf("%w (%s: the process that shared it is gone?): %w", ErrNotShared, name, err)
 	}
+	c := conn.(*net.UnixConn)
 	defer c.Close()
-	if err := fdpass.Send(c, []byte(name)); err != nil {
+	timedOut := func(err error) error {
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			return fmt.Errorf("fetch %s: the process %d that shares it did not answer within %v: "+
+				"it is stopped, wedged or overloaded: %w", name, pid, fetchFor, unix.ETIMEDOUT)
+		}
+		return fmt.Errorf("fetch %s from process %d: %w", name, pid, err)
+	}
+	if err := c.SetDeadline(deadline); err != nil {
 		return -1, 0, 0, err
 	}
 	buf := make([]byte, 1024)
+	// A server that refused the connection answered and hung up: the send
+	// fails with EPIPE, or the read with ECONNRESET, before the answer is
+	// read.
+	sendErr := fdpass.Send(c, []byte(name))
 	n, fds, err := fdpass.Recv(c, buf, 1)
-	if err != nil {
-		return -1, 0, 0, err
+	if errors.Is(err, unix.ECONNRESET) {
+		n, fds, err = fdpass.Recv(c, buf, 1)
+	}
+	switch {
+	case err != nil:
+		return -1, 0, 0, timedOut(err)
+	case sendErr != nil && n == 0:
+		return -1, 0, 0, timedOut(sendErr)
 	}
 	reply := string(buf[:n])
 	if msg, isErr := strings.CutPrefix(reply, "error: "); isErr {
 		for _, fd := range fds {
 			unix.Close(fd)
 		}
-		if strings.Contains(msg, ErrNotShared.Error()) {
+		switch {
+		case strings.Contains(msg, ErrNotShared.Error()):
 			return -1, 0, 0, fmt.Errorf("%s: %w", name, ErrNotShared)
+		case strings.Contains(msg, "at its limit"):
+			return -1, 0, 0, fmt.Errorf("fetch %s: %s: %w", name, msg, ErrBusy)
 		}
-		return -1, 0, 0, errors.New(msg)
+		return -1, 0, 0, fmt.Errorf("fetch %s from process %d: %s", name, pid, msg)
 	}
 	if _, serr := fmt.Sscanf(reply, "ok %d %d", &size, &resident); serr != nil || len(fds) != 1 {
 		for _, fd := range fds {

@@ -10,11 +10,14 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
+	"time"
 	"unsafe"
 
 	"github.com/stretchr/testify/require"
 	"github.com/zctipc/zctipc/go/cuda"
+	"github.com/zctipc/zctipc/go/usersock"
 	"golang.org/x/sys/unix"
 )
 
@@ -156,7 +159,18 @@ func TestCudaLegacyIPCWithTheStandInDriver(t *testing.T) {
 }
 
 func init() {
+	// mock-vmm-producer shares an allocation and prints its name; with the
+	// argument "low-limit", under an open-file limit of 64.
 	helpers["mock-vmm-producer"] = func(args []string) error {
+		if args[0] == "low-limit" {
+			var lim syscall.Rlimit
+			if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
+				return err
+			}
+			if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &syscall.Rlimit{Cur: 64, Max: lim.Max}); err != nil {
+				return err
+			}
+		}
 		a, err := cuda.Alloc(0, 100<<10)
 		if err != nil {
 			return err
@@ -237,4 +251,127 @@ func init() {
 		fmt.Println("opens", cuda.OpenCount(), "byte", b)
 		return cuda.Forget(0)
 	}
+}
+
+// fetchWithin runs cuda.Fetch(name) and fails the test when it does not
+// return within a minute (it has a deadline of its own, much shorter).
+func fetchWithin(t *testing.T, name string) error {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() {
+		fd, _, _, err := cuda.Fetch(name)
+		if err == nil {
+			unix.Close(fd)
+		}
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(time.Minute):
+		t.Fatalf("Fetch(%s) did not return", name)
+		return nil
+	}
+}
+
+// 200 connections that say nothing do not take the producer's
+// descriptors or its server: while they are open, a consumer is refused
+// with the reason; the server closes them once they said nothing for its
+// silent period, and a consumer then maps the allocation.
+func TestCudaShareServerOutlivesAFlood(t *testing.T) {
+	producer := startMockHelper(t, "mock-vmm-producer", "low-limit")
+	name, _, _ := strings.Cut(producer.readLine(t), " ")
+	pid := producer.cmd.Process.Pid
+	sock := filepath.Join(usersock.RuntimeDir(), fmt.Sprintf("cuda-%d.sock", pid))
+	flood(t, sock, 200)
+
+	err := fetchWithin(t, name)
+	require.ErrorIs(t, err, cuda.ErrBusy, "refused, with the reason")
+	require.ErrorContains(t, err, fmt.Sprintf("the CUDA share server of pid %d is at its limit", pid))
+
+	require.Eventually(t, func() bool { return fetchWithin(t, name) == nil }, time.Minute, 100*time.Millisecond,
+		"the silent connections were closed")
+	consumer := startMockHelper(t, "mock-vmm-consumer", name)
+	require.Equal(t, "sum 5050", consumer.readLine(t))
+	consumer.wait(t)
+	producer.send(t, "check")
+	require.Equal(t, "first 42", producer.readLine(t))
+	producer.wait(t)
+}
+
+// A consumer's fetch from a stopped producer fails, naming the producer,
+// instead of blocking for ever; once the producer goes on, it succeeds.
+func TestCudaFetchFromAStoppedProducerFails(t *testing.T) {
+	producer := startMockHelper(t, "mock-vmm-producer", "")
+	name, _, _ := strings.Cut(producer.readLine(t), " ")
+	pid := producer.cmd.Process.Pid
+	require.NoError(t, producer.cmd.Process.Signal(syscall.SIGSTOP))
+	waitStopped(t, pid)
+	err := fetchWithin(t, name)
+	require.ErrorIs(t, err, unix.ETIMEDOUT)
+	require.ErrorContains(t, err, fmt.Sprintf("the process %d that shares it did not answer", pid))
+	require.NoError(t, producer.cmd.Process.Signal(syscall.SIGCONT))
+	require.NoError(t, fetchWithin(t, name))
+	producer.send(t, "check")
+	require.Equal(t, "first 1", producer.readLine(t))
+	producer.wait(t)
+}
+
+func init() {
+	// mock-vmm-producer-exhausted shares an allocation, then opens files
+	// until it has no descriptor left, prints the share name, and waits;
+	// at "free" it closes them and prints "freed", and at the next line
+	// it frees the allocation.
+	helpers["mock-vmm-producer-exhausted"] = func(args []string) error {
+		a, err := cuda.Alloc(0, 64<<10)
+		if err != nil {
+			return err
+		}
+		name, err := a.Share()
+		if err != nil {
+			return err
+		}
+		var held []int
+		for {
+			fd, err := unix.Open("/dev/null", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+			if errors.Is(err, unix.EMFILE) {
+				break
+			}
+			if err != nil {
+				return err
+			}
+			held = append(held, fd)
+		}
+		fmt.Println(name)
+		if _, err := stdinLine(); err != nil {
+			return err
+		}
+		for _, fd := range held {
+			unix.Close(fd)
+		}
+		fmt.Println("freed")
+		if _, err := stdinLine(); err != nil {
+			return err
+		}
+		cuda.Unshare(name)
+		return a.Free()
+	}
+}
+
+// A producer with no descriptor left refuses a consumer with the reason
+// and goes on accepting: once it has descriptors again, the consumer is
+// served.
+func TestCudaShareServerOutlivesRunningOutOfDescriptors(t *testing.T) {
+	producer := startMockHelper(t, "mock-vmm-producer-exhausted")
+	name := producer.readLine(t)
+	for range 3 {
+		err := fetchWithin(t, name)
+		require.ErrorIs(t, err, cuda.ErrBusy)
+		require.ErrorContains(t, err, "at its limit of open files")
+	}
+	producer.send(t, "free")
+	require.Equal(t, "freed", producer.readLine(t))
+	require.NoError(t, fetchWithin(t, name))
+	producer.send(t, "done")
+	producer.wait(t)
 }

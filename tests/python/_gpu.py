@@ -234,3 +234,11 @@ def send_fake_and_wait(q, ready):
     q.put(FakeCudaTensor(ptr[0], 1024))
     ready.put("sent")
     time.sleep(600)
+
+
+def stopped_producer(q, ready):
+    """Send memory shared by name, then wait to be stopped and killed."""
+    ct = zctipc.cuda.empty((1000,), "int32")
+    q.put(ct)
+    ready.put(os.getpid())
+    time.sleep(600)

@@ -727,3 +727,28 @@ def test_memory_of_empty_goes_by_file_descriptor_without_the_allocator_with_the_
     """,
     )
     assert lines[0] == "False True 99 True 0", "by name, without the allocator; this process's own memory as it is"
+
+
+def test_a_consumer_of_a_stopped_producer_gets_an_error_naming_it_with_the_stand_in_driver(mock_env):
+    lines = run_with(
+        mock_env,
+        """
+        import errno, os, signal, time, zctipc, _gpu
+        q, ready = zctipc.Queue(), zctipc.Queue()
+        p = zctipc.get_context("spawn").Process(target=_gpu.stopped_producer, args=(q, ready))
+        p.start()
+        ready.get(timeout=60)
+        os.kill(p.pid, signal.SIGSTOP)
+        while open(f"/proc/{p.pid}/stat").read().rsplit(")", 1)[1].split()[0] != "T":
+            time.sleep(0.01)
+        try:
+            q.get(timeout=60)
+            print("received")
+        except OSError as e:
+            print(e.errno == errno.ETIMEDOUT, f"the process {p.pid} that shares it did not answer" in str(e))
+        os.kill(p.pid, signal.SIGKILL)
+        os.kill(p.pid, signal.SIGCONT)
+        p.join(60)
+    """,
+    )
+    assert lines[0] == "True True", "the fetch has a deadline, and its error names the producer"

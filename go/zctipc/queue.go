@@ -122,6 +122,9 @@ func (q *Queue) PutTensor(ctx context.Context, t *Tensor) error {
 		return err
 	}
 	defer t.guard.Leave()
+	if rec, ok := t.emptyRecord(); ok {
+		return q.q.PutContext(ctx, rec)
+	}
 	d, r, err := t.describe()
 	if err != nil {
 		return err
@@ -145,7 +148,8 @@ func (q *Queue) PutBytes(ctx context.Context, b []byte) error {
 
 // Message is what Get takes: a tensor, raw bytes, or a Python pickle, which
 // Go cannot read (its Pickle bytes are opaque; the counts of the arrays it
-// carried are given up).
+// carried are given up). Exactly one field is not nil: an empty bytes
+// message has empty, non-nil Bytes.
 type Message struct {
 	Tensor *Tensor // the receiver closes it
 	Bytes  []byte
@@ -195,7 +199,7 @@ func decode(raw []byte) (Message, error) {
 		t, err := received(&rec.Descriptors[0])
 		return Message{Tensor: t}, err
 	case message.TypeBytes:
-		return Message{Bytes: append([]byte(nil), rec.Payload...)}, nil
+		return Message{Bytes: append([]byte{}, rec.Payload...)}, nil // empty, not nil: told from no bytes
 	case message.TypeInline:
 		in, err := message.DecodeInline(rec.Payload)
 		if err != nil {
@@ -207,5 +211,5 @@ func decode(raw []byte) (Message, error) {
 	for i := range rec.Descriptors {
 		errs = append(errs, buffer.Drop(&rec.Descriptors[i]))
 	}
-	return Message{Pickle: append([]byte(nil), rec.Payload...)}, errors.Join(errs...)
+	return Message{Pickle: append([]byte{}, rec.Payload...)}, errors.Join(errs...)
 }

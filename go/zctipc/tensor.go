@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"reflect"
 	"slices"
 	"unsafe"
 
@@ -151,11 +152,19 @@ func inlineTensor(in message.Inline) *Tensor {
 	return &Tensor{data: bytes.Clone(in.Data), dt: in.DType, shape: in.Shape, strides: strides, name: "(inline)"}
 }
 
+// errZeroTensor is the error of a Tensor that no constructor made (every
+// one names its tensor): it holds no memory, and closing it would hide
+// the mistake, as os.File's nil receiver does not.
+var errZeroTensor = fmt.Errorf("a zero zctipc.Tensor, made by neither NewTensor, AttachTensor, AttachRef nor Queue.Get: %w", unix.EINVAL)
+
 // enter starts a call that touches the tensor's memory; the caller defers
 // t.guard.Leave.
 func (t *Tensor) enter() error {
 	if t == nil {
 		return nilErr("Tensor")
+	}
+	if t.name == "" {
+		return errZeroTensor
 	}
 	if !t.guard.Enter() {
 		return fmt.Errorf("tensor %s: %w", t.name, ErrClosed)
@@ -197,10 +206,13 @@ func (t *Tensor) Strides() []int64 {
 }
 
 // Contiguous reports whether the elements are laid out in C order without
-// gaps.
+// gaps (a tensor with no elements is, as NumPy says).
 func (t *Tensor) Contiguous() bool {
 	if t == nil {
 		return false
+	}
+	if slices.Contains(t.shape, 0) {
+		return true
 	}
 	step := int64(t.dt.Size())
 	for i := len(t.shape) - 1; i >= 0; i-- {
@@ -230,8 +242,8 @@ type Element interface {
 
 // Values returns the elements of a C-contiguous tensor as a []T over the
 // shared memory (no copy), valid until Close. T must have the tensor's
-// element size and kind (float32 for Float32, uint16 for Float16 and
-// BFloat16 bits).
+// element size and kind (float32, or a type whose underlying type is
+// float32, for Float32; uint16 for Float16 and BFloat16 bits).
 func Values[T Element](t *Tensor) ([]T, error) {
 	if err := t.enter(); err != nil {
 		return nil, err
@@ -264,32 +276,32 @@ func view[T Element](b []byte, dt DType, n int) ([]T, error) {
 }
 
 func matches(dt DType, v any) bool {
-	switch v.(type) {
-	case bool:
+	switch reflect.TypeOf(v).Kind() { // the kind, so that named types fit as Element allows
+	case reflect.Bool:
 		return dt == Bool
-	case int8:
+	case reflect.Int8:
 		return dt == Int8
-	case int16:
+	case reflect.Int16:
 		return dt == Int16
-	case int32:
+	case reflect.Int32:
 		return dt == Int32
-	case int64:
+	case reflect.Int64:
 		return dt == Int64
-	case uint8:
+	case reflect.Uint8:
 		return dt == Uint8
-	case uint16:
+	case reflect.Uint16:
 		return dt == Uint16 || dt == Float16 || dt == BFloat16
-	case uint32:
+	case reflect.Uint32:
 		return dt == Uint32
-	case uint64:
+	case reflect.Uint64:
 		return dt == Uint64
-	case float32:
+	case reflect.Float32:
 		return dt == Float32
-	case float64:
+	case reflect.Float64:
 		return dt == Float64
-	case complex64:
+	case reflect.Complex64:
 		return dt == Complex64
-	case complex128:
+	case reflect.Complex128:
 		return dt == Complex128
 	}
 	return false
@@ -314,10 +326,14 @@ func (t *Tensor) Refcount() (int64, error) {
 // Close gives up the tensor's count; the memory goes when no process holds
 // it. It waits for calls in flight on t; afterwards the memory methods
 // return ErrClosed, and slices from Bytes and Values must not be used.
-// Closing twice returns ErrClosed.
+// Closing twice returns ErrClosed; closing a zero Tensor (one no
+// constructor made), an error wrapping EINVAL.
 func (t *Tensor) Close() error {
 	if t == nil {
 		return nilErr("Tensor")
+	}
+	if t.name == "" {
+		return errZeroTensor
 	}
 	if !t.guard.Close(nil) {
 		return fmt.Errorf("tensor %s: %w", t.name, ErrClosed)
@@ -363,6 +379,19 @@ func (t *Tensor) Ref() (TensorRef, error) {
 		return TensorRef{}, fmt.Errorf("tensor %s is a view of part of its segment, which a TensorRef cannot name: %w", t.name, unix.EINVAL)
 	}
 	return r, nil
+}
+
+// emptyRecord returns the record that sends t when it has no elements:
+// with no memory to describe, its type and shape travel inside the record,
+// as an inline array of no bytes (as Python sends an empty array). The
+// caller has entered t.
+func (t *Tensor) emptyRecord() (*message.Record, bool) {
+	if n, ok := header.ByteCount(t.shape, t.dt.Size()); !ok || n != 0 {
+		return nil, false
+	}
+	payload := make([]byte, message.InlineHeaderSize+8*len(t.shape))
+	message.EncodeInline(payload, t.dt, 0, t.shape)
+	return &message.Record{Type: message.TypeInline, Payload: payload}, true
 }
 
 // describe returns the descriptor of t and the ref whose count it carries.

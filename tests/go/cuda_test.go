@@ -4,6 +4,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"github.com/zctipc/zctipc/go/cuda"
+	"github.com/zctipc/zctipc/go/fdpass"
 	"github.com/zctipc/zctipc/go/usersock"
 	"golang.org/x/sys/unix"
 )
@@ -374,4 +376,93 @@ func TestCudaShareServerOutlivesRunningOutOfDescriptors(t *testing.T) {
 	require.NoError(t, fetchWithin(t, name))
 	producer.send(t, "done")
 	producer.wait(t)
+}
+
+// Forged requests get an error and leave the server serving; descriptors
+// sent with a request are closed.
+func TestCudaShareServerRefusesForgedRequests(t *testing.T) {
+	producer := startMockHelper(t, "mock-vmm-producer", "")
+	name, _, _ := strings.Cut(producer.readLine(t), " ")
+	sock := filepath.Join(usersock.RuntimeDir(), fmt.Sprintf("cuda-%d.sock", producer.cmd.Process.Pid))
+	devnull, err := os.Open(os.DevNull)
+	require.NoError(t, err)
+	defer devnull.Close()
+	for _, tc := range []struct {
+		req  []byte
+		fds  []int
+		want string
+	}{
+		{[]byte(name[:len(name)-1] + "0"), nil, "no such shared CUDA allocation"},
+		{[]byte("garbage"), nil, "no such shared CUDA allocation"},
+		{make([]byte, 4096), nil, "malformed file-descriptor message"},
+		{[]byte(name), []int{int(devnull.Fd())}, "malformed file-descriptor message"},
+	} {
+		conn := flood(t, sock, 1)[0]
+		require.NoError(t, fdpass.Send(conn, tc.req, tc.fds...))
+		conn.SetReadDeadline(time.Now().Add(30 * time.Second))
+		buf := make([]byte, 1024)
+		n, fds, err := fdpass.Recv(conn, buf, 1)
+		require.NoError(t, err)
+		require.Empty(t, fds)
+		require.Contains(t, string(buf[:n]), tc.want)
+	}
+	require.NoError(t, fetchWithin(t, name), "the server goes on")
+	producer.send(t, "check")
+	require.Equal(t, "first 1", producer.readLine(t))
+	producer.wait(t)
+}
+
+// A forged server (any process of the user can listen on a socket named
+// for a pid that is not its own, once that process is gone) cannot make
+// Fetch hang, or leak the descriptors it sends.
+func TestCudaFetchRefusesForgedReplies(t *testing.T) {
+	const pid = 1<<22 + 4321
+	name := fmt.Sprintf("%d-%032x", pid, 7)
+	sock := filepath.Join(usersock.RuntimeDir(), fmt.Sprintf("cuda-%d.sock", pid))
+	require.NoError(t, usersock.EnsureDir(usersock.RuntimeDir()))
+	for _, reply := range []string{"ok twelve", "ok 4096 0", "hello", ""} {
+		ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: sock, Net: "unixpacket"})
+		require.NoError(t, err)
+		sent := make(chan struct{})
+		go func() {
+			defer close(sent)
+			c, err := ln.AcceptUnix()
+			if err != nil {
+				return
+			}
+			defer c.Close()
+			fdpass.Recv(c, make([]byte, 256), 0)
+			if reply != "" {
+				f, _ := os.Open(os.DevNull)
+				fdpass.Send(c, []byte(reply), int(f.Fd()), int(f.Fd()))
+				f.Close() // what is left open on /dev/null is Fetch's
+				sent <- struct{}{}
+			}
+			time.Sleep(time.Minute) // "": never answers
+		}()
+		before := openOnDevNull(t)
+		err = fetchWithin(t, name)
+		require.Error(t, err, "reply %q", reply)
+		if reply == "" {
+			require.ErrorIs(t, err, unix.ETIMEDOUT)
+		} else {
+			<-sent
+		}
+		require.Equal(t, before, openOnDevNull(t), "every descriptor that came was closed")
+		ln.Close()
+	}
+}
+
+// openOnDevNull counts this process's descriptors open on /dev/null.
+func openOnDevNull(t *testing.T) int {
+	t.Helper()
+	ents, err := os.ReadDir("/proc/self/fd")
+	require.NoError(t, err)
+	n := 0
+	for _, e := range ents {
+		if target, err := os.Readlink("/proc/self/fd/" + e.Name()); err == nil && target == os.DevNull {
+			n++
+		}
+	}
+	return n
 }

@@ -15,10 +15,6 @@ import torch
 
 import zctipc
 
-# Tests in this module send tensors through ForkingPickler before zctipc
-# has made a torch view of its own: register its torch reducers now.
-zctipc.init_torch_reductions()
-
 GET = 60  # seconds any get may wait for a child
 
 
@@ -434,3 +430,47 @@ def test_numpy_arrays_are_still_copied(ctx):
     _join(p)
     assert a[0] == 0, "a plain array goes as one copy"
     assert not zctipc.is_shared(a)
+
+
+# -- a tensor's route does not depend on the order of imports -----------------
+
+_ROUTE = """
+import sys
+for step in sys.argv[1].split(","):
+    if step == "load":
+        import zctipc
+        zctipc.Queue().close()  # the library is loaded
+    else:
+        __import__(step)
+import torch
+import zctipc
+from multiprocessing.reduction import ForkingPickler
+from zctipc import queues
+from zctipc._core import memory, native
+from zctipc._wire import reducers
+
+q = zctipc.Queue()
+q.put(torch.ones(1024))
+s = queues._Scratch()
+r = native.lib().zct_queue_take(q._handle, s.buf, s.cap, 10000, s.views, s.vcap)
+assert r >= 0, r
+nviews = int.from_bytes(s.mem[6:8], "little")
+for i in range(nviews):
+    memory.release_ref(s.views[i].ref)
+q.close()
+print(r >> queues._TYPE_SHIFT, ForkingPickler._extra_reducers.get(torch.Tensor) is reducers._reduce_tensor)
+"""
+
+
+@pytest.mark.parametrize(
+    "order", ["torch,zctipc", "zctipc,torch", "numpy,zctipc,torch", "zctipc,numpy,torch", "numpy,zctipc,load,torch"]
+)
+def test_a_bare_tensor_goes_as_a_tensor_record_whatever_was_imported_first(order):
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", _ROUTE, order], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["2", "True"], "a tensor record (ZCT_RECORD_TENSOR), zctipc's reducer"

@@ -103,7 +103,8 @@ def init_reductions() -> None:
     before (torch.multiprocessing's). zctipc calls this at import when
     NumPy, torch, pyarrow, pandas or polars is imported already, else when
     it loads its library (before which it has made nothing to send), and
-    again when it first meets torch; calling it again is cheap. NumPy arrays are
+    its torch reducers when torch is imported after zctipc (Note [meeting
+    a module on import] in zctipc._core.lazy); calling it again is cheap. NumPy arrays are
     registered once NumPy is imported, when zctipc finds it so (its own
     first use of NumPy, a queue's pickler, a child process started with a
     zctipc context, or this call)."""

@@ -123,6 +123,7 @@ class QueuePickler:
         if torch is not None:
             table[torch.Tensor] = self._reduce_tensor
             table[torch.UntypedStorage] = self._reduce_storage
+            table.update(storages.typed_reducers())  # as their untyped storage
         for t in tables.table_types():
             table[t] = tables.reduce_table
         self.pickler.dispatch_table = table
@@ -274,10 +275,7 @@ class QueuePickler:
             return s.__reduce_ex__(pickle.HIGHEST_PROTOCOL)
         if s.nbytes() == 0:
             return storages.rebuild_empty, ()
-        e = exports.export_storage(s, self.block, self.timeout)
-        if e is None:  # in torch's shared memory
-            return storages.reduce_torch_shared(s)
-        self.exports.append(e)
+        self.exports.append(exports.export_storage(s, self.block, self.timeout))
         return _rebuild_storage, (len(self.exports) - 1,)
 
     def _reduce_shared(self, st: SharedTensor) -> Reduction:

@@ -74,13 +74,11 @@ def _reduce_tensor(t: torch.Tensor) -> Reduction:
 
 
 def _reduce_storage(s: torch.UntypedStorage) -> Reduction:
-    if storages.is_cpu(s):
+    if storages.is_cpu(s) and not storages.is_torch_shared(s):
         if s.nbytes() == 0:
             return storages.rebuild_empty, ()
-        e = exports.export_storage(s)
-        if e is not None:
-            return _rebuild_storage, (exports.encode(e),)
-    # In torch's shared memory, or on a device: torch's way.
+        return _rebuild_storage, (exports.encode(exports.export_storage(s)),)
+    # In torch's shared memory, or on a device: torch's way, in torch's channels.
     if _torch_storage_fallback is not None:
         return _torch_storage_fallback(s)
     return s.__reduce_ex__(pickle.DEFAULT_PROTOCOL)

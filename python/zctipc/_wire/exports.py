@@ -414,6 +414,14 @@ def encode(export: Export) -> bytes:
         raise
 
 
+def drop(data: bytes) -> None:
+    """Give back the count that descriptor bytes made by encode carry, for
+    bytes that will never be decoded (a pickle that was not made)."""
+    view = native.ffi().new("zct_view *")
+    native.check(native.lib().zct_ref_decode(data, len(data), view))
+    memory.release_ref(view.ref)
+
+
 def describe(export: Export) -> bytes:
     """Descriptor bytes for an Export that carry no count: the Export keeps
     its count, and the memory lives while it does, for whoever attaches the

@@ -305,6 +305,7 @@ def _sparse_layouts() -> dict[torch.layout, str]:
 def _reduce_sparse(t: torch.Tensor) -> Reduction:
     """A sparse tensor as its parts (see Note [sparse tensors])."""
     layout = _SPARSE[t.layout]
+    requires_grad, t = t.requires_grad, t.detach()  # a part of a leaf that requires grad is not a leaf
     parts: tuple[Any, ...]
     if layout == "coo":
         parts = (t._indices(), t._values(), tuple(t.shape), t.is_coalesced())
@@ -312,7 +313,7 @@ def _reduce_sparse(t: torch.Tensor) -> Reduction:
         parts = (t.crow_indices(), t.col_indices(), t.values(), tuple(t.shape))
     else:
         parts = (t.ccol_indices(), t.row_indices(), t.values(), tuple(t.shape))
-    return _rebuild_sparse, (layout, parts, t.requires_grad)
+    return _rebuild_sparse, (layout, parts, requires_grad)
 
 
 def _rebuild_sparse(layout: str, parts: tuple[Any, ...], requires_grad: bool = False) -> torch.Tensor:

@@ -243,4 +243,6 @@ if "torch" not in _sys.modules:
     _lazy.when_imported("torch", _install_reductions)
 _native.when_loaded(_choose_start_method)
 
-__all__ = sorted((set(_WHERE) - {"reducer"}) | set(errors.__all__))
+# Every name of multiprocessing.__all__ is here too (reducer among them), for
+# ``import zctipc as multiprocessing``.
+__all__ = sorted(set(_WHERE) | set(errors.__all__))

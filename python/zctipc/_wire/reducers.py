@@ -66,7 +66,7 @@ COPY_BYTES = 1 << 20
 _dumping = threading.local()
 
 
-def _carry(e: exports.Export) -> bytes:
+def carry(e: exports.Export) -> bytes:
     """The descriptor bytes of e, which carry its count; the count goes
     back if the dump they are made for fails."""
     data = exports.encode(e)
@@ -101,13 +101,13 @@ def _reduce_array(arr: NDArray[Any]) -> Reduction:
     e = exports.export_array(arr, copy=arr.nbytes >= COPY_BYTES)
     if e is None:
         return arr.__reduce__()
-    return exports.decode, (_carry(e),)
+    return exports.decode, (carry(e),)
 
 
 def _reduce_shared(st: SharedTensor) -> Reduction:
     if st.closed:
         return st.__reduce__()  # raises HandleClosed
-    return exports.decode, (_carry(exports.export_shared_tensor(st)),)
+    return exports.decode, (carry(exports.export_shared_tensor(st)),)
 
 
 def _reduce_tensor(t: torch.Tensor) -> Reduction:
@@ -125,7 +125,7 @@ def _reduce_storage(s: torch.UntypedStorage) -> Reduction:
     if storages.is_cpu(s) and not storages.is_torch_shared(s):
         if s.nbytes() == 0:
             return storages.rebuild_empty, ()
-        return _rebuild_storage, (_carry(exports.export_storage(s)),)
+        return _rebuild_storage, (carry(exports.export_storage(s)),)
     # In torch's shared memory, or on a device: torch's way, in torch's channels.
     if _torch_storage_fallback is not None:
         return _torch_storage_fallback(s)

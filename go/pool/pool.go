@@ -30,6 +30,7 @@ import (
 	"os"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -94,7 +95,10 @@ var (
 )
 
 // LimitEnv names the environment variable that sets the default limit of a
-// pool, in bytes.
+// pool: bytes, or a size with a unit (ParseSize). A value that is not a size
+// is refused by every allocation, with the variable's name, until SetLimit.
+// Note: the environment is the process's own (whoever starts it may set it);
+// a typo must never be ignored silently, which left the default in force.
 const LimitEnv = "ZCTIPC_POOL_LIMIT"
 
 // Layout of an arena's data region.
@@ -287,6 +291,7 @@ type Pool struct {
 	arenas   [NumClasses][]*Arena
 	limit    uint64
 	reserved uint64
+	limitErr error // why the limit the environment gave was refused; every Alloc returns it until SetLimit
 }
 
 var (
@@ -303,14 +308,63 @@ func Default() *Pool {
 	defaultPoolOnce.Do(func() {
 		limit := uint64(fallbackLimit)
 		var fs unix.Statfs_t
-		if v, err := strconv.ParseUint(os.Getenv(LimitEnv), 10, 64); err == nil {
-			limit = v
-		} else if unix.Statfs(shm.Dir(), &fs) == nil {
+		if unix.Statfs(shm.Dir(), &fs) == nil {
 			limit = fs.Blocks * uint64(fs.Bsize) / 2
 		}
+		var limitErr error
+		if v, ok := os.LookupEnv(LimitEnv); ok {
+			if n, err := ParseSize(v); err == nil {
+				limit = n
+			} else {
+				limitErr = fmt.Errorf("%s=%q: %w", LimitEnv, v, err)
+			}
+		}
 		defaultPool = New(limit)
+		defaultPool.limitErr = limitErr
 	})
 	return defaultPool
+}
+
+// sizeUnits are the units ParseSize takes, in bytes: binary, as Docker's
+// --shm-size and the kernel's size= mount option read them.
+var sizeUnits = map[string]uint64{
+	"": 1, "b": 1,
+	"k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10,
+	"m": 1 << 20, "mb": 1 << 20, "mib": 1 << 20,
+	"g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30,
+	"t": 1 << 40, "tb": 1 << 40, "tib": 1 << 40,
+}
+
+// ParseSize reads a size in bytes: a whole number of bytes, or a number
+// (a fraction too) with a unit K, M, G or T (or KiB, MiB, GiB, TiB; KB...
+// read the same; any case), as in "512M" or "1.5GiB". Anything else is
+// unix.EINVAL.
+func ParseSize(s string) (uint64, error) {
+	t := strings.TrimSpace(s)
+	i := strings.IndexFunc(t, func(r rune) bool { return (r < '0' || r > '9') && r != '.' })
+	if i < 0 {
+		i = len(t)
+	}
+	num, unit := t[:i], strings.ToLower(strings.TrimSpace(t[i:]))
+	mult, ok := sizeUnits[unit]
+	if !ok || num == "" {
+		return 0, fmt.Errorf("not a size (bytes, or a number with K, M, G or T, or KiB, MiB, GiB or TiB): %w", unix.EINVAL)
+	}
+	if n, err := strconv.ParseUint(num, 10, 64); err == nil {
+		if n > math.MaxUint64/mult {
+			return 0, fmt.Errorf("a size past 2^64 bytes: %w", unix.EINVAL)
+		}
+		return n * mult, nil
+	}
+	f, err := strconv.ParseFloat(num, 64)
+	if err != nil || math.IsNaN(f) || f < 0 {
+		return 0, fmt.Errorf("not a size (bytes, or a number with K, M, G or T, or KiB, MiB, GiB or TiB): %w", unix.EINVAL)
+	}
+	bytes := f * float64(mult)
+	if bytes >= math.MaxUint64 {
+		return 0, fmt.Errorf("a size past 2^64 bytes: %w", unix.EINVAL)
+	}
+	return uint64(bytes), nil
 }
 
 // Close gives up the pool's arenas: each goes when the last of its slots in
@@ -338,6 +392,7 @@ func (p *Pool) Close() error {
 func (p *Pool) SetLimit(limit uint64) {
 	p.mu.Lock()
 	p.limit = limit
+	p.limitErr = nil
 	p.mu.Unlock()
 }
 
@@ -418,6 +473,9 @@ func (a *Arena) hasFree() bool {
 func (p *Pool) tryAlloc(c int) (Slot, *Arena, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if p.limitErr != nil {
+		return Slot{}, nil, p.limitErr
+	}
 	arenas := p.arenas[c]
 	for i := len(arenas) - 1; i >= 0; i-- {
 		s, ok, err := arenas[i].take()
@@ -444,6 +502,14 @@ func (p *Pool) tryAlloc(c int) (Slot, *Arena, error) {
 func (p *Pool) grow(c int) (*Arena, error) {
 	size := ClassSize(c)
 	if least := arenaSize(size, 1); least > p.limit {
+		// Raising the limit helps only if the file system has the room: when
+		// it has not, its free space is the limit to name.
+		var fs unix.Statfs_t
+		if unix.Statfs(shm.Dir(), &fs) == nil && least > fs.Bavail*uint64(fs.Bsize) {
+			return nil, fmt.Errorf("%w: a %s buffer needs an arena of %s, more than the %s free in %s "+
+				"(make it larger: docker run --shm-size, or the tmpfs's size= mount option)", ErrNoRoom,
+				formatBytes(size), formatBytes(least), formatBytes(fs.Bavail*uint64(fs.Bsize)), shm.Dir())
+		}
 		return nil, fmt.Errorf("%w: a %s buffer needs an arena of %s, more than the pool's limit of %s "+
 			"(raise it with zctipc.set_pool_limit or %s)", ErrNoRoom, formatBytes(size), formatBytes(least),
 			formatBytes(p.limit), LimitEnv)

@@ -205,14 +205,20 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | set(__all__) | _MODULES)
 
 
+_installed = False
+
+
 def _install_reductions() -> None:
-    """zctipc's ForkingPickler reducers, and its torch reducer once zctipc
-    first makes a torch view."""
-    from ._core import memory
+    """zctipc's ForkingPickler reducers, torch's among them once torch is
+    imported; again, cheaply, for torch when it is imported later."""
+    global _installed
     from ._wire import reducers
 
+    if _installed:
+        reducers.init_torch_reductions()
+        return
+    _installed = True
     reducers.init_reductions()
-    memory.when_torch_is_met(reducers.init_torch_reductions)
 
 
 def _choose_start_method() -> None:
@@ -229,6 +235,14 @@ if any(m in _sys.modules for m in ("numpy", "torch", "pyarrow", "pandas", "polar
     _install_reductions()
 else:
     _native.when_loaded(_install_reductions)
+# torch imported later (or never): its reducers go in when it is, whatever
+# came first (Note [meeting a module on import] in zctipc._core.lazy).
+if "torch" not in _sys.modules:
+    from ._core import lazy as _lazy
+
+    _lazy.when_imported("torch", _install_reductions)
 _native.when_loaded(_choose_start_method)
 
-__all__ = sorted((set(_WHERE) - {"reducer"}) | set(errors.__all__))
+# Every name of multiprocessing.__all__ is here too (reducer among them), for
+# ``import zctipc as multiprocessing``.
+__all__ = sorted(set(_WHERE) | set(errors.__all__))

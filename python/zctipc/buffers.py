@@ -32,8 +32,11 @@ def pool_stats() -> PoolStats:
 
 def set_pool_limit(nbytes: SupportsIndex) -> None:
     """Set the most bytes of arenas this process's pool may hold (default:
-    half of /dev/shm, or $ZCTIPC_POOL_LIMIT). At the limit, allocations wait
-    for buffers to be freed, or raise OutOfSharedMemory."""
+    half of /dev/shm, or $ZCTIPC_POOL_LIMIT: bytes, or a size such as 512M
+    or 2GiB). At the limit, allocations wait for buffers to be freed, or
+    raise OutOfSharedMemory; a buffer that the shared-memory file system
+    could not hold whatever the limit raises it at once, naming its free
+    space."""
     pool.set_limit(nbytes)
 
 

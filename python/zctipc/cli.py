@@ -43,19 +43,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     return {"ls": _ls, "gc": _gc, "doctor": _doctor}[args.command](args)
 
 
+def _resident(name: str) -> int | None:
+    """The bytes of memory a segment file holds (its blocks): a sparse
+    segment (a queue's ring, a ledger, an arena) is far smaller than its
+    apparent size. None when it is gone."""
+    try:
+        return os.stat(os.path.join(_shm_dir(), name)).st_blocks * 512
+    except OSError:
+        return None
+
+
 def _ls(args: argparse.Namespace) -> int:
     segments = tensor.list_segments()
+    resident = {s.name: _resident(s.name) for s in segments}
     if args.json:
-        print(json.dumps([s._asdict() for s in segments], indent=2))
+        print(json.dumps([{**s._asdict(), "resident": resident[s.name]} for s in segments], indent=2))
         return 0
     if not segments:
         print(f"no zctipc segments in {_shm_dir()}")
         return 0
     now = time.time()
-    rows = [("NAME", "KIND", "SIZE", "DTYPE/SHAPE", "CREATOR", "REFS", "AGE", "HOLDERS")]
+    rows = [("NAME", "KIND", "RESIDENT", "SIZE", "DTYPE/SHAPE", "CREATOR", "REFS", "AGE", "HOLDERS")]
     for s in segments:
+        held = resident[s.name]
+        mem = "-" if held is None else _bytes(held)
         if s.error:
-            rows.append((s.name, "?", _bytes(s.file_size), s.error[:60], "-", "-", _age(now - s.created), "-"))
+            rows.append((s.name, "?", mem, _bytes(s.file_size), s.error[:60], "-", "-", _age(now - s.created), "-"))
             continue
         # A segment without an error has a shape.
         what = f"{s.dtype}{list(s.shape)}" if s.kind == "tensor" else "-"  # type: ignore[arg-type]
@@ -64,10 +77,12 @@ def _ls(args: argparse.Namespace) -> int:
         if s.messages:
             holders += f" +{s.messages} in queues"
         rows.append(
-            (s.name, s.kind, _bytes(s.file_size), what, creator, str(s.refcount), _age(now - s.created), holders)
+            (s.name, s.kind, mem, _bytes(s.file_size), what, creator, str(s.refcount), _age(now - s.created), holders)
         )
     _table(rows)
-    print(f"{_count(len(segments), 'segment')}, {_bytes(sum(s.file_size for s in segments))}")
+    total = sum(r for r in resident.values() if r is not None)
+    apparent = sum(s.file_size for s in segments)
+    print(f"{_count(len(segments), 'segment')}, {_bytes(total)} in memory ({_bytes(apparent)} apparent)")
     return 0
 
 

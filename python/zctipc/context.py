@@ -5,8 +5,10 @@ A Go runtime does not survive ``fork()``, so zctipc's contexts use
 ``forkserver`` (the default, Python 3.14's own default) or ``spawn``. Their
 ``Queue``, ``SimpleQueue``, ``JoinableQueue`` and ``Event`` are zctipc's;
 ``Pool`` is multiprocessing's pool over zctipc's queues, started with the
-context; everything else (``Process``, ``Pipe``, ``Lock``, ``Manager``, ...)
-is multiprocessing's own, started with the context. Each context returns
+context; ``Manager`` is multiprocessing's SyncManager, whose values are
+copies as the standard library's are (zctipc._wire.values); everything
+else (``Process``, ``Pipe``, ``Lock``, ...) is multiprocessing's own,
+started with the context. Each context returns
 itself from ``get_context()``.
 
 Note [the fork default]: on Pythons whose default start method is fork
@@ -29,6 +31,7 @@ import warnings
 from multiprocessing import context as _mpcontext
 
 from ._core import lazy
+from ._wire import values
 from .events import Event
 from .queues import JoinableQueue, Queue, SimpleQueue
 
@@ -59,6 +62,14 @@ class _ZctipcContext:
 
     def SimpleQueue(self, **options: Any) -> SimpleQueue:
         return SimpleQueue(ctx=self, **options)
+
+    def Manager(self) -> values.SyncManager:
+        """A started SyncManager whose values are copies, as the standard
+        library's are (Note [managers hand out copies] in
+        zctipc._wire.values)."""
+        m = values.SyncManager(ctx=self.get_context())
+        m.start()
+        return m
 
     def Event(self) -> Event:
         return Event(ctx=self)

@@ -71,7 +71,7 @@ def create_shared_tensor(
         if not isinstance(data, np.ndarray):
             data = np.asarray(data, dtype=None if dtype is None else dtypes.numpy_dtype(dtypes.code_of(dtype)))
         code = dtypes.code_of_numpy(data.dtype) if dtype is None else dtypes.code_of(dtype)
-    dims = tuple(data.shape)
+    dims = layout.shape_tuple(data.shape)
     if shape is not None and (asked := layout.shape_tuple(shape)) != dims:
         raise InvalidArgument(f"shape {asked} does not match the data's shape {dims}")
 

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/zctipc/zctipc/go/pool"
 	"github.com/zctipc/zctipc/go/shm"
+	"golang.org/x/sys/unix"
 )
 
 func TestPoolClasses(t *testing.T) {
@@ -193,4 +194,23 @@ func TestPoolArenaOutlivesItsOwner(t *testing.T) {
 	require.EqualValues(t, 7, s.Data()[0])
 	require.NoError(t, s.Release())
 	require.False(t, exists(name), "the last slot released removes the arena")
+}
+
+func TestParseSize(t *testing.T) {
+	for _, c := range []struct {
+		in   string
+		want uint64
+	}{
+		{"0", 0}, {"4096", 4096}, {"512M", 512 << 20}, {"512m", 512 << 20}, {"512MiB", 512 << 20},
+		{"512MB", 512 << 20}, {"2G", 2 << 30}, {"1.5GiB", 3 << 29}, {"64k", 64 << 10}, {"1T", 1 << 40},
+		{" 8 KiB ", 8 << 10}, {"100b", 100},
+	} {
+		got, err := pool.ParseSize(c.in)
+		require.NoError(t, err, c.in)
+		require.Equal(t, c.want, got, c.in)
+	}
+	for _, bad := range []string{"", "M", "512X", "-1", "1e3", "1.2.3G", "99999999999999999999", "20000000T", "G512"} {
+		_, err := pool.ParseSize(bad)
+		require.ErrorIs(t, err, unix.EINVAL, bad)
+	}
 }

@@ -270,3 +270,11 @@ def take_tasks(tasks, results):
     """Take tasks until None, and put back each task's id and blob size."""
     while (task := tasks.get()) is not None:
         results.put((task["id"], len(task["blob"])))
+
+
+def write_into_managed(d, key):
+    """Read d[key] (an array), write into it in place, and store what this
+    process reads back: its own copy."""
+    a = d[key]
+    a[0] = 99
+    d["seen"] = float(a[0])

@@ -215,6 +215,31 @@ def test_more_dimensions_than_a_descriptor_holds_go_pickled_in_band():
     q.close()
 
 
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda shape: zctipc.empty(shape),
+        lambda shape: zctipc.empty(shape, np.uint8),
+        lambda shape: zctipc.create_shared_tensor(shape=shape),
+        lambda shape: zctipc.create_shared_tensor(data=np.zeros(shape)),
+        lambda shape: zctipc.Stream.create(shape=shape, dtype="float32", frames=2),
+    ],
+    ids=["empty", "empty-uint8", "segment", "segment-of-data", "stream"],
+)
+def test_every_array_zctipc_makes_has_at_most_32_dimensions(make):
+    """One rule, said the same way by each maker: 32 dimensions are fine,
+    33 are refused (zctipc.empty made 33)."""
+    ok = make((1,) * 32)
+    assert tuple(ok.shape) == (1,) * 32
+    if hasattr(ok, "unlink"):
+        ok.unlink()
+    if hasattr(ok, "close"):
+        ok.close()
+    del ok
+    with pytest.raises(zctipc.InvalidArgument, match="33 dimensions; a zctipc array has at most 32"):
+        make((1,) * 33)
+
+
 def test_a_read_only_array_arrives_read_only():
     from multiprocessing.reduction import ForkingPickler
 

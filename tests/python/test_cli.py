@@ -83,6 +83,28 @@ def test_ls_shows_each_segment_and_who_holds_it(isolated):
     assert gone == [], "the daemon swept the killed holder"
 
 
+HOLD_A_QUEUE = """
+import time, zctipc
+q = zctipc.Queue()  # a ring of 1 GiB, sparse: a few pages in memory
+print("ready", flush=True)
+time.sleep(3600)
+"""
+
+
+def test_ls_shows_the_memory_segments_hold_not_their_apparent_size(isolated):
+    holder = start(isolated, HOLD_A_QUEUE)
+    try:
+        rows = json.loads(zctipc(isolated, "ls", "--json"))
+        ring = max(rows, key=lambda r: r["file_size"])
+        assert ring["file_size"] >= 1 << 30 and 0 < ring["resident"] < 16 << 20, "sparse: the ring's pages come and go"
+        text = zctipc(isolated, "ls")
+        assert "RESIDENT" in text.splitlines()[0]
+        total = text.strip().splitlines()[-1]
+        assert re.fullmatch(r"\d+ segments?, [\d.]+ (B|KiB|MiB) in memory \([\d.]+ GiB apparent\)", total), total
+    finally:
+        stop(holder)
+
+
 def test_gc_removes_an_orphan_and_keeps_what_is_held(isolated):
     env = dict(isolated, ZCTIPC_CLEANUP="0")
     subprocess.run([sys.executable, "-c", LEAVE_AN_ORPHAN], env=env, check=True, timeout=60)

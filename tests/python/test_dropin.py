@@ -362,3 +362,32 @@ def test_put_of_an_unpicklable_object_raises_in_the_caller():
     q.put("next")
     assert q.get() == "next"
     q.close()
+
+
+# -- 8. a manager hands out copies --------------------------------------------------------
+
+
+@pytest.mark.parametrize("child", ["zctipc", "multiprocessing"])
+@pytest.mark.parametrize("nbytes", [0, 8, 2 << 20])
+def test_a_managers_values_are_copies(child, nbytes):
+    """As the standard library's manager: an array read from a managed dict
+    and written in place changes neither the stored value nor what others
+    read, in a child (started by zctipc or by multiprocessing, which never
+    imported zctipc's connections) or here."""
+    with zctipc.Manager() as m:
+        d = m.dict()
+        d["a"] = np.zeros(max(nbytes // 8, 1))
+        ctx = zctipc.get_context("forkserver") if child == "zctipc" else multiprocessing.get_context("spawn")
+        p = ctx.Process(target=_workers.write_into_managed, args=(d, "a"))
+        p.start()
+        p.join(60)
+        assert p.exitcode == 0
+        assert d["seen"] == 99.0, "the child wrote into its copy"
+        assert d["a"][0] == 0.0, "the stored value is unchanged"
+        mine = d["a"]
+        mine[0] = 5
+        assert d["a"][0] == 0.0 and mine[0] == 5
+        stored = np.arange(4.0)
+        d["b"] = stored
+        stored[0] = -1
+        assert d["b"][0] == 0.0, "a value stored is a copy of what was given"

@@ -100,3 +100,63 @@ def test_a_shared_memory_file_system_filled_mid_run(tmp_path):
         assert out.stdout.split() == ["OOM", "0.0", "True", "small", "ok"]
     finally:
         subprocess.run(["umount", str(mount)], check=True)
+
+
+_LIMIT = """
+import zctipc
+try:
+    print(zctipc.pool_stats().limit)
+    zctipc.empty(10)
+    print("made")
+except zctipc.InvalidArgument as e:
+    print("refused", "ZCTIPC_POOL_LIMIT" in str(e), isinstance(e, ValueError))
+    zctipc.set_pool_limit(1 << 20)  # a limit given here replaces the refused one
+    zctipc.empty(10)
+    print("made")
+"""
+
+
+@pytest.mark.parametrize(
+    "value, limit",
+    [("536870912", 512 << 20), ("512M", 512 << 20), ("512MiB", 512 << 20), ("1.5G", 3 << 29), ("64k", 64 << 10)],
+)
+def test_the_pool_limit_variable_takes_units(value, limit):
+    env = dict(os.environ, ZCTIPC_POOL_LIMIT=value)
+    out = subprocess.run([sys.executable, "-c", _LIMIT], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == [str(limit), "made"]
+
+
+@pytest.mark.parametrize("value", ["512X", "lots", "-1", ""])
+def test_a_pool_limit_variable_that_is_not_a_size_is_refused_by_name(value):
+    env = dict(os.environ, ZCTIPC_POOL_LIMIT=value)
+    out = subprocess.run([sys.executable, "-c", _LIMIT], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split()[1:] == ["refused", "True", "True", "made"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root")
+def test_a_buffer_larger_than_a_small_shm_names_its_free_space(tmp_path):
+    """On a 64 MiB /dev/shm (Docker's default) the pool's limit is 32 MiB;
+    a 100 MiB buffer could not fit whatever the limit: the error names the
+    file system's free space, not the pool limit (raising that led to a
+    second error)."""
+    mount = tmp_path / "shm"
+    mount.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m,mode=0700", "tmpfs", str(mount)], check=True)
+    try:
+        code = textwrap.dedent("""
+            import zctipc
+            for size in (100 << 20, 40 << 20):
+                try:
+                    zctipc.empty(size, "uint8")
+                except zctipc.OutOfSharedMemory as e:
+                    print("set_pool_limit" in str(e), "free in" in str(e))
+        """)
+        env = dict(os.environ, ZCTIPC_SHM_DIR=str(mount), ZCTIPC_CLEANUP="0")
+        env.pop("ZCTIPC_POOL_LIMIT", None)
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.split() == ["False", "True", "True", "False"], "100 MiB: the free space; 40: the limit"
+    finally:
+        subprocess.run(["umount", str(mount)], check=True)

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import zctipc
+from zctipc._wire import reducers
 
 
 def mp_context(ctx):
@@ -138,4 +139,52 @@ def test_sparse_tensors_release_everything_when_dropped(layout):
     assert len(validate) == pending, "nothing waits in torch's list of tensors to validate"
     gc.collect()
     assert zctipc.pool_stats().slots_in_use == before, "every buffer under the parts went back"
+    q.close()
+
+
+@pytest.mark.parametrize("channel", ["pipe", "queue"])
+def test_a_refused_pickle_gives_back_the_buffers_it_took(channel):
+    """A non-leaf tensor that requires grad is refused after the tensors and
+    arrays before it took pool buffers: a pickle that was never made gives
+    their counts back (Note [counts of a failed dump])."""
+    import torch
+
+    zctipc.empty(1)  # the pool exists
+    before = zctipc.pool_stats().slots_in_use
+    leaf = torch.ones(4, requires_grad=True)
+    a, b = multiprocessing.Pipe()
+    q = zctipc.Queue()
+    for make in (
+        lambda: [torch.ones(3), np.ones(reducers.COPY_BYTES), leaf * 2],
+        lambda: {"x": torch.ones(5), "shared": zctipc.empty(8), "y": leaf * 2},
+        lambda: [torch.eye(3).to_sparse(), leaf * 2],
+    ):
+        with pytest.raises(RuntimeError, match="non-leaf tensor which requires_grad"):
+            a.send(make()) if channel == "pipe" else q.put(make())
+    gc.collect()
+    assert zctipc.pool_stats().slots_in_use == before
+    q.close()
+
+
+@pytest.mark.parametrize("layout", ["coo", "csr", "csc", "bsr"])
+def test_a_sparse_leaf_that_requires_grad_is_sent(layout):
+    import torch
+
+    dense = torch.tensor([[0.0, 1.0, 0.0, 0.0], [2.0, 0.0, 0.0, 3.0]])
+    make = {
+        "coo": lambda: dense.to_sparse(),
+        "csr": dense.to_sparse_csr,
+        "csc": dense.to_sparse_csc,
+        "bsr": lambda: dense.to_sparse_bsr((1, 2)),
+    }[layout]
+    q = zctipc.Queue()
+    zctipc.empty(1)
+    before = zctipc.pool_stats().slots_in_use
+    q.put([make().requires_grad_()])
+    (got,) = q.get()
+    assert got.requires_grad and got.is_leaf and got.layout == make().layout
+    assert torch.equal(got.detach().to_dense(), dense)
+    del got
+    gc.collect()
+    assert zctipc.pool_stats().slots_in_use == before
     q.close()

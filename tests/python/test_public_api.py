@@ -42,6 +42,13 @@ def test_the_package_offers_every_name_it_offered():
         assert hasattr(zctipc, name), f"zctipc.__all__ names {name}, which zctipc lacks"
 
 
+def test_the_package_offers_every_name_multiprocessing_offers():
+    import multiprocessing
+
+    missing = sorted(set(multiprocessing.__all__) - set(zctipc.__all__))
+    assert not missing, f"import zctipc as multiprocessing lacks {missing}"
+
+
 @pytest.mark.parametrize("module", sorted(SUBMODULES))
 def test_each_public_module_offers_every_name_it_offered(module):
     mod = importlib.import_module(module)

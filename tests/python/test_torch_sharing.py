@@ -8,16 +8,13 @@ their rule (one copy into the pool)."""
 import gc
 import multiprocessing
 import threading
+import warnings
 
 import numpy as np
 import pytest
 import torch
 
 import zctipc
-
-# Tests in this module send tensors through ForkingPickler before zctipc
-# has made a torch view of its own: register its torch reducers now.
-zctipc.init_torch_reductions()
 
 GET = 60  # seconds any get may wait for a child
 
@@ -170,12 +167,14 @@ def test_views_of_one_storage_arrive_over_one_storage(ctx):
     assert base[2] == -7, "and the producer sees it"
 
 
-def test_a_tensor_in_torch_shared_memory_goes_without_a_copy(ctx):
+def test_a_tensor_in_torch_shared_memory_is_shared_through_a_queue(ctx):
+    """In a zctipc message it is moved into the pool, which the message
+    holds (Note [torch's shared memory in a message]); sender and receiver
+    still write the same memory."""
     q, out = ctx.Queue(), ctx.Queue()
     p = _run(ctx, _fill_each, q, out, 2)
     t = torch.zeros(5).share_memory_()
     u = torch.zeros(3, dtype=torch.int32).share_memory_()
-    ptrs = (t.data_ptr(), u.data_ptr())
     assert t.is_shared() and not zctipc.is_shared(t)
     q.put(t)
     q.put([u, u[1:]])
@@ -184,8 +183,82 @@ def test_a_tensor_in_torch_shared_memory_goes_without_a_copy(ctx):
     assert out.get(timeout=GET) == "filled"
     _join(p)
     assert t.tolist() == [-1.0] * 5 and u.tolist() == [-1] * 3, "the consumer wrote into the same memory"
-    assert (t.data_ptr(), u.data_ptr()) == ptrs, "not moved"
-    assert not zctipc.is_shared(t), "still in torch's shared memory"
+    assert zctipc.is_shared(t) and zctipc.is_shared(u) and t.is_shared()
+
+
+def test_a_tensor_in_torch_shared_memory_goes_without_a_copy_through_multiprocessing():
+    mp = multiprocessing.get_context("spawn")
+    q, out = mp.Queue(), mp.Queue()
+    p = _run(mp, _fill_each, q, out, 1)
+    t = torch.zeros(5).share_memory_()
+    ptr = t.data_ptr()
+    q.put(t)
+    assert out.get(timeout=GET)[0][0] == [0.0] * 5
+    assert out.get(timeout=GET) == "filled"
+    _join(p)
+    assert t.tolist() == [-1.0] * 5, "the consumer wrote into the same memory"
+    assert t.data_ptr() == ptr and not zctipc.is_shared(t), "not moved: torch's way, in torch's channels"
+
+
+def _share_and_put(q, bare):
+    t = torch.arange(10.0).share_memory_()
+    q.put(t if bare else {"t": t, "view": t[2:]})
+
+
+@pytest.mark.parametrize("bare", [True, False], ids=["bare", "in-a-dict"])
+def test_a_share_memory_tensor_in_a_message_outlives_its_producer(bare):
+    """A message holds what it carries: a share_memory_() tensor put by a
+    process that exits before the get still arrives (torch's own route
+    raised FileNotFoundError)."""
+    ctx = zctipc.get_context("forkserver")
+    q = ctx.Queue()
+    try:
+        p = _run(ctx, _share_and_put, q, bare)
+        _join(p)
+        got = q.get(timeout=GET)
+        t = got if bare else got["t"]
+        assert t.tolist() == list(range(10))
+        if not bare:
+            assert got["view"].untyped_storage() is t.untyped_storage()
+            got["view"][0] = -1
+            assert t[2] == -1
+    finally:
+        q.close()
+
+
+def _write_storages(inq, outq):
+    """Write 7 at the start of everything that arrives, and say how the
+    typed storage and the tensors of the first message lie."""
+    data = inq.get()
+    outq.put([type(s).__name__ for s in data[:3]])
+    outq.put(all(t.untyped_storage() is data[0]._untyped_storage for t in data[3:]))
+    for s in data[:3]:
+        s[0] = 7
+    outq.put("written")
+
+
+@pytest.mark.parametrize("channel", ["zctipc", "multiprocessing"])
+def test_storages_are_shared_not_copied(channel):
+    """x.storage(), torch.FloatStorage and torch.UntypedStorage are shared
+    as torch.multiprocessing shares them (its test_fd_preserve_sharing): the
+    receiver's writes reach the sender, and tensors sent beside a storage
+    arrive over it."""
+    ctx = zctipc.get_context("forkserver") if channel == "zctipc" else multiprocessing.get_context("forkserver")
+    q, out = ctx.Queue(), ctx.Queue()
+    p = _run(ctx, _write_storages, q, out)
+    x = torch.zeros(5, 5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # TypedStorage is deprecated
+        typed, legacy = x.storage(), torch.FloatStorage(4)
+    legacy.fill_(0)
+    untyped = torch.UntypedStorage(8)
+    untyped.fill_(0)
+    q.put([typed, legacy, untyped, x, x[2], x[:, 1]])
+    assert out.get(timeout=GET) == ["TypedStorage", "TypedStorage", "UntypedStorage"]
+    assert out.get(timeout=GET), "the tensors arrived over the storage sent beside them"
+    assert out.get(timeout=GET) == "written"
+    _join(p)
+    assert x[0, 0] == 7 and legacy[0] == 7 and untyped[0] == 7, "the receiver's writes are the sender's"
 
 
 def test_non_contiguous_tensors(ctx):
@@ -434,3 +507,47 @@ def test_numpy_arrays_are_still_copied(ctx):
     _join(p)
     assert a[0] == 0, "a plain array goes as one copy"
     assert not zctipc.is_shared(a)
+
+
+# -- a tensor's route does not depend on the order of imports -----------------
+
+_ROUTE = """
+import sys
+for step in sys.argv[1].split(","):
+    if step == "load":
+        import zctipc
+        zctipc.Queue().close()  # the library is loaded
+    else:
+        __import__(step)
+import torch
+import zctipc
+from multiprocessing.reduction import ForkingPickler
+from zctipc import queues
+from zctipc._core import memory, native
+from zctipc._wire import reducers
+
+q = zctipc.Queue()
+q.put(torch.ones(1024))
+s = queues._Scratch()
+r = native.lib().zct_queue_take(q._handle, s.buf, s.cap, 10000, s.views, s.vcap)
+assert r >= 0, r
+nviews = int.from_bytes(s.mem[6:8], "little")
+for i in range(nviews):
+    memory.release_ref(s.views[i].ref)
+q.close()
+print(r >> queues._TYPE_SHIFT, ForkingPickler._extra_reducers.get(torch.Tensor) is reducers._reduce_tensor)
+"""
+
+
+@pytest.mark.parametrize(
+    "order", ["torch,zctipc", "zctipc,torch", "numpy,zctipc,torch", "zctipc,numpy,torch", "numpy,zctipc,load,torch"]
+)
+def test_a_bare_tensor_goes_as_a_tensor_record_whatever_was_imported_first(order):
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", _ROUTE, order], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["2", "True"], "a tensor record (ZCT_RECORD_TENSOR), zctipc's reducer"

@@ -7,6 +7,7 @@ import operator
 import sys
 
 from ..errors import InvalidArgument
+from .native import MAX_NDIM
 
 TYPE_CHECKING = False  # Note [types without typing] in zctipc._core.native
 if TYPE_CHECKING:
@@ -23,7 +24,9 @@ if TYPE_CHECKING:
 
 def shape_tuple(shape: Any) -> tuple[int, ...]:
     """shape (an int or a sequence of ints) as a tuple of non-negative
-    ints. (It checks what it is given: Any; callers take a ShapeLike.)"""
+    ints, at most MAX_NDIM of them: the one rule for the shape of every
+    array zctipc makes (pool buffers, segments, streams, CUDA tensors).
+    (It checks what it is given: Any; callers take a ShapeLike.)"""
     dims: tuple[int, ...]
     try:
         dims = (operator.index(shape),)
@@ -34,6 +37,8 @@ def shape_tuple(shape: Any) -> tuple[int, ...]:
             raise InvalidArgument(f"shape must be an int or a sequence of ints, not {shape!r}") from None
     if any(d < 0 for d in dims):
         raise InvalidArgument(f"shape {dims} has a negative dimension")
+    if len(dims) > MAX_NDIM:
+        raise InvalidArgument(f"shape has {len(dims)} dimensions; a zctipc array has at most {MAX_NDIM}")
     return dims
 
 

@@ -65,3 +65,90 @@ def numpy(owner: str) -> Any:
     (Any: a module that uses it names ``numpy`` itself to type checkers.)"""
     module = sys.modules.get("numpy")
     return module if module is not None else _Numpy(owner)
+
+
+# Note [meeting a module on import]: zctipc sends some types of other
+# modules its own way (a torch tensor goes as a tensor record a Go consumer
+# reads), which needs its reducers registered for them. Registering them
+# only when zctipc itself happens to meet the module (its first torch view,
+# say) made a tensor's route depend on the order of imports: after ``import
+# numpy, zctipc, torch`` the first tensor put went as an opaque pickle. So
+# when the module is not imported yet, a finder on sys.meta_path watches
+# for it: it finds the module with the finders behind it, and runs the
+# hooks right after the module's own code has run, however it was imported
+# (an import statement, importlib, another package). The finder watches
+# only the names given, leaves every other import alone, and leaves
+# sys.meta_path once every name it watched was imported. A hook that fails
+# warns: it never makes the user's import fail.
+# Threat model: only code of this process imports; nothing crosses a
+# process here. The finder hands on the very spec the finders behind it
+# found, its loader wrapped, so it can never put another module in the
+# watched one's place, nor find one they would not; what must never happen
+# is that zctipc makes an import fail or run twice.
+
+
+class _Announcer:
+    """A module's own loader, which runs the hooks of its name once the
+    module has run."""
+
+    __slots__ = ("loader", "name")
+
+    def __init__(self, loader: Any, name: str) -> None:
+        self.loader, self.name = loader, name
+
+    def create_module(self, spec: Any) -> Any:
+        create = getattr(self.loader, "create_module", None)
+        return None if create is None else create(spec)
+
+    def exec_module(self, module: Any) -> None:
+        # The module sees its own loader (torch reads __spec__.loader).
+        module.__spec__.loader = module.__loader__ = self.loader
+        self.loader.exec_module(module)
+        _watch.imported(self.name)
+
+
+class _Watch:
+    """The finder of Note [meeting a module on import]."""
+
+    def __init__(self) -> None:
+        self.hooks: dict[str, list[Callable[[], object]]] = {}
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        if name not in self.hooks:
+            return None
+        for finder in list(sys.meta_path):
+            find = getattr(finder, "find_spec", None)
+            if finder is self or find is None:
+                continue
+            spec = find(name, path, target)
+            if spec is not None:
+                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                    spec.loader = _Announcer(spec.loader, name)
+                return spec
+        return None
+
+    def imported(self, name: str) -> None:
+        import warnings
+
+        hooks = self.hooks.pop(name, [])
+        if not self.hooks and self in sys.meta_path:
+            sys.meta_path.remove(self)
+        for hook in hooks:
+            try:
+                hook()
+            except Exception as exc:  # the import itself went well: it must not fail for zctipc
+                warnings.warn(f"zctipc could not prepare for {name}: {exc!r}", RuntimeWarning, stacklevel=2)
+
+
+_watch = _Watch()
+
+
+def when_imported(name: str, hook: Callable[[], object]) -> None:
+    """Call hook() once the top-level module name is imported (at once if
+    it is), however it is imported (Note [meeting a module on import])."""
+    if name in sys.modules:
+        hook()
+        return
+    _watch.hooks.setdefault(name, []).append(hook)
+    if _watch not in sys.meta_path:
+        sys.meta_path.insert(0, _watch)

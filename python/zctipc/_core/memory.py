@@ -25,7 +25,7 @@ from . import dtypes, lazy, native
 
 TYPE_CHECKING = False  # Note [types without typing] in zctipc._core.native
 if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
+    from collections.abc import Sequence
     from typing import Any
 
     import numpy as np
@@ -103,22 +103,13 @@ def zctipc_memory(address: Any, nbytes: int) -> bool:
 
 
 _torch: Any = None  # the torch module, once met
-_torch_hooks: list[Callable[[], object]] = []
 _MARK = "_zctipc_memory"  # Note [marked storages]
-
-
-def when_torch_is_met(hook: Callable[[], object]) -> None:
-    """Call hook() when zctipc first makes a torch view (the package
-    registers its torch reducers so)."""
-    _torch_hooks.append(hook)
 
 
 def _torch_module() -> Any:
     global _torch
     import torch
 
-    for hook in _torch_hooks:
-        hook()
     _torch = torch
     return torch
 

@@ -48,6 +48,12 @@ def set_limit(nbytes: SupportsIndex) -> None:
     native.check(native.lib().zct_pool_set_limit(nbytes))
 
 
+#: The bytes of the pool's largest slot (pool.MaxSize in Go): a larger buffer
+#: gets a segment of its own. (Any other refusal, such as a pool limit from
+#: the environment that is not a size, is raised.)
+LARGEST_SLOT = 7 << 29
+
+
 def alloc(nbytes: int, block: bool = True, timeout: float | None = None) -> tuple[int, Any]:
     """A buffer of at least nbytes: (ref, address). A pool slot, or a
     segment of its own above the largest class. Waits for a free slot when
@@ -60,7 +66,7 @@ def alloc(nbytes: int, block: bool = True, timeout: float | None = None) -> tupl
     data = ffi.new("void **")
     size = ffi.new("uint64_t *")
     status = wait.retry(lambda ms: lib.zct_pool_alloc(nbytes, ms, ref, data, size), native.E_FULL, block, timeout)
-    if status == native.E_INVALID and nbytes > 0:  # above the largest class: a segment of its own
+    if status == native.E_INVALID and nbytes > LARGEST_SLOT:  # a segment of its own
         return _segment_buffer(nbytes)
     if status == native.E_FULL:  # full until the deadline: not queue.Full, but the pool's own error
         raise OutOfSharedMemory(native.error(status).args[0])

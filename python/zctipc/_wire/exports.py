@@ -259,16 +259,15 @@ def export_bare(obj: Any, block: bool = True, timeout: float | None = None) -> E
 def _share_tensor(t: torch.Tensor, found: Layout, block: bool, timeout: float | None) -> Export | None:
     """An Export of a bare tensor that is not zctipc memory: its storage
     moved into the pool (Note [moving storages] in zctipc._wire.storages),
-    then the tensor's elements there. None for a tensor in torch's shared
-    memory (pickled, it goes as torch sends it, without a copy) or of more
-    dimensions than a descriptor holds. A copy for
-    an empty tensor, or one zctipc made over memory find() cannot place."""
+    then the tensor's elements there; a storage in torch's shared memory
+    too, so that the message holds what it carries (Note [torch's shared
+    memory in a message] there). None for a tensor of more dimensions than
+    a descriptor holds. A copy for an empty tensor, or one zctipc made
+    over memory find() cannot place."""
     if len(found[1]) > native.MAX_NDIM:
         return None  # pickled: its storage goes as one dimension
     if 0 not in found[1]:
         s = t.untyped_storage()
-        if storages.is_torch_shared(s):
-            return None
         if not memory.is_marked(s):
             code, shape, strides = found
             ref, offset = storages.move_into_pool(s, block, timeout)
@@ -280,24 +279,23 @@ def _share_tensor(t: torch.Tensor, found: Layout, block: bool, timeout: float | 
 _UINT8 = dtypes.CODES["uint8"]
 
 
-def export_storage(storage: torch.UntypedStorage, block: bool = True, timeout: float | None = None) -> Export | None:
+def export_storage(storage: torch.UntypedStorage, block: bool = True, timeout: float | None = None) -> Export:
     """An Export of a whole CPU torch storage of at least one byte, as
     uint8: its own memory when it is zctipc memory, else the pool buffer it
-    is moved into (Note [moving storages] in zctipc._wire.storages), or a
-    copy of one that zctipc made over memory find() cannot place (a
-    stream's slot). None for a storage in torch's own shared memory, which
-    torch's reducer sends without a copy."""
+    is moved into (Note [moving storages] in zctipc._wire.storages; one in
+    torch's shared memory too), or a copy of one that zctipc made over
+    memory find() cannot place (a stream's slot)."""
     nbytes = storage.nbytes()
     found = memory.find(storage.data_ptr(), nbytes)
     if found is None:
-        if storages.is_torch_shared(storage):
-            return None
         if memory.is_marked(storage):
 
             def fill(owner: Any, size: int, c_strides: tuple[int, ...]) -> None:
                 memory.storage(owner, size).copy_(storage)
 
-            return _export(None, _UINT8, (nbytes,), (1,), memory.TORCH, fill, block, timeout, True)
+            e = _export(None, _UINT8, (nbytes,), (1,), memory.TORCH, fill, block, timeout, True)
+            assert e is not None  # one dimension: a descriptor always holds it
+            return e
         found = storages.move_into_pool(storage, block, timeout)
     return Export(found[0], found[1], _UINT8, (nbytes,), (1,), memory.TORCH)
 
@@ -414,6 +412,14 @@ def encode(export: Export) -> bytes:
     except BaseException:
         export.release()
         raise
+
+
+def drop(data: bytes) -> None:
+    """Give back the count that descriptor bytes made by encode carry, for
+    bytes that will never be decoded (a pickle that was not made)."""
+    view = native.ffi().new("zct_view *")
+    native.check(native.lib().zct_ref_decode(data, len(data), view))
+    memory.release_ref(view.ref)
 
 
 def describe(export: Export) -> bytes:

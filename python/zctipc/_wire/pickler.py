@@ -123,6 +123,7 @@ class QueuePickler:
         if torch is not None:
             table[torch.Tensor] = self._reduce_tensor
             table[torch.UntypedStorage] = self._reduce_storage
+            table.update(storages.typed_reducers())  # as their untyped storage
         for t in tables.table_types():
             table[t] = tables.reduce_table
         self.pickler.dispatch_table = table
@@ -274,10 +275,7 @@ class QueuePickler:
             return s.__reduce_ex__(pickle.HIGHEST_PROTOCOL)
         if s.nbytes() == 0:
             return storages.rebuild_empty, ()
-        e = exports.export_storage(s, self.block, self.timeout)
-        if e is None:  # in torch's shared memory
-            return storages.reduce_torch_shared(s)
-        self.exports.append(e)
+        self.exports.append(exports.export_storage(s, self.block, self.timeout))
         return _rebuild_storage, (len(self.exports) - 1,)
 
     def _reduce_shared(self, st: SharedTensor) -> Reduction:
@@ -307,6 +305,7 @@ def _sparse_layouts() -> dict[torch.layout, str]:
 def _reduce_sparse(t: torch.Tensor) -> Reduction:
     """A sparse tensor as its parts (see Note [sparse tensors])."""
     layout = _SPARSE[t.layout]
+    requires_grad, t = t.requires_grad, t.detach()  # a part of a leaf that requires grad is not a leaf
     parts: tuple[Any, ...]
     if layout == "coo":
         parts = (t._indices(), t._values(), tuple(t.shape), t.is_coalesced())
@@ -314,7 +313,7 @@ def _reduce_sparse(t: torch.Tensor) -> Reduction:
         parts = (t.crow_indices(), t.col_indices(), t.values(), tuple(t.shape))
     else:
         parts = (t.ccol_indices(), t.row_indices(), t.values(), tuple(t.shape))
-    return _rebuild_sparse, (layout, parts, t.requires_grad)
+    return _rebuild_sparse, (layout, parts, requires_grad)
 
 
 def _rebuild_sparse(layout: str, parts: tuple[Any, ...], requires_grad: bool = False) -> torch.Tensor:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import pickle
 import sys
+import threading
 from multiprocessing.reduction import ForkingPickler
 
 from .._core import layout, lazy
@@ -49,17 +50,64 @@ def torch_fallback() -> Callable[[torch.Tensor], Any] | None:
 COPY_BYTES = 1 << 20
 
 
+# Note [counts of a failed dump]: a descriptor inlined in a ForkingPickler
+# pickle carries a count, added when it is made (Note [counts in flight] in
+# zctipc._wire.pickler). When the dump fails after it (a non-leaf tensor
+# that requires grad further on, an object that cannot be pickled), the
+# pickle is never sent, and nothing would ever take those counts: the pool
+# buffers stayed in use for the life of the process. So every ForkingPickler
+# dump keeps the descriptors whose counts its pickle carries, and gives them
+# back if it raises; a dump nested in another (a reducer that pickles) hands
+# its own to the outer one, whose pickle holds its bytes.
+# Threat model: only this process's own pickling runs here; what must never
+# happen is a count released twice (a pickle that was made keeps its
+# counts) or one that nobody holds.
+
+_dumping = threading.local()
+
+
+def carry(e: exports.Export) -> bytes:
+    """The descriptor bytes of e, which carry its count; the count goes
+    back if the dump they are made for fails."""
+    data = exports.encode(e)
+    held: list[bytes] | None = getattr(_dumping, "held", None)
+    if held is not None:
+        held.append(data)
+    return data
+
+
+_plain_dump = ForkingPickler.dump
+
+
+def _dump(self: ForkingPickler, obj: object) -> None:
+    """ForkingPickler.dump, which releases the counts of its descriptors
+    when it raises (Note [counts of a failed dump])."""
+    outer: list[bytes] | None = getattr(_dumping, "held", None)
+    held: list[bytes] = []
+    _dumping.held = held
+    try:
+        _plain_dump(self, obj)
+    except BaseException:
+        _dumping.held = outer
+        for data in held:
+            exports.drop(data)
+        raise
+    _dumping.held = outer
+    if outer is not None:
+        outer.extend(held)
+
+
 def _reduce_array(arr: NDArray[Any]) -> Reduction:
     e = exports.export_array(arr, copy=arr.nbytes >= COPY_BYTES)
     if e is None:
         return arr.__reduce__()
-    return exports.decode, (exports.encode(e),)
+    return exports.decode, (carry(e),)
 
 
 def _reduce_shared(st: SharedTensor) -> Reduction:
     if st.closed:
         return st.__reduce__()  # raises HandleClosed
-    return exports.decode, (exports.encode(exports.export_shared_tensor(st)),)
+    return exports.decode, (carry(exports.export_shared_tensor(st)),)
 
 
 def _reduce_tensor(t: torch.Tensor) -> Reduction:
@@ -74,13 +122,11 @@ def _reduce_tensor(t: torch.Tensor) -> Reduction:
 
 
 def _reduce_storage(s: torch.UntypedStorage) -> Reduction:
-    if storages.is_cpu(s):
+    if storages.is_cpu(s) and not storages.is_torch_shared(s):
         if s.nbytes() == 0:
             return storages.rebuild_empty, ()
-        e = exports.export_storage(s)
-        if e is not None:
-            return _rebuild_storage, (exports.encode(e),)
-    # In torch's shared memory, or on a device: torch's way.
+        return _rebuild_storage, (carry(exports.export_storage(s)),)
+    # In torch's shared memory, or on a device: torch's way, in torch's channels.
     if _torch_storage_fallback is not None:
         return _torch_storage_fallback(s)
     return s.__reduce_ex__(pickle.DEFAULT_PROTOCOL)
@@ -103,11 +149,13 @@ def init_reductions() -> None:
     before (torch.multiprocessing's). zctipc calls this at import when
     NumPy, torch, pyarrow, pandas or polars is imported already, else when
     it loads its library (before which it has made nothing to send), and
-    again when it first meets torch; calling it again is cheap. NumPy arrays are
+    its torch reducers when torch is imported after zctipc (Note [meeting
+    a module on import] in zctipc._core.lazy); calling it again is cheap. NumPy arrays are
     registered once NumPy is imported, when zctipc finds it so (its own
     first use of NumPy, a queue's pickler, a child process started with a
     zctipc context, or this call)."""
     lazy.check()  # registers NumPy's (_init_numpy_reductions) if it is imported
+    ForkingPickler.dump = _dump  # type: ignore[method-assign,assignment]  # Note [counts of a failed dump]
     ForkingPickler.register(SharedTensor, _reduce_shared)
     init_torch_reductions()
     for t in tables.table_types():

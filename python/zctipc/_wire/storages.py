@@ -5,9 +5,25 @@ A tensor goes as its storage and where it lies in it (offset, shape,
 strides), so that the tensors of one storage sent together arrive over one
 storage, and the receiver's writes are seen by the sender. A storage that
 is not zctipc memory is moved into a pool buffer first, in place (see
-Note [moving storages]); one already in torch's own shared memory
+Note [moving storages]). One already in torch's own shared memory
 (share_memory_(), or received through torch.multiprocessing) goes as torch
-sends it, without a copy.
+sends it, without a copy, through multiprocessing's channels; in a zctipc
+message it is moved too (Note [torch's shared memory in a message]). Typed
+storages (x.storage(), torch.FloatStorage) go as their untyped storage.
+
+Note [torch's shared memory in a message]: torch sends a storage in its
+shared memory as a file descriptor that the receiver fetches from the
+sender's resource sharer, or as a file name that torch's manager removes
+when the sender exits: neither is held by the message, so a receiver whose
+sender has exited gets FileNotFoundError. A zctipc message holds what it
+carries (a count on its pool buffer, Note [counts in flight] in
+zctipc._wire.pickler), so a storage in torch's shared memory is moved into
+the pool like any other. The sender and every receiver of the message then
+share it; a process that received it through torch.multiprocessing before
+keeps torch's memory, no longer written by the sender.
+Threat model: what is reduced here is the sender's own objects; the
+receiver gets a descriptor that the core checks like any other. What must
+never happen is a message whose memory can go before it is taken.
 
 Note [moving storages]: torch.UntypedStorage._swap_data_ptr_ swaps the
 memory of two storages, so every tensor and view over a storage follows it
@@ -155,12 +171,20 @@ def rebuild_empty() -> torch.UntypedStorage:
     return (_torch or _met_torch()).UntypedStorage(0)
 
 
-def reduce_torch_shared(storage: torch.UntypedStorage) -> Any:
-    """A storage in torch's shared memory, as torch.multiprocessing
-    reduces it: without a copy."""
+def typed_reducers() -> dict[type[Any], Callable[[Any], Any]]:
+    """The reducers of torch's typed storages (TypedStorage, and the
+    legacy FloatStorage and its kin), torch.multiprocessing's: each goes
+    as its untyped storage, which a pickler with zctipc's storage reducer
+    shares (not a copy of its bytes, as TypedStorage's own __reduce__
+    makes), and its dtype or class."""
     from torch.multiprocessing import reductions
 
-    return reductions.reduce_storage(storage)
+    torch = _torch or _met_torch()
+    table: dict[type[Any], Callable[[Any], Any]] = {torch.storage.TypedStorage: reductions.reduce_typed_storage}
+    for cls in torch._storage_classes:
+        if cls is not torch.UntypedStorage and cls is not torch.storage.TypedStorage:
+            table[cls] = reductions.reduce_typed_storage_child
+    return table
 
 
 _original_is_shared: Callable[[torch.UntypedStorage], bool] | None = None

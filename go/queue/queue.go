@@ -482,6 +482,9 @@ func (q *Queue) putMany(recs []*message.Record, u futex.Until) (int, error) {
 			return 0, err
 		}
 	}
+	if q.sparse {
+		q.settleReserved(tail)
+	}
 	n := 0
 	var reserveErr error
 	for n < len(recs) {
@@ -569,6 +572,27 @@ func (q *Queue) skipTo(tail, head, items, size uint32) (uint32, bool) {
 		return tail, false
 	}
 	return next, true
+}
+
+// settleReserved brings an unbounded queue's reserved position up to tail,
+// the committed tail, under the put lock, before the put writes anything.
+//
+// Positions are 32-bit and wrap every four laps, so two of them can be
+// compared only while they are less than 2^31 apart. A skip to the next
+// lap moves the tail by up to a ring without reserving anything, so the
+// reserved position, left where it was, falls a lap behind with every skip:
+// two skips later its comparison with the tail says it is ahead, and a
+// producer writes pages it never reserved. Kept at the committed tail or
+// ahead of it, it stays within a ring of the tail (a put moves the tail by
+// a ring at most, and reserves no further than a ring past given_back), so
+// every comparison of it is sound. It may then claim positions before the
+// tail that were skipped and never reserved: none is written again before
+// it is a lap further on. A value further than a ring from the tail either
+// way is one that an earlier library let fall behind: it is set to tail.
+func (q *Queue) settleReserved(tail uint32) {
+	if reserved := atomic.LoadUint32(q.u32(offReserved)); reserved-tail > q.capacity {
+		atomic.StoreUint32(q.u32(offReserved), tail)
+	}
 }
 
 // reserve reserves the pages of an unbounded queue's ring for a record

@@ -968,13 +968,16 @@ func (q *Queue) signal(seqOff, waitersOff int, n int) error {
 }
 
 // Close closes this process's handle on the queue. Calls blocked in other
-// goroutines wake and return ErrClosed; Close returns once none is left,
-// and only then lets the segment go. Closing twice returns ErrClosed.
+// goroutines wake and return ErrClosed, but only once Close has let the
+// segment go (after the last of them left it): a goroutine told ErrClosed
+// finds this process's count on the queue given up. Closing twice returns
+// ErrClosed.
 func (q *Queue) Close() error {
-	if !q.guard.Close(q.wakeAll) {
+	closed, err := q.guard.CloseAndRelease(q.wakeAll, q.seg.Close)
+	if !closed {
 		return ErrClosed
 	}
-	return q.seg.Close()
+	return err
 }
 
 // wakeAll wakes every waiter of the queue, in any process: they look again

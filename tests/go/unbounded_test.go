@@ -101,3 +101,47 @@ func TestUnboundedQueueReservesPastTwoToThe31(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, big, got)
 }
+
+// TestUnboundedQueueEmptyOrDrainedHoldsAFewPages: an unbounded queue's
+// memory is that of its messages. Made, it holds a page or two; emptied
+// after a burst in its warm window or past it, it gives the window back
+// down to its largest recent message; a queue whose messages pass one at a
+// time keeps the pages of that message (its warm window) from one to the
+// next.
+func TestUnboundedQueueEmptyOrDrainedHoldsAFewPages(t *testing.T) {
+	const fewPages = 4 << 12
+	q, err := queue.CreateUnbounded("", 0)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, q.Close()) }()
+	require.LessOrEqual(t, resident(t, q), int64(fewPages), "a new queue")
+
+	buf := make([]byte, 2<<20)
+	seq := uint64(0)
+	burst := func(n, size int) {
+		for range n {
+			require.NoError(t, q.Put(bytesRecord(patterned(seq, size)), time.Now()))
+			seq++
+		}
+		for i := range n {
+			got, err := getInto(t, q, buf)
+			require.NoError(t, err)
+			require.Equal(t, patterned(seq-uint64(n-i), size), got)
+		}
+	}
+	burst(1000, 1<<10) // 1 MB, in the window
+	require.LessOrEqual(t, resident(t, q), int64(fewPages), "drained after a burst in the window")
+	burst(300, 16<<10) // 4.8 MB, past it
+	require.LessOrEqual(t, resident(t, q), int64(fewPages+recordSize(16<<10)),
+		"drained after a burst past the window: the pages of its largest message")
+	burst(1, 1<<10)
+	require.LessOrEqual(t, resident(t, q), int64(fewPages), "drained after one message")
+
+	// One large message at a time: its pages stay, put after put.
+	for range 20 {
+		burst(1, 1<<20)
+	}
+	require.GreaterOrEqual(t, resident(t, q), int64(1<<20), "the window keeps the pages of the message that passes")
+	require.LessOrEqual(t, resident(t, q), int64(1<<20+fewPages))
+	burst(1, 100)
+	require.LessOrEqual(t, resident(t, q), int64(fewPages), "and gives them back once smaller ones pass")
+}

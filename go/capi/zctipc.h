@@ -317,7 +317,9 @@ int zct_pool_set_limit(uint64_t bytes);
 int zct_queue_create(const char *name, uint64_t capacity, uint64_t maxsize, zct_handle *queue);
 /* Attach a queue; with adopt, take over a count a message in flight carried. */
 int zct_queue_attach(const char *name, int32_t adopt, zct_handle *queue);
-/* The queue's name, ring bytes and most messages (0: no limit). */
+/* The queue's name, its capacity (the largest record it takes: the ring's
+   bytes, less 2 MiB for an unbounded queue; format.md) and most messages
+   (0: no limit). */
 int zct_queue_describe(zct_handle queue, char *name, uint64_t cap, uint64_t *capacity, uint64_t *maxsize);
 /* How this handle's calls wait for messages or room: poll 0 spins for
    spin_ns (yielding the CPU between looks) and then sleeps on a futex;

@@ -585,6 +585,20 @@ func (q *Queue) skipTo(tail, head, items, size uint32) (uint32, bool) {
 	return next, true
 }
 
+// Note [threat model of the ring words]: every process of the user that
+// attached the queue reads and writes its words (tail, head, reserved,
+// given_back, window, window_need) and its ring, and any of them may be
+// killed between two stores. Those words are trusted to have been written
+// by this protocol: a process that forges them can lose or corrupt
+// messages, as it could by writing the ring. What must never happen
+// between processes that follow it, killed or not: a page written before
+// it was reserved (a SIGBUS on a full /dev/shm), a page that holds a
+// message given back, a message lost or taken twice. Forged values are
+// bounded where that costs nothing: window is read as at most WarmWindow,
+// reserved further than a ring from the tail is reset, a record or skip
+// whose size cannot be right is reported as corrupt, never followed out of
+// the ring.
+//
 // settleReserved brings an unbounded queue's reserved position up to tail,
 // the committed tail, under the put lock, before the put writes anything.
 //
@@ -707,10 +721,15 @@ func (q *Queue) rewind(gets, head uint32) {
 	// its page: the next rewind after such a record then reserves nothing.
 	keep := min(q.pageEnd(need+8), WarmWindow)
 	if w := q.window(); w > keep {
-		// No record lies in the window: the queue is empty and no producer
-		// can write (the put lock is ours).
-		_ = shm.ReleasePages(q.ring[keep:WarmWindow])
+		// No record lies in the ring: the queue is empty and no producer
+		// can write (the put lock is ours). The page that straddles the
+		// window's end goes too: consumers passing keep it, as its first
+		// bytes are the window's.
+		_ = shm.ReleasePages(q.ring[keep:q.pageEnd(WarmWindow+1)])
 		atomic.StoreUint32(q.u32(offWindow), keep)
+		// Nothing is reserved past the tail now.
+		_, tail := split(atomic.LoadUint64(q.u64(offTail)))
+		atomic.StoreUint32(q.u32(offReserved), tail)
 	}
 	atomic.StoreUint32(q.u32(offWindowNeed), 0)
 }
@@ -726,7 +745,7 @@ func (q *Queue) giveBack(head uint32) {
 	}
 	// A failure keeps the pages in use: nothing is lost.
 	if !q.warm {
-		_ = q.pages(from, to, shm.ReleasePages)
+		_ = q.pages(from, to, q.releasePages)
 	} else {
 		for at := from; int32(to-at) > 0; {
 			lap := at - at&q.mask
@@ -738,7 +757,7 @@ func (q *Queue) giveBack(head uint32) {
 			if int32(end-to) > 0 {
 				end = to
 			}
-			_ = q.pages(at, end, shm.ReleasePages)
+			_ = q.pages(at, end, q.releasePages)
 			at = end
 		}
 	}
@@ -756,8 +775,12 @@ func (q *Queue) giveBackSkipped(at uint32) {
 	q.giveBack(at)
 	off := at & q.mask
 	if off >= WarmWindow { // WarmWindow is a chunk: given_back is in the same lap, past the window
-		upTo := min((at+8+reserveStep-1)&^(reserveStep-1), at-off+q.capacity)
-		_ = q.pages(at&^(chunk-1), upTo, shm.ReleasePages)
+		// To the end of the page the skip's reservation ended in: nothing
+		// lies past it in this lap, and the next lap's producers write only
+		// before given_back's offset.
+		page := uint32(unix.Getpagesize())
+		upTo := min((at+8+reserveStep-1)&^(reserveStep-1)+page, at-off+q.capacity)
+		_ = q.pages(at&^(chunk-1), upTo, q.releasePages)
 	}
 	atomic.StoreUint32(q.u32(offGivenBack), at-off+q.capacity)
 }
@@ -808,6 +831,18 @@ func (q *Queue) pages(from, to uint32, fn func([]byte) error) error {
 		return fn(q.ring[pos : pos+n])
 	}
 	return errors.Join(fn(q.ring[pos:]), fn(q.ring[:pos+n-q.capacity]))
+}
+
+// releasePages gives back the pages wholly inside mem, a part of the ring,
+// and, when mem runs to the ring's end, the ring's last page too: the bytes
+// of that page past the ring are past the end of the file, never used.
+func (q *Queue) releasePages(mem []byte) error {
+	if len(mem) > 0 && unsafe.SliceData(mem) == &q.ring[len(q.ring)-len(mem)] {
+		ring := q.ring[:len(q.ring):len(q.ring)]
+		end := q.pageEnd(uint32(len(ring)))
+		mem = unsafe.Slice(unsafe.SliceData(mem), uint32(len(mem))+end-uint32(len(ring)))
+	}
+	return shm.ReleasePages(mem)
 }
 
 // write encodes rec at byte position at, going on at offset 0 when it runs

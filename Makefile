@@ -73,9 +73,13 @@ bench: install $(VENV)/.deps
 	$(PIP) install --quiet -c constraints.txt matplotlib iceoryx2 ray
 	$(PY) -m zctipc bench --out docs/bench --readme README.md
 
-# Fuzz the header decoder, seeded from the golden vectors.
+# Run every fuzz target for FUZZTIME each (go test fuzzes one at a time),
+# seeded from testdata/fuzz and the golden vectors.
+FUZZ_TARGETS := FuzzHeaderDecode FuzzInlineDecode FuzzRecordDecode FuzzQueueRing FuzzRing
 fuzz:
-	$(GO) test ./tests/go -run '^$$' -fuzz FuzzHeaderDecode -fuzztime $(FUZZTIME)
+	set -e; for target in $(FUZZ_TARGETS); do \
+		$(GO) test ./tests/go -run '^$$' -fuzz "^$$target$$" -fuzztime $(FUZZTIME); \
+	done
 
 # Regenerate the golden header vectors in tests/golden (review the diff!).
 golden:

@@ -185,6 +185,9 @@ func zct_segment_info(h C.zct_handle, info *C.zct_info) C.int {
 
 //export zct_segment_refcount
 func zct_segment_refcount(h C.zct_handle, out *C.int64_t) C.int {
+	if out == nil { // reading a count into nowhere is a mistake; addref and dropref may ignore theirs
+		return fail(errNilArg)
+	}
 	return segmentCount(h, out, (*shm.Segment).Refcount)
 }
 

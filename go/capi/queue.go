@@ -8,6 +8,7 @@ import "C"
 import (
 	"errors"
 	"fmt"
+	"math"
 	"time"
 	"unsafe"
 
@@ -21,6 +22,10 @@ import (
 	"github.com/zctipc/zctipc/go/queue"
 	"golang.org/x/sys/unix"
 )
+
+// The record types of zctipc.h are package message's: one number each,
+// checked when this package compiles (an index other than 0 fails it).
+var _ = [1][1][1][1]struct{}{}[message.TypePickle-C.ZCT_RECORD_PICKLE][message.TypeTensor-C.ZCT_RECORD_TENSOR][message.TypeBytes-C.ZCT_RECORD_BYTES][message.TypeInline-C.ZCT_RECORD_INLINE]
 
 var (
 	refs   = newTable[*buffer.Ref]()
@@ -72,6 +77,16 @@ func describeArray(r *buffer.Ref, offset uint64, dt, ndim C.int32_t, shape, stri
 	return r.Describe(offset, dtype.DType(dt), sh, st, uint8(flags))
 }
 
+// Note [the C contract of queue calls]: any C code in the process may call
+// these exports with any arguments: NULL or dangling pointers, negative or
+// huge counts, an extent that does not cover the array it describes. A
+// NULL pointer is ZCT_E_INVALID naming NULL; a count out of range is
+// ZCT_E_INVALID naming the count; an out-parameter is never skipped in
+// silence (a caller that passed NULL would read what it never got). A put
+// never sends a descriptor of bytes the caller did not name (past extent),
+// and a failed put leaves no count taken. Pointers that are not NULL are
+// trusted to be valid for what they say: C gives no way to check them.
+//
 //export zct_queue_put_array
 func zct_queue_put_array(h C.zct_handle, typ C.int32_t, addr *C.zct_cvoid, extent C.uint64_t, dt C.int32_t, ndim C.int32_t, shape *C.zct_cint64, strides *C.zct_cint64, flags C.int32_t, timeoutMS C.int64_t) C.int {
 	return run(func() error {
@@ -90,6 +105,12 @@ func zct_queue_put_array(h C.zct_handle, typ C.int32_t, addr *C.zct_cvoid, exten
 			return fmt.Errorf("the %d bytes at %p are not zctipc memory: %w", extent, addr, unix.ENOENT)
 		}
 		d, err := describeArray(r, off, dt, ndim, (*C.int64_t)(unsafe.Pointer(shape)), (*C.int64_t)(unsafe.Pointer(strides)), flags)
+		if err == nil && d.NBytes > uint64(extent) {
+			// Find vouched for extent bytes only: the array must lie in them,
+			// not merely somewhere in the memory they belong to.
+			err = fmt.Errorf("an array of shape %v and strides %v needs %d bytes, past its extent of %d: %w",
+				d.Shape, d.Strides, d.NBytes, extent, unix.EINVAL)
+		}
 		rec := message.Record{Type: uint8(typ), Descriptors: []message.Descriptor{d}}
 		if err == nil {
 			err = rec.Check()
@@ -462,7 +483,10 @@ func zct_queue_close(h C.zct_handle) C.int {
 //export zct_queue_put
 func zct_queue_put(h C.zct_handle, typ C.int32_t, payload *C.zct_cvoid, length C.uint64_t, views *C.zct_cview, nviews C.int32_t, timeoutMS C.int64_t) C.int {
 	return run(func() error {
-		if length > 0 && payload == nil || nviews > 0 && views == nil || nviews < 0 || nviews > message.MaxDescriptors {
+		if nviews < 0 || nviews > message.MaxDescriptors {
+			return badCount("nviews", nviews, 0, message.MaxDescriptors)
+		}
+		if length > 0 && payload == nil || nviews > 0 && views == nil {
 			return errNilArg
 		}
 		q, err := queues.get(uint64(h))
@@ -636,7 +660,13 @@ func zct_queue_put_many(h C.zct_handle, typ C.int32_t, data *C.zct_cvoid, ends *
 //export zct_queue_get_many
 func zct_queue_get_many(h C.zct_handle, buf unsafe.Pointer, capacity C.uint64_t, maxRecords C.int32_t, timeoutMS C.int64_t, records *C.int32_t, recs *C.zct_record, filled *C.uint64_t, views *C.zct_view, viewsCap C.int32_t, nviews *C.int32_t) C.int {
 	return run(func() error {
-		if buf == nil || records == nil || recs == nil || filled == nil || nviews == nil || viewsCap < 0 || viewsCap > 0 && views == nil || maxRecords < 1 {
+		if maxRecords < 1 {
+			return badCount("max_records", maxRecords, 1, math.MaxInt32)
+		}
+		if viewsCap < 0 {
+			return badCount("views_cap", viewsCap, 0, math.MaxInt32)
+		}
+		if buf == nil || records == nil || recs == nil || filled == nil || nviews == nil || viewsCap > 0 && views == nil {
 			return errNilArg
 		}
 		q, err := queues.get(uint64(h))
@@ -692,20 +722,18 @@ func zct_queue_get_many(h C.zct_handle, buf unsafe.Pointer, capacity C.uint64_t,
 //export zct_queue_len
 func zct_queue_len(h C.zct_handle, items *C.int64_t, unfinished *C.int64_t) C.int {
 	return with(queues, uint64(h), func(q *queue.Queue) error {
-		if items != nil {
-			n, err := q.Len()
-			if err != nil {
-				return err
-			}
-			*items = C.int64_t(max(0, n))
+		if items == nil || unfinished == nil {
+			return errNilArg
 		}
-		if unfinished != nil {
-			n, err := q.Unfinished()
-			if err != nil {
-				return err
-			}
-			*unfinished = C.int64_t(max(0, n))
+		n, err := q.Len()
+		if err != nil {
+			return err
 		}
+		done, err := q.Unfinished()
+		if err != nil {
+			return err
+		}
+		*items, *unfinished = C.int64_t(max(0, n)), C.int64_t(max(0, done))
 		return nil
 	})
 }

@@ -74,6 +74,12 @@ var (
 	errNilArg    = fmt.Errorf("a required pointer argument is NULL: %w", unix.EINVAL)
 )
 
+// badCount reports a count argument out of its range, which is a bad
+// argument as a NULL pointer is, but not one.
+func badCount(arg string, n C.int32_t, least, most int) error {
+	return fmt.Errorf("%s is %d: it must be from %d to %d: %w", arg, n, least, most, unix.EINVAL)
+}
+
 // poisoned is set once an export recovered from a panic: the library's state
 // may be inconsistent, so every later call fails cleanly instead.
 var poisoned atomic.Bool

@@ -114,7 +114,8 @@ typedef enum zct_view_flags {
 typedef enum zct_record_type {
     ZCT_RECORD_PICKLE = 1,   /* a pickle that refers to its views by index */
     ZCT_RECORD_TENSOR = 2,   /* one view and no payload */
-    ZCT_RECORD_BYTES = 3     /* raw bytes and no view */
+    ZCT_RECORD_BYTES = 3,    /* raw bytes and no view */
+    ZCT_RECORD_INLINE = 4    /* no view; the payload is a small array copied in (format.md, "inline") */
 } zct_record_type;
 
 /* One record that zct_queue_get_many took, decoded: its zct_record_type,
@@ -207,9 +208,11 @@ int zct_segment_info(zct_handle h, zct_info *info);
    offset, bytes, id and kind must all be the segment's. A mismatch is
    ZCT_E_INVALID, naming what differs. */
 int zct_tensor_ref_attach(const char *json, uint64_t len, int32_t readonly, zct_handle *out, zct_info *info);
+/* The segment's refcount; refcount must not be NULL (ZCT_E_INVALID). */
 int zct_segment_refcount(zct_handle h, int64_t *refcount);
 /* Add or drop one count on behalf of a holder that is not a process, such
-   as a message in flight; the count that reaches zero unlinks the segment. */
+   as a message in flight; the count that reaches zero unlinks the segment.
+   refcount, which receives the new count, may be NULL. */
 int zct_segment_addref(zct_handle h, int64_t *refcount);
 int zct_segment_dropref(zct_handle h, int64_t *refcount);
 /* Close a handle. The last handle in this process unmaps the segment and
@@ -314,7 +317,9 @@ int zct_pool_set_limit(uint64_t bytes);
 int zct_queue_create(const char *name, uint64_t capacity, uint64_t maxsize, zct_handle *queue);
 /* Attach a queue; with adopt, take over a count a message in flight carried. */
 int zct_queue_attach(const char *name, int32_t adopt, zct_handle *queue);
-/* The queue's name, ring bytes and most messages (0: no limit). */
+/* The queue's name, its capacity (the largest record it takes: the ring's
+   bytes, less 2 MiB for an unbounded queue; format.md) and most messages
+   (0: no limit). */
 int zct_queue_describe(zct_handle queue, char *name, uint64_t cap, uint64_t *capacity, uint64_t *maxsize);
 /* How this handle's calls wait for messages or room: poll 0 spins for
    spin_ns (yielding the CPU between looks) and then sleeps on a futex;
@@ -333,8 +338,8 @@ int zct_queue_put(zct_handle queue, int32_t type, const void *payload, uint64_t 
 /* zct_ref_find and zct_queue_put of one view in one call: put a record of
    type with no payload and one view, of the array of dtype, ndim, shape and
    byte strides whose extent bytes start at addr, when they are zctipc
-   memory. ZCT_E_NOT_FOUND when they are not; on any failure no count is
-   left taken. */
+   memory. ZCT_E_NOT_FOUND when they are not; ZCT_E_INVALID when the array
+   reaches past extent; on any failure no count is left taken. */
 int zct_queue_put_array(zct_handle queue, int32_t type, const void *addr, uint64_t extent, int32_t dtype,
                         int32_t ndim, const int64_t *shape, const int64_t *strides, int32_t flags,
                         int64_t timeout_ms);
@@ -370,6 +375,8 @@ int zct_queue_put_many(zct_handle queue, int32_t type, const void *data, const u
 int zct_queue_get_many(zct_handle queue, void *buf, uint64_t cap, int32_t max_records, int64_t timeout_ms,
                        int32_t *records, zct_record *recs, uint64_t *filled,
                        zct_view *views, int32_t views_cap, int32_t *nviews);
+/* The messages in the queue and those not yet marked done; neither pointer
+   may be NULL (ZCT_E_INVALID). */
 int zct_queue_len(zct_handle queue, int64_t *items, int64_t *unfinished);
 /* The size of the largest record a put would find room for now, header
    included (0 when maxsize messages are in the queue). */

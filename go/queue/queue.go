@@ -21,33 +21,39 @@
 // # Unbounded queues
 //
 // A queue made with CreateUnbounded has a ring of MaxCapacity bytes whose
-// memory comes and goes with its messages (ring version 2): a producer
-// reserves the pages of a chunk before it writes into it (offReserved says
-// how far), and the consumer whose get leaves chunks behind gives their
-// pages back, after its commit and before it lets go of the get lock
-// (offGivenBack says how far). A producer writes only up to offGivenBack
-// plus the ring size, so it never writes into a chunk whose pages are being
-// given back. A consumer killed between its commit and giving back leaves
-// pages in use (the next get gives them back); a producer killed after
-// reserving leaves pages that the next one uses. So an unbounded queue
-// holds as many messages as /dev/shm has room for, up to a gibibyte of
-// pickled bytes, and uses the memory of the messages it holds.
+// memory comes and goes with its messages: a producer reserves the pages
+// of a chunk before it writes into it (offReserved says how far), and the
+// consumer whose get leaves chunks behind gives their pages back, after its
+// commit and before it lets go of the get lock (offGivenBack says how far).
+// A producer writes only up to offGivenBack plus the ring size, so it never
+// writes into a chunk whose pages are being given back. A consumer killed
+// between its commit and giving back leaves pages in use (the next get
+// gives them back); a producer killed after reserving leaves pages that the
+// next one uses. So an unbounded queue holds as many messages as /dev/shm
+// has room for, up to a gibibyte of pickled bytes, and uses the memory of
+// the messages it holds. Ring version 2 (earlier libraries) reserves and
+// gives back whole chunks; this library writes version 3.
 //
 // # The warm window
 //
 // A ring whose every record took fresh pages would pay for reserving and
-// giving back a page for every page of messages that pass. So an unbounded
-// queue made by this version (ring version 3) keeps the pages of the first
-// WarmWindow bytes of its ring for its life, and a producer whose record
-// does not fit in what is left of the window, when the queue is empty,
-// writes a skip record and goes on at the start of the next lap of the
-// ring: a queue that consumers keep up with cycles through the window's
-// pages and seldom reserves another. Only when messages pile up does the
-// ring go past the window, reserving pages in steps of reserveStep that
-// consumers give back as they pass. A consumer crosses a skip record as it
-// comes to it; so does a producer that finds no room because of one (the
-// consumers took nothing since), so that the positions a skip passes over
-// never make an unbounded queue full.
+// giving back a page for every page of messages that pass. So a version 3
+// ring treats the first WarmWindow bytes of every lap (the window) apart:
+// consumers never give their pages back as they pass, and a producer whose
+// record does not fit in what is reserved of the window past the tail, when
+// the queue is empty, writes a skip record and goes on at the start of the
+// next lap. The window's pages are reserved as records first need them
+// (offWindow says how far), and the consumer that empties the queue
+// rewinds it: with the put lock, if it is free, it writes and crosses a
+// skip record to the next lap, and gives back the window's pages past the
+// largest record put since the last rewind (offWindowNeed). So an empty
+// queue holds a page or two, and one whose messages pass one at a time
+// keeps the pages of one message, reused put after put. Only when messages
+// pile up does the ring go past the window, reserving pages in steps of
+// reserveStep that consumers give back as they pass. A consumer crosses a
+// skip record as it comes to it; so does a producer that finds no room
+// because of one (the consumers took nothing since), so that the positions
+// a skip passes over never make an unbounded queue full.
 //
 // # Records wrap
 //
@@ -112,8 +118,8 @@ const (
 	// chunk is the unit in which an unbounded queue's ring pages are
 	// given back (and reserved, in a ring of version 2).
 	chunk = 2 << 20
-	// WarmWindow is the part of a version 3 ring whose pages are kept (see
-	// The warm window).
+	// WarmWindow is the part of each lap of a version 3 ring whose pages
+	// consumers do not give back as they pass (see The warm window).
 	WarmWindow = chunk
 	// reserveStep is the unit in which a version 3 ring reserves pages
 	// past its warm window.
@@ -136,10 +142,12 @@ const (
 	offRingVersion  = 16  // u32 how records are laid in the ring
 	offPutLock      = 64  // lock.Size bytes
 	offTail         = 96  // u64 puts << 32 | tail
-	offReserved     = 104 // u32 ring version 2: pages are reserved up to this position
+	offReserved     = 104 // u32 ring versions 2 and 3: pages are reserved up to this position
+	offWindow       = 108 // u32 ring version 3: the window's pages are reserved up to this ring offset
+	offWindowNeed   = 112 // u32 ring version 3: the largest record put since the ring was last rewound
 	offGetLock      = 128 // lock.Size bytes
 	offHead         = 160 // u64 gets << 32 | head
-	offGivenBack    = 168 // u32 ring version 2: pages before this position were given back
+	offGivenBack    = 168 // u32 ring versions 2 and 3: pages before this position were given back
 	offDone         = 192 // u32 task_done calls
 	offDataSeq      = 256 // u32 bumped on every put
 	offDataWaiters  = 260 // u32
@@ -241,7 +249,7 @@ func CreateUnbounded(name string, maxItems uint64) (*Queue, error) {
 	if maxItems > 1<<30 {
 		return nil, fmt.Errorf("queue of %d messages: the limit is %d: %w", maxItems, 1<<30, unix.EINVAL)
 	}
-	seg, err := shm.CreatePartly(name, header.KindQueue, dtype.Uint8, []int64{ringAt + MaxCapacity}, ringAt+WarmWindow)
+	seg, err := shm.CreatePartly(name, header.KindQueue, dtype.Uint8, []int64{ringAt + MaxCapacity}, ringAt)
 	if err != nil {
 		return nil, err
 	}
@@ -482,6 +490,9 @@ func (q *Queue) putMany(recs []*message.Record, u futex.Until) (int, error) {
 			return 0, err
 		}
 	}
+	if q.sparse {
+		q.settleReserved(tail)
+	}
 	n := 0
 	var reserveErr error
 	for n < len(recs) {
@@ -500,6 +511,9 @@ func (q *Queue) putMany(recs []*message.Record, u futex.Until) (int, error) {
 			}
 		}
 		q.write(tail, recs[n])
+		if q.warm && size > atomic.LoadUint32(q.u32(offWindowNeed)) {
+			atomic.StoreUint32(q.u32(offWindowNeed), min(size, WarmWindow))
+		}
 		tail += size
 		n++
 	}
@@ -561,7 +575,7 @@ func (q *Queue) skip(tail, head, items, size uint32) (uint32, error) {
 // goes there rather than at tail (see skip).
 func (q *Queue) skipTo(tail, head, items, size uint32) (uint32, bool) {
 	off := tail & q.mask
-	if !q.warm || head != tail || off == 0 || off+size <= WarmWindow || size > WarmWindow {
+	if !q.warm || head != tail || off == 0 || off+size <= q.window() || size > WarmWindow {
 		return tail, false
 	}
 	next := tail + (q.capacity - off)
@@ -571,12 +585,53 @@ func (q *Queue) skipTo(tail, head, items, size uint32) (uint32, bool) {
 	return next, true
 }
 
+// Note [threat model of the ring words]: every process of the user that
+// attached the queue reads and writes its words (tail, head, reserved,
+// given_back, window, window_need) and its ring, and any of them may be
+// killed between two stores. Those words are trusted to have been written
+// by this protocol: a process that forges them can lose or corrupt
+// messages, as it could by writing the ring. What must never happen
+// between processes that follow it, killed or not: a page written before
+// it was reserved (a SIGBUS on a full /dev/shm), a page that holds a
+// message given back, a message lost or taken twice. Forged values are
+// bounded where that costs nothing: window is read as at most WarmWindow,
+// reserved further than a ring from the tail is reset, a record or skip
+// whose size cannot be right is reported as corrupt, never followed out of
+// the ring.
+//
+// settleReserved brings an unbounded queue's reserved position up to tail,
+// the committed tail, under the put lock, before the put writes anything.
+//
+// Positions are 32-bit and wrap every four laps, so two of them can be
+// compared only while they are less than 2^31 apart. A skip to the next
+// lap moves the tail by up to a ring without reserving anything, so the
+// reserved position, left where it was, falls a lap behind with every skip:
+// two skips later its comparison with the tail says it is ahead, and a
+// producer writes pages it never reserved. Kept at the committed tail or
+// ahead of it, it stays within a ring of the tail (a put moves the tail by
+// a ring at most, and reserves no further than a ring past given_back), so
+// every comparison of it is sound. It may then claim positions before the
+// tail that were skipped and never reserved: none is written again before
+// it is a lap further on. A value further than a ring from the tail either
+// way is one that an earlier library let fall behind: it is set to tail.
+func (q *Queue) settleReserved(tail uint32) {
+	if reserved := atomic.LoadUint32(q.u32(offReserved)); reserved-tail > q.capacity {
+		atomic.StoreUint32(q.u32(offReserved), tail)
+	}
+}
+
 // reserve reserves the pages of an unbounded queue's ring for a record
 // from position start to end, under the put lock: up to end rounded up to a
 // chunk (version 2), or to a reserveStep past the warm window (version 3).
 func (q *Queue) reserve(start, end uint32) error {
-	if q.inWindow(start, end-start) {
-		return nil
+	off := start & q.mask
+	if q.warm && off < WarmWindow {
+		if err := q.growWindow(min(off+(end-start), WarmWindow)); err != nil {
+			return err
+		}
+		if off+(end-start) <= WarmWindow {
+			return nil
+		}
 	}
 	reserved := atomic.LoadUint32(q.u32(offReserved))
 	if int32(end-reserved) <= 0 {
@@ -594,7 +649,89 @@ func (q *Queue) reserve(start, end uint32) error {
 		return err
 	}
 	atomic.StoreUint32(q.u32(offReserved), upTo)
+	if next := start - off + q.capacity; q.warm && int32(upTo-next) > 0 && upTo-next > q.window() {
+		// The reservation ran on into the next lap's window: say so, so
+		// that a rewind gives those pages back too.
+		atomic.StoreUint32(q.u32(offWindow), min(upTo-next, WarmWindow))
+	}
 	return nil
+}
+
+// window returns the ring offset up to which the warm window's pages are
+// reserved (at most WarmWindow, whatever the word says).
+func (q *Queue) window() uint32 { return min(atomic.LoadUint32(q.u32(offWindow)), WarmWindow) }
+
+// pageEnd returns the ring offset where the memory page that holds ring
+// offset off-1 ends.
+func (q *Queue) pageEnd(off uint32) uint32 {
+	page := uintptr(unix.Getpagesize())
+	base := uintptr(unsafe.Pointer(&q.ring[0]))
+	return uint32((base+uintptr(off)+page-1)&^(page-1) - base)
+}
+
+// growWindow reserves the warm window's pages up to ring offset to (at most
+// WarmWindow), in steps of reserveStep, under the put lock.
+func (q *Queue) growWindow(to uint32) error {
+	w := q.window()
+	if to <= w {
+		return nil
+	}
+	upTo := min((to+reserveStep-1)&^(reserveStep-1), WarmWindow)
+	if err := shm.ReservePages(q.ring[w:upTo]); err != nil {
+		return err
+	}
+	atomic.StoreUint32(q.u32(offWindow), upTo)
+	return nil
+}
+
+// rewind, for a consumer whose get left an unbounded queue of version 3
+// empty at head, moves the ring on to the start of the next lap and gives
+// back the window's pages past the largest record put since the last
+// rewind (see The warm window). Under the get lock, after the commit; it
+// takes the put lock only if it is free (a producer at work will find the
+// queue as it is), and does nothing if a record came meanwhile.
+//
+// A skip record at head, committed as a producer's are, carries both
+// positions over the rest of the lap: a process killed before head moves
+// past it leaves it for the next consumer, who crosses it.
+func (q *Queue) rewind(gets, head uint32) {
+	off := head & q.mask
+	if ok, err := q.putLock.TryLock(); !ok || err != nil {
+		return
+	}
+	defer func() { _ = q.putLock.Unlock() }()
+	puts, tail := split(atomic.LoadUint64(q.u64(offTail)))
+	if tail != head || puts != gets {
+		return
+	}
+	need := max(atomic.LoadUint32(q.u32(offWindowNeed)), message.RecordHeaderSize)
+	q.settleReserved(tail)
+	if off != 0 {
+		if q.reserve(head, head+8) != nil {
+			return // out of memory for the skip: leave the ring where it is
+		}
+		*(*uint32)(unsafe.Pointer(&q.ring[off])) = q.capacity - off
+		*(*uint32)(unsafe.Pointer(&q.ring[off+4])) = typeSkip
+		next := head + (q.capacity - off)
+		atomic.StoreUint64(q.u64(offTail), uint64(puts)<<32|uint64(next)) // commit the skip
+		atomic.StoreUint64(q.u64(offHead), uint64(gets)<<32|uint64(next)) // and cross it
+		q.giveBackSkipped(head)
+	}
+	// Keep room for the largest record and the skip after it, to the end of
+	// its page: the next rewind after such a record then reserves nothing.
+	keep := min(q.pageEnd(need+8), WarmWindow)
+	if w := q.window(); w > keep {
+		// No record lies in the ring: the queue is empty and no producer
+		// can write (the put lock is ours). The page that straddles the
+		// window's end goes too: consumers passing keep it, as its first
+		// bytes are the window's.
+		_ = shm.ReleasePages(q.ring[keep:q.pageEnd(WarmWindow+1)])
+		atomic.StoreUint32(q.u32(offWindow), keep)
+		// Nothing is reserved past the tail now.
+		_, tail := split(atomic.LoadUint64(q.u64(offTail)))
+		atomic.StoreUint32(q.u32(offReserved), tail)
+	}
+	atomic.StoreUint32(q.u32(offWindowNeed), 0)
 }
 
 // giveBack gives back the pages of the chunks an unbounded queue's
@@ -608,9 +745,8 @@ func (q *Queue) giveBack(head uint32) {
 	}
 	// A failure keeps the pages in use: nothing is lost.
 	if !q.warm {
-		_ = q.pages(from, to, shm.ReleasePages)
+		_ = q.pages(from, to, q.releasePages)
 	} else {
-		reserved := atomic.LoadUint32(q.u32(offReserved))
 		for at := from; int32(to-at) > 0; {
 			lap := at - at&q.mask
 			if at-lap < WarmWindow {
@@ -621,25 +757,32 @@ func (q *Queue) giveBack(head uint32) {
 			if int32(end-to) > 0 {
 				end = to
 			}
-			if upTo := min32(end, reserved, at); int32(upTo-at) > 0 {
-				_ = q.pages(at, upTo, shm.ReleasePages)
-			}
+			_ = q.pages(at, end, q.releasePages)
 			at = end
 		}
 	}
 	atomic.StoreUint32(q.u32(offGivenBack), to)
 }
 
-// min32 returns the earlier of end and reserved as positions after at (at
-// when reserved is before it).
-func min32(end, reserved, at uint32) uint32 {
-	if int32(reserved-at) <= 0 {
-		return at
+// giveBackSkipped gives back, for a consumer (or catchUp) that crossed the
+// skip record at position at, the pages of its lap: those before it as
+// giveBack does, and past it only those the skip's own reservation took,
+// since no record is ever written past a skip in its lap; then given_back
+// moves to the next lap. (Releasing the rest of the lap, most of a
+// gibibyte of pages never reserved, would cost a system call that walks it
+// for every skip.) Under the get lock, after the commit that crossed it.
+func (q *Queue) giveBackSkipped(at uint32) {
+	q.giveBack(at)
+	off := at & q.mask
+	if off >= WarmWindow { // WarmWindow is a chunk: given_back is in the same lap, past the window
+		// To the end of the page the skip's reservation ended in: nothing
+		// lies past it in this lap, and the next lap's producers write only
+		// before given_back's offset.
+		page := uint32(unix.Getpagesize())
+		upTo := min((at+8+reserveStep-1)&^(reserveStep-1)+page, at-off+q.capacity)
+		_ = q.pages(at&^(chunk-1), upTo, q.releasePages)
 	}
-	if int32(reserved-end) < 0 {
-		return reserved
-	}
-	return end
+	atomic.StoreUint32(q.u32(offGivenBack), at-off+q.capacity)
 }
 
 // catchUp gives back, under the get lock, the chunks behind head that a
@@ -655,13 +798,15 @@ func (q *Queue) catchUp(head uint32, u futex.Until) bool {
 	}
 	word := atomic.LoadUint64(q.u64(offHead))
 	gets, head := split(word)
+	before := atomic.LoadUint32(q.u32(offGivenBack))
 	if head != tail && q.skipAt(head) { // tail is still ours: the put lock is held
 		// Cross a skip record the consumers have not come to (see The warm
 		// window): it is no message.
+		at := head
 		head += *(*uint32)(unsafe.Pointer(&q.ring[head&q.mask]))
 		atomic.StoreUint64(q.u64(offHead), uint64(gets)<<32|uint64(head))
+		q.giveBackSkipped(at)
 	}
-	before := atomic.LoadUint32(q.u32(offGivenBack))
 	q.giveBack(head)
 	_ = q.getLock.Unlock()
 	return atomic.LoadUint32(q.u32(offGivenBack)) != before || atomic.LoadUint64(q.u64(offHead)) != word
@@ -686,6 +831,18 @@ func (q *Queue) pages(from, to uint32, fn func([]byte) error) error {
 		return fn(q.ring[pos : pos+n])
 	}
 	return errors.Join(fn(q.ring[pos:]), fn(q.ring[:pos+n-q.capacity]))
+}
+
+// releasePages gives back the pages wholly inside mem, a part of the ring,
+// and, when mem runs to the ring's end, the ring's last page too: the bytes
+// of that page past the ring are past the end of the file, never used.
+func (q *Queue) releasePages(mem []byte) error {
+	if len(mem) > 0 && unsafe.SliceData(mem) == &q.ring[len(q.ring)-len(mem)] {
+		ring := q.ring[:len(q.ring):len(q.ring)]
+		end := q.pageEnd(uint32(len(ring)))
+		mem = unsafe.Slice(unsafe.SliceData(mem), uint32(len(mem))+end-uint32(len(ring)))
+	}
+	return shm.ReleasePages(mem)
 }
 
 // write encodes rec at byte position at, going on at offset 0 when it runs
@@ -751,6 +908,7 @@ func (q *Queue) getMany(buf []byte, maxRecords, maxDescriptors int, u futex.Unti
 		}
 	}
 	n, filled, descriptors := 0, 0, 0
+	skipped, crossed := uint32(0), false // the skip record this get crossed
 	for n < maxRecords && head != tail {
 		pos := head & q.mask
 		size := *(*uint32)(unsafe.Pointer(&q.ring[pos]))
@@ -759,6 +917,7 @@ func (q *Queue) getMany(buf []byte, maxRecords, maxDescriptors int, u futex.Unti
 				atomic.StoreUint64(q.u64(offHead), uint64(gets+uint32(n))<<32|uint64(tail))
 				return n, filled, errors.Join(fmt.Errorf("queue %q: %w: a skip of %d bytes at %d", q.seg.Name(), header.ErrCorrupt, size, pos), q.getLock.Unlock())
 			}
+			skipped, crossed = head, true
 			head += size // to the next lap: no message
 			continue
 		}
@@ -782,8 +941,14 @@ func (q *Queue) getMany(buf []byte, maxRecords, maxDescriptors int, u futex.Unti
 		n++
 	}
 	atomic.StoreUint64(q.u64(offHead), uint64(gets+uint32(n))<<32|uint64(head)) // commit
+	if crossed {
+		q.giveBackSkipped(skipped)
+	}
 	if q.sparse {
 		q.giveBack(head)
+	}
+	if q.warm && n > 0 && head == tail {
+		q.rewind(gets+uint32(n), head)
 	}
 	if err := q.getLock.Unlock(); err != nil {
 		return n, filled, err
@@ -944,13 +1109,16 @@ func (q *Queue) signal(seqOff, waitersOff int, n int) error {
 }
 
 // Close closes this process's handle on the queue. Calls blocked in other
-// goroutines wake and return ErrClosed; Close returns once none is left,
-// and only then lets the segment go. Closing twice returns ErrClosed.
+// goroutines wake and return ErrClosed, but only once Close has let the
+// segment go (after the last of them left it): a goroutine told ErrClosed
+// finds this process's count on the queue given up. Closing twice returns
+// ErrClosed.
 func (q *Queue) Close() error {
-	if !q.guard.Close(q.wakeAll) {
+	closed, err := q.guard.CloseAndRelease(q.wakeAll, q.seg.Close)
+	if !closed {
 		return ErrClosed
 	}
-	return q.seg.Close()
+	return err
 }
 
 // wakeAll wakes every waiter of the queue, in any process: they look again

@@ -102,7 +102,8 @@ func (q *Queue) Wait(ctx context.Context) error {
 }
 
 // Close closes this process's handle on the queue, waking the calls
-// blocked on it. Closing twice returns ErrClosed.
+// blocked on it; they return ErrClosed once Close has given up this
+// process's count. Closing twice returns ErrClosed.
 func (q *Queue) Close() error {
 	if err := q.check(); err != nil {
 		return err

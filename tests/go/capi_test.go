@@ -84,3 +84,10 @@ func TestCProgramUsesTheABI(t *testing.T) {
 	runC(t, lib, "abi_smoke", uniqueName(t))
 	runC(t, lib, "abi_poison")
 }
+
+// TestCQueueContract: NULL out-parameters, bad counts and short extents
+// are refused through the C ABI as zctipc.h's status table says.
+func TestCQueueContract(t *testing.T) {
+	lib := buildLibrary(t)
+	runC(t, lib, "abi_queue_contract", uniqueName(t))
+}

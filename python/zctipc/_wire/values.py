@@ -69,7 +69,11 @@ def _reduce_array_copy(arr: NDArray[Any]) -> Any:
 
 
 class _ValuePickler(ForkingPickler):
-    """ForkingPickler, NumPy arrays copied (Note [managers hand out copies])."""
+    """ForkingPickler, NumPy arrays copied (Note [managers hand out copies]);
+    a failed dump gives back its copies' counts, whether or not zctipc's
+    reducers are registered yet (Note [counts of a failed dump])."""
+
+    dump = reducers.dump
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)

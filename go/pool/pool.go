@@ -95,8 +95,9 @@ var (
 )
 
 // LimitEnv names the environment variable that sets the default limit of a
-// pool: bytes, or a size with a unit (ParseSize). A value that is not a size
-// is refused by every allocation, with the variable's name, until SetLimit.
+// pool: bytes, or a size with a unit (ParseSize); empty is unset. A value that
+// is not a size is refused by every allocation, with the variable's name,
+// until SetLimit.
 // Note: the environment is the process's own (whoever starts it may set it);
 // a typo must never be ignored silently, which left the default in force.
 const LimitEnv = "ZCTIPC_POOL_LIMIT"
@@ -312,7 +313,9 @@ func Default() *Pool {
 			limit = fs.Blocks * uint64(fs.Bsize) / 2
 		}
 		var limitErr error
-		if v, ok := os.LookupEnv(LimitEnv); ok {
+		// Empty means unset, as an empty PYTHON* variable does: what
+		// ZCTIPC_POOL_LIMIT=$UNSET leaves is no limit given, not a typo.
+		if v := os.Getenv(LimitEnv); strings.TrimSpace(v) != "" {
 			if n, err := ParseSize(v); err == nil {
 				limit = n
 			} else {
@@ -336,9 +339,9 @@ var sizeUnits = map[string]uint64{
 }
 
 // ParseSize reads a size in bytes: a whole number of bytes, or a number
-// (a fraction too) with a unit K, M, G or T (or KiB, MiB, GiB, TiB; KB...
-// read the same; any case), as in "512M" or "1.5GiB". Anything else is
-// unix.EINVAL.
+// (a fraction too, rounded down to whole bytes) with a unit K, M, G or T
+// (or KiB, MiB, GiB, TiB; KB... read the same; any case), as in "512M" or
+// "1.5GiB". Anything else is unix.EINVAL.
 func ParseSize(s string) (uint64, error) {
 	t := strings.TrimSpace(s)
 	i := strings.IndexFunc(t, func(r rune) bool { return (r < '0' || r > '9') && r != '.' })
@@ -356,8 +359,10 @@ func ParseSize(s string) (uint64, error) {
 		}
 		return n * mult, nil
 	}
+	// A fraction is of a unit: a byte count is whole ("0.5" is not a size,
+	// where it read as 0 bytes, a limit that refuses every buffer).
 	f, err := strconv.ParseFloat(num, 64)
-	if err != nil || math.IsNaN(f) || f < 0 {
+	if err != nil || math.IsNaN(f) || f < 0 || mult == 1 {
 		return 0, fmt.Errorf("not a size (bytes, or a number with K, M, G or T, or KiB, MiB, GiB or TiB): %w", unix.EINVAL)
 	}
 	bytes := f * float64(mult)
@@ -508,11 +513,11 @@ func (p *Pool) grow(c int) (*Arena, error) {
 		if unix.Statfs(shm.Dir(), &fs) == nil && least > fs.Bavail*uint64(fs.Bsize) {
 			return nil, fmt.Errorf("%w: a %s buffer needs an arena of %s, more than the %s free in %s "+
 				"(make it larger: docker run --shm-size, or the tmpfs's size= mount option)", ErrNoRoom,
-				formatBytes(size), formatBytes(least), formatBytes(fs.Bavail*uint64(fs.Bsize)), shm.Dir())
+				shm.FormatBytes(size), shm.FormatBytes(least), shm.FormatBytes(fs.Bavail*uint64(fs.Bsize)), shm.Dir())
 		}
 		return nil, fmt.Errorf("%w: a %s buffer needs an arena of %s, more than the pool's limit of %s "+
-			"(raise it with zctipc.set_pool_limit or %s)", ErrNoRoom, formatBytes(size), formatBytes(least),
-			formatBytes(p.limit), LimitEnv)
+			"(raise it with zctipc.set_pool_limit or %s)", ErrNoRoom, shm.FormatBytes(size), shm.FormatBytes(least),
+			shm.FormatBytes(p.limit), LimitEnv)
 	}
 	target := min(uint64(arenaBytes)<<len(p.arenas[c]), arenaMax)
 	nslots := max(1, min(target/size, maxSlots))
@@ -529,7 +534,7 @@ func (p *Pool) grow(c int) (*Arena, error) {
 			// Every arena left has slots in use: when they come back, the
 			// arenas go and the buffer fits.
 			return nil, fmt.Errorf("%w: %s of arenas in use, the limit is %s (%s)", ErrFull,
-				formatBytes(p.reserved), formatBytes(p.limit), LimitEnv)
+				shm.FormatBytes(p.reserved), shm.FormatBytes(p.limit), LimitEnv)
 		}
 	}
 	a, err := newArena(c, size, uint32(nslots))
@@ -635,7 +640,3 @@ func newArena(c int, size uint64, nslots uint32) (*Arena, error) {
 
 func le64(b []byte, v uint64) { *(*uint64)(unsafe.Pointer(&b[0])) = v }
 func le32(b []byte, v uint32) { *(*uint32)(unsafe.Pointer(&b[0])) = v }
-
-func formatBytes(n uint64) string {
-	return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
-}

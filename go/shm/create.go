@@ -457,16 +457,18 @@ func outOfMemory(name string, size uint64, cause error) error {
 	var fs unix.Statfs_t
 	free, total := "unknown", "unknown"
 	if unix.Statfs(dir, &fs) == nil {
-		free = formatBytes(fs.Bavail * uint64(fs.Bsize))
-		total = formatBytes(fs.Blocks * uint64(fs.Bsize))
+		free = FormatBytes(fs.Bavail * uint64(fs.Bsize))
+		total = FormatBytes(fs.Blocks * uint64(fs.Bsize))
 	}
 	return fmt.Errorf("%w: segment %q needs %s (%d bytes) but %s has %s free of %s; "+
 		"give a container more with docker run --shm-size=<size>, or grow the mount with "+
 		"mount -o remount,size=<size> %s: %w",
-		ErrOutOfSharedMemory, name, formatBytes(size), size, dir, free, total, dir, cause)
+		ErrOutOfSharedMemory, name, FormatBytes(size), size, dir, free, total, dir, cause)
 }
 
-func formatBytes(n uint64) string {
+// FormatBytes returns n bytes as people read them: "512 B", "64.0 KiB",
+// "1.5 GiB".
+func FormatBytes(n uint64) string {
 	const unit = 1024
 	if n < unit {
 		return fmt.Sprintf("%d B", n)

@@ -46,9 +46,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _resident(name: str) -> int | None:
     """The bytes of memory a segment file holds (its blocks): a sparse
     segment (a queue's ring, a ledger, an arena) is far smaller than its
-    apparent size. None when it is gone."""
+    apparent size. None when it is gone. The entry itself, never what a
+    link in the shm dir points at (anywhere, anyone's): that holds no
+    memory there."""
     try:
-        return os.stat(os.path.join(_shm_dir(), name)).st_blocks * 512
+        return os.lstat(os.path.join(_shm_dir(), name)).st_blocks * 512
     except OSError:
         return None
 

@@ -179,7 +179,7 @@ class CudaTensor:
 
     @property
     def nbytes(self) -> int:
-        return int(np.prod(self._shape, dtype=np.int64)) * _dtypes.storage_dtype(self._code).itemsize
+        return _layout.nbytes(self._shape, _dtypes.storage_dtype(self._code).itemsize)
 
     def __repr__(self) -> str:
         return (
@@ -265,7 +265,7 @@ def empty(shape: ShapeLike, dtype: DTypeSpec = "float32", device: int = 0) -> Cu
     granularity). Raises :class:`CudaUnavailable` without CUDA."""
     dims = _layout.shape_tuple(shape)
     code = _dtypes.code_of(dtype)
-    nbytes = int(np.prod(dims, dtype=np.int64)) * _dtypes.storage_dtype(code).itemsize
+    nbytes = _layout.nbytes(dims, _dtypes.storage_dtype(code).itemsize)  # np.prod in int64 wrapped
     if not isinstance(device, int) or device < 0:
         raise InvalidArgument(f"device must be a CUDA device index, not {device!r}")
     ffi = _native.ffi()

@@ -2,6 +2,7 @@ package gotests
 
 import (
 	"fmt"
+	"math"
 	"strconv"
 	"testing"
 	"time"
@@ -213,4 +214,42 @@ func TestParseSize(t *testing.T) {
 		_, err := pool.ParseSize(bad)
 		require.ErrorIs(t, err, unix.EINVAL, bad)
 	}
+}
+
+// TestParseSizeAttacks holds what a mistyped or hostile ZCTIPC_POOL_LIMIT
+// may be: each is a size read exactly, or EINVAL; never a limit the user did
+// not write (a fraction of a byte read as 0, which refused every buffer).
+func TestParseSizeAttacks(t *testing.T) {
+	for _, c := range []struct {
+		in   string
+		want uint64
+	}{
+		{"0", 0}, {"512m", 512 << 20}, {" 512M ", 512 << 20}, {"9999999T", 9999999 << 40},
+		{"18446744073709551615", math.MaxUint64}, {".5K", 512}, {"5.G", 5 << 30}, {"\t1 g\n", 1 << 30},
+		{"16777215T", 16777215 << 40},
+	} {
+		got, err := pool.ParseSize(c.in)
+		require.NoError(t, err, "%q", c.in)
+		require.Equal(t, c.want, got, "%q", c.in)
+	}
+	for _, bad := range []string{
+		"", " ", "K", "-1", "+1", "1e9", "1E9", "1.5.5G", ".", ".G", "0x10", "1_000", "inf", "NaN", "Infinity",
+		"18446744073709551616", "16777216T", "184467440737095516150.5", "0.5", "1.5", "1.5b", "0.5B",
+		"1 2", "1GG", "1Gi", "G", "１G",
+	} {
+		_, err := pool.ParseSize(bad)
+		require.ErrorIs(t, err, unix.EINVAL, "%q", bad)
+	}
+}
+
+// TestPoolLimitErrorsNameSmallSizes: a pool whose limit is 0 (ZCTIPC_POOL_LIMIT=0)
+// refuses a small buffer naming its bytes, where every size read "0.0 MiB".
+func TestPoolLimitErrorsNameSmallSizes(t *testing.T) {
+	p := pool.New(0)
+	defer p.Close()
+	_, err := p.Alloc(1, time.Time{})
+	require.ErrorIs(t, err, pool.ErrNoRoom)
+	require.NotContains(t, err.Error(), "0.0 MiB")
+	require.Contains(t, err.Error(), "a 64 B buffer")
+	require.Contains(t, err.Error(), "limit of 0 B")
 }

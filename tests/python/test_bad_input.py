@@ -329,3 +329,36 @@ def test_queue_call_arguments_are_checked():
     r.close()
     s.close()
     q.close()
+
+
+_HUGE = [(1 << 40, 1 << 40), (1 << 32, 1 << 31), (1 << 63,), (1 << 64,), (0, 1 << 63), (3, (1 << 63) // 2)]
+
+
+@pytest.mark.parametrize("shape", _HUGE)
+@pytest.mark.parametrize("maker", ["empty", "empty_torch", "create_shared_tensor", "cuda_empty"])
+def test_a_shape_whose_bytes_overflow_int64_is_refused_by_every_maker(maker, shape):
+    """A dimension past an int64's, or a shape whose bytes overflow one, is
+    InvalidArgument naming the shape in every maker: zctipc.empty raised
+    OverflowError from cffi ("int too big to convert"), and zctipc.cuda.empty
+    wrapped the product (np.prod in int64) and asked for a byte for an array
+    of 2^63: a tensor over memory it did not have."""
+    import torch
+
+    make = {
+        "empty": lambda: zctipc.empty(shape, "uint8"),
+        "empty_torch": lambda: zctipc.empty(shape, torch.uint8),
+        "create_shared_tensor": lambda: zctipc.create_shared_tensor(shape=shape, dtype="uint8"),
+        "cuda_empty": lambda: zctipc.cuda.empty(shape, "uint8"),
+    }[maker]
+    with pytest.raises(zctipc.InvalidArgument, match=r"overflow|past 2\*\*63"):
+        make()
+
+
+@pytest.mark.parametrize("maker", ["empty", "create_shared_tensor"])
+def test_shapes_at_the_edges_are_made(maker):
+    """No dimensions, 32, and a zero beside a large one (no bytes) are made."""
+    for shape in [(), (1,) * 32, (0, 1 << 40)]:
+        made = zctipc.empty(shape, "uint8") if maker == "empty" else zctipc.create_shared_tensor(shape=shape)
+        assert tuple(made.shape) == shape
+        if maker == "create_shared_tensor":
+            made.close()

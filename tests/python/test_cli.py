@@ -8,9 +8,10 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 
 import pytest
-from conftest import daemon_pid
+from conftest import SHM, daemon_pid
 
 from zctipc import cli
 
@@ -195,3 +196,31 @@ def test_an_unknown_command_is_a_usage_error(capsys):
         cli.main(["remove-everything"])
     assert exc.value.code == 2
     assert "invalid choice: 'remove-everything'" in capsys.readouterr().err
+
+
+def test_ls_counts_no_memory_for_a_link_or_a_file_that_is_gone(tmp_path, capsys, monkeypatch):
+    """A symbolic link with the library's prefix in the shm dir holds no
+    memory there: ls counted the blocks of the file it points at (anywhere
+    on the machine). A file that vanishes while ls lists is counted as none."""
+    target = tmp_path / "elsewhere"
+    target.write_bytes(os.urandom(1 << 16))
+    link = os.path.join(SHM, f"zctipc_link_{uuid.uuid4().hex[:12]}")
+    gone = os.path.join(SHM, f"zctipc_gone_{uuid.uuid4().hex[:12]}")
+    os.symlink(target, link)
+    with open(gone, "wb") as f:
+        f.write(os.urandom(1 << 16))
+    listed = cli.tensor.list_segments
+
+    def list_then_remove():
+        segments = listed()
+        os.unlink(gone)  # removed between the listing and the look at its blocks
+        return segments
+
+    monkeypatch.setattr(cli.tensor, "list_segments", list_then_remove)
+    try:
+        assert cli.main(["ls", "--json"]) == 0
+    finally:
+        os.unlink(link)
+    rows = {r["name"]: r for r in json.loads(capsys.readouterr().out)}
+    assert rows[os.path.basename(link)]["resident"] == 0
+    assert rows[os.path.basename(gone)]["resident"] is None

@@ -391,3 +391,20 @@ def test_a_managers_values_are_copies(child, nbytes):
         d["b"] = stored
         stored[0] = -1
         assert d["b"][0] == 0.0, "a value stored is a copy of what was given"
+
+
+@pytest.mark.parametrize("nbytes", [8, (1 << 20) - 8, 1 << 20, 2 << 20])
+def test_a_managers_copy_of_a_read_only_array_is_writable(nbytes):
+    """As the standard library's manager, whatever the size: a copy is the
+    reader's own, writable, even of a read-only array (from 1 MiB, where it
+    goes as a pool copy, it came back read-only), and the stored value is
+    the same."""
+    with zctipc.Manager() as m:
+        d = m.dict()
+        ro = np.arange(nbytes // 8, dtype=np.float64)
+        ro.flags.writeable = False
+        d["ro"] = ro
+        mine = d["ro"]
+        assert mine.flags.writeable and np.array_equal(mine, ro) and mine.dtype == ro.dtype
+        mine += 1
+        assert np.array_equal(d["ro"], ro), "the stored value is unchanged"

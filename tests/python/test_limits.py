@@ -127,7 +127,7 @@ def test_the_pool_limit_variable_takes_units(value, limit):
     assert out.stdout.split() == [str(limit), "made"]
 
 
-@pytest.mark.parametrize("value", ["512X", "lots", "-1", ""])
+@pytest.mark.parametrize("value", ["512X", "lots", "-1", "1e9", "1.5.5G", "K", "0.5", "18446744073709551616"])
 def test_a_pool_limit_variable_that_is_not_a_size_is_refused_by_name(value):
     env = dict(os.environ, ZCTIPC_POOL_LIMIT=value)
     out = subprocess.run([sys.executable, "-c", _LIMIT], env=env, capture_output=True, text=True, timeout=60)
@@ -160,3 +160,40 @@ def test_a_buffer_larger_than_a_small_shm_names_its_free_space(tmp_path):
         assert out.stdout.split() == ["False", "True", "True", "False"], "100 MiB: the free space; 40: the limit"
     finally:
         subprocess.run(["umount", str(mount)], check=True)
+
+
+@pytest.mark.parametrize("value", ["", " "])
+def test_an_empty_pool_limit_variable_is_unset(value):
+    """ZCTIPC_POOL_LIMIT= (empty, as ``ZCTIPC_POOL_LIMIT=$UNSET cmd`` leaves
+    it) means no limit was given, as an empty PYTHON* variable does: the
+    default limit, where every buffer was refused."""
+    env = dict(os.environ)
+    env.pop("ZCTIPC_POOL_LIMIT", None)
+    default = subprocess.run([sys.executable, "-c", _LIMIT], env=env, capture_output=True, text=True, timeout=60)
+    assert default.returncode == 0, default.stderr
+    env["ZCTIPC_POOL_LIMIT"] = value
+    out = subprocess.run([sys.executable, "-c", _LIMIT], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == default.stdout.split() == [default.stdout.split()[0], "made"]
+
+
+def test_a_pool_limit_of_zero_refuses_buffers_with_their_sizes_until_set():
+    """ZCTIPC_POOL_LIMIT=0 is a pool that holds nothing: a buffer is refused
+    at once, naming its bytes and the limit (each read "0.0 MiB"), until
+    set_pool_limit gives another."""
+    code = textwrap.dedent("""
+        import zctipc
+        try:
+            zctipc.empty(10)
+        except zctipc.OutOfSharedMemory as e:
+            print(repr(str(e)))
+        zctipc.set_pool_limit(1 << 20)
+        zctipc.empty(10)
+        print("made")
+    """)
+    env = dict(os.environ, ZCTIPC_POOL_LIMIT="0")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    message, made = out.stdout.splitlines()
+    assert "0.0 MiB" not in message and "limit of 0 B" in message and "set_pool_limit" in message
+    assert made == "made"

@@ -188,3 +188,127 @@ def test_a_sparse_leaf_that_requires_grad_is_sent(layout):
     gc.collect()
     assert zctipc.pool_stats().slots_in_use == before
     q.close()
+
+
+class _Refused:
+    """An object whose pickling raises, as an unpicklable one does."""
+
+    def __reduce__(self):
+        raise RuntimeError("refused")
+
+
+def _carriers():
+    """One of each thing a ForkingPickler pickle carries a count for."""
+    return [
+        np.ones(reducers.COPY_BYTES // 8),
+        torch.ones(3),
+        zctipc.empty(8),
+        torch.ones(2).untyped_storage(),
+        torch.ones(4, 4)[1:],
+    ]
+
+
+@pytest.mark.parametrize("where", range(6))
+def test_a_dump_refused_at_any_position_gives_back_every_count(where):
+    """However many descriptors a message made before the object that fails,
+    none stays in use; a message made of the same parts then travels."""
+    zctipc.empty(1)
+    a, b = multiprocessing.Pipe()
+    before = zctipc.pool_stats().slots_in_use
+    message = _carriers()
+    message.insert(where, _Refused())
+    with pytest.raises(RuntimeError, match="refused"):
+        a.send({"nested": [message]})
+    del message
+    gc.collect()
+    assert zctipc.pool_stats().slots_in_use == before
+    a.send(_carriers())
+    got = b.recv()
+    assert got[0].sum() == reducers.COPY_BYTES // 8 and torch.equal(got[4], torch.ones(3, 4))
+    del got
+    gc.collect()
+    assert zctipc.pool_stats().slots_in_use == before
+
+
+class _SendsWhenPickled:
+    """An object whose reduction sends an array through a pipe before it
+    returns, as a manager proxy's call from a reducer would: a pickle made,
+    and sent, while another is being made."""
+
+    def __init__(self, conn, array):
+        self.conn, self.array = conn, array
+
+    def __reduce__(self):
+        self.conn.send(self.array)
+        return int, (0,)
+
+
+def test_a_pickle_sent_during_a_dump_that_fails_keeps_its_counts():
+    """A dump made (and sent) inside another keeps its counts when the outer
+    one fails: the receiver holds its descriptor. The outer dump gave them
+    back, and the receiver read a stale slot, or another message's bytes."""
+    zctipc.empty(1)
+    a, b = multiprocessing.Pipe()
+    before = zctipc.pool_stats().slots_in_use
+    array = np.full(reducers.COPY_BYTES // 8, 3.0)
+    with pytest.raises(RuntimeError, match="refused"):
+        multiprocessing.reduction.ForkingPickler.dumps([_SendsWhenPickled(a, array), _Refused()])
+    a.send(np.full(reducers.COPY_BYTES // 8, 4.0))  # would take the slot given back
+    got, other = b.recv(), b.recv()
+    assert (got == 3.0).all() and (other == 4.0).all()
+    del got, other
+    gc.collect()
+    assert zctipc.pool_stats().slots_in_use == before
+
+
+def test_a_refused_value_sent_to_a_manager_gives_back_its_counts():
+    """A value that cannot be pickled, stored into a manager's dict after
+    a large array, leaves no pool buffer in use; the manager goes on."""
+    zctipc.empty(1)
+    before = zctipc.pool_stats().slots_in_use
+    with zctipc.Manager() as m:
+        d = m.dict()
+        for where in range(2):
+            value = [np.ones(reducers.COPY_BYTES // 8)]
+            value.insert(where, _Refused())
+            with pytest.raises(RuntimeError, match="refused"):
+                d["x"] = value
+            gc.collect()
+            assert zctipc.pool_stats().slots_in_use == before
+        d["x"] = np.ones(reducers.COPY_BYTES // 8)
+        assert d["x"].sum() == reducers.COPY_BYTES // 8
+        del d["x"]
+        gc.collect()
+        assert zctipc.pool_stats().slots_in_use == before
+
+
+_MANAGER_FIRST = """
+import gc, zctipc
+import numpy as np
+from zctipc._wire import reducers
+
+class Refused:
+    def __reduce__(self):
+        raise RuntimeError("refused")
+
+if __name__ == "__main__":
+    with zctipc.Manager() as m:
+        d = m.dict()
+        try:
+            d["x"] = [np.ones(reducers.COPY_BYTES // 8), Refused()]
+        except RuntimeError:
+            pass
+        gc.collect()
+        print(zctipc.pool_stats().slots_in_use)
+"""
+
+
+def test_a_refused_value_sent_to_a_manager_first_gives_back_its_counts(tmp_path):
+    """The same before zctipc has made anything in the process (NumPy
+    imported after zctipc: ForkingPickler's dump was not yet zctipc's when
+    the manager's connection began its pickle, and its counts stayed)."""
+    script = tmp_path / "manager_first.py"
+    script.write_text(_MANAGER_FIRST)
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["0"]

@@ -551,3 +551,81 @@ def test_a_bare_tensor_goes_as_a_tensor_record_whatever_was_imported_first(order
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["2", "True"], "a tensor record (ZCT_RECORD_TENSOR), zctipc's reducer"
+
+
+# -- the finder that meets torch, among other import hooks --------------------
+
+_FINDERS = """
+import sys
+import warnings
+
+
+class Delegating:
+    '''An import hook that asks every other finder, as import hooks that
+    wrap modules (lazy importers, type checkers' claws) do.'''
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "torch":
+            return None
+        for finder in sys.meta_path:
+            if finder is not self and hasattr(finder, "find_spec"):
+                spec = finder.find_spec(name, path, target)
+                if spec is not None:
+                    return spec
+        return None
+
+
+class Failing:
+    def find_spec(self, name, path=None, target=None):
+        if name.startswith("torch"):
+            raise ImportError(f"refused {name}")
+
+
+import multiprocessing
+
+multiprocessing.set_start_method("spawn")  # chosen: zctipc need not warn
+import zctipc
+
+for where in sys.argv[1].split(","):
+    if where == "front":
+        sys.meta_path.insert(0, Delegating())
+    elif where == "behind":
+        sys.meta_path.insert(1, Delegating())
+    elif where == "failing-last":
+        sys.meta_path.append(Failing())
+    elif where == "numpy":
+        import numpy as np
+
+        q = zctipc.Queue()
+        q.put(np.ones(4))
+        q.get()
+        q.close()
+        assert "torch" not in sys.modules, "zctipc imported torch itself"
+        print("no-torch", end=" ")
+        sys.exit(0)
+import torch
+from multiprocessing.reduction import ForkingPickler
+from zctipc._wire import reducers
+
+print(ForkingPickler._extra_reducers.get(torch.Tensor) is reducers._reduce_tensor, end=" ")
+print(sum(type(f).__name__ == "_Watch" for f in sys.meta_path))
+"""
+
+
+@pytest.mark.parametrize("hooks", ["front", "behind", "front,failing-last", "failing-last", "numpy"])
+def test_torch_is_met_among_other_import_hooks(hooks):
+    """Another finder in front of zctipc's or behind it that asks the
+    others (zctipc's asked it back, without end: a RecursionError made
+    ``import torch`` fail), one that fails, and a program that never
+    imports torch (zctipc does not import it either); under -W error."""
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-W", "error", "-c", _FINDERS, hooks],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == (["no-torch"] if hooks == "numpy" else ["True", "0"]), "registered, and gone"

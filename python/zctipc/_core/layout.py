@@ -37,17 +37,30 @@ def shape_tuple(shape: Any) -> tuple[int, ...]:
             raise InvalidArgument(f"shape must be an int or a sequence of ints, not {shape!r}") from None
     if any(d < 0 for d in dims):
         raise InvalidArgument(f"shape {dims} has a negative dimension")
+    if any(d > INT64_MAX for d in dims):  # a descriptor's dimensions are int64s
+        raise InvalidArgument(f"shape {dims} has a dimension past 2**63-1 (an int64's largest)")
     if len(dims) > MAX_NDIM:
         raise InvalidArgument(f"shape has {len(dims)} dimensions; a zctipc array has at most {MAX_NDIM}")
     return dims
 
 
+#: The largest int64: a dimension, and the bytes of an array, are at most this.
+#: Note: a shape comes from this process's caller, any int; what must never
+#: happen is an array made over fewer bytes than its shape spans (a product
+#: wrapped in int64), or an error that does not name the shape.
+INT64_MAX = (1 << 63) - 1
+
+
 def nbytes(shape: Sequence[int], itemsize: int) -> int:
-    """The bytes of a C-contiguous array of shape."""
-    n = itemsize
+    """The bytes of a C-contiguous array of shape; InvalidArgument when the
+    bytes its non-zero dimensions span overflow an int64 (NumPy and torch
+    refuse such a shape too, a zero among the dimensions or not)."""
+    span = itemsize
     for d in shape:
-        n *= d
-    return n
+        span *= d or 1
+    if span > INT64_MAX:
+        raise InvalidArgument(f"shape {tuple(shape)} of {itemsize}-byte items overflows int64 bytes")
+    return span if all(shape) else 0
 
 
 def c_strides(shape: Sequence[int], itemsize: int) -> tuple[int, ...]:

@@ -12,6 +12,7 @@ zctipc also runs them when it finds NumPy imported by someone else
 from __future__ import annotations
 
 import sys
+import threading
 
 TYPE_CHECKING = False  # Note [types without typing] in zctipc._core.native
 if TYPE_CHECKING:
@@ -74,7 +75,8 @@ def numpy(owner: str) -> Any:
 # say) made a tensor's route depend on the order of imports: after ``import
 # numpy, zctipc, torch`` the first tensor put went as an opaque pickle. So
 # when the module is not imported yet, a finder on sys.meta_path watches
-# for it: it finds the module with the finders behind it, and runs the
+# for it: it finds the module with the finders behind it (and answers None
+# to a finder that asks it back while it asks), and runs the
 # hooks right after the module's own code has run, however it was imported
 # (an import statement, importlib, another package). The finder watches
 # only the names given, leaves every other import alone, and leaves
@@ -112,20 +114,33 @@ class _Watch:
 
     def __init__(self) -> None:
         self.hooks: dict[str, list[Callable[[], object]]] = {}
+        self.finding = threading.local()  # the names this thread is finding
 
     def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
-        if name not in self.hooks:
+        # Only the finders behind this one are asked, once: a finder that
+        # asks every other one (an import hook in front, or behind) asked
+        # this one back, which asked it again, without end.
+        finding: set[str] | None = getattr(self.finding, "names", None)
+        if name not in self.hooks or (finding is not None and name in finding):
             return None
-        for finder in list(sys.meta_path):
-            find = getattr(finder, "find_spec", None)
-            if finder is self or find is None:
-                continue
-            spec = find(name, path, target)
-            if spec is not None:
-                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-                    spec.loader = _Announcer(spec.loader, name)
-                return spec
-        return None
+        meta_path = list(sys.meta_path)
+        behind = meta_path[meta_path.index(self) + 1 :] if self in meta_path else meta_path
+        if finding is None:
+            finding = self.finding.names = set()
+        finding.add(name)
+        try:
+            for finder in behind:
+                find = getattr(finder, "find_spec", None)
+                if find is None:
+                    continue
+                spec = find(name, path, target)
+                if spec is not None:
+                    if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                        spec.loader = _Announcer(spec.loader, name)
+                    return spec
+            return None
+        finally:
+            finding.discard(name)
 
     def imported(self, name: str) -> None:
         import warnings

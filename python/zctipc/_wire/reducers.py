@@ -57,8 +57,16 @@ COPY_BYTES = 1 << 20
 # pickle is never sent, and nothing would ever take those counts: the pool
 # buffers stayed in use for the life of the process. So every ForkingPickler
 # dump keeps the descriptors whose counts its pickle carries, and gives them
-# back if it raises; a dump nested in another (a reducer that pickles) hands
-# its own to the outer one, whose pickle holds its bytes.
+# back if it raises. A dump that succeeded made its pickle, which holds its
+# counts, even inside another dump that then fails: a reducer that pickles
+# may have sent that pickle already (a manager proxy's call, a pipe's send),
+# and a count given back under a receiver is a buffer freed under it, which
+# it read as a stale slot, or as another message's bytes once reused. (A
+# reducer that inlines a pickle of its own in the outer one leaks its counts
+# when the outer fails, as a pickle made and never sent does.) The wrapper
+# is dump(), which ForkingPickler takes when the reducers are registered,
+# and the managers' pickler always, since it sends arrays of its own
+# before then (zctipc._wire.values).
 # Threat model: only this process's own pickling runs here; what must never
 # happen is a count released twice (a pickle that was made keeps its
 # counts) or one that nobody holds.
@@ -79,7 +87,7 @@ def carry(e: exports.Export) -> bytes:
 _plain_dump = ForkingPickler.dump
 
 
-def _dump(self: ForkingPickler, obj: object) -> None:
+def dump(self: ForkingPickler, obj: object) -> None:
     """ForkingPickler.dump, which releases the counts of its descriptors
     when it raises (Note [counts of a failed dump])."""
     outer: list[bytes] | None = getattr(_dumping, "held", None)
@@ -88,13 +96,11 @@ def _dump(self: ForkingPickler, obj: object) -> None:
     try:
         _plain_dump(self, obj)
     except BaseException:
-        _dumping.held = outer
         for data in held:
             exports.drop(data)
         raise
-    _dumping.held = outer
-    if outer is not None:
-        outer.extend(held)
+    finally:
+        _dumping.held = outer
 
 
 def _reduce_array(arr: NDArray[Any]) -> Reduction:
@@ -155,7 +161,7 @@ def init_reductions() -> None:
     first use of NumPy, a queue's pickler, a child process started with a
     zctipc context, or this call)."""
     lazy.check()  # registers NumPy's (_init_numpy_reductions) if it is imported
-    ForkingPickler.dump = _dump  # type: ignore[method-assign,assignment]  # Note [counts of a failed dump]
+    ForkingPickler.dump = dump  # type: ignore[method-assign,assignment]  # Note [counts of a failed dump]
     ForkingPickler.register(SharedTensor, _reduce_shared)
     init_torch_reductions()
     for t in tables.table_types():

@@ -9,7 +9,8 @@ client's in-place write changed the stored value and what other clients
 saw, where the standard library's manager hands out copies. So zctipc's
 managers talk through connections whose pickler copies every large NumPy
 array once into a fresh pool buffer (small ones go in band, as ever),
-whatever memory it lies in: a value stored or read is the receiver's own.
+whatever memory it lies in: a value stored or read is the receiver's own,
+writable even when the sender's was read-only, as a pickled array is.
 Torch tensors keep torch.multiprocessing's meaning (they are shared, as a
 manager under torch shares them), and a SharedTensor is a handle to a
 segment, shared by design.
@@ -25,7 +26,7 @@ import sys
 from multiprocessing import connection, managers
 from multiprocessing.reduction import ForkingPickler
 
-from .._core import lazy
+from .._core import lazy, memory
 from . import exports, reducers
 
 TYPE_CHECKING = False  # Note [types without typing] in zctipc._core.native
@@ -65,11 +66,16 @@ def _reduce_array_copy(arr: NDArray[Any]) -> Any:
     e = exports.export_array(arr, search=False)
     if e is None:
         return arr.__reduce__()
+    e.flags &= ~memory.READONLY  # the receiver's own, writable as a pickled array is
     return exports.decode, (reducers.carry(e),)
 
 
 class _ValuePickler(ForkingPickler):
-    """ForkingPickler, NumPy arrays copied (Note [managers hand out copies])."""
+    """ForkingPickler, NumPy arrays copied (Note [managers hand out copies]);
+    a failed dump gives back its copies' counts, whether or not zctipc's
+    reducers are registered yet (Note [counts of a failed dump])."""
+
+    dump = reducers.dump
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)

@@ -82,3 +82,76 @@ func TestCudaFetchFromAServerThatHangsUpSaysItIsGone(t *testing.T) {
 		ln.Close()
 	}
 }
+
+func init() {
+	// mock-vmm-producer-stopping shares an allocation and prints its name;
+	// at "stop" it stops sharing and prints "stopped"; at the next line it
+	// frees the allocation.
+	helpers["mock-vmm-producer-stopping"] = func(args []string) error {
+		a, err := cuda.Alloc(0, 64<<10)
+		if err != nil {
+			return err
+		}
+		name, err := a.Share()
+		if err != nil {
+			return err
+		}
+		fmt.Println(name)
+		if _, err := stdinLine(); err != nil {
+			return err
+		}
+		if err := cuda.StopSharing(); err != nil {
+			return err
+		}
+		fmt.Println("stopped")
+		if _, err := stdinLine(); err != nil {
+			return err
+		}
+		cuda.Unshare(name)
+		return a.Free()
+	}
+}
+
+// A consumer that half-closes its end after asking is answered; one that
+// half-closes without asking is hung up on; a consumer connected when the
+// producer stops sharing is still answered, and a later one is told the
+// allocation is not shared, at once.
+func TestCudaShareServerHalfClosedConsumersAndStopSharing(t *testing.T) {
+	producer := startMockHelper(t, "mock-vmm-producer-stopping")
+	name := producer.readLine(t)
+	sock := filepath.Join(usersock.RuntimeDir(), fmt.Sprintf("cuda-%d.sock", producer.cmd.Process.Pid))
+	buf := make([]byte, 1024)
+
+	asked := flood(t, sock, 1)[0]
+	require.NoError(t, fdpass.Send(asked, []byte(name)))
+	require.NoError(t, asked.CloseWrite())
+	asked.SetReadDeadline(time.Now().Add(30 * time.Second))
+	n, fds, err := fdpass.Recv(asked, buf, 1)
+	require.NoError(t, err)
+	require.Len(t, fds, 1)
+	syscall.Close(fds[0])
+	require.True(t, strings.HasPrefix(string(buf[:n]), "ok "), string(buf[:n]))
+
+	silent := flood(t, sock, 1)[0]
+	require.NoError(t, silent.CloseWrite())
+	silent.SetReadDeadline(time.Now().Add(30 * time.Second))
+	_, _, err = fdpass.Recv(silent, buf, 1)
+	require.Error(t, err, "hung up on, without waiting for the silent period")
+
+	waiting := flood(t, sock, 1)[0]
+	require.NoError(t, fetchWithin(t, name), "served before it stops") // the waiting one has been accepted by now
+	producer.send(t, "stop")
+	require.Equal(t, "stopped", producer.readLine(t))
+	require.NoError(t, fdpass.Send(waiting, []byte(name)))
+	waiting.SetReadDeadline(time.Now().Add(30 * time.Second))
+	n, fds, err = fdpass.Recv(waiting, buf, 1)
+	require.NoError(t, err)
+	for _, fd := range fds {
+		syscall.Close(fd)
+	}
+	require.True(t, strings.HasPrefix(string(buf[:n]), "ok "), "connected before the stop: %s", buf[:n])
+
+	require.ErrorIs(t, fetchWithin(t, name), cuda.ErrNotShared, "after the stop")
+	producer.send(t, "free")
+	producer.wait(t)
+}

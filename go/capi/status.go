@@ -41,6 +41,7 @@ var statuses = []struct {
 	{cuda.ErrOutOfMemory, C.ZCT_E_CUDA_OOM},
 	{cuda.ErrDriver, C.ZCT_E_CUDA},
 	{cuda.ErrNotShared, C.ZCT_E_NOT_FOUND},
+	{cuda.ErrBusy, C.ZCT_E_BUSY}, // its errno (EAGAIN) tells it from a stream's (EBUSY)
 	{shm.ErrNoBroker, C.ZCT_E_NO_DAEMON},
 	{queue.ErrFull, C.ZCT_E_FULL},
 	{pool.ErrFull, C.ZCT_E_FULL},

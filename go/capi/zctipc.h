@@ -53,7 +53,9 @@ typedef enum zct_status {
     ZCT_E_EMPTY = -13,       /* a queue is empty, and the timeout passed */
     ZCT_E_INTERRUPTED = -14, /* a signal arrived while waiting: run its handler, then call again */
     ZCT_E_NO_DAEMON = -15,   /* the cleanup daemon zctipcd cannot be reached (file_descriptor needs it) */
-    ZCT_E_BUSY = -16,        /* a stream's writer role, or every reader slot, is held by a live process */
+    ZCT_E_BUSY = -16,        /* a stream's writer role, or every reader slot, is held by a live process
+                                (zct_last_errno EBUSY); or the process that shares a CUDA allocation
+                                serves as many consumers as it may: try again (EAGAIN) */
     ZCT_E_ENDED = -17,       /* the stream has ended (a reader: and every frame was read) */
     ZCT_E_NO_CUDA = -18,     /* no CUDA driver or device here; the message says why */
     ZCT_E_CUDA = -19,        /* the CUDA driver refused a call; the message names it and the CUresult */

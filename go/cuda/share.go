@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"path/filepath"
@@ -260,7 +261,9 @@ func (s *server) serve(c *net.UnixConn) {
 // and returns it with the allocation's size and device; the caller closes
 // the descriptor. The exchange has a deadline (fetchFor): a stopped or
 // wedged producer makes Fetch fail with an error that names its pid and
-// wraps ETIMEDOUT; one that serves too many consumers at once, with ErrBusy.
+// wraps ETIMEDOUT; one that serves too many consumers at once, with ErrBusy;
+// one that hangs up without an answer (it died, or stopped sharing, after
+// it accepted), with ErrNotShared, as one that is gone already.
 func Fetch(name string) (fd int, size uint64, resident int, err error) {
 	pidText, _, ok := strings.Cut(name, "-")
 	pid, perr := strconv.Atoi(pidText)
@@ -271,7 +274,7 @@ func Fetch(name string) (fd int, size uint64, resident int, err error) {
 	dialer := net.Dialer{Deadline: deadline}
 	conn, err := dialer.Dial("unixpacket", socketPath(pid))
 	if err != nil {
-		return -1, 0, 0, fmt.Errorf("%w (%s: the process that shared it is gone?): %w", ErrNotShared, name, err)
+		return -1, 0, 0, fmt.Errorf("%w (%s: the process %d that shared it is gone?): %w", ErrNotShared, name, pid, err)
 	}
 	c := conn.(*net.UnixConn)
 	defer c.Close()
@@ -295,6 +298,11 @@ func Fetch(name string) (fd int, size uint64, resident int, err error) {
 		n, fds, err = fdpass.Recv(c, buf, 1)
 	}
 	switch {
+	case errors.Is(err, io.EOF) || errors.Is(err, unix.ECONNRESET): // ECONNRESET: read again above
+		// Hung up without an answer: the producer died (or stopped
+		// sharing) after it accepted, before it answered.
+		return -1, 0, 0, fmt.Errorf("%w (%s: the process %d that shared it hung up without an answer: "+
+			"it exited or stopped sharing)", ErrNotShared, name, pid)
 	case err != nil:
 		return -1, 0, 0, timedOut(err)
 	case sendErr != nil && n == 0:

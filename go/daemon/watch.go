@@ -33,7 +33,9 @@ func (s *Server) sweepDead(full bool) {
 	s.mu.Lock()
 	var dead []*watch
 	for name, w := range s.watches {
-		if (full || w.conns == 0) && gone(w.owner) {
+		// A process whose /proc entry cannot be read (the daemon has no
+		// descriptor left) is not dead: it is looked at again next time.
+		if (full || w.conns == 0) && proc.Dead(w.owner) {
 			dead = append(dead, w)
 			delete(s.watches, name)
 		}
@@ -63,24 +65,6 @@ func (s *Server) sweepDead(full bool) {
 		s.collectAt = time.Now().Add(confirmAfter)
 		s.mu.Unlock()
 	}
-}
-
-// gone reports whether a watched process is gone. proc.Alive says no also
-// when /proc could not be read, as when the daemon has no descriptor left:
-// that is no news of a death, and the counts of a live process must never
-// be given up, so such a process is looked at again at the next check.
-func gone(id proc.Identity) bool {
-	if proc.Alive(id) {
-		return false
-	}
-	start, err := proc.StartTime(id.PID)
-	switch {
-	case errors.Is(err, unix.ESRCH):
-		return true
-	case err != nil:
-		return false
-	}
-	return start != id.StartTime || !proc.Alive(id) // a new process with its pid, or a zombie
 }
 
 // collect sweeps the ledgers of dead processes that the daemon does not

@@ -42,9 +42,9 @@ type Segment struct {
 	Size         int64
 	Dev, Ino     uint64
 	ModTime      time.Time
-	Header       header.Header // valid when Err is nil
-	Err          error         // why the file is not a valid segment
-	CreatorAlive bool
+	Header       header.Header   // valid when Err is nil
+	Err          error           // why the file is not a valid segment
+	CreatorAlive bool            // false only when /proc says its creator has exited
 	Holders      []proc.Identity // live processes whose ledgers hold it
 	Messages     int             // descriptors in live queues that name it
 }
@@ -53,7 +53,7 @@ type Segment struct {
 type Ledger struct {
 	Name    string
 	Owner   proc.Identity
-	Alive   bool
+	Alive   bool // false only when /proc says its owner has exited
 	Entries []ledger.Entry
 }
 
@@ -104,7 +104,7 @@ func Take(src Source) (*Census, error) {
 			if i, ok := byName[name]; ok {
 				owner = c.Segments[i].Header.Creator
 			}
-			c.Ledgers = append(c.Ledgers, Ledger{Name: name, Owner: owner, Alive: proc.Alive(owner), Entries: ledger.Entries(data)})
+			c.Ledgers = append(c.Ledgers, Ledger{Name: name, Owner: owner, Alive: !proc.Dead(owner), Entries: ledger.Entries(data)})
 		})
 	}
 	// Holders: the entries of live ledgers.
@@ -161,7 +161,7 @@ func stat(name string) (Segment, bool) {
 		return s, true
 	}
 	s.Size, s.Header = info.Size, info.Header
-	s.CreatorAlive = proc.Alive(info.Header.Creator)
+	s.CreatorAlive = !proc.Dead(info.Header.Creator)
 	if shm.IsFDName(name) {
 		s.ModTime = time.Unix(0, info.Header.CreatedNS)
 	}
@@ -187,7 +187,7 @@ func readLedger(name string, owner proc.Identity) (Ledger, bool) {
 		return Ledger{}, false
 	}
 	defer m.Unmap()
-	return Ledger{Name: name, Owner: owner, Alive: proc.Alive(owner), Entries: ledger.Entries(m.Data())}, true
+	return Ledger{Name: name, Owner: owner, Alive: !proc.Dead(owner), Entries: ledger.Entries(m.Data())}, true
 }
 
 // Options say what Collect may remove.
@@ -366,7 +366,7 @@ func sweepFile(name string, self proc.Identity) (ledger.Result, error) {
 		return ledger.Result{}, err
 	}
 	defer m.Unmap()
-	if proc.Alive(m.Header().Creator) || !ledger.Claim(m.Data(), self) {
+	if !proc.Dead(m.Header().Creator) || !ledger.Claim(m.Data(), self) {
 		return ledger.Result{}, nil
 	}
 	res, err := ledger.Sweep(m.Data())

@@ -297,7 +297,7 @@ func Claim(d []byte, self proc.Identity) bool {
 		cur := atomic.LoadUint32(pid)
 		if cur != 0 && int64(cur) != self.PID {
 			other := proc.Identity{PID: int64(cur), StartTime: atomic.LoadUint64(u64(d, offSweeperTime))}
-			if proc.Alive(other) {
+			if !proc.Dead(other) { // alive, or /proc cannot tell
 				return false
 			}
 		}

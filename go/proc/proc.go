@@ -42,7 +42,7 @@ func Self() (Identity, error) {
 func StartTime(pid int64) (uint64, error) {
 	raw, err := os.ReadFile("/proc/" + strconv.FormatInt(pid, 10) + "/stat")
 	if err != nil {
-		if errors.Is(err, os.ErrNotExist) {
+		if errors.Is(err, os.ErrNotExist) || errors.Is(err, unix.ESRCH) { // ESRCH: it exited while read
 			return 0, fmt.Errorf("process %d: %w", pid, unix.ESRCH)
 		}
 		return 0, fmt.Errorf("process %d: %w", pid, err)
@@ -71,36 +71,89 @@ func parseStartTime(stat []byte) (uint64, error) {
 	return v, nil
 }
 
-// Alive reports whether the process id still runs. A pid that now belongs to
-// another process (a different start time) counts as dead. A zombie counts as
-// dead too: it holds no mappings any more.
-func Alive(id Identity) bool {
+// Note [Unreadable is not dead]
+//
+// Who calls: every part of zctipc that gives up what another process held
+// once that process is gone (the daemon's sweeps, the collector's census,
+// a ledger's sweeper claim, robust locks and stream reader slots). What can
+// go wrong: /proc/PID/stat can fail to open for reasons that say nothing
+// of the process: this process has no descriptor left (EMFILE, ENFILE), the
+// kernel has no memory, /proc is mounted with hidepid or not at all. What
+// must never happen: such a failure is taken for a death, and the counts,
+// ledger or lock of a live process are given up under it. So Check tells
+// three answers apart, and Dead, which callers act on, is true only when
+// /proc says the process has exited.
+
+// Liveness is what /proc tells of a process.
+type Liveness uint8
+
+const (
+	// Unknown means /proc could not be read; the process may run.
+	Unknown Liveness = iota
+	// Running means the process runs (or is stopped) with the recorded
+	// start time.
+	Running
+	// Exited means no process has the pid, another process has it now (a
+	// different start time), or it is a zombie, which holds no mappings.
+	Exited
+)
+
+// String returns "unknown", "running" or "exited".
+func (l Liveness) String() string {
+	switch l {
+	case Running:
+		return "running"
+	case Exited:
+		return "exited"
+	}
+	return "unknown"
+}
+
+// Check tells whether the process id runs, has exited, or cannot be told
+// (Unknown, with the error that kept /proc from telling: callers that act
+// on a death treat it as alive and look again later).
+func Check(id Identity) (Liveness, error) {
 	if id.PID <= 0 {
-		return false
+		return Exited, nil
 	}
 	raw, err := os.ReadFile("/proc/" + strconv.FormatInt(id.PID, 10) + "/stat")
-	if err != nil {
-		return false
+	switch {
+	case errors.Is(err, os.ErrNotExist) || errors.Is(err, unix.ESRCH): // ESRCH: it exited while read
+		return Exited, nil
+	case err != nil:
+		return Unknown, fmt.Errorf("process %d: %w", id.PID, err)
 	}
 	start, err := parseStartTime(raw)
-	if err != nil || start != id.StartTime {
-		return false
+	if err != nil {
+		return Unknown, fmt.Errorf("process %d: %w", id.PID, err)
+	}
+	if start != id.StartTime {
+		return Exited, nil
 	}
 	end := bytes.LastIndexByte(raw, ')')
 	if fields := bytes.Fields(raw[end+1:]); len(fields) > 0 {
 		switch fields[0][0] {
 		case 'Z', 'X', 'x':
-			return false
+			return Exited, nil
 		}
 	}
-	return true
+	return Running, nil
+}
+
+// Dead reports whether /proc says the process id is gone (see Check): a
+// process whose entry cannot be read is not dead (Note [Unreadable is not
+// dead]).
+func Dead(id Identity) bool {
+	l, err := Check(id)
+	return err == nil && l == Exited // an error comes with Unknown, which is not Exited
 }
 
 // Gone reports whether the process that claimed something as pid (in a
 // word of shared memory) is gone, given the identity it recorded beside the
 // claim afterwards: by pid and start time once the record names pid, and
 // until then (a process killed between its claim and its record) only when
-// no process has that pid at all.
+// no process has that pid at all. A process /proc cannot tell of is not
+// gone.
 func Gone(pid int64, recorded Identity) bool {
 	if pid <= 0 {
 		return true
@@ -109,5 +162,5 @@ func Gone(pid int64, recorded Identity) bool {
 		_, err := StartTime(pid)
 		return errors.Is(err, unix.ESRCH)
 	}
-	return !Alive(recorded)
+	return Dead(recorded)
 }

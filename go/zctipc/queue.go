@@ -112,9 +112,11 @@ func (q *Queue) Close() error {
 }
 
 // PutTensor sends t as a descriptor (no copy): the receiver, Go or Python
-// (which gets a NumPy array), maps the same memory. The message holds its
-// own count, so t may be closed once PutTensor returned. It waits for room
-// until ctx is done (ErrFull, with ctx.Err()).
+// (which gets a NumPy array, or what the tensor came as from Python: a
+// torch tensor, say), maps the same memory. A tensor with no elements, or
+// one that came inline, travels inline (its type, shape and bytes). The
+// message holds its own count, so t may be closed once PutTensor returned.
+// It waits for room until ctx is done (ErrFull, with ctx.Err()).
 func (q *Queue) PutTensor(ctx context.Context, t *Tensor) error {
 	if err := q.check(); err != nil {
 		return err
@@ -123,7 +125,7 @@ func (q *Queue) PutTensor(ctx context.Context, t *Tensor) error {
 		return err
 	}
 	defer t.guard.Leave()
-	if rec, ok := t.emptyRecord(); ok {
+	if rec, ok := t.inlineRecord(); ok {
 		return q.q.PutContext(ctx, rec)
 	}
 	d, r, err := t.describe()

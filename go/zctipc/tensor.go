@@ -65,7 +65,9 @@ const (
 // (NewTensor, AttachTensor, AttachRef) or memory another process sent
 // through a Queue (a segment or a pool slot); or a small array that came
 // inside a Queue message, copied into this process's memory (its Name is
-// "(inline)"; it has no segment or TensorRef, and PutTensor refuses it). It holds one count on that
+// "(inline)"; it has no segment or TensorRef, and PutTensor sends it inline
+// again). What came from Python keeps the Python type it came as (a torch
+// tensor goes on as a torch tensor). It holds one count on that
 // memory until Close. It is safe for concurrent use; its type, shape and
 // name stay readable after Close, its memory does not.
 type Tensor struct {
@@ -76,6 +78,7 @@ type Tensor struct {
 	strides []int64 // bytes
 	name    string  // the segment, or the arena of a slot
 	offset  uint64  // of data in the segment's data region, or in the slot
+	flags   uint8   // a message's flags, kept when it is sent on: the Python type to rebuild, read-only
 	seg     *shm.Segment
 	ref     *buffer.Ref
 }
@@ -137,7 +140,7 @@ func received(d *message.Descriptor) (*Tensor, error) {
 		return nil, err
 	}
 	return &Tensor{data: data[:d.NBytes:d.NBytes], dt: d.DType, shape: d.Shape, strides: d.Strides, name: d.Name,
-		offset: d.Offset, ref: r}, nil
+		offset: d.Offset, ref: r, flags: d.Flags}, nil
 }
 
 // inlineTensor makes a Tensor of a small array that came inside its
@@ -149,7 +152,7 @@ func inlineTensor(in message.Inline) *Tensor {
 		strides[i] = step
 		step *= max(in.Shape[i], 1)
 	}
-	return &Tensor{data: bytes.Clone(in.Data), dt: in.DType, shape: in.Shape, strides: strides, name: "(inline)"}
+	return &Tensor{data: bytes.Clone(in.Data), dt: in.DType, shape: in.Shape, strides: strides, name: "(inline)", flags: in.Flags}
 }
 
 // errZeroTensor is the error of a Tensor that no constructor made (every
@@ -381,16 +384,20 @@ func (t *Tensor) Ref() (TensorRef, error) {
 	return r, nil
 }
 
-// emptyRecord returns the record that sends t when it has no elements:
-// with no memory to describe, its type and shape travel inside the record,
-// as an inline array of no bytes (as Python sends an empty array). The
-// caller has entered t.
-func (t *Tensor) emptyRecord() (*message.Record, bool) {
-	if n, ok := header.ByteCount(t.shape, t.dt.Size()); !ok || n != 0 {
+// inlineRecord returns the record that sends t inside itself: when it has
+// no elements (no memory to describe: its type and shape travel, as an
+// inline array of no bytes, as Python sends an empty array), or when it
+// came inline (its memory is this process's own copy, which no other
+// process can map: it goes on as it came, a small array). The caller has
+// entered t.
+func (t *Tensor) inlineRecord() (*message.Record, bool) {
+	n, ok := header.ByteCount(t.shape, t.dt.Size())
+	if !ok || (n != 0 && (t.seg != nil || t.ref != nil)) || uint64(len(t.data)) < n {
 		return nil, false
 	}
-	payload := make([]byte, message.InlineHeaderSize+8*len(t.shape))
-	message.EncodeInline(payload, t.dt, 0, t.shape)
+	payload := make([]byte, message.InlineHeaderSize+8*len(t.shape)+int(n))
+	at := message.EncodeInline(payload, t.dt, t.flags, t.shape)
+	copy(payload[at:], t.data[:n]) // an inline tensor is C-contiguous
 	return &message.Record{Type: message.TypeInline, Payload: payload}, true
 }
 
@@ -407,7 +414,7 @@ func (t *Tensor) describe() (message.Descriptor, *buffer.Ref, error) {
 	if !ok {
 		return message.Descriptor{}, nil, fmt.Errorf("tensor %s is not zctipc memory: %w", t.name, unix.EINVAL)
 	}
-	d, err := r.Describe(off, t.dt, t.shape, t.strides, 0)
+	d, err := r.Describe(off, t.dt, t.shape, t.strides, t.flags)
 	if err != nil {
 		return message.Descriptor{}, nil, errors.Join(err, r.Release())
 	}

@@ -24,6 +24,7 @@ __all__ = [
     "CudaError",
     "CudaOutOfMemory",
     "StreamBusy",
+    "CudaShareBusy",
     "StreamEnded",
     "ZctipcOSError",
     "CorruptTable",
@@ -119,6 +120,13 @@ class CudaOutOfMemory(CudaError, MemoryError):
 class StreamBusy(ZctipcError, RuntimeError):
     """A stream's writer role, or the reader slot asked for (or every one),
     is held by a live process."""
+
+
+class CudaShareBusy(ZctipcError, BlockingIOError):
+    """The process that shares a CUDA allocation by name serves as many
+    consumers as it may at once, or has no file descriptor left for another:
+    try again later. ``errno`` is ``EAGAIN``; the message names the process
+    and its limit."""
 
 
 class StreamEnded(ZctipcError, EOFError):

@@ -752,3 +752,34 @@ def test_a_consumer_of_a_stopped_producer_gets_an_error_naming_it_with_the_stand
     """,
     )
     assert lines[0] == "True True", "the fetch has a deadline, and its error names the producer"
+
+
+def test_a_consumer_of_a_producer_at_its_limit_gets_cuda_share_busy_with_the_stand_in_driver(mock_env, isolated):
+    env = dict(isolated, ZCTIPC_CUDA_LIBRARY=mock_env["ZCTIPC_CUDA_LIBRARY"])
+    lines = run_with(
+        env,
+        """
+        import errno, os, signal, socket, zctipc, _gpu
+        q, ready = zctipc.Queue(), zctipc.Queue()
+        p = zctipc.get_context("spawn").Process(target=_gpu.stopped_producer, args=(q, ready))
+        p.start()
+        pid = ready.get(timeout=60)
+        path = os.path.join(os.environ["ZCTIPC_RUNTIME_DIR"], f"cuda-{pid}.sock")
+        flood = []
+        for _ in range(100):  # more than the 64 connections it serves at once, each silent
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            s.connect(path)
+            flood.append(s)
+        try:
+            q.get(timeout=60)
+            print("received")
+        except zctipc.CudaShareBusy as e:
+            print(isinstance(e, BlockingIOError), e.errno == errno.EAGAIN, f"pid {pid} is at its limit" in str(e))
+        except Exception as e:
+            print(type(e).__name__, e)
+        finally:
+            os.kill(p.pid, signal.SIGKILL)
+            p.join(60)
+    """,
+    )
+    assert lines[0] == "True True True", "refused with the reason, as a specific exception"

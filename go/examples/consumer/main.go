@@ -7,8 +7,11 @@
 //	                            stream ends; print "frames K sum S whole W"
 //	consumer burst QUEUE K G    take K messages with G goroutines at once; print "end T",
 //	                            the wall-clock time in ns when the last was taken
+//	consumer echo IN OUT        take tensors from queue IN until the bytes "done", print
+//	                            "DTYPE SHAPE" of each and put it back on queue OUT, then
+//	                            put "done" there
 //
-// Tensors must be float32; the sum is of every element of every tensor.
+// Tensors must be float32 (but in echo); the sum is of every element of every tensor.
 package main
 
 import (
@@ -48,8 +51,11 @@ func run(args []string) error {
 	if len(args) == 4 && args[0] == "burst" {
 		return burst(ctx, args[1], args[2], args[3])
 	}
+	if len(args) == 3 && args[0] == "echo" {
+		return echo(ctx, args[1], args[2])
+	}
 	if len(args) != 2 {
-		return fmt.Errorf("usage: consumer tensor REF_JSON | queue QUEUE | stream STREAM | burst QUEUE K G")
+		return fmt.Errorf("usage: consumer tensor REF_JSON | queue QUEUE | stream STREAM | burst QUEUE K G | echo IN OUT")
 	}
 	switch args[0] {
 	case "tensor":
@@ -167,4 +173,42 @@ func burst(ctx context.Context, name, k, g string) error {
 	}
 	fmt.Printf("end %d\n", time.Now().UnixNano())
 	return nil
+}
+
+// echo takes tensors from queue in until the bytes "done", prints the type
+// and shape of each, and puts it on queue out (a tensor another process
+// sent goes on without a copy; one with no elements, as its type and
+// shape).
+func echo(ctx context.Context, in, out string) error {
+	qi, err := zctipc.AttachQueue(in)
+	if err != nil {
+		return err
+	}
+	defer qi.Close()
+	qo, err := zctipc.AttachQueue(out)
+	if err != nil {
+		return err
+	}
+	defer qo.Close()
+	for {
+		m, err := qi.Get(ctx)
+		if err != nil {
+			return err
+		}
+		switch {
+		case m.Tensor != nil:
+			fmt.Println(m.Tensor.DType(), m.Tensor.Shape())
+			err := qo.PutTensor(ctx, m.Tensor)
+			if cerr := m.Tensor.Close(); err == nil {
+				err = cerr
+			}
+			if err != nil {
+				return err
+			}
+		case string(m.Bytes) == "done":
+			return qo.PutBytes(ctx, m.Bytes)
+		default:
+			return fmt.Errorf("echo: a message that is not a tensor: %+v", m)
+		}
+	}
 }

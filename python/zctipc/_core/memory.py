@@ -134,6 +134,13 @@ def storage(memory: Any, nbytes: int) -> torch.UntypedStorage:
     return _tensor(ndarray(memory, nbytes, np.uint8, (nbytes,), (1,)), dtypes.CODES["uint8"]).untyped_storage()
 
 
+def copy_tensor(arr: NDArray[Any], code: int, readonly: bool = False) -> torch.Tensor:
+    """A torch tensor over arr, an array of the storage dtype of code in
+    this process's own memory (a copy that came inside a message): not
+    marked, since it is not zctipc memory."""
+    return _tensor(arr, code, readonly)
+
+
 def _tensor(arr: NDArray[Any], code: int, readonly: bool = False) -> torch.Tensor:
     torch = _torch or _torch_module()
     if readonly:

@@ -351,6 +351,11 @@ _EXCEPTION_NAMES = {
 }
 _EXCEPTIONS: "dict[int, type[Exception]]" = {}  # status -> exception, from _EXCEPTION_NAMES once the library is loaded
 
+# Statuses whose errno (zct_last_errno) names a narrower exception: a CUDA
+# share server at its limit is ZCT_E_BUSY with EAGAIN, a stream's role or
+# slot held is ZCT_E_BUSY with EBUSY.
+_BY_ERRNO: "dict[tuple[int, int], type[Exception]]" = {(E_BUSY, _errno.EAGAIN): errors.CudaShareBusy}
+
 # The errno an OSError subclass carries when the native side gave none.
 _DEFAULT_ERRNO: "dict[type[Exception], int]" = {
     errors.SegmentNotFound: _errno.ENOENT,
@@ -363,11 +368,12 @@ def error(status: int) -> Exception:
     """Return the exception for a failed call's status, with the message the
     library kept for this thread."""
     message = _ffi.string(_lib.zct_last_error()).decode("utf-8", "replace")
-    cls = _EXCEPTIONS.get(status, errors.ZctipcError)
+    errno = _lib.zct_last_errno()
+    cls = _BY_ERRNO.get((status, errno)) or _EXCEPTIONS.get(status, errors.ZctipcError)
     if status == E_INTERRUPTED:
         return InterruptedError(message)
     if issubclass(cls, OSError):
-        code = _lib.zct_last_errno() or _DEFAULT_ERRNO.get(cls, 0)
+        code = errno or _DEFAULT_ERRNO.get(cls, 0)
         return cls(code, message)
     return cls(message)
 

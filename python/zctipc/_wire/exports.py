@@ -368,13 +368,16 @@ def in_zctipc_memory(arr: NDArray[Any]) -> bool:
     return memory.zctipc_memory(arr.__array_interface__["data"][0], extent)
 
 
-def build_inline(mem: memoryview | bytes, off: int, length: int) -> NDArray[Any]:
+def build_inline(mem: memoryview | bytes, off: int, length: int) -> NDArray[Any] | torch.Tensor:
     """A new NumPy array of the inline record payload at mem[off:off+length]
-    (the library checked it against its header)."""
+    (the library checked it against its header), or the torch tensor its
+    flags ask for (a Go program passing on a torch tensor that came to it,
+    one of bfloat16 among them, which NumPy has no type for)."""
     code, flags, ndim, _ = _INLINE_HEAD.unpack_from(mem, off)
     shape = _SHAPES[ndim].unpack_from(mem, off + 8)
     start = off + 8 + 8 * ndim
-    dt = dtypes.numpy_dtype(code)
+    as_torch = flags & memory.TYPE_MASK == memory.TORCH
+    dt = dtypes.storage_dtype(code) if as_torch else dtypes.numpy_dtype(code)
     end = off + length
     if flags & memory.READONLY:
         # The sender's was read-only: a copy over bytes, which stays so.
@@ -383,10 +386,11 @@ def build_inline(mem: memoryview | bytes, off: int, length: int) -> NDArray[Any]
         arr = np.empty(shape, dt)
     else:
         arr = np.frombuffer(mem, dt, (end - start) // dt.itemsize, start).copy()
-    return arr if ndim == 1 else arr.reshape(shape)
+    arr = arr if ndim == 1 else arr.reshape(shape)
+    return memory.copy_tensor(arr, code, bool(flags & memory.READONLY)) if as_torch else arr
 
 
-def rebuild_inline(payload: bytes) -> NDArray[Any]:
+def rebuild_inline(payload: bytes) -> NDArray[Any] | torch.Tensor:
     """Unpickle a small array that a queue pickled in band, as its inline
     payload."""
     return build_inline(payload, 0, len(payload))

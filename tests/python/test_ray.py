@@ -121,6 +121,16 @@ class Consumer:
         return {s.name: s.creator_pid for s in zctipc.list_segments()}
 
 
+@ray.remote
+class PlainConsumer:
+    """An actor made without enable_tensor_transport=True: Ray gives it no
+    thread of its own for receiving (Note [the receiver's transfer thread]
+    in zctipc.ray)."""
+
+    def look(self, t):
+        return int(t[0])
+
+
 def test_same_node_actor_gets_a_view_of_the_producers_memory(cluster):
     p = Producer.options(**on("a")).remote()
     c = Consumer.options(**on("a")).remote()
@@ -163,6 +173,25 @@ def test_the_same_tensor_goes_out_again_and_again(cluster):
     while ray.get(p.slots_in_use.remote()) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert ray.get(p.slots_in_use.remote()) == 0, "every hand-off's count was given back"
+
+
+def test_a_receiver_without_a_transfer_thread_is_refused(cluster):
+    """An actor made without enable_tensor_transport=True would run the
+    transfer behind the task that waits for it: the first hand-off worked
+    when the producer had finished first, the next one timed out after a
+    minute. Every hand-off to it is refused, naming the fix."""
+    p = Producer.options(**on("a")).remote()
+    c = PlainConsumer.options(**on("a")).remote()
+    ray.get(p.hold.remote(10))
+    for _ in range(2):
+        ref = p.same.remote()
+        ray.wait([ref])  # the producer is done: the transfer goes before the task
+        with pytest.warns(RuntimeWarning, match=r"enable_tensor_transport=True"):
+            task = c.look.remote(ref)
+        with pytest.raises(Exception, match=r"made without @ray.remote\(enable_tensor_transport=True\)"):
+            ray.get(task, timeout=60)
+    # The producer and its other receivers are unharmed.
+    assert ray.get(Consumer.options(**on("a")).remote().look.remote(p.same.remote())) == 0
 
 
 def test_other_node_actor_gets_the_data_through_ray(cluster):
@@ -332,5 +361,9 @@ def test_bad_input_is_refused_with_a_clear_error(cluster):
         t.extract_tensor_transport_metadata("x", ["not a tensor"])
     with pytest.raises(zctipc.InvalidArgument, match="not zctipc transport metadata"):
         t.recv_multiple_tensors("x", object(), zr.ZctipcCommunicatorMetadata())
+    refused = zr.ZctipcCommunicatorMetadata(refused="made without enable_tensor_transport")
+    junk = zr.ZctipcTransportMetadata(tensor_meta=[], node_id="", descriptors=[b"not a descriptor"])
+    with pytest.raises(zctipc.InvalidArgument, match="made without"):  # before attaching anything
+        t.recv_multiple_tensors("x", junk, refused)
     with pytest.raises(NotImplementedError, match="one-sided"):
         t.send_multiple_tensors([], None, None)

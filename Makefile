@@ -26,7 +26,7 @@ $(VENV)/.base: constraints.txt pyproject.toml
 	touch $@
 
 $(VENV)/.deps: $(VENV)/.base
-	$(PIP) install --quiet -c constraints.txt pytest pytest-timeout import-linter ruff mypy torch pyarrow pandas polars ray
+	$(PIP) install --quiet -c constraints.txt pytest pytest-timeout hypothesis import-linter ruff mypy torch pyarrow pandas polars ray
 	touch $@
 
 # The package, installed editable from python/: setup.py builds

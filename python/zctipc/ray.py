@@ -7,7 +7,12 @@ Importing this module registers a one-sided Ray Direct Transport named
 in zctipc memory, moved there once if they are not already (by the rules of
 :class:`zctipc.Queue`: a tensor's storage moves into the pool in place, so
 the producer shares what it sent), and Ray hands out only their
-descriptors. Where Ray delivers the object decides the path:
+descriptors, as often as the method returns them (the same tensor every
+call, as a parameter server's weights, included). An actor that receives
+them must be made with ``@ray.remote(enable_tensor_transport=True)`` too,
+which gives it the thread Ray receives on; one made without it is refused
+(Note [the receiver's transfer thread]). Where Ray delivers the object
+decides the path:
 
 - on the producer's node, the receiving actor (or ``ray.get``) attaches
   the descriptors: its tensors are views of the producer's memory, no byte
@@ -91,7 +96,49 @@ class ZctipcTransportMetadata(TensorTransportMetadata):
 
 @dataclass
 class ZctipcCommunicatorMetadata(CommunicatorMetadata):
-    """Nothing: the receiver reads what the producer described."""
+    """Why the hand-off is refused, when it is (Note [the receiver's
+    transfer thread]); else nothing: the receiver reads what the producer
+    described."""
+
+    refused: str = ""
+
+
+# Note [the receiver's transfer thread]: Ray runs a hand-off's receive
+# (its __ray_recv__, which calls recv_multiple_tensors) as a task on the
+# receiving actor in the concurrency group "_ray_system", which only an
+# actor made with @ray.remote(enable_tensor_transport=True) has. An actor
+# made without it runs the receive in its own task order: when the
+# producer had finished before the receiving task was submitted, the
+# receive was submitted first and the hand-off worked; when it had not
+# (a second hand-off, submitted at once), the receive goes after the task,
+# which waits for it until Ray's transfer timeout (60 s) and fails; the
+# late receive's tensors are then left in Ray's store of that actor, where
+# nothing takes them. Ray's own transports do the same (gloo was seen to),
+# and a tensor sent twice plays no part in it. Such an actor is refused at
+# every hand-off instead: the owner, which alone sees the receiving
+# actor's handle, warns and says why in the communicator metadata, and the
+# receive raises it at once, before attaching anything, so the receiving
+# task fails with it where the receive goes first. Where it goes last
+# nothing can reach the waiting task, and the warning is all there is.
+# (Raising in get_communicator_metadata would not do: there Ray calls it
+# from a native callback, which drops the exception.)
+#
+# Threat model: Ray calls get_communicator_metadata in the owner of the
+# ref, and any process of the cluster can submit __ray_recv__ with
+# metadata of its choosing (Ray trusts its cluster). A forged `refused`
+# only fails that receive; forged descriptors are checked by the library
+# when attached (the segment's owner, size and header), as every
+# received descriptor is. A refused receive must never attach, take a
+# count, or wait.
+
+
+def _no_transfer_thread(actor: Any) -> str:
+    return (
+        f"{actor} receives zctipc tensors but was made without @ray.remote(enable_tensor_transport=True): "
+        "Ray would run the hand-off behind the task that waits for it, which then fails after Ray's transfer "
+        "timeout whenever the producer had not finished first; make its class with "
+        "@ray.remote(enable_tensor_transport=True)"
+    )
 
 
 def _check(t: Any) -> None:
@@ -194,6 +241,11 @@ class ZctipcTransport(TensorTransportManager):
     def get_communicator_metadata(
         self, src_actor: Any, dst_actor: Any, backend: str | None = None
     ) -> ZctipcCommunicatorMetadata:
+        # dst_actor is None for a ray.get, which waits in its own thread.
+        if dst_actor is not None and not getattr(dst_actor, "_ray_enable_tensor_transport", True):
+            refused = _no_transfer_thread(dst_actor)
+            warnings.warn(refused, RuntimeWarning, stacklevel=2)  # Note [the receiver's transfer thread]
+            return ZctipcCommunicatorMetadata(refused=refused)
         return ZctipcCommunicatorMetadata()
 
     def recv_multiple_tensors(
@@ -206,6 +258,9 @@ class ZctipcTransport(TensorTransportManager):
         meta = tensor_transport_metadata
         if not isinstance(meta, ZctipcTransportMetadata):
             raise errors.InvalidArgument(f"not zctipc transport metadata: {type(meta).__name__}")
+        refused = getattr(communicator_metadata, "refused", "")
+        if refused:  # Note [the receiver's transfer thread]
+            raise errors.InvalidArgument(refused)
         if not meta.descriptors:
             return []
         if meta.node_id == _node():

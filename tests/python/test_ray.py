@@ -64,6 +64,16 @@ class Producer:
     def send_float8(self):
         return torch.zeros(4, dtype=torch.float8_e4m3fn)
 
+    def hold(self, n):
+        """Keep a tensor of zctipc memory to hand out again and again, as a
+        parameter server keeps its weights."""
+        self.t = zctipc.empty((n,), torch.int32)
+        self.t.copy_(torch.arange(n, dtype=torch.int32))
+
+    @ray.method(tensor_transport="zctipc")
+    def same(self):
+        return self.t
+
     def read(self, i):
         return int(self.t[i])
 
@@ -88,6 +98,13 @@ class Consumer:
         samples = [int(t[i]) for i in (1, len(t) // 2, len(t) - 1)]
         return exports.in_zctipc_memory(t.numpy()), samples, len(t)
 
+    def look(self, t, write=None):
+        """t[0] as received, then (with write) t[0] = write."""
+        seen = int(t[0])
+        if write is not None:
+            t[0] = write
+        return seen
+
     def keep(self, t):
         self.kept = t
         return os.getpid()
@@ -102,6 +119,16 @@ class Consumer:
         """The zctipc files this process or any other holds a count on, made
         by whom: {name: creator pid}."""
         return {s.name: s.creator_pid for s in zctipc.list_segments()}
+
+
+@ray.remote
+class PlainConsumer:
+    """An actor made without enable_tensor_transport=True: Ray gives it no
+    thread of its own for receiving (Note [the receiver's transfer thread]
+    in zctipc.ray)."""
+
+    def look(self, t):
+        return int(t[0])
 
 
 def test_same_node_actor_gets_a_view_of_the_producers_memory(cluster):
@@ -120,6 +147,51 @@ def test_receivers_on_one_node_share_one_memory(cluster):
     assert ray.get(first.keep.remote(ref)) and ray.get(second.keep.remote(ref))
     ray.get(first.write_kept.remote(1, 7))
     assert ray.get(second.read_kept.remote()) == [0, 7, 0], "one receiver's write is the other's"
+
+
+def test_the_same_tensor_goes_out_again_and_again(cluster):
+    """A parameter server hands out the one tensor it keeps: each hand-off
+    arrives, whether the earlier refs live on or are dropped, and a
+    receiver's write is what the next one sees."""
+    p = Producer.options(**on("a")).remote()
+    c = Consumer.options(**on("a")).remote()
+    ray.get(p.hold.remote(1000))
+    refs = [p.same.remote() for _ in range(3)]  # three live refs to the one tensor
+    assert ray.get([c.look.remote(r) for r in refs]) == [0, 0, 0]
+    assert ray.get(c.look.remote(refs[1], write=-1)) == 0
+    assert ray.get(c.look.remote(refs[0])) == -1 and ray.get(c.look.remote(refs[2])) == -1
+    assert ray.get(p.read.remote(0)) == -1, "the receiver wrote the producer's memory"
+    del refs[0]  # dropped between sends: the others' counts are their own
+    for i in range(3):
+        refs.append(p.same.remote())
+        assert ray.get(c.look.remote(refs[-1], write=i)) == (-1 if i == 0 else i - 1)
+        if i == 1:
+            del refs[:2]
+    assert ray.get(c.take.remote(p.same.remote()))[1] == [1, 500, 999]
+    del refs
+    deadline = time.monotonic() + 30
+    while ray.get(p.slots_in_use.remote()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert ray.get(p.slots_in_use.remote()) == 0, "every hand-off's count was given back"
+
+
+def test_a_receiver_without_a_transfer_thread_is_refused(cluster):
+    """An actor made without enable_tensor_transport=True would run the
+    transfer behind the task that waits for it: the first hand-off worked
+    when the producer had finished first, the next one timed out after a
+    minute. Every hand-off to it is refused, naming the fix."""
+    p = Producer.options(**on("a")).remote()
+    c = PlainConsumer.options(**on("a")).remote()
+    ray.get(p.hold.remote(10))
+    for _ in range(2):
+        ref = p.same.remote()
+        ray.wait([ref])  # the producer is done: the transfer goes before the task
+        with pytest.warns(RuntimeWarning, match=r"enable_tensor_transport=True"):
+            task = c.look.remote(ref)
+        with pytest.raises(Exception, match=r"made without @ray.remote\(enable_tensor_transport=True\)"):
+            ray.get(task, timeout=60)
+    # The producer and its other receivers are unharmed.
+    assert ray.get(Consumer.options(**on("a")).remote().look.remote(p.same.remote())) == 0
 
 
 def test_other_node_actor_gets_the_data_through_ray(cluster):
@@ -289,5 +361,9 @@ def test_bad_input_is_refused_with_a_clear_error(cluster):
         t.extract_tensor_transport_metadata("x", ["not a tensor"])
     with pytest.raises(zctipc.InvalidArgument, match="not zctipc transport metadata"):
         t.recv_multiple_tensors("x", object(), zr.ZctipcCommunicatorMetadata())
+    refused = zr.ZctipcCommunicatorMetadata(refused="made without enable_tensor_transport")
+    junk = zr.ZctipcTransportMetadata(tensor_meta=[], node_id="", descriptors=[b"not a descriptor"])
+    with pytest.raises(zctipc.InvalidArgument, match="made without"):  # before attaching anything
+        t.recv_multiple_tensors("x", junk, refused)
     with pytest.raises(NotImplementedError, match="one-sided"):
         t.send_multiple_tensors([], None, None)

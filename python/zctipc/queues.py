@@ -135,6 +135,15 @@ class _Scratch:
         return self.typ, self.off, self.plen, self.views, self.vcap, self.nviews
 
 
+class _Armed(threading.local):
+    """Per-thread out-parameters of zct_queue_arm and zct_stream_reader_arm."""
+
+    def __init__(self) -> None:
+        ffi = native.ffi()
+        self.word = ffi.new("uint32_t **")
+        self.seen = ffi.new("uint32_t *")
+
+
 class _Readiness:
     """A pipe readable while a queue holds a message (Note [waiting on a
     queue among other things]), and the thread that keeps it so. The
@@ -278,6 +287,7 @@ class Queue:
         native.check(lib.zct_queue_create(ffi.NULL, max_bytes, max(maxsize, 0), handle))
         self._setup(handle[0], inline_bytes)
         native.check(lib.zct_queue_set_wait(handle[0], *policy))
+        self._polls = policy[0]
 
     def _setup(self, handle: int, inline_bytes: int | None) -> None:
         ffi, lib = native.ffi(), native.lib()
@@ -304,6 +314,8 @@ class Queue:
         # What multiprocessing's queues lock around their pipe ends (its
         # pool's shutdown takes _rlock); the ring needs neither.
         self._rlock, self._wlock = threading.Lock(), threading.Lock()
+        self._polls = False  # set_wait("poll"): waits stay in the library
+        self._armed = _Armed()  # per thread: out-parameters of zct_queue_arm
         self._finalizer = weakref.finalize(self, native.finalize, "zct_queue_close", handle, "closing a queue")
 
     @classmethod
@@ -339,6 +351,7 @@ class Queue:
         poll, spin_ns = _wait.policy(wait, spin)
         self._check_open()
         native.check(native.lib().zct_queue_set_wait(self._handle, poll, spin_ns))
+        self._polls = poll
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"qsize={self._qsize()}"
@@ -579,10 +592,31 @@ class Queue:
         if status == native.E_RANGE:
             status = attempt(0)
         if status == native.E_EMPTY and block:
-            status = wait.retry(attempt, native.E_EMPTY, block, timeout)
+            status = self._wait_for_data(attempt, timeout)
         if status < 0:
             native.check(status)
         return status
+
+    def _wait_for_data(self, call: Callable[[int], int], timeout: float | None, block: bool = True) -> int:
+        """The status of call(ms), a native call that waits up to ms for a
+        message, once one came or the timeout passed: outside the library
+        (Note [sleeping outside Go] in zctipc._core.wait) unless this queue
+        object polls."""
+        if self._polls:
+            return wait.retry(call, native.E_EMPTY, block, timeout)
+        return wait.sleep_outside(call, native.E_EMPTY, block, timeout, self._arm_data, self._disarm_data)
+
+    def _arm_data(self) -> tuple[Any, int]:
+        lib = native.lib()
+        out = self._armed
+        native.check(lib.zct_queue_arm(self._handle, lib.ZCT_WAIT_DATA, out.word, out.seen))
+        return out.word[0], out.seen[0]
+
+    def _disarm_data(self, pass_on: bool = False) -> None:
+        # After a close, the library took the arm back itself.
+        status = native.lib().zct_queue_disarm(self._handle, native.lib().ZCT_WAIT_DATA, pass_on)
+        if status != native.E_CLOSED:
+            native.check(status)
 
     def get_nowait(self) -> Any:
         return self.get(False)
@@ -629,7 +663,7 @@ class Queue:
                     return status
                 s.resize(max(s.cap, filled[0]), max(s.vcap, s.nviews[0]))  # and take it at once
 
-        native.check(wait.retry(attempt, native.E_EMPTY, block, timeout))
+        native.check(self._wait_for_data(attempt, timeout) if block else attempt(0))
         if self._ready is not None:
             self._ready.rearm(self._empty)
         out: list[Any] = []
@@ -714,8 +748,8 @@ class Queue:
         if self._stash:
             return True
         lib = native.lib()
-        status = wait.retry(
-            lambda ms: lib.zct_queue_wait(self._handle, ms), native.E_EMPTY, timeout is None or timeout > 0, timeout
+        status = self._wait_for_data(
+            lambda ms: lib.zct_queue_wait(self._handle, ms), timeout, timeout is None or timeout > 0
         )
         if status == native.E_EMPTY:
             return False

@@ -7,6 +7,8 @@ Nothing here asserts a timing: wake-ups are counted (context switches of
 every thread of the waiting process), and hangs are caught by timeouts far
 above what the behaviour needs."""
 
+import asyncio
+import multiprocessing.connection
 import os
 import subprocess
 import sys
@@ -66,7 +68,7 @@ elif kind == "readiness":
 """
 
 
-@pytest.mark.parametrize("kind", ["queue", "queue-inf", "stream"])
+@pytest.mark.parametrize("kind", ["queue", "queue-inf", "stream", "readiness"])
 def test_an_idle_waiter_does_not_wake(kind):
     child = subprocess.Popen(
         [sys.executable, "-c", _IDLE_CHILD, kind],
@@ -85,6 +87,96 @@ def test_an_idle_waiter_does_not_wake(kind):
     finally:
         child.kill()
         child.wait()
+
+
+# -- readiness descriptors and get_async ----------------------------------------------------
+
+
+def test_readiness_is_not_left_readable_after_another_consumer_took_the_message():
+    q = zctipc.Queue()
+    other = zctipc.Queue.attach(q.name)  # another consumer, as another process would be
+    try:
+        q.put("m")
+        assert multiprocessing.connection.wait([q._reader], timeout=30) == [q._reader]
+        assert other.get(timeout=30) == "m"
+        # The queue is empty: the descriptor soon stops being readable, and
+        # waiting on it then blocks, as on a drained pipe.
+        deadline = time.monotonic() + 30
+        while multiprocessing.connection.wait([q._reader], timeout=0) and time.monotonic() < deadline:
+            time.sleep(0.001)
+        returned, deadline = 0, time.monotonic() + 1
+        while time.monotonic() < deadline:
+            returned += len(multiprocessing.connection.wait([q._reader], timeout=0.2))
+        assert returned == 0, f"wait() returned {returned} times on an empty queue"
+        q.put("n")
+        assert multiprocessing.connection.wait([q._reader], timeout=30) == [q._reader]
+        assert q.get(timeout=30) == "n"
+    finally:
+        other.close()
+        q.close()
+
+
+def test_every_awaiting_coroutine_gets_a_message():
+    q = zctipc.Queue()
+    n = 20
+
+    async def main():
+        waiters = [asyncio.ensure_future(q.get_async()) for _ in range(n)]
+        await asyncio.sleep(0.1)  # all of them wait
+        for i in range(n):
+            q.put(i)
+        return await asyncio.wait_for(asyncio.gather(*waiters), 60)
+
+    try:
+        assert sorted(asyncio.run(main())) == list(range(n))
+    finally:
+        q.close()
+
+
+def test_a_cancelled_coroutine_leaves_the_others_waiting():
+    q = zctipc.Queue()
+
+    async def main():
+        a, b = asyncio.ensure_future(q.get_async()), asyncio.ensure_future(q.get_async())
+        await asyncio.sleep(0.05)
+        a.cancel()
+        await asyncio.sleep(0.05)
+        q.put("for b")
+        return await asyncio.wait_for(b, 60)
+
+    try:
+        assert asyncio.run(main()) == "for b"
+    finally:
+        q.close()
+
+
+def test_close_ends_get_async():
+    q = zctipc.Queue()
+
+    async def main():
+        waiters = [asyncio.ensure_future(q.get_async()) for _ in range(3)]
+        await asyncio.sleep(0.1)
+        q.close()
+        return await asyncio.wait_for(asyncio.gather(*waiters, return_exceptions=True), 60)
+
+    results = asyncio.run(main())
+    assert all(isinstance(r, zctipc.HandleClosed) for r in results), results
+
+
+def test_close_of_a_waitable_queue_ends_its_thread_at_once():
+    before = set(threading.enumerate())
+    queues = [zctipc.Queue() for _ in range(20)]
+    for q in queues:
+        q._reader.fileno()
+    threads = [t for t in threading.enumerate() if t not in before and t.name.startswith("zctipc readiness")]
+    assert len(threads) == len(queues)
+    for q in queues:
+        q.close()
+    # Each thread ends when woken by its close: well within one recheck
+    # (a thread that waited out its sleep would take a second each).
+    for t in threads:
+        t.join(0.5)
+    assert not any(t.is_alive() for t in threads)
 
 
 # -- an infinite timeout ---------------------------------------------------------------------

@@ -17,8 +17,9 @@ every reader sees every frame, in place.
 Under ``policy="block"`` the writer waits for the slowest live reader; under
 ``"overwrite"`` it never waits, and a reader that falls a ring behind skips
 to the oldest whole frame, counting what it lost in ``dropped``. A reader
-whose process died (or, with ``reader_timeout``, that was not seen for that
-long) stops holding the writer back. Frames are published only on
+whose process died (or, with ``reader_timeout``, that held the writer back
+for that long without taking a frame) stops holding the writer back;
+waiting for frames counts as alive. Frames are published only on
 ``increment()``: a writer killed mid-frame publishes nothing.
 """
 
@@ -107,7 +108,8 @@ class Stream:
         is ``"block"`` (the writer waits for the slowest live reader) or
         ``"overwrite"`` (it never waits; slow readers lose frames and count
         them). ``reader_timeout`` (seconds, None for none) lets the writer
-        evict a reader it has not seen for that long; a reader whose process
+        evict a reader that holds it back for that long without taking a
+        frame (a reader waiting for frames is alive); a reader whose process
         died is evicted in any case.
         """
         if policy not in POLICIES:

@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 
+import numpy as np
 import pytest
 from conftest import with_pythonpath
 
@@ -224,3 +225,33 @@ def test_an_infinite_timeout_waits_in_one_slice_after_another():
         assert q.get(timeout=1e300) == "later"
     finally:
         q.close()
+
+
+# -- a stream reader that waits is alive ------------------------------------------------------
+
+
+def test_a_reader_waiting_for_frames_is_not_evicted():
+    s = zctipc.Stream.create(shape=1024, frames=2, policy="block", reader_timeout=0.3)
+    w, r = s.writer(), s.reader()
+    frame = np.zeros(1024, "float32")
+    try:
+        got = []
+
+        def read():
+            while len(got) < 40:
+                a = r.read(timeout=60)
+                assert a is not None
+                got.append(a[0])
+
+        t = threading.Thread(target=read)
+        t.start()
+        time.sleep(1)  # the reader waits, seen last more than the reader timeout ago
+        for i in range(40):
+            frame[0] = i
+            assert w.write(frame, timeout=60)
+        t.join(60)
+        assert got == list(range(40)) and r.dropped == 0
+    finally:
+        r.close()
+        w.close()
+        s.close()

@@ -255,3 +255,94 @@ def test_a_reader_waiting_for_frames_is_not_evicted():
         r.close()
         w.close()
         s.close()
+
+
+# -- a model of the readiness state ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_readiness_model(seed):
+    """Random puts, gets by this queue object and by another consumer,
+    coroutines that await and that are cancelled, against a model: every
+    awaiting coroutine that is not cancelled gets a message once one is
+    there for it, messages are neither lost nor doubled, and once things
+    settle the descriptor is readable exactly when the queue holds a
+    message."""
+    import random
+
+    rng = random.Random(seed)
+    q = zctipc.Queue()
+    other = zctipc.Queue.attach(q.name)
+
+    def readable():
+        return bool(multiprocessing.connection.wait([q._reader], timeout=0))
+
+    async def settle(pending, timeout=30):
+        # Until every awaiting coroutine that can have a message has one,
+        # and the descriptor agrees with the queue.
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            await asyncio.sleep(0.005)
+            waiting = [t for t in pending if not t.done()]
+            if q.qsize() and waiting:
+                continue
+            if readable() == (q.qsize() > 0):
+                return
+        raise AssertionError(f"did not settle: {q.qsize()} queued, readable {readable()}")
+
+    async def main():
+        sent, got, pending, finished = 0, [], [], []
+        for _ in range(60):
+            op = rng.choice(["put", "put", "await", "await", "cancel", "get", "other", "check"])
+            if op == "put":
+                other.put(sent)
+                sent += 1
+            elif op == "await":
+                pending.append(asyncio.ensure_future(q.get_async()))
+            elif op == "cancel" and pending:
+                t = pending.pop(rng.randrange(len(pending)))
+                t.cancel()  # nothing if it has its message already
+                finished.append(t)
+            elif op == "get":
+                try:
+                    got.append(q.get_nowait())
+                except Exception:
+                    pass
+            elif op == "other":
+                try:
+                    got.append(other.get_nowait())
+                except Exception:
+                    pass
+            else:
+                await settle(pending)
+            await asyncio.sleep(0)
+        await settle(pending)
+        await asyncio.sleep(0)  # the cancelled ones end
+        for t in pending + finished:
+            if t.done() and not t.cancelled():
+                got.append(t.result())
+        waiting = [t for t in pending if not t.done()]
+        while q.qsize():
+            got.append(q.get_nowait())
+        assert sorted(got) == list(range(sent)), "every message once"
+        q.close()
+        results = await asyncio.wait_for(asyncio.gather(*waiting, return_exceptions=True), 60)
+        assert all(isinstance(r, zctipc.HandleClosed) for r in results), results
+
+    try:
+        asyncio.run(main())
+    finally:
+        other.close()
+        q.close()
+
+
+def test_a_sleep_on_the_word_of_a_closed_queue_never_faults():
+    from zctipc._core import native
+
+    ffi, lib = native.ffi(), native.lib()
+    q = zctipc.Queue()
+    word, seen = ffi.new("uint32_t **"), ffi.new("uint32_t *")
+    native.check(lib.zct_queue_arm(q._handle, lib.ZCT_WAIT_DATA, word, seen))
+    q.close()  # wakes sleepers, takes the arm back, and lets the mapping go
+    assert lib.zct_sleep(word[0], seen[0], 100) in (native.OK, native.E_CLOSED, native.E_EMPTY)
+    assert lib.zct_queue_disarm(q._handle, lib.ZCT_WAIT_DATA, 0) == native.E_CLOSED

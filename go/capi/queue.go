@@ -781,3 +781,32 @@ func releaseRefs() error {
 	}
 	return errors.Join(errs...)
 }
+
+// Threat model of the arm/disarm exports (Note [sleeping outside Go] in
+// package futex): any code in the process may call them with any handle and
+// word number. A closed or unknown handle is refused; which is checked; an
+// unbalanced disarm is refused, so that no caller can take a sleeper's count
+// off the shared word. Other processes may scribble on the word itself:
+// that only wakes sleepers, which look again.
+
+//export zct_queue_arm
+func zct_queue_arm(h C.zct_handle, which C.int32_t, word **C.uint32_t, seen *C.uint32_t) C.int {
+	return with(queues, uint64(h), func(q *queue.Queue) error {
+		if word == nil || seen == nil {
+			return fmt.Errorf("zct_queue_arm: a NULL out-parameter: %w", unix.EINVAL)
+		}
+		w, v, err := q.ArmWait(int(which))
+		if err != nil {
+			return err
+		}
+		*word, *seen = (*C.uint32_t)(unsafe.Pointer(w)), C.uint32_t(v)
+		return nil
+	})
+}
+
+//export zct_queue_disarm
+func zct_queue_disarm(h C.zct_handle, which C.int32_t, passOn C.int32_t) C.int {
+	return with(queues, uint64(h), func(q *queue.Queue) error {
+		return q.DisarmWait(int(which), passOn != 0)
+	})
+}

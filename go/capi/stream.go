@@ -7,12 +7,14 @@ import "C"
 
 import (
 	"errors"
+	"fmt"
 	"time"
 	"unsafe"
 
 	"github.com/zctipc/zctipc/go/dtype"
 	"github.com/zctipc/zctipc/go/event"
 	"github.com/zctipc/zctipc/go/stream"
+	"golang.org/x/sys/unix"
 )
 
 var (
@@ -324,4 +326,27 @@ func boolInt(b bool) C.int32_t {
 		return 1
 	}
 	return 0
+}
+
+// zct_stream_reader_arm and zct_stream_reader_disarm have the threat model
+// of zct_queue_arm (queue.go).
+
+//export zct_stream_reader_arm
+func zct_stream_reader_arm(h C.zct_handle, word **C.uint32_t, seen *C.uint32_t) C.int {
+	return with(readers, uint64(h), func(r *stream.Reader) error {
+		if word == nil || seen == nil {
+			return fmt.Errorf("zct_stream_reader_arm: a NULL out-parameter: %w", unix.EINVAL)
+		}
+		w, v, err := r.ArmWait()
+		if err != nil {
+			return err
+		}
+		*word, *seen = (*C.uint32_t)(unsafe.Pointer(w)), C.uint32_t(v)
+		return nil
+	})
+}
+
+//export zct_stream_reader_disarm
+func zct_stream_reader_disarm(h C.zct_handle) C.int {
+	return with(readers, uint64(h), func(r *stream.Reader) error { return r.DisarmWait() })
 }

@@ -32,7 +32,7 @@ extern "C" {
 
 /* BEGIN CDEF (python/zctipc/_ffi_build.py feeds from here to END CDEF to cffi) */
 
-#define ZCT_ABI_VERSION 11
+#define ZCT_ABI_VERSION 12
 #define ZCT_MAX_NDIM 32
 #define ZCT_NAME_CAP 256
 
@@ -391,6 +391,26 @@ int zct_queue_join(zct_handle queue, int64_t timeout_ms);
    among other things: zctipc's Python package signals a readiness file
    descriptor from it. */
 int zct_queue_wait(zct_handle queue, int64_t timeout_ms);
+/* Sleeping outside the library's Go runtime, which a thread that waits
+   long should do (a sleep inside it wakes the runtime's monitor thread some
+   sixty times; one in zct_sleep costs nothing): arm the word to wait on,
+   which counts the thread among its sleepers and gives *word and the value
+   *seen to sleep on; look again without waiting (a get or put with
+   timeout 0); if it must still wait, zct_sleep(*word, *seen, ...) as long
+   and as often as it likes; then disarm. which: ZCT_WAIT_DATA (messages
+   may be there), ZCT_WAIT_SPACE (room), ZCT_WAIT_JOIN (every message done).
+   pass_on: the thread was woken and takes no message, so that a consumer
+   is woken in its place. A disarm with no arm before it is refused;
+   closing the handle wakes its sleepers and takes back what they armed. */
+enum { ZCT_WAIT_DATA = 0, ZCT_WAIT_SPACE = 1, ZCT_WAIT_JOIN = 2 };
+int zct_queue_arm(zct_handle queue, int32_t which, uint32_t **word, uint32_t *seen);
+int zct_queue_disarm(zct_handle queue, int32_t which, int32_t pass_on);
+/* Sleep while *word == seen, up to timeout_ms (-1: for ever): ZCT_OK when
+   woken or the word moved (look again), ZCT_E_EMPTY at the timeout,
+   ZCT_E_INTERRUPTED on a signal, ZCT_E_CLOSED when the word is no longer
+   mapped. Plain C: it neither enters the Go runtime nor touches the word
+   but through the kernel, so it is safe after the handle was closed. */
+int zct_sleep(const uint32_t *word, uint32_t seen, int64_t timeout_ms);
 
 /* Streams: one writer and up to 64 readers of a ring of fixed-size frames
    (docs/format.md). timeout_ms: -1 waits for ever, 0 not at all. */
@@ -444,6 +464,10 @@ int zct_stream_reader_stats(zct_handle reader, uint64_t *position, uint64_t *rec
    zct_queue_set_wait says. */
 int zct_stream_reader_set_wait(zct_handle reader, int32_t poll, int64_t spin_ns);
 int zct_stream_writer_set_wait(zct_handle writer, int32_t poll, int64_t spin_ns);
+/* Arm and disarm the reader's wait for frames, for zct_sleep, as
+   zct_queue_arm and zct_queue_disarm do. */
+int zct_stream_reader_arm(zct_handle reader, uint32_t **word, uint32_t *seen);
+int zct_stream_reader_disarm(zct_handle reader);
 int zct_stream_reader_close(zct_handle reader);
 
 /* Events: a flag in shared memory that processes set, clear and wait for. */

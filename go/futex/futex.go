@@ -335,6 +335,74 @@ func (s Seq) spin(seen uint32, spin time.Duration) bool {
 	}
 }
 
+// Note [sleeping outside Go]. A thread that sleeps in a system call made
+// by Go code wakes the runtime's monitor thread (sysmon) as it enters the
+// call; the monitor then looks every 20 us, then less and less often, until
+// it takes the thread's processor away some 10 ms later, and sleeps again:
+// about 60 wake-ups for each sleep. A host that returns every 50 ms to
+// look for Ctrl-C, and calls in again, pays them twenty times a second
+// (measured: a Python process blocked in get() woke 1,300 times a second).
+// So a host that waits long sleeps in C, outside the Go runtime (zct_sleep
+// of the C ABI): it arms the word here (Arm: it counts among the sleepers,
+// so that Signal wakes it), sleeps on the value Arm returned, for as long
+// as it likes and in as many slices, and disarms (Disarm) once it is done.
+// The sleep itself is the futex call alone: the kernel compares the word,
+// so it reads no memory that closing a handle may have unmapped meanwhile.
+//
+// Threat model: Arm and Disarm are called through a handle, under its
+// guard; an unbalanced Disarm would make Signal skip a sleeper, so callers
+// count what they armed (see Armed) and refuse a Disarm with nothing armed.
+// A forged or stale word address given to the sleep makes the futex call
+// fail (EFAULT) or sleep on some other word until its timeout: it never
+// faults, and never writes.
+
+// Arm counts a sleeper that is about to sleep on the word outside this
+// package (Note [sleeping outside Go]) and returns the value it sleeps on:
+// the caller looks at its condition after Arm, and sleeps only if it still
+// must wait.
+func (s Seq) Arm() uint32 {
+	atomic.AddUint32(s.Waiters, 1)
+	return s.Load()
+}
+
+// Disarm takes back one Arm, once its sleeper is awake.
+func (s Seq) Disarm() { atomic.AddUint32(s.Waiters, ^uint32(0)) }
+
+// Armed counts the Arms of one handle on up to four words that it has not
+// taken back: Close gives them up (Release), so that a host thread still
+// asleep when its handle closes leaves no sleeper counted. It is safe for
+// concurrent use.
+type Armed struct{ n [4]atomic.Int32 }
+
+// Arm arms s as word i of the handle.
+func (a *Armed) Arm(i int, s Seq) uint32 {
+	a.n[i].Add(1)
+	return s.Arm()
+}
+
+// Disarm takes back an Arm of word i, and reports false when there was
+// none to take back.
+func (a *Armed) Disarm(i int, s Seq) bool {
+	for {
+		n := a.n[i].Load()
+		if n <= 0 {
+			return false
+		}
+		if a.n[i].CompareAndSwap(n, n-1) {
+			s.Disarm()
+			return true
+		}
+	}
+}
+
+// Release takes back every Arm of word i still counted, when the handle
+// closes (after its calls in flight ended).
+func (a *Armed) Release(i int, s Seq) {
+	if n := a.n[i].Swap(0); n > 0 {
+		atomic.AddUint32(s.Waiters, ^uint32(n-1))
+	}
+}
+
 // Signal bumps the word and wakes up to n of its sleepers.
 func (s Seq) Signal(n int) error {
 	atomic.AddUint32(s.Word, 1)

@@ -201,6 +201,8 @@ type Queue struct {
 	interruptible bool
 	// policy is how this handle's calls wait (SetWait).
 	policy atomic.Pointer[futex.Policy]
+	// armed counts the host's sleeps outside Go (ArmWait).
+	armed futex.Armed
 }
 
 // SetWait says how this handle's calls wait for messages or room: by
@@ -1111,20 +1113,76 @@ func (q *Queue) signal(seqOff, waitersOff int, n int) error {
 // Close closes this process's handle on the queue. Calls blocked in other
 // goroutines wake and return ErrClosed, but only once Close has let the
 // segment go (after the last of them left it): a goroutine told ErrClosed
-// finds this process's count on the queue given up. Closing twice returns
-// ErrClosed.
+// finds this process's count on the queue given up. Host threads asleep
+// outside Go (ArmWait) wake too, and their sleeps stop counting. Closing
+// twice returns ErrClosed.
 func (q *Queue) Close() error {
-	closed, err := q.guard.CloseAndRelease(q.wakeAll, q.seg.Close)
+	closed, err := q.guard.CloseAndRelease(q.wakeAll, func() error {
+		for which, s := range waitWords {
+			q.armed.Release(which, q.seq(s[0], s[1]))
+		}
+		return q.seg.Close()
+	})
 	if !closed {
 		return ErrClosed
 	}
 	return err
 }
 
+// Words a host may sleep on outside Go (ArmWait).
+const (
+	WaitData  = 0 // bumped by every put: a message may be there
+	WaitSpace = 1 // bumped by every get: room may be there
+	WaitJoin  = 2 // bumped when every message was marked done
+)
+
+// waitWords are the sequence words and waiter counts of WaitData,
+// WaitSpace and WaitJoin.
+var waitWords = [...][2]int{{offDataSeq, offDataWaiters}, {offSpaceSeq, offSpaceWaiters}, {offJoinSeq, offJoinWaiters}}
+
+// ArmWait counts the calling host thread among the sleepers on the word
+// which names, and returns the word and the value to sleep on, for a sleep
+// outside Go (Note [sleeping outside Go] in package futex): the host looks
+// again (a get or put that does not wait) and sleeps only if it still must,
+// then calls DisarmWait. The word stays valid while the handle is open; a
+// sleep on it after Close fails or ends, and never faults.
+func (q *Queue) ArmWait(which int) (*uint32, uint32, error) {
+	if which < 0 || which >= len(waitWords) {
+		return nil, 0, fmt.Errorf("queue wait word %d: %w", which, unix.EINVAL)
+	}
+	if !q.guard.Enter() {
+		return nil, 0, ErrClosed
+	}
+	defer q.guard.Leave()
+	s := q.seq(waitWords[which][0], waitWords[which][1])
+	return s.Word, q.armed.Arm(which, s), nil
+}
+
+// DisarmWait takes back an ArmWait of which. passOn says that the sleeper
+// was woken and takes no message: when messages are there, a consumer is
+// woken in its place (a put wakes one sleeper, and this one may have been
+// it). A DisarmWait with no ArmWait before it is refused.
+func (q *Queue) DisarmWait(which int, passOn bool) error {
+	if which < 0 || which >= len(waitWords) {
+		return fmt.Errorf("queue wait word %d: %w", which, unix.EINVAL)
+	}
+	if !q.guard.Enter() {
+		return ErrClosed
+	}
+	defer q.guard.Leave()
+	if !q.armed.Disarm(which, q.seq(waitWords[which][0], waitWords[which][1])) {
+		return fmt.Errorf("queue wait word %d was not armed: %w", which, unix.EINVAL)
+	}
+	if passOn && which == WaitData && q.len() > 0 {
+		return q.signal(offDataSeq, offDataWaiters, 1)
+	}
+	return nil
+}
+
 // wakeAll wakes every waiter of the queue, in any process: they look again
 // (a spurious wake-up to those of other processes).
 func (q *Queue) wakeAll() {
-	for _, s := range [][2]int{{offDataSeq, offDataWaiters}, {offSpaceSeq, offSpaceWaiters}, {offJoinSeq, offJoinWaiters}} {
+	for _, s := range waitWords {
 		_ = q.signal(s[0], s[1], 1<<30) // FUTEX_WAKE on mapped memory does not fail
 	}
 }

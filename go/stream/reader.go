@@ -37,6 +37,7 @@ type Reader struct {
 	looking bool   // Look returned frame pos and Increment has not passed it
 	at      int    // the slot of frame pos while looking
 	self    proc.Identity
+	armed   futex.Armed // the host's sleeps outside Go (ArmWait)
 }
 
 // Reader joins the stream as the reader of slot index, or of the first free
@@ -288,13 +289,43 @@ func (r *Reader) rejoinIfEvicted() error {
 	return nil
 }
 
+// ArmWait counts the calling host thread among the sleepers on the
+// stream's data word, and returns the word and the value to sleep on, for
+// a sleep outside Go (Note [sleeping outside Go] in package futex): the
+// host looks again (a Look that does not wait) and sleeps only if it still
+// must, then calls DisarmWait. A sleep on the word after Close fails or
+// ends, and never faults.
+func (r *Reader) ArmWait() (*uint32, uint32, error) {
+	if !r.guard.Enter() {
+		return nil, 0, ErrClosed
+	}
+	defer r.guard.Leave()
+	s := r.s.dataSeq()
+	return s.Word, r.armed.Arm(0, s), nil
+}
+
+// DisarmWait takes back an ArmWait; one with no ArmWait before it is
+// refused.
+func (r *Reader) DisarmWait() error {
+	if !r.guard.Enter() {
+		return ErrClosed
+	}
+	defer r.guard.Leave()
+	if !r.armed.Disarm(0, r.s.dataSeq()) {
+		return fmt.Errorf("the reader's wait word was not armed: %w", unix.EINVAL)
+	}
+	return nil
+}
+
 // Close leaves the stream: the slot is free for another reader, and the
 // writer no longer waits for this one. A Look waiting in another goroutine
-// returns ErrClosed; closing twice returns ErrClosed.
+// returns ErrClosed, and a host thread asleep outside Go (ArmWait) wakes;
+// closing twice returns ErrClosed.
 func (r *Reader) Close() error {
 	if !r.guard.Close(r.s.wakeAll) {
 		return ErrClosed
 	}
+	r.armed.Release(0, r.s.dataSeq())
 	word := u64(r.slot, rWord)
 	w := atomic.LoadUint64(word)
 	if slotPID(w) == r.self.PID && (w == r.word || state(w) == slotEvicted) {

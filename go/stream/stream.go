@@ -22,8 +22,9 @@
 // the oldest frame still whole and counts the frames it lost as dropped.
 //
 // A reader whose process died (pid and start time), or, with a reader
-// timeout, that has not been seen for that long, stops holding the writer
-// back: the writer takes its slot away when it finds itself waiting on it.
+// timeout, that held the writer back for that long without being seen
+// (Note [waiting is alive] in writer.go), stops holding the writer back:
+// the writer takes its slot away when it finds itself waiting on it.
 // An evicted reader that comes back rejoins, counting what it missed as
 // dropped.
 //
@@ -170,8 +171,9 @@ type Config struct {
 	// Readers is the number of reader slots, 1 to MaxReaders.
 	Readers int
 	Policy  Policy
-	// ReaderTimeout, when positive, lets a writer evict a reader not seen
-	// for that long (at millisecond resolution).
+	// ReaderTimeout, when positive, lets a writer evict a reader that held
+	// it back for that long without being seen (at millisecond
+	// resolution); waiting for frames is being alive.
 	ReaderTimeout time.Duration
 }
 

@@ -45,6 +45,11 @@ type Writer struct {
 	warm  slotQueue
 	cold  []int
 	freed uint64
+	// blockedFor is the position the writer last waited for every reader
+	// to reach, and blockedSince when it began to (ns, as rSeen): a reader
+	// holds the writer back only from then (Note [waiting is alive]).
+	blockedFor   uint64
+	blockedSince int64
 }
 
 // slotQueue is a first-in first-out queue of slots, at most a ring's worth.
@@ -278,6 +283,9 @@ func (w *Writer) waitForRoom(u futex.Until) error {
 	space := s.spaceSeq()
 	wanted := u64(s.data, offWanted)
 	defer atomic.StoreUint64(wanted, 0)
+	if need != w.blockedFor || w.blockedSince == 0 {
+		w.blockedFor, w.blockedSince = need, nowNS()
+	}
 	var checked time.Time
 	for {
 		// Say what we wait for before reading the positions: a reader that
@@ -308,9 +316,21 @@ func (w *Writer) waitForRoom(u futex.Until) error {
 	}
 }
 
+// Note [waiting is alive]. A reader's seen time moves when it takes or
+// releases a frame, not while it waits for one: a reader that waited three
+// seconds for the writer was seen three seconds ago. Judged by that alone,
+// it was evicted the moment the writer filled the ring, before it could
+// wake (a reader with a 1 s timeout, waiting in read(), lost 32 frames). A
+// reader can hold the writer back only once the writer waits for it, so
+// its time without being seen counts from the later of its seen time and
+// the moment this writer began to wait for the position it has not
+// reached (blockedSince): one that waited is evicted only after a whole
+// timeout more without moving. The writer keeps that moment across its
+// calls, which a host makes one short wait after another.
+
 // evictStale takes their slots from the readers behind need whose process
-// died or that were not seen for the reader timeout, and reports whether it
-// evicted any.
+// died or that held the writer back for the reader timeout without being
+// seen (Note [waiting is alive]), and reports whether it evicted any.
 func (w *Writer) evictStale(need uint64) bool {
 	s := w.s
 	timeout := s.cfg.ReaderTimeout.Nanoseconds()
@@ -322,7 +342,8 @@ func (w *Writer) evictStale(need uint64) bool {
 		if state(word) != slotActive || atomic.LoadUint64(u64(slot, rPosition)) >= need {
 			continue
 		}
-		stale := timeout > 0 && now-int64(atomic.LoadUint64(u64(slot, rSeen))) > timeout
+		seen := max(int64(atomic.LoadUint64(u64(slot, rSeen))), w.blockedSince)
+		stale := timeout > 0 && now-seen > timeout
 		if !stale && !readerGone(slot, word) {
 			continue
 		}

@@ -16,13 +16,13 @@ Note [waiting on a queue among other things]: a queue has no pipe, so the
 attributes through which the standard library waits on queues
 (``_reader.fileno()`` for multiprocessing.connection.wait, selectors and
 asyncio; ``_reader.recv``, ``_reader.poll``, ``_writer.send``, ``_poll``)
-are made over the ring: the first ``fileno()`` starts a thread that waits in
-the library until the queue holds a message (zct_queue_wait, which takes
-nothing) and then makes a pipe readable; a get through this queue object
-that leaves the queue empty drains the pipe and sends the thread back to
-waiting. So the descriptor is readable while this process may find a
-message, like a pipe's; like a pipe shared by readers, another process may
-take that message first.
+are made over the ring: the first ``fileno()`` starts a thread (_Readiness)
+that keeps a pipe readable while the queue holds a message, and unreadable
+once it is empty again, whoever took the message: it sleeps, costing
+nothing, until a put or a get changes that. So the descriptor is readable
+while this process may find a message, like a pipe's; like a pipe shared
+by readers, another process may take that message first. Closing the
+queue leaves the descriptor readable, and a get then raises HandleClosed.
 """
 
 from __future__ import annotations
@@ -135,54 +135,107 @@ class _Scratch:
         return self.typ, self.off, self.plen, self.views, self.vcap, self.nviews
 
 
+class _Armed(threading.local):
+    """Per-thread out-parameters of zct_queue_arm and zct_stream_reader_arm."""
+
+    def __init__(self) -> None:
+        ffi = native.ffi()
+        self.word = ffi.new("uint32_t **")
+        self.seen = ffi.new("uint32_t *")
+
+
 class _Readiness:
     """A pipe readable while a queue holds a message (Note [waiting on a
     queue among other things]), and the thread that keeps it so. The
     thread holds the queue's handle, not the queue: it ends when the handle
-    is closed, and closes the pipe."""
+    is closed, and leaves the pipe readable, as a pipe whose writer closed
+    is; the pipe's descriptors close when this object goes.
+
+    The thread sleeps outside the library (Note [sleeping outside Go] in
+    zctipc._core.wait), so that a waiting queue costs nothing: on the data
+    word, which every put bumps, while the queue is empty, and on the space
+    word, which every get bumps (in any process), while it holds messages;
+    woken, it looks at the queue and makes the pipe say what it found. A
+    get through this queue object that finds the queue empty drains the
+    pipe at once (rearm).
+
+    Threat model: only this process's threads use it; the queue's words
+    are written by any process that holds the queue, and a word that moves
+    for no reason only makes the thread look again."""
 
     def __init__(self, handle: int, name: str) -> None:
         self.handle = handle
         self.read_fd, self.write_fd = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-        self.cond = threading.Condition(threading.Lock())
-        self.signalled = False
+        self.lock = threading.Lock()  # over readable and the pipe's contents
+        self.readable = False
         self.stopped = False
-        threading.Thread(target=self._run, name=f"zctipc readiness of {name}", daemon=True).start()
+        weakref.finalize(self, _close_pipe, self.read_fd, self.write_fd)
+        self.thread = threading.Thread(target=self._run, name=f"zctipc readiness of {name}", daemon=True)
+        self.thread.start()
 
     def _run(self) -> None:
-        lib = native.lib()
+        ffi, lib = native.ffi(), native.lib()
+        handle, items = self.handle, ffi.new("int64_t *")
+        word, seen = ffi.new("uint32_t **"), ffi.new("uint32_t *")
+        data, space = lib.ZCT_WAIT_DATA, lib.ZCT_WAIT_SPACE
         try:
             while not self.stopped:
-                status = lib.zct_queue_wait(self.handle, 1000)
-                if status in (native.E_EMPTY, native.E_INTERRUPTED):
-                    continue
-                if status != 0:
+                if lib.zct_queue_len(handle, items, ffi.NULL) != 0:
                     return  # the handle was closed
-                with self.cond:
-                    if not self.signalled:
-                        os.write(self.write_fd, b"\0")
-                        self.signalled = True
-                    while self.signalled and not self.stopped:
-                        self.cond.wait()
+                holds = items[0] > 0
+                self.show(holds)
+                which = space if holds else data
+                if lib.zct_queue_arm(handle, which, word, seen) != 0:
+                    return
+                woken = False
+                try:
+                    # Look again now that a change wakes this thread.
+                    if lib.zct_queue_len(handle, items, ffi.NULL) != 0:
+                        return
+                    if (items[0] > 0) == holds and not self.stopped:
+                        woken = lib.zct_sleep(word[0], seen[0], -1) == native.OK
+                finally:
+                    # Woken on the data word, it takes nothing: a consumer
+                    # is woken in its place when a message is there.
+                    lib.zct_queue_disarm(handle, which, woken and which == data)
         finally:
-            with self.cond:
-                self.stopped = True
-                os.close(self.read_fd)
-                os.close(self.write_fd)
+            self.stopped = True
+            self.show(True)  # as a pipe whose writer closed: readers look, and find the queue closed
+
+    def show(self, readable: bool) -> None:
+        """Make the pipe readable or not."""
+        with self.lock:
+            if readable and not self.readable:
+                os.write(self.write_fd, b"\0")
+                self.readable = True
+            elif not readable and self.readable and not self.stopped:
+                _drain(self.read_fd)
+                self.readable = False
 
     def rearm(self, empty: Callable[[], bool]) -> None:
-        """After a get: when the queue is now empty (empty() says), make the
-        pipe unreadable and the thread wait again."""
-        with self.cond:
-            if self.signalled and not self.stopped and empty():
-                os.read(self.read_fd, 16)
-                self.signalled = False
-                self.cond.notify()
+        """After a get through this queue object: when the queue is now
+        empty (empty() says), make the pipe unreadable at once."""
+        with self.lock:
+            if self.readable and not self.stopped and empty():
+                _drain(self.read_fd)
+                self.readable = False
 
     def stop(self) -> None:
-        with self.cond:
-            self.stopped = True
-            self.cond.notify()
+        """Let the thread end (closing the queue's handle wakes it)."""
+        self.stopped = True
+
+
+def _drain(fd: int) -> None:
+    try:
+        while os.read(fd, 64):
+            pass
+    except BlockingIOError:
+        pass
+
+
+def _close_pipe(read_fd: int, write_fd: int) -> None:
+    os.close(read_fd)
+    os.close(write_fd)
 
 
 # Note [polling a reader]: the standard library polls a pipe end and then
@@ -278,6 +331,7 @@ class Queue:
         native.check(lib.zct_queue_create(ffi.NULL, max_bytes, max(maxsize, 0), handle))
         self._setup(handle[0], inline_bytes)
         native.check(lib.zct_queue_set_wait(handle[0], *policy))
+        self._polls = policy[0]
 
     def _setup(self, handle: int, inline_bytes: int | None) -> None:
         ffi, lib = native.ffi(), native.lib()
@@ -300,10 +354,13 @@ class Queue:
         self._scratches = [_Scratch()]  # free ones (see _Scratch)
         self._stash: list[Any] = []  # Note [polling a reader]
         self._ready: _Readiness | None = None
+        self._async_waiting: dict[Any, set[Any]] = {}  # event loop: futures awaiting readiness (get_async)
         self._reader, self._writer = _Reader(self), _Writer(self)
         # What multiprocessing's queues lock around their pipe ends (its
         # pool's shutdown takes _rlock); the ring needs neither.
         self._rlock, self._wlock = threading.Lock(), threading.Lock()
+        self._polls = False  # set_wait("poll"): waits stay in the library
+        self._armed = _Armed()  # per thread: out-parameters of zct_queue_arm
         self._finalizer = weakref.finalize(self, native.finalize, "zct_queue_close", handle, "closing a queue")
 
     @classmethod
@@ -339,6 +396,7 @@ class Queue:
         poll, spin_ns = _wait.policy(wait, spin)
         self._check_open()
         native.check(native.lib().zct_queue_set_wait(self._handle, poll, spin_ns))
+        self._polls = poll
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"qsize={self._qsize()}"
@@ -543,7 +601,12 @@ class Queue:
             # Fast path: one try without waiting.
             r = native.lib().zct_queue_take(self._handle, s.buf, s.cap, 0, s.views, s.vcap)
             if r < 0:
-                r = self._take(s, r, block, timeout)
+                try:
+                    r = self._take(s, r, block, timeout)
+                except _queue.Empty:
+                    if self._ready is not None:  # another consumer may have taken what it showed
+                        self._ready.rearm(self._empty)
+                    raise
             if self._ready is not None:
                 self._ready.rearm(self._empty)
             off, typ = (r >> _LENGTH_BITS) & _LENGTH_MASK, r >> _TYPE_SHIFT
@@ -579,10 +642,31 @@ class Queue:
         if status == native.E_RANGE:
             status = attempt(0)
         if status == native.E_EMPTY and block:
-            status = wait.retry(attempt, native.E_EMPTY, block, timeout)
+            status = self._wait_for_data(attempt, timeout)
         if status < 0:
             native.check(status)
         return status
+
+    def _wait_for_data(self, call: Callable[[int], int], timeout: float | None, block: bool = True) -> int:
+        """The status of call(ms), a native call that waits up to ms for a
+        message, once one came or the timeout passed: outside the library
+        (Note [sleeping outside Go] in zctipc._core.wait) unless this queue
+        object polls."""
+        if self._polls:
+            return wait.retry(call, native.E_EMPTY, block, timeout)
+        return wait.sleep_outside(call, native.E_EMPTY, block, timeout, self._arm_data, self._disarm_data)
+
+    def _arm_data(self) -> tuple[Any, int]:
+        lib = native.lib()
+        out = self._armed
+        native.check(lib.zct_queue_arm(self._handle, lib.ZCT_WAIT_DATA, out.word, out.seen))
+        return out.word[0], out.seen[0]
+
+    def _disarm_data(self, pass_on: bool = False) -> None:
+        # After a close, the library took the arm back itself.
+        status = native.lib().zct_queue_disarm(self._handle, native.lib().ZCT_WAIT_DATA, pass_on)
+        if status != native.E_CLOSED:
+            native.check(status)
 
     def get_nowait(self) -> Any:
         return self.get(False)
@@ -629,7 +713,7 @@ class Queue:
                     return status
                 s.resize(max(s.cap, filled[0]), max(s.vcap, s.nviews[0]))  # and take it at once
 
-        native.check(wait.retry(attempt, native.E_EMPTY, block, timeout))
+        native.check(self._wait_for_data(attempt, timeout) if block else attempt(0))
         if self._ready is not None:
             self._ready.rearm(self._empty)
         out: list[Any] = []
@@ -714,8 +798,8 @@ class Queue:
         if self._stash:
             return True
         lib = native.lib()
-        status = wait.retry(
-            lambda ms: lib.zct_queue_wait(self._handle, ms), native.E_EMPTY, timeout is None or timeout > 0, timeout
+        status = self._wait_for_data(
+            lambda ms: lib.zct_queue_wait(self._handle, ms), timeout, timeout is None or timeout > 0
         )
         if status == native.E_EMPTY:
             return False
@@ -724,7 +808,10 @@ class Queue:
 
     async def get_async(self) -> Any:
         """Remove and return an object, awaiting one without blocking the
-        event loop (the loop watches the queue's readiness descriptor)."""
+        event loop (the loop watches the queue's readiness descriptor, once
+        for all the coroutines that await this queue object on it). Raises
+        HandleClosed once the queue is closed, also in a coroutine that was
+        awaiting then."""
         import asyncio
 
         loop = asyncio.get_running_loop()
@@ -733,13 +820,38 @@ class Queue:
                 return self.get(False)
             except _queue.Empty:
                 pass
-            fd = self._reader.fileno()
-            ready = loop.create_future()
-            # The callback's value is ignored: `or` only skips a second set_result.
-            loop.add_reader(fd, lambda: ready.done() or ready.set_result(None))  # type: ignore[func-returns-value]  # noqa: B023 (removed below)
-            try:
-                await ready
-            finally:
+            await self._readable(loop)
+
+    def _readable(self, loop: Any) -> Any:
+        """A future of loop that is done once the readiness descriptor is
+        readable. One reader callback per loop serves every future waiting
+        there (a second add_reader on the descriptor would replace the
+        first); the callback wakes them all, and each looks again."""
+        fd = self._readiness().read_fd
+        waiting = self._async_waiting.get(loop)
+        if waiting is None:
+            waiting = self._async_waiting[loop] = set()
+            loop.add_reader(fd, self._wake_async, loop, fd)
+        future = loop.create_future()
+        waiting.add(future)
+        future.add_done_callback(lambda f: self._forget_async(loop, fd, f))
+        return future
+
+    def _wake_async(self, loop: Any, fd: int) -> None:
+        waiting = self._async_waiting.pop(loop, set())
+        loop.remove_reader(fd)
+        for future in waiting:
+            if not future.done():
+                future.set_result(None)
+
+    def _forget_async(self, loop: Any, fd: int, future: Any) -> None:
+        """A future done (woken or cancelled) waits no more; the last one
+        of a loop takes the loop's reader callback away."""
+        waiting = self._async_waiting.get(loop)
+        if waiting is not None:
+            waiting.discard(future)
+            if not waiting:
+                del self._async_waiting[loop]
                 loop.remove_reader(fd)
 
     def close(self) -> None:

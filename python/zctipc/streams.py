@@ -17,8 +17,9 @@ every reader sees every frame, in place.
 Under ``policy="block"`` the writer waits for the slowest live reader; under
 ``"overwrite"`` it never waits, and a reader that falls a ring behind skips
 to the oldest whole frame, counting what it lost in ``dropped``. A reader
-whose process died (or, with ``reader_timeout``, that was not seen for that
-long) stops holding the writer back. Frames are published only on
+whose process died (or, with ``reader_timeout``, that held the writer back
+for that long without taking a frame) stops holding the writer back;
+waiting for frames counts as alive. Frames are published only on
 ``increment()``: a writer killed mid-frame publishes nothing.
 """
 
@@ -107,7 +108,8 @@ class Stream:
         is ``"block"`` (the writer waits for the slowest live reader) or
         ``"overwrite"`` (it never waits; slow readers lose frames and count
         them). ``reader_timeout`` (seconds, None for none) lets the writer
-        evict a reader it has not seen for that long; a reader whose process
+        evict a reader that holds it back for that long without taking a
+        frame (a reader waiting for frames is alive); a reader whose process
         died is evicted in any case.
         """
         if policy not in POLICIES:
@@ -323,6 +325,15 @@ class _Out(threading.local):
         self.whole = ffi.new("int32_t *")
 
 
+class _Armed(threading.local):
+    """Per-thread out-parameters of zct_stream_reader_arm."""
+
+    def __init__(self) -> None:
+        ffi = native.ffi()
+        self.word = ffi.new("uint32_t **")
+        self.seen = ffi.new("uint32_t *")
+
+
 class _Endpoint:
     """What a writer and a reader share: their stream, native handle, and
     the calls of their hot path, bound once.
@@ -397,12 +408,17 @@ class _Endpoint:
         status = self._look(self._handle, 0, slot)
         if status != 0:
             if status == self._not_ready and block:
-                # _not_ready is None only on _Endpoint itself, which has no instances.
-                status = wait.retry(lambda ms: self._look(self._handle, ms, slot), self._not_ready, block, timeout)  # type: ignore[arg-type]
+                status = self._wait(lambda ms: self._look(self._handle, ms, slot), timeout)
             if status == self._not_ready:
                 return None
             native.check(status)
         return (self._tensor_views() if torch else self._frames)[slot[0]]
+
+    def _wait(self, call: Callable[[int], int], timeout: float | None) -> int:
+        """The status of call(ms), a native call that waits up to ms, once
+        it did not return _not_ready or the timeout passed."""
+        # _not_ready is None only on _Endpoint itself, which has no instances.
+        return wait.retry(call, self._not_ready, True, timeout)  # type: ignore[arg-type]
 
     def _take_lock(self, block: bool, timeout: float | None) -> float | None | Literal[False]:
         """Take the endpoint's lock as block and timeout say; the time
@@ -515,6 +531,30 @@ class StreamReader(_Endpoint):
         super().__init__(stream, handle)
         self._index = index
         self._pending = False  # a frame handed out by read(copy=False) or iteration
+        self._polls = False  # set_wait("poll"): waits stay in the library
+        self._armed = _Armed()
+
+    def set_wait(self, wait: str = "sleep", spin: float | None = None) -> None:
+        super().set_wait(wait, spin)
+        self._polls = wait == "poll"
+
+    def _wait(self, call: Callable[[int], int], timeout: float | None) -> int:
+        """As _Endpoint's, outside the library (Note [sleeping outside Go]
+        in zctipc._core.wait) unless this reader polls."""
+        if self._polls:
+            return super()._wait(call, timeout)
+        return wait.sleep_outside(call, native.E_EMPTY, True, timeout, self._arm, self._disarm)
+
+    def _arm(self) -> tuple[Any, int]:
+        out = self._armed
+        native.check(native.lib().zct_stream_reader_arm(self._handle, out.word, out.seen))
+        return out.word[0], out.seen[0]
+
+    def _disarm(self) -> None:
+        # After a close, the library took the arm back itself.
+        status = native.lib().zct_stream_reader_disarm(self._handle)
+        if status != native.E_CLOSED:
+            native.check(status)
 
     @property
     def index(self) -> int:
@@ -647,7 +687,7 @@ class StreamReader(_Endpoint):
                 self._pending = False
                 if status != 0:
                     if status == empty:
-                        status = wait.retry(lambda ms: next_frame(handle, ms, slot, whole), empty)
+                        status = self._wait(lambda ms: next_frame(handle, ms, slot, whole), None)
                     if status == native.E_ENDED:
                         return
                     native.check(status)

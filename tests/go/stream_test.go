@@ -3,6 +3,7 @@ package gotests
 import (
 	"encoding/binary"
 	"fmt"
+	"math/rand"
 	"strconv"
 	"sync"
 	"syscall"
@@ -788,4 +789,105 @@ func TestStreamAttachRefusesAnotherLayoutVersion(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 2, slot)
 	require.NoError(t, r.Close())
+}
+
+// TestStreamWaitingReaderIsNotEvicted: a reader last seen long ago, because
+// it waited for frames, is not evicted the moment the writer fills the ring
+// (Note [waiting is alive]): the writer gives it a whole reader timeout from
+// when it began to wait for it, across calls; one that then still does not
+// move is evicted.
+func TestStreamWaitingReaderIsNotEvicted(t *testing.T) {
+	cfg := frameConfig(2, 1, stream.Block)
+	cfg.ReaderTimeout = 100 * time.Millisecond
+	s := mustStream(t, cfg)
+	r, err := s.Reader(0)
+	require.NoError(t, err)
+	w, err := s.Writer()
+	require.NoError(t, err)
+	_, err = r.Look(time.Now().Add(3 * cfg.ReaderTimeout)) // waits, seen at its start only
+	require.ErrorIs(t, err, stream.ErrEmpty)
+	write(t, w, s, 0, time.Now())
+	write(t, w, s, 1, time.Now())
+	for range 3 { // a host's short waits, one call after another
+		_, err = w.Look(time.Now())
+		require.ErrorIs(t, err, stream.ErrFull, "the waiting reader holds the ring")
+	}
+	require.Zero(t, rstats(t, r).Dropped)
+	// The reader takes a frame: the writer waits for the next position
+	// afresh, and the reader goes on whole.
+	slot, err := r.Look(time.Now())
+	require.NoError(t, err)
+	seq, err := frameSeq(s.Frame(slot))
+	require.NoError(t, err)
+	require.EqualValues(t, 0, seq)
+	whole, err := r.Increment()
+	require.NoError(t, err)
+	require.True(t, whole)
+	write(t, w, s, 2, time.Now())
+	// Now it stops: a whole timeout later the writer evicts it.
+	write(t, w, s, 3, time.Now().Add(10*time.Second))
+	_, err = r.Look(time.Now())
+	require.ErrorIs(t, err, stream.ErrEmpty, "the evicted reader rejoins at the next frame")
+	require.EqualValues(t, 1, rstats(t, r).Received)
+	require.NotZero(t, rstats(t, r).Dropped)
+	require.NoError(t, r.Close())
+	require.NoError(t, w.Close())
+}
+
+// TestStreamBlockModel: random interleavings of a writer and two readers
+// under Block, with a reader timeout no run reaches, against a model: the
+// writer publishes exactly when every reader has released the frame a ring
+// back, each reader gets every frame in order and whole, and no live reader
+// is evicted however often the writer finds itself waiting.
+func TestStreamBlockModel(t *testing.T) {
+	for seed := int64(1); seed <= 40; seed++ {
+		rng := rand.New(rand.NewSource(seed))
+		cfg := frameConfig(2+rng.Intn(4), 2, stream.Block)
+		cfg.ReaderTimeout = time.Hour
+		s := mustStream(t, cfg)
+		w, err := s.Writer()
+		require.NoError(t, err)
+		readers := make([]*stream.Reader, 2)
+		for i := range readers {
+			readers[i], err = s.Reader(i)
+			require.NoError(t, err)
+		}
+		var published uint64
+		next := []uint64{0, 0} // the model's reader positions
+		for range 300 {
+			if i := rng.Intn(3); i == 2 {
+				fits := published < min(next[0], next[1])+uint64(cfg.Frames)
+				slot, err := w.Look(time.Now())
+				if !fits {
+					require.ErrorIs(t, err, stream.ErrFull, "seed %d", seed)
+					continue
+				}
+				require.NoError(t, err, "seed %d", seed)
+				fillFrame(s.Frame(slot), published)
+				require.NoError(t, w.Increment())
+				published++
+			} else {
+				slot, err := readers[i].Look(time.Now())
+				if next[i] == published {
+					require.ErrorIs(t, err, stream.ErrEmpty, "seed %d", seed)
+					continue
+				}
+				require.NoError(t, err, "seed %d", seed)
+				seq, err := frameSeq(s.Frame(slot))
+				require.NoError(t, err)
+				require.Equal(t, next[i], seq, "seed %d reader %d", seed, i)
+				whole, err := readers[i].Increment()
+				require.NoError(t, err)
+				require.True(t, whole, "seed %d", seed)
+				next[i]++
+			}
+		}
+		for i, r := range readers {
+			st := rstats(t, r)
+			require.Equal(t, next[i], st.Received, "seed %d", seed)
+			require.Zero(t, st.Dropped, "seed %d", seed)
+			require.NoError(t, r.Close())
+		}
+		require.NoError(t, w.Close())
+	}
 }

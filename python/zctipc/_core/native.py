@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from types import FrameType
     from typing import Any
 
-ABI_VERSION = 11
+ABI_VERSION = 12
 LIBRARY_ENV = "ZCTIPC_LIBRARY"
 DAEMON_ENV = "ZCTIPC_DAEMON"
 CLEANUP_ENV = "ZCTIPC_CLEANUP"

@@ -1,6 +1,15 @@
 """Waiting: every blocking call waits in the library in slices, so that
 Python runs its signal handlers (Ctrl-C) in between, and honours block and
-timeout as multiprocessing does."""
+timeout as multiprocessing does.
+
+Note [sleeping outside Go]: a thread that sleeps inside the library's Go
+runtime wakes the runtime's monitor thread some sixty times per sleep, so a
+waiter that came back every slice woke its process over a thousand times a
+second. So a call whose wait can be armed (sleep_outside) waits inside the
+library only briefly (the paced spin and a short sleep, which catch what
+comes soon), then arms the wait, looks once more, and sleeps in zct_sleep
+(plain C) slice after slice, calling the library again only once woken.
+The Go side is Note [sleeping outside Go] in go/futex."""
 
 from __future__ import annotations
 
@@ -12,9 +21,14 @@ from . import args, native
 TYPE_CHECKING = False  # Note [types without typing] in zctipc._core.native
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
+    from typing import Any
 
 # Longest single wait inside the library, so that Ctrl-C is seen in time.
 WAIT_SLICE = 0.05
+
+#: How long a call that can sleep outside the library first waits inside it
+#: (ms): its paced spin and a short sleep, for what comes soon.
+BRIEF_MS = 2
 
 #: The wait policies of queues and stream endpoints: "sleep" spins briefly
 #: (yielding the CPU between looks) and then sleeps on a futex, which costs
@@ -67,3 +81,51 @@ def retry(call: Callable[[int], int], again: int, block: bool = True, timeout: f
         if status != again and status != native.E_INTERRUPTED:
             return status
     return again
+
+
+def sleep_outside(
+    call: Callable[[int], int],
+    again: int,
+    block: bool,
+    timeout: float | None,
+    arm: Callable[[], tuple[Any, int]],
+    disarm: Callable[[], object],
+) -> int:
+    """retry, for a call whose wait can be armed (Note [sleeping outside
+    Go]): call(ms) waits at most BRIEF_MS inside the library; then arm()
+    counts this thread among the word's sleepers and returns (word, seen)
+    (or raises), call(0) looks once more, and zct_sleep sleeps on the word
+    in slices of WAIT_SLICE until it moves or the timeout passes; disarm()
+    takes the arm back. An infinite timeout is no timeout."""
+    if not block:
+        return call(0)
+    timeout = args.timeout(timeout)
+    deadline = math.inf if timeout is None else time.monotonic() + timeout
+
+    def left_ms() -> int:
+        left = deadline - time.monotonic()
+        return 0 if left <= 0 else math.ceil(min(left, WAIT_SLICE) * 1000)
+
+    status = call(min(BRIEF_MS, left_ms()))
+    sleep = native.lib().zct_sleep
+    interrupted, empty = native.E_INTERRUPTED, native.E_EMPTY
+    while status == again or status == interrupted:
+        ms = left_ms()
+        if ms == 0:
+            return again
+        word, seen = arm()
+        try:
+            status = call(0)
+            while status == again:
+                # Signal handlers run between these calls (Ctrl-C).
+                slept = sleep(word, seen, ms)
+                if slept != empty and slept != interrupted:
+                    # Woken, or the word moved (or went with a close): look.
+                    status = call(0)
+                    break
+                ms = left_ms()
+                if ms == 0:
+                    return again
+        finally:
+            disarm()
+    return status

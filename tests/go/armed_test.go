@@ -1,0 +1,106 @@
+package gotests
+
+import (
+	"errors"
+	"math/rand"
+	"sync/atomic"
+	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/stretchr/testify/require"
+	"github.com/zctipc/zctipc/go/futex"
+	"github.com/zctipc/zctipc/go/message"
+	"github.com/zctipc/zctipc/go/queue"
+	"golang.org/x/sys/unix"
+)
+
+// rawSleep sleeps on word as a host does outside Go (zct_sleep): the futex
+// call alone.
+func rawSleep(word *uint32, seen uint32, timeout time.Duration) error {
+	ts := unix.NsecToTimespec(int64(timeout))
+	_, _, errno := unix.Syscall6(unix.SYS_FUTEX, uintptr(unsafe.Pointer(word)), 0, uintptr(seen),
+		uintptr(unsafe.Pointer(&ts)), 0, 0)
+	if errno != 0 && errno != unix.EAGAIN {
+		return errno
+	}
+	return nil
+}
+
+// TestArmedModel: a model of a handle's arms. Random arms, disarms and a
+// close, in any order, keep the shared waiter count equal to the arms not
+// taken back, refuse a disarm with nothing armed, and leave nothing counted
+// after Release.
+func TestArmedModel(t *testing.T) {
+	for seed := int64(0); seed < 200; seed++ {
+		rng := rand.New(rand.NewSource(seed))
+		var words, waiters [4]uint32
+		var armed futex.Armed
+		model := [4]int{}
+		for range rng.Intn(60) {
+			i := rng.Intn(4)
+			s := futex.Seq{Word: &words[i], Waiters: &waiters[i]}
+			if rng.Intn(2) == 0 {
+				require.Equal(t, words[i], armed.Arm(i, s))
+				model[i]++
+			} else {
+				require.Equal(t, model[i] > 0, armed.Disarm(i, s), "seed %d", seed)
+				if model[i] > 0 {
+					model[i]--
+				}
+			}
+			for j := range 4 {
+				require.Equal(t, uint32(model[j]), atomic.LoadUint32(&waiters[j]), "seed %d word %d", seed, j)
+			}
+		}
+		for i := range 4 {
+			armed.Release(i, futex.Seq{Word: &words[i], Waiters: &waiters[i]})
+			require.Zero(t, atomic.LoadUint32(&waiters[i]), "seed %d", seed)
+			require.False(t, armed.Disarm(i, futex.Seq{Word: &words[i], Waiters: &waiters[i]}))
+		}
+	}
+}
+
+// TestQueueSleepOutsideGo: a consumer that arms the data word and sleeps
+// with the futex call alone is woken by a put, and a close wakes it and
+// takes its arm back; disarming after the close is refused as closed.
+func TestQueueSleepOutsideGo(t *testing.T) {
+	q, err := queue.Create("", 4096, 0)
+	require.NoError(t, err)
+	defer q.Close()
+	word, seen, err := q.ArmWait(queue.WaitData)
+	require.NoError(t, err)
+	_, err = q.Get(make([]byte, 256), 0, time.Now()) // look again: nothing
+	require.ErrorIs(t, err, queue.ErrEmpty)
+	go func() {
+		time.Sleep(20 * time.Millisecond)
+		rec := message.Record{Type: 1, Payload: []byte("x")}
+		_ = q.Put(&rec, time.Time{})
+	}()
+	for atomic.LoadUint32(word) == seen {
+		require.NoError(t, rawSleep(word, seen, 30*time.Second))
+	}
+	require.NoError(t, q.DisarmWait(queue.WaitData, false))
+	require.ErrorIs(t, q.DisarmWait(queue.WaitData, false), unix.EINVAL, "nothing armed")
+	_, err = q.Get(make([]byte, 256), 0, time.Now())
+	require.NoError(t, err)
+
+	other, err := queue.Attach(q.Segment().Name())
+	require.NoError(t, err)
+	defer other.Close()
+	word, seen, err = other.ArmWait(queue.WaitData)
+	require.NoError(t, err)
+	woke := make(chan error, 1)
+	go func() { woke <- rawSleep(word, seen, 30*time.Second) }()
+	time.Sleep(20 * time.Millisecond)
+	require.NoError(t, other.Close())
+	select {
+	case err := <-woke:
+		require.NoError(t, err)
+	case <-time.After(20 * time.Second):
+		t.Fatal("close did not wake the sleeper")
+	}
+	require.True(t, errors.Is(other.DisarmWait(queue.WaitData, false), queue.ErrClosed))
+	_, _, err = q.ArmWait(-1)
+	require.ErrorIs(t, err, unix.EINVAL)
+}

@@ -244,18 +244,46 @@ func (s Slot) Data() []byte { return s.arena.SlotData(s.Index) }
 // Holders returns the slot's count: how many holders it has, anywhere.
 func (s Slot) Holders() int64 { return atomic.LoadInt64(s.arena.refcount(s.Index)) }
 
+// addRefRaced, when set (by tests), runs in AddRef between its check of
+// the generation and its compare-and-swap of the count.
+var addRefRaced func()
+
 // AddRef adds a count to the slot, which must still be the generation s was
 // made for, and returns a Slot for the new count.
+//
+// Note [a count for one generation]: the count and the generation are two
+// words, so the slot can be released and handed out again between the
+// check of the generation and the compare-and-swap of the count: the count
+// would then be added to the new generation's buffer, which its new owner
+// would find held by a stranger. The generation is read again after the
+// count is added; when it moved, the count added is the new generation's,
+// and it is given back as any holder of it would give it back (the last
+// one frees the slot), and AddRef fails with ErrStale.
+//
+// Threat model: any process of the user may call AddRef with a Slot made
+// from a descriptor it read (a stale or replayed one included). What must
+// never happen is a count that outlives its check: a count on a
+// generation other than s.Generation, or a slot revived from zero.
 func (s Slot) AddRef() (Slot, error) {
-	rc := s.arena.refcount(s.Index)
+	a := s.arena
+	rc := a.refcount(s.Index)
 	for {
 		n := atomic.LoadInt64(rc)
-		if n <= 0 || atomic.LoadUint32(s.arena.gen(s.Index)) != s.Generation {
-			return Slot{}, fmt.Errorf("slot %d of arena %q: %w", s.Index, s.arena.Name(), ErrStale)
+		if n <= 0 || atomic.LoadUint32(a.gen(s.Index)) != s.Generation {
+			return Slot{}, fmt.Errorf("slot %d of arena %q: %w", s.Index, a.Name(), ErrStale)
 		}
-		if atomic.CompareAndSwapInt64(rc, n, n+1) {
-			return s, nil
+		if addRefRaced != nil {
+			addRefRaced()
 		}
+		if !atomic.CompareAndSwapInt64(rc, n, n+1) {
+			continue
+		}
+		if g := atomic.LoadUint32(a.gen(s.Index)); g != s.Generation {
+			// The count is generation g's (Note [a count for one generation]).
+			err := Slot{arena: a, Index: s.Index, Generation: g}.Release()
+			return Slot{}, errors.Join(fmt.Errorf("slot %d of arena %q was handed out again: %w", s.Index, a.Name(), ErrStale), err)
+		}
+		return s, nil
 	}
 }
 

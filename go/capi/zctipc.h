@@ -193,9 +193,14 @@ int zct_table_create(const char *name, uint64_t nbytes, zct_handle *segment, zct
    ZCT_KIND_TABLE, dtype uint8, one dimension) for a caller that writes every
    byte of the data: the data is not zeroed, and a large segment may be made
    from the pages of one this process let go, which is several times faster
-   than fresh pages. */
+   than fresh pages. The segment gets its name only with
+   zct_segment_publish, once the data is written: until then no process can
+   attach it, and closing it removes it. */
 int zct_segment_create_uninit(const char *name, int32_t kind, int32_t dtype, int32_t ndim,
                               const int64_t *shape, zct_handle *out, zct_info *info);
+/* Give a segment made by zct_segment_create_uninit its name (nothing for one
+   that has it); ZCT_E_EXISTS when another segment took it meanwhile. */
+int zct_segment_publish(zct_handle h);
 /* Attach an existing segment of the given kind (ZCT_KIND_ANY: any kind).
    This process counts once in the refcount, however many handles it opens. */
 int zct_segment_attach(const char *name, int32_t kind, int32_t readonly,

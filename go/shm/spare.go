@@ -55,7 +55,7 @@ type spare struct {
 // tracked (so that a crash leaves nothing). The caller holds registry.mu.
 func (f *file) spareable() bool {
 	kind := f.hdr.Kind
-	return f.reserved && f.rw != nil && f.path != "" && f.tracker != nil && mapCache.Load() &&
+	return f.reserved && f.rw != nil && f.path != "" && f.pending == "" && f.tracker != nil && mapCache.Load() &&
 		(kind == header.KindTensor || kind == header.KindTable) && finalizers[kind] == nil &&
 		f.hdr.SegmentSize() >= spareFrom
 }
@@ -183,9 +183,10 @@ func unlinkKey(path string, key fileKey) error {
 }
 
 // reuse makes segment name of header hdr from the spare, in place of a new
-// file: cut to size, its header written, its data zeroed unless uninit, then
-// renamed to name. It returns the spare's fd with keepFD. On an error the
-// spare is removed.
+// file: cut to size, its header written, its data zeroed and the file
+// renamed to name, or with uninit left unzeroed under its temporary name
+// for Publish (Note [a name appears with its contents]). It returns the
+// spare's fd with keepFD. On an error the spare is removed.
 func (sp *spare) reuse(name string, hdr header.Header, t Tracker, uninit, keepFD bool) (seg *Segment, fd int, err error) {
 	entry := t.Creating(sp.tmp, name)
 	t.Opened(entry, sp.key.dev, sp.key.ino)
@@ -224,13 +225,10 @@ func (sp *spare) reuse(name string, hdr header.Header, t Tracker, uninit, keepFD
 	hdr.Refcount = 1
 	atomic.StoreInt64((*int64)(unsafe.Pointer(&mem[header.RefcountOffset])), 1)
 	path := Dir() + "/" + name
-	if err = rename(tmpPath, path); err != nil {
-		if errors.Is(err, unix.EEXIST) {
-			return nil, -1, fmt.Errorf("segment %q already exists: %w", name, err)
-		}
-		return nil, -1, fmt.Errorf("create segment %q in %s: %w", name, Dir(), err)
+	pending, err := publishUnless(uninit, tmpPath, path, name, t, entry)
+	if err != nil {
+		return nil, -1, err
 	}
-	t.Created(entry)
 	fd = sp.fd
 	if !keepFD {
 		unix.Close(fd)
@@ -238,5 +236,6 @@ func (sp *spare) reuse(name string, hdr header.Header, t Tracker, uninit, keepFD
 	}
 	seg = newFile(sp.key, name, path, hdr, mem, t, entry)
 	seg.f.reserved = true
+	seg.f.pending = pending
 	return seg, fd, nil
 }

@@ -346,7 +346,10 @@ func init() {
 			}
 		}
 		fmt.Println(ledgerOf(), spare)
-		_, err = stdinLine()
+		line, err := stdinLine()
+		if line == "drop" {
+			shm.DropSpares() // as a process that exits with zctipc's cleanup does
+		}
 		return err
 	}
 }
@@ -390,6 +393,60 @@ func TestUninitializedSegmentIsNamedOnlyWhenPublished(t *testing.T) {
 			require.False(t, exists(u.Name()))
 			shm.DropSpares()
 			require.Empty(t, tmpFiles(t))
+		})
+	}
+}
+
+// A spare that another process of the user truncated is not reused: the
+// next segment is made from a fresh file, never refused as corrupt.
+func TestTruncatedSpareFallsBackToAFreshFile(t *testing.T) {
+	tracked(t)
+	for _, c := range []struct{ cut, make int64 }{{0, 2 << 20}, {4096, 2 << 20}, {1 << 20, 2 << 20}, {0, 4 << 20}, {4096, 4 << 20}} {
+		size := c.cut
+		t.Run(fmt.Sprint(c.cut, "_", c.make), func(t *testing.T) {
+			a := mustCreate(t, "", dtype.Uint8, 4<<20)
+			fill(a.Data())
+			require.NoError(t, a.Close())
+			spares := tmpFiles(t)
+			require.Len(t, spares, 1)
+			ino := inode(t, spares[0])
+			require.NoError(t, os.Truncate(filepath.Join(shm.Dir(), spares[0]), size))
+
+			b, err := shm.Create("", header.KindTensor, dtype.Uint8, []int64{c.make})
+			require.NoError(t, err, "a tampered spare is dropped, not an error")
+			require.NotEqual(t, ino, inode(t, b.Name()), "a fresh file")
+			for i, v := range b.Data() {
+				if v != 0 {
+					t.Fatalf("byte %d of a new segment is %d", i, v)
+				}
+			}
+			require.NoError(t, b.Close())
+			shm.DropSpares()
+			require.Empty(t, tmpFiles(t), "the tampered spare is removed")
+		})
+	}
+}
+
+// A spare that another process of the user renamed away is still removed
+// when its owner drops its spares, and when its owner dies (the sweeper
+// finds the file by its inode).
+func TestRenamedSpareIsRemoved(t *testing.T) {
+	for _, how := range []string{"drop", "kill"} {
+		t.Run(how, func(t *testing.T) {
+			withRuntimeDir(t)
+			h := startClient(t, "tracked-spare", nil)
+			fields := strings.Fields(h.readLine(t))
+			require.Len(t, fields, 2)
+			require.True(t, strings.HasPrefix(fields[1], shm.TmpPrefix), fields)
+			moved := fmt.Sprintf("renamed-spare-%d-%s", os.Getpid(), how)
+			require.NoError(t, os.Rename(filepath.Join(shm.Dir(), fields[1]), filepath.Join(shm.Dir(), moved)))
+			if how == "kill" {
+				kill(t, h)
+			} else {
+				h.send(t, "drop")
+				h.wait(t)
+			}
+			waitGone(t, fields[0], moved)
 		})
 	}
 }

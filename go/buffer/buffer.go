@@ -132,6 +132,11 @@ func (r *Ref) Describe(offset uint64, dt dtype.DType, shape, strides []int64, fl
 	}
 	d.NBytes = extent
 	if r.seg != nil {
+		// A receiver finds the segment by its name: one that lost it
+		// (Unlink) is refused here rather than lost in transit.
+		if err := r.seg.CheckNamed(); err != nil {
+			return d, err
+		}
 		d.Name = r.seg.Name()
 	} else {
 		d.Name = r.slot.Arena().Name()

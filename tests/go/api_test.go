@@ -352,3 +352,27 @@ func TestAPIPollingWaits(t *testing.T) {
 	require.NoError(t, w.Close())
 	require.Error(t, r.SetWait(zctipc.Polling), "a closed reader")
 }
+
+// A tensor whose segment was unlinked cannot be found by a receiver: the
+// put is refused, and nothing that was accepted is lost (the queue stays
+// usable, and the tensor too).
+func TestAPIPutOfAnUnlinkedTensorIsRefused(t *testing.T) {
+	q, err := zctipc.NewQueue("", 1<<16)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, q.Close()) }()
+	ctx := context.Background()
+	x, err := zctipc.NewTensor("", zctipc.Int64, 4)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, x.Close()) }()
+	require.NoError(t, x.Unlink())
+	err = q.PutTensor(ctx, x)
+	require.ErrorIs(t, err, unix.ENOENT, "the put of a tensor no receiver can attach")
+	require.ErrorContains(t, err, "unlinked")
+	short, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
+	defer cancel()
+	_, err = q.Get(short)
+	require.ErrorIs(t, err, zctipc.ErrEmpty, "nothing was accepted")
+	v, err := zctipc.Values[int64](x)
+	require.NoError(t, err)
+	v[0] = 1 // the handle still holds the memory
+}

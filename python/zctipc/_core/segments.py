@@ -205,7 +205,9 @@ class SharedTensor:
 
     def unlink(self) -> None:
         """Remove the segment's name now, so no one else can attach it.
-        Holders keep their memory until they let go."""
+        Holders keep their memory until they let go. A receiver finds a
+        segment by its name, so sending it afterwards (a queue, a pickle)
+        raises SegmentNotFound."""
         unlink(self._name)
 
     def __enter__(self) -> Self:

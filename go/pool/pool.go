@@ -16,7 +16,7 @@
 //
 // The pool grows by adding arenas, up to a limit in bytes; at the limit it
 // frees arenas with no slot in use, and an allocation waits for a slot to
-// be freed, or fails. It fails at once when waiting cannot help: a buffer
+// be freed, or fails (see Note [live bytes decide] for when it may). It fails at once when waiting cannot help: a buffer
 // whose arena alone is larger than the limit, or a shared-memory file
 // system too full for a new arena when no slot of the buffer's class is in
 // use to come back.
@@ -309,12 +309,35 @@ func (s Slot) Release() error {
 	return errors.Join(err, derr)
 }
 
+// Note [live bytes decide]: an arena of several slots stays while one of
+// its slots is in use, so one small buffer can pin megabytes that no other
+// class can use; with a hundred classes, what a pool held in the past,
+// rather than what it holds now, would decide whether an allocation fits
+// (a pool at a 128 MiB limit refused buffers with 25 MiB live). So the
+// arenas of several slots together hold at most a quarter of the limit
+// (slabShare); past that, a buffer gets an arena of one slot, which goes
+// as soon as the buffer is freed and the room is needed: before it fails,
+// an allocation frees every arena with no slot in use and tries again.
+// Hence the bound: an allocation of n bytes does not fail for want of room
+// while limit/4 + the sum, over the buffers in use and the request, of
+// (ClassSize(ClassOf(size)) + SlotOverhead) is at most the limit; a class
+// size is less than 1.25 times the bytes asked (and at least 64).
+
+// slabShare is the part of the limit that arenas of several slots may
+// hold together: limit / slabShare.
+const slabShare = 4
+
+// SlotOverhead bounds the bookkeeping of an arena of one slot beyond the
+// slot: its slot table, rounded to a page (Note [live bytes decide]).
+const SlotOverhead = 4096
+
 // Pool is the allocator of one process. It is safe for concurrent use.
 type Pool struct {
 	mu       sync.Mutex
 	arenas   [NumClasses][]*Arena
 	limit    uint64
 	reserved uint64
+	slabs    uint64 // bytes of arenas of several slots, part of reserved
 }
 
 var (
@@ -358,7 +381,7 @@ func (p *Pool) Close() error {
 		}
 		p.arenas[c] = nil
 	}
-	p.reserved = 0
+	p.reserved, p.slabs = 0, 0
 	return errors.Join(errs...)
 }
 
@@ -478,6 +501,13 @@ func (p *Pool) grow(c int) (*Arena, error) {
 	}
 	target := min(uint64(arenaBytes)<<len(p.arenas[c]), arenaMax)
 	nslots := max(1, min(target/size, maxSlots))
+	if nslots > 1 && p.slabs+arenaSize(size, nslots) > p.limit/slabShare {
+		// Note [live bytes decide]: past its share, an arena of one slot.
+		nslots = 1
+		for n := uint64(2); n <= target/size && p.slabs+arenaSize(size, n) <= p.limit/slabShare; n *= 2 {
+			nslots = n
+		}
+	}
 	need := arenaSize(size, nslots)
 	if p.reserved+need > p.limit {
 		if err := p.trim(need); err != nil {
@@ -516,6 +546,9 @@ func (p *Pool) grow(c int) (*Arena, error) {
 	}
 	p.arenas[c] = append(p.arenas[c], a)
 	p.reserved += need
+	if nslots > 1 {
+		p.slabs += need
+	}
 	addToIndex(a)
 	return a, nil
 }
@@ -550,6 +583,9 @@ func (p *Pool) trim(need uint64) error {
 			// Dropping the owner's count removes it; other processes unmap
 			// their mappings when they see the count at zero.
 			p.reserved -= arenaSize(a.slotSize, uint64(a.nslots))
+			if a.nslots > 1 {
+				p.slabs -= arenaSize(a.slotSize, uint64(a.nslots))
+			}
 			removeFromIndex(a)
 			if err := a.mem.Unmap(); err != nil {
 				errs = append(errs, err)

@@ -59,6 +59,7 @@ typedef enum zct_status {
     ZCT_E_CUDA = -19,        /* the CUDA driver refused a call; the message names it and the CUresult */
     ZCT_E_OS = -20,          /* another operating-system error; see zct_last_errno() */
     ZCT_E_CUDA_OOM = -21,    /* a GPU had not the memory asked; the message says how much was free */
+    ZCT_E_TAKEN = -22,       /* a descriptor whose count was already taken (its bytes were received before) */
     ZCT_E_INTERNAL = -98,    /* a bug was caught; the library is now poisoned */
     ZCT_E_POISONED = -99     /* an earlier call failed with ZCT_E_INTERNAL */
 } zct_status;

@@ -135,6 +135,9 @@ func Take(src Source) (*Census, error) {
 			if i, ok := byName[d.Name]; ok {
 				c.Segments[i].Messages++
 			}
+			if i, ok := byName[d.Ticket.Arena]; ok { // its ticket's arena is held too
+				c.Segments[i].Messages++
+			}
 			return nil
 		})
 		m.Unmap()

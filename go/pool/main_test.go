@@ -18,6 +18,10 @@ func TestMain(m *testing.M) {
 	}
 	os.Setenv(shm.DirEnv, dir)
 	code := m.Run()
+	if err := CloseTickets(); err != nil {
+		fmt.Fprintln(os.Stderr, "close ticket arenas:", err)
+		code = 1
+	}
 	if left, err := os.ReadDir(dir); err == nil && len(left) > 0 {
 		for _, e := range left {
 			fmt.Fprintln(os.Stderr, "leaked segment:", e.Name())

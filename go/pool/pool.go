@@ -338,6 +338,7 @@ type Pool struct {
 	limit    uint64
 	reserved uint64
 	slabs    uint64 // bytes of arenas of several slots, part of reserved
+	first    uint64 // the bytes of a class's first arena; 0: arenaBytes
 }
 
 var (
@@ -499,7 +500,11 @@ func (p *Pool) grow(c int) (*Arena, error) {
 			"(raise it with zctipc.set_pool_limit or %s)", ErrNoRoom, formatBytes(size), formatBytes(least),
 			formatBytes(p.limit), LimitEnv)
 	}
-	target := min(uint64(arenaBytes)<<len(p.arenas[c]), arenaMax)
+	first := uint64(arenaBytes)
+	if p.first != 0 {
+		first = p.first
+	}
+	target := min(first<<len(p.arenas[c]), arenaMax)
 	nslots := max(1, min(target/size, maxSlots))
 	if nslots > 1 && p.slabs+arenaSize(size, nslots) > p.limit/slabShare {
 		// Note [live bytes decide]: past its share, an arena of one slot.

@@ -111,7 +111,7 @@ func TestDescriptorOwnershipModel(t *testing.T) {
 			var held []owned
 			var wires []*wire
 			counts := map[int]int{} // memory -> counts the model knows (held or in flight)
-			var kinds []string // the kind of each memory
+			var kinds []string      // the kind of each memory
 			// A slot's count is its owners'; a segment's counts one per
 			// process besides, so only slots are compared.
 			check := func(step int) {

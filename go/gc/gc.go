@@ -306,6 +306,14 @@ func Collect(self proc.Identity, opts Options) (Report, error) {
 // closure on its one census: it takes away the messages (and the counts)
 // of each queue it would remove, until nothing more would go.
 
+// Threat model: a queue's records are written by any process of the user,
+// so Held may name any segment. The real drain gives up a count only for a
+// descriptor whose ticket it takes (Note [a count is taken once] in package
+// pool), so a forged or replayed record gives up nothing; the dry run's
+// closure may then list a segment that the collection keeps, but never
+// one that a live process holds (orphanReason still decides). The rounds
+// are bounded, whatever the records say.
+
 // maxRounds bounds the rounds of a collection.
 const maxRounds = 8
 

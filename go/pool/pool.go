@@ -323,6 +323,14 @@ func (s Slot) Release() error {
 // (ClassSize(ClassOf(size)) + SlotOverhead) is at most the limit; a class
 // size is less than 1.25 times the bytes asked (and at least 64).
 
+// Threat model: only the owner allocates, under p.mu, so the bound holds
+// against anything its own callers do; another process of the user can
+// hold a slot for ever (its arena then stays, as the bound counts it) or
+// write the arena's free stack (then a slot may be refused or handed out
+// twice, as any write into the user's memory can do). What must never
+// happen is the pool growing past its limit: every arena made is counted
+// in reserved before it is used.
+
 // slabShare is the part of the limit that arenas of several slots may
 // hold together: limit / slabShare.
 const slabShare = 4

@@ -25,12 +25,17 @@ import (
 // the Ref holds it. A Ref is one count: it is not for concurrent use, and
 // is released or sent once.
 type Ref struct {
-	seg   *shm.Segment   // a tensor segment, open in this process
-	extra bool           // seg: the ref holds a count besides this process's
-	slot  pool.Slot      // a slot, when seg is nil
-	led   *ledger.Ledger // where the count is recorded, or nil
-	entry int            // its record there, or shm.NoEntry
+	seg    *shm.Segment   // a tensor segment, open in this process
+	extra  bool           // seg: the ref holds a count besides this process's
+	slot   pool.Slot      // a slot, when seg is nil
+	led    *ledger.Ledger // where the count is recorded, or nil
+	entry  int            // its record there, or shm.NoEntry
+	ticket *pool.Ticket   // the ticket of the count's descriptor, once described
 }
+
+// ErrTaken is returned when a descriptor's count was already taken (see
+// Note [a count is taken once] in package pool).
+var ErrTaken = pool.ErrTaken
 
 // NewSlotRef returns a Ref that owns the count s.
 func NewSlotRef(s pool.Slot) *Ref { return recorded(&Ref{slot: s}) }
@@ -104,21 +109,29 @@ func (r *Ref) Holders() (int64, error) {
 	return r.seg.Refcount()
 }
 
-// Release gives up the ref's count.
+// Release gives up the ref's count (and cancels the ticket of a
+// descriptor of it that was not sent).
 func (r *Ref) Release() error {
+	var terr error
+	if r.ticket != nil {
+		terr = r.ticket.Cancel()
+		r.ticket = nil
+	}
 	r.unrecord()
 	if r.seg == nil {
-		return r.slot.Release()
+		return errors.Join(terr, r.slot.Release())
 	}
 	var err error
 	if r.extra {
 		_, err = r.seg.DropRef()
 	}
-	return errors.Join(err, r.seg.Close())
+	return errors.Join(terr, err, r.seg.Close())
 }
 
 // Describe returns a descriptor of the array laid over the ref's region at
-// offset, which carries the ref's count once Send has sent it.
+// offset, which carries the ref's count once Send has sent it, with the
+// ticket that its receiver takes once (Note [a count is taken once] in
+// package pool; one ticket per ref, whatever the number of descriptions).
 func (r *Ref) Describe(offset uint64, dt dtype.DType, shape, strides []int64, flags uint8) (message.Descriptor, error) {
 	d := message.Descriptor{Kind: r.Kind(), Flags: flags, DType: dt, Shape: shape, Strides: strides, Offset: offset}
 	region := uint64(len(r.Data()))
@@ -132,11 +145,25 @@ func (r *Ref) Describe(offset uint64, dt dtype.DType, shape, strides []int64, fl
 	}
 	d.NBytes = extent
 	if r.seg != nil {
+		// A receiver finds the segment by its name: one that lost it
+		// (Unlink) is refused here rather than lost in transit.
+		if err := r.seg.CheckNamed(); err != nil {
+			return d, err
+		}
 		d.Name = r.seg.Name()
 	} else {
 		d.Name = r.slot.Arena().Name()
 		d.Slot, d.Generation = r.slot.Index, r.slot.Generation
 	}
+	if r.ticket == nil {
+		t, err := pool.NewTicket()
+		if err != nil {
+			return d, err
+		}
+		r.ticket = &t
+	}
+	d.Ticket = message.Ticket{Arena: r.ticket.Slot.Arena().Name(), Slot: r.ticket.Slot.Index,
+		Generation: r.ticket.Slot.Generation, Nonce: r.ticket.Nonce}
 	return d, d.Check()
 }
 
@@ -162,6 +189,7 @@ func Send(refs []*Ref, publish func() error) (bool, error) {
 	}
 	var errs []error
 	for _, r := range refs {
+		r.ticket = nil // the message's now: its receiver takes it
 		if r.seg != nil {
 			errs = append(errs, r.seg.Close())
 		}
@@ -170,8 +198,30 @@ func Send(refs []*Ref, publish func() error) (bool, error) {
 }
 
 // Adopt turns a received descriptor into a Ref that owns the count it
-// carried, and returns the array's bytes (from its offset).
-func Adopt(d *message.Descriptor) (*Ref, []byte, error) { return open(d, false) }
+// carried, and returns the array's bytes (from its offset). It takes the
+// descriptor's ticket first: a descriptor taken before (replayed bytes)
+// fails with an error wrapping ErrTaken and takes nothing.
+func Adopt(d *message.Descriptor) (*Ref, []byte, error) {
+	if err := take(d); err != nil {
+		return nil, nil, err
+	}
+	return open(d, false)
+}
+
+// take takes the ticket of descriptor d, which carries a count, once.
+func take(d *message.Descriptor) error {
+	if err := d.Check(); err != nil {
+		return err
+	}
+	t := d.Ticket
+	if t.Arena == "" {
+		return fmt.Errorf("%w: a descriptor that carries a count has no ticket", message.ErrMalformed)
+	}
+	if err := pool.TakeTicket(t.Arena, t.Slot, t.Generation, t.Nonce); err != nil {
+		return fmt.Errorf("descriptor of %q: %w", d.Name, err)
+	}
+	return nil
+}
 
 // Attach turns a descriptor that someone still holds (one made by
 // Describe and not sent: its count stays with whoever described it) into a
@@ -238,7 +288,7 @@ func (r *Ref) bytesOf(d *message.Descriptor) ([]byte, error) {
 // whose buffers are not wanted. It maps nothing for long and takes no lock
 // of package shm, so a segment finalizer may call it.
 func Drop(d *message.Descriptor) error {
-	if err := d.Check(); err != nil {
+	if err := take(d); err != nil {
 		return err
 	}
 	if d.Kind == message.RefSegment {

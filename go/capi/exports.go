@@ -102,6 +102,11 @@ func zct_segment_create_uninit(name *C.zct_cchar, kind C.int32_t, dt C.int32_t, 
 	})
 }
 
+//export zct_segment_publish
+func zct_segment_publish(h C.zct_handle) C.int {
+	return with(segments, uint64(h), func(seg *shm.Segment) error { return seg.Publish() })
+}
+
 // createShaped runs an export that makes a segment of ndim dimensions of
 // shape with create, and hands it to the caller.
 func createShaped(ndim C.int32_t, shape *C.zct_cint64, out *C.zct_handle, info *C.zct_info, create func(dims []int64) (*shm.Segment, error)) C.int {

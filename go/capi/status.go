@@ -55,6 +55,7 @@ var statuses = []struct {
 	{futex.ErrInterrupted, C.ZCT_E_INTERRUPTED},
 	{message.ErrMalformed, C.ZCT_E_CORRUPT},
 	{fault.ErrFault, C.ZCT_E_CORRUPT},
+	{pool.ErrTaken, C.ZCT_E_TAKEN},
 	{pool.ErrStale, C.ZCT_E_CORRUPT},
 	{shm.ErrClosed, C.ZCT_E_CLOSED},
 	{shm.ErrOutOfSharedMemory, C.ZCT_E_NO_SPACE},

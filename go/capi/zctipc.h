@@ -61,6 +61,7 @@ typedef enum zct_status {
     ZCT_E_CUDA = -19,        /* the CUDA driver refused a call; the message names it and the CUresult */
     ZCT_E_OS = -20,          /* another operating-system error; see zct_last_errno() */
     ZCT_E_CUDA_OOM = -21,    /* a GPU had not the memory asked; the message says how much was free */
+    ZCT_E_TAKEN = -22,       /* a descriptor whose count was already taken (its bytes were received before) */
     ZCT_E_INTERNAL = -98,    /* a bug was caught; the library is now poisoned */
     ZCT_E_POISONED = -99     /* an earlier call failed with ZCT_E_INTERNAL */
 } zct_status;
@@ -196,9 +197,14 @@ int zct_table_create(const char *name, uint64_t nbytes, zct_handle *segment, zct
    ZCT_KIND_TABLE, dtype uint8, one dimension) for a caller that writes every
    byte of the data: the data is not zeroed, and a large segment may be made
    from the pages of one this process let go, which is several times faster
-   than fresh pages. */
+   than fresh pages. The segment gets its name only with
+   zct_segment_publish, once the data is written: until then no process can
+   attach it, and closing it removes it. */
 int zct_segment_create_uninit(const char *name, int32_t kind, int32_t dtype, int32_t ndim,
                               const int64_t *shape, zct_handle *out, zct_info *info);
+/* Give a segment made by zct_segment_create_uninit its name (nothing for one
+   that has it); ZCT_E_EXISTS when another segment took it meanwhile. */
+int zct_segment_publish(zct_handle h);
 /* Attach an existing segment of the given kind (ZCT_KIND_ANY: any kind).
    This process counts once in the refcount, however many handles it opens. */
 int zct_segment_attach(const char *name, int32_t kind, int32_t readonly,

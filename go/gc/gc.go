@@ -15,6 +15,7 @@ package gc
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -62,6 +63,9 @@ type Census struct {
 	Segments []Segment
 	Ledgers  []Ledger
 	Taken    time.Time
+	// Held gives, for each queue, the names its messages hold a count on
+	// (a name once per count): what its removal gives up.
+	Held map[string][]string
 }
 
 // Source adds to a census what is not in the segment directory: the cleanup
@@ -78,7 +82,7 @@ func Take(src Source) (*Census, error) {
 		return nil, err
 	}
 	names = append(names, src.Names...)
-	c := &Census{Taken: time.Now()}
+	c := &Census{Taken: time.Now(), Held: map[string][]string{}}
 	byName := map[string]int{}
 	for _, name := range names {
 		s, ok := stat(name)
@@ -132,8 +136,11 @@ func Take(src Source) (*Census, error) {
 		// The queue may change while it is read: a torn record only hides
 		// messages, which a second census sees.
 		_ = queue.Descriptors(m.Data(), func(d *message.Descriptor) error {
-			if i, ok := byName[d.Name]; ok {
-				c.Segments[i].Messages++
+			for _, name := range []string{d.Name, d.Ticket.Arena} { // its ticket's arena is held too
+				if i, ok := byName[name]; ok {
+					c.Segments[i].Messages++
+					c.Held[s.Name] = append(c.Held[s.Name], name)
+				}
 			}
 			return nil
 		})
@@ -247,46 +254,176 @@ func Collect(self proc.Identity, opts Options) (Report, error) {
 			return rep, errors.Join(append(errs, err)...)
 		}
 	}
-	candidates := orphans(first, opts)
-	if opts.Confirm > 0 && len(candidates) > 0 {
-		time.Sleep(opts.Confirm)
-		second, err := Take(opts.Source)
+	total := len(first.Segments) - len(first.Ledgers)
+	if opts.DryRun {
+		// Note [what removed queues held]: the same closure, computed.
+		for _, c := range closure(first, opts) {
+			rep.Removed = append(rep.Removed, removal(c))
+		}
+		rep.Kept = total - len(rep.Removed)
+		sort.Slice(rep.Removed, func(i, j int) bool { return rep.Removed[i].Name < rep.Removed[j].Name })
+		return rep, errors.Join(errs...)
+	}
+	for round := 0; ; round++ {
+		candidates, err := confirmed(first, opts)
 		if err != nil {
 			return rep, errors.Join(append(errs, err)...)
 		}
-		again := map[string]candidate{}
-		for _, c := range orphans(second, opts) {
-			again[c.seg.Name] = c
-		}
-		confirmed := candidates[:0]
+		drained := false
 		for _, c := range candidates {
-			if o, ok := again[c.seg.Name]; ok && o.seg.Ino == c.seg.Ino && o.seg.Header.Refcount == c.seg.Header.Refcount {
-				confirmed = append(confirmed, c)
+			removed, err := remove(c.seg)
+			if removed {
+				rep.Removed = append(rep.Removed, removal(c))
+				drained = drained || len(first.Held[c.seg.Name]) > 0
+			}
+			if err != nil && !errors.Is(err, unix.ENOENT) {
+				errs = append(errs, err)
 			}
 		}
-		candidates = confirmed
+		if !drained || round == maxRounds-1 {
+			break
+		}
+		// Note [what removed queues held]: another round.
+		next, err := Take(opts.Source)
+		if err != nil {
+			return rep, errors.Join(append(errs, err)...)
+		}
+		rep.Removed = append(rep.Removed, goneWith(first, next, candidates)...)
+		first = next
 	}
-	for _, c := range candidates {
-		kind := "file"
-		if c.seg.Err == nil {
-			kind = c.seg.Header.Kind.String()
-		}
-		r := Removal{Name: c.seg.Name, Kind: kind, Size: c.seg.Size, Reason: c.reason}
-		if opts.DryRun {
-			rep.Removed = append(rep.Removed, r)
-			continue
-		}
-		removed, err := remove(c.seg)
-		if removed {
-			rep.Removed = append(rep.Removed, r)
-		}
-		if err != nil && !errors.Is(err, unix.ENOENT) {
-			errs = append(errs, err)
-		}
-	}
-	rep.Kept = len(first.Segments) - len(first.Ledgers) - len(rep.Removed)
+	rep.Kept = total - len(rep.Removed)
 	sort.Slice(rep.Removed, func(i, j int) bool { return rep.Removed[i].Name < rep.Removed[j].Name })
 	return rep, errors.Join(errs...)
+}
+
+// Note [what removed queues held]: a queue's messages hold counts on the
+// tensors they carry, so a tensor whose creator died is no orphan while a
+// queue holds it; removing the queue gives those counts up (its last
+// release drains it), and the tensor may then be an orphan, or gone. So a
+// collection that removed a queue holding messages takes another census
+// and goes on (at most maxRounds rounds), and reports what the drain
+// removed as well; a dry run, which removes nothing, computes the same
+// closure on its one census: it takes away the messages (and the counts)
+// of each queue it would remove, until nothing more would go.
+
+// Threat model: a queue's records are written by any process of the user,
+// so Held may name any segment. The real drain gives up a count only for a
+// descriptor whose ticket it takes (Note [a count is taken once] in package
+// pool), so a forged or replayed record gives up nothing; the dry run's
+// closure may then list a segment that the collection keeps, but never
+// one that a live process holds (orphanReason still decides). The rounds
+// are bounded, whatever the records say.
+
+// maxRounds bounds the rounds of a collection.
+const maxRounds = 8
+
+// confirmed returns the orphans of census c that a second census, opts.Confirm
+// later, agrees on (all of them when opts.Confirm is zero).
+func confirmed(c *Census, opts Options) ([]candidate, error) {
+	candidates := orphans(c, opts)
+	if opts.Confirm <= 0 || len(candidates) == 0 {
+		return candidates, nil
+	}
+	time.Sleep(opts.Confirm)
+	second, err := Take(opts.Source)
+	if err != nil {
+		return nil, err
+	}
+	again := map[string]candidate{}
+	for _, c := range orphans(second, opts) {
+		again[c.seg.Name] = c
+	}
+	out := candidates[:0]
+	for _, c := range candidates {
+		if o, ok := again[c.seg.Name]; ok && o.seg.Ino == c.seg.Ino && o.seg.Header.Refcount == c.seg.Header.Refcount {
+			out = append(out, c)
+		}
+	}
+	return out, nil
+}
+
+// goneWith returns, as removals, the segments of census before that the
+// queues removed (of candidates) held and that census after no longer
+// has: their last count went with the drain.
+func goneWith(before, after *Census, candidates []candidate) []Removal {
+	present := map[string]bool{}
+	for _, s := range after.Segments {
+		present[s.Name] = true
+	}
+	listed := map[string]bool{}
+	for _, c := range candidates {
+		listed[c.seg.Name] = true
+	}
+	var out []Removal
+	for _, c := range candidates {
+		for _, name := range before.Held[c.seg.Name] {
+			if present[name] || listed[name] {
+				continue
+			}
+			listed[name] = true
+			for _, s := range before.Segments {
+				if s.Name == name {
+					out = append(out, removal(candidate{s, drainedReason}))
+				}
+			}
+		}
+	}
+	return out
+}
+
+const drainedReason = "its last count was held by a message of a removed queue"
+
+// closure returns what a collection would remove on census c: its
+// orphans, then what the removed queues' messages held that becomes an
+// orphan, or loses its last count, without them (Note [what removed
+// queues held]).
+func closure(c *Census, opts Options) []candidate {
+	out := orphans(c, opts)
+	gone := map[string]bool{}
+	var queue []string
+	for _, o := range out {
+		gone[o.seg.Name] = true
+		queue = append(queue, o.seg.Name)
+	}
+	byName := map[string]int{}
+	segs := slices.Clone(c.Segments)
+	for i, s := range segs {
+		byName[s.Name] = i
+	}
+	for len(queue) > 0 {
+		name := queue[0]
+		queue = queue[1:]
+		for _, held := range c.Held[name] {
+			i, ok := byName[held]
+			if !ok || gone[held] {
+				continue
+			}
+			s := &segs[i]
+			s.Messages--
+			s.Header.Refcount--
+			reason := ""
+			if s.Header.Refcount <= 0 {
+				reason = drainedReason
+			} else if s.Messages <= 0 {
+				reason = orphanReason(c, *s, opts)
+			}
+			if reason != "" {
+				gone[held] = true
+				out = append(out, candidate{*s, reason})
+				queue = append(queue, held)
+			}
+		}
+	}
+	return out
+}
+
+// removal describes candidate c as a Removal.
+func removal(c candidate) Removal {
+	kind := "file"
+	if c.seg.Err == nil {
+		kind = c.seg.Header.Kind.String()
+	}
+	return Removal{Name: c.seg.Name, Kind: kind, Size: c.seg.Size, Reason: c.reason}
 }
 
 type candidate struct {

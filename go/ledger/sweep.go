@@ -90,7 +90,9 @@ func abandon(e Entry) (bool, error) {
 		return false, fmt.Errorf("ledger entry %d: bad segment name %q: %w", e.Number, e.Final, unix.EINVAL)
 	}
 	if err := unix.Lstat(shm.Dir()+"/"+final, &st); err != nil || st.Dev != e.Dev || st.Ino != e.Ino {
-		return false, nil // renamed and then removed, or never renamed
+		// Removed, or renamed away by another process (a spare, or a
+		// segment never published): the file goes wherever it is.
+		return shm.RemoveInode(e.Dev, e.Ino)
 	}
 	return false, shm.DropRef(final, 0)
 }

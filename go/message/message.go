@@ -58,11 +58,34 @@ type Descriptor struct {
 	NBytes     uint64  // bytes from Offset that the array may touch
 	Slot       uint32  // the slot index (RefSlot)
 	Generation uint32  // the slot's generation when it was handed out (RefSlot)
+	Ticket     Ticket  // the claim on the count it carries, for a descriptor that carries one
 }
+
+// Ticket names the ticket of a descriptor that carries a count: the slot
+// of a ticket arena whose first word holds Nonce until the count is taken
+// (Note [a count is taken once] in package pool). Its zero value is no
+// ticket.
+type Ticket struct {
+	Arena      string
+	Slot       uint32
+	Generation uint32
+	Nonce      uint64
+}
+
+// flagTicket marks, in an encoded descriptor's flags, the ticket block that
+// follows its name.
+const flagTicket = 8
+
+// ticketBase is the size of a ticket block before its arena's name.
+const ticketBase = 24
 
 // Size returns the encoded size of d, a multiple of 8.
 func (d *Descriptor) Size() int {
-	return align8(descriptorBase + 16*len(d.Shape) + len(d.Name))
+	n := align8(descriptorBase + 16*len(d.Shape) + len(d.Name))
+	if d.Ticket.Arena != "" {
+		n += align8(ticketBase + len(d.Ticket.Arena))
+	}
+	return n
 }
 
 // Check validates d's fields: its kind, type, dimensions, name length, and
@@ -77,6 +100,8 @@ func (d *Descriptor) Check() error {
 		return fmt.Errorf("%w: descriptor ndim %d", ErrMalformed, len(d.Shape))
 	case len(d.Name) == 0 || len(d.Name) > maxNameLen:
 		return fmt.Errorf("%w: descriptor name of %d bytes", ErrMalformed, len(d.Name))
+	case len(d.Ticket.Arena) > maxNameLen || d.Ticket.Arena != "" && d.Ticket.Nonce == 0:
+		return fmt.Errorf("%w: descriptor ticket of a %d-byte name and nonce %#x", ErrMalformed, len(d.Ticket.Arena), d.Ticket.Nonce)
 	}
 	if err := d.DType.Check(); err != nil {
 		return fmt.Errorf("%w: %w", ErrMalformed, err)
@@ -105,6 +130,9 @@ func (d *Descriptor) Encode(dst []byte) int {
 	le.PutUint16(dst[0:], uint16(n))
 	dst[2] = d.Kind
 	dst[3] = d.Flags
+	if d.Ticket.Arena != "" {
+		dst[3] |= flagTicket
+	}
 	le.PutUint16(dst[4:], uint16(d.DType))
 	dst[6] = uint8(ndim)
 	dst[7] = uint8(len(d.Name))
@@ -117,6 +145,14 @@ func (d *Descriptor) Encode(dst []byte) int {
 		le.PutUint64(dst[descriptorBase+8*(ndim+i):], uint64(d.Strides[i]))
 	}
 	copy(dst[descriptorBase+16*ndim:], d.Name)
+	if d.Ticket.Arena != "" {
+		at := align8(descriptorBase + 16*ndim + len(d.Name))
+		le.PutUint64(dst[at:], d.Ticket.Nonce)
+		le.PutUint32(dst[at+8:], d.Ticket.Slot)
+		le.PutUint32(dst[at+12:], d.Ticket.Generation)
+		dst[at+16] = uint8(len(d.Ticket.Arena))
+		copy(dst[at+ticketBase:], d.Ticket.Arena)
+	}
 	return n
 }
 
@@ -129,12 +165,27 @@ func DecodeDescriptor(src []byte) (Descriptor, int, error) {
 	n := int(le.Uint16(src))
 	ndim := int(src[6])
 	nameLen := int(src[7])
-	if ndim > header.MaxNDim || n != align8(descriptorBase+16*ndim+nameLen) || n > len(src) {
+	base := align8(descriptorBase + 16*ndim + nameLen)
+	var ticket Ticket
+	if src[3]&flagTicket != 0 {
+		if base+ticketBase > min(n, len(src)) {
+			return Descriptor{}, 0, fmt.Errorf("%w: descriptor of %d bytes truncates its ticket", ErrMalformed, n)
+		}
+		ticket = Ticket{Nonce: le.Uint64(src[base:]), Slot: le.Uint32(src[base+8:]), Generation: le.Uint32(src[base+12:])}
+		tlen := int(src[base+16])
+		if tlen == 0 || n != base+align8(ticketBase+tlen) || n > len(src) {
+			return Descriptor{}, 0, fmt.Errorf("%w: descriptor of %d bytes with a %d-byte ticket name", ErrMalformed, n, tlen)
+		}
+		ticket.Arena = string(src[base+ticketBase : base+ticketBase+tlen])
+		base = n
+	}
+	if ndim > header.MaxNDim || n != base || n > len(src) {
 		return Descriptor{}, 0, fmt.Errorf("%w: descriptor of %d bytes with ndim %d and a %d-byte name", ErrMalformed, n, ndim, nameLen)
 	}
 	d := Descriptor{
 		Kind:       src[2],
-		Flags:      src[3],
+		Flags:      src[3] &^ flagTicket,
+		Ticket:     ticket,
 		DType:      dtype.DType(le.Uint16(src[4:])),
 		Shape:      make([]int64, ndim),
 		Strides:    make([]int64, ndim),

@@ -16,7 +16,7 @@
 //
 // The pool grows by adding arenas, up to a limit in bytes; at the limit it
 // frees arenas with no slot in use, and an allocation waits for a slot to
-// be freed, or fails. It fails at once when waiting cannot help: a buffer
+// be freed, or fails (see Note [live bytes decide] for when it may). It fails at once when waiting cannot help: a buffer
 // whose arena alone is larger than the limit, or a shared-memory file
 // system too full for a new arena when no slot of the buffer's class is in
 // use to come back.
@@ -249,18 +249,46 @@ func (s Slot) Data() []byte { return s.arena.SlotData(s.Index) }
 // Holders returns the slot's count: how many holders it has, anywhere.
 func (s Slot) Holders() int64 { return atomic.LoadInt64(s.arena.refcount(s.Index)) }
 
+// addRefRaced, when set (by tests), runs in AddRef between its check of
+// the generation and its compare-and-swap of the count.
+var addRefRaced func()
+
 // AddRef adds a count to the slot, which must still be the generation s was
 // made for, and returns a Slot for the new count.
+//
+// Note [a count for one generation]: the count and the generation are two
+// words, so the slot can be released and handed out again between the
+// check of the generation and the compare-and-swap of the count: the count
+// would then be added to the new generation's buffer, which its new owner
+// would find held by a stranger. The generation is read again after the
+// count is added; when it moved, the count added is the new generation's,
+// and it is given back as any holder of it would give it back (the last
+// one frees the slot), and AddRef fails with ErrStale.
+//
+// Threat model: any process of the user may call AddRef with a Slot made
+// from a descriptor it read (a stale or replayed one included). What must
+// never happen is a count that outlives its check: a count on a
+// generation other than s.Generation, or a slot revived from zero.
 func (s Slot) AddRef() (Slot, error) {
-	rc := s.arena.refcount(s.Index)
+	a := s.arena
+	rc := a.refcount(s.Index)
 	for {
 		n := atomic.LoadInt64(rc)
-		if n <= 0 || atomic.LoadUint32(s.arena.gen(s.Index)) != s.Generation {
-			return Slot{}, fmt.Errorf("slot %d of arena %q: %w", s.Index, s.arena.Name(), ErrStale)
+		if n <= 0 || atomic.LoadUint32(a.gen(s.Index)) != s.Generation {
+			return Slot{}, fmt.Errorf("slot %d of arena %q: %w", s.Index, a.Name(), ErrStale)
 		}
-		if atomic.CompareAndSwapInt64(rc, n, n+1) {
-			return s, nil
+		if addRefRaced != nil {
+			addRefRaced()
 		}
+		if !atomic.CompareAndSwapInt64(rc, n, n+1) {
+			continue
+		}
+		if g := atomic.LoadUint32(a.gen(s.Index)); g != s.Generation {
+			// The count is generation g's (Note [a count for one generation]).
+			err := Slot{arena: a, Index: s.Index, Generation: g}.Release()
+			return Slot{}, errors.Join(fmt.Errorf("slot %d of arena %q was handed out again: %w", s.Index, a.Name(), ErrStale), err)
+		}
+		return s, nil
 	}
 }
 
@@ -286,13 +314,45 @@ func (s Slot) Release() error {
 	return errors.Join(err, derr)
 }
 
+// Note [live bytes decide]: an arena of several slots stays while one of
+// its slots is in use, so one small buffer can pin megabytes that no other
+// class can use; with a hundred classes, what a pool held in the past,
+// rather than what it holds now, would decide whether an allocation fits
+// (a pool at a 128 MiB limit refused buffers with 25 MiB live). So the
+// arenas of several slots together hold at most a quarter of the limit
+// (slabShare); past that, a buffer gets an arena of one slot, which goes
+// as soon as the buffer is freed and the room is needed: before it fails,
+// an allocation frees every arena with no slot in use and tries again.
+// Hence the bound: an allocation of n bytes does not fail for want of room
+// while limit/4 + the sum, over the buffers in use and the request, of
+// (ClassSize(ClassOf(size)) + SlotOverhead) is at most the limit; a class
+// size is less than 1.25 times the bytes asked (and at least 64).
+
+// Threat model: only the owner allocates, under p.mu, so the bound holds
+// against anything its own callers do; another process of the user can
+// hold a slot for ever (its arena then stays, as the bound counts it) or
+// write the arena's free stack (then a slot may be refused or handed out
+// twice, as any write into the user's memory can do). What must never
+// happen is the pool growing past its limit: every arena made is counted
+// in reserved before it is used.
+
+// slabShare is the part of the limit that arenas of several slots may
+// hold together: limit / slabShare.
+const slabShare = 4
+
+// SlotOverhead bounds the bookkeeping of an arena of one slot beyond the
+// slot: its slot table, rounded to a page (Note [live bytes decide]).
+const SlotOverhead = 4096
+
 // Pool is the allocator of one process. It is safe for concurrent use.
 type Pool struct {
 	mu       sync.Mutex
 	arenas   [NumClasses][]*Arena
 	limit    uint64
 	reserved uint64
-	limitErr error // why the limit the environment gave was refused; every Alloc returns it until SetLimit
+	limitErr error  // why the limit the environment gave was refused; every Alloc returns it until SetLimit
+	slabs    uint64 // bytes of arenas of several slots, part of reserved
+	first    uint64 // the bytes of a class's first arena; 0: arenaBytes
 }
 
 var (
@@ -389,7 +449,7 @@ func (p *Pool) Close() error {
 		}
 		p.arenas[c] = nil
 	}
-	p.reserved = 0
+	p.reserved, p.slabs = 0, 0
 	return errors.Join(errs...)
 }
 
@@ -519,8 +579,19 @@ func (p *Pool) grow(c int) (*Arena, error) {
 			"(raise it with zctipc.set_pool_limit or %s)", ErrNoRoom, shm.FormatBytes(size), shm.FormatBytes(least),
 			shm.FormatBytes(p.limit), LimitEnv)
 	}
-	target := min(uint64(arenaBytes)<<len(p.arenas[c]), arenaMax)
+	first := uint64(arenaBytes)
+	if p.first != 0 {
+		first = p.first
+	}
+	target := min(first<<len(p.arenas[c]), arenaMax)
 	nslots := max(1, min(target/size, maxSlots))
+	if nslots > 1 && p.slabs+arenaSize(size, nslots) > p.limit/slabShare {
+		// Note [live bytes decide]: past its share, an arena of one slot.
+		nslots = 1
+		for n := uint64(2); n <= target/size && p.slabs+arenaSize(size, n) <= p.limit/slabShare; n *= 2 {
+			nslots = n
+		}
+	}
 	need := arenaSize(size, nslots)
 	if p.reserved+need > p.limit {
 		if err := p.trim(need); err != nil {
@@ -559,6 +630,9 @@ func (p *Pool) grow(c int) (*Arena, error) {
 	}
 	p.arenas[c] = append(p.arenas[c], a)
 	p.reserved += need
+	if nslots > 1 {
+		p.slabs += need
+	}
 	addToIndex(a)
 	return a, nil
 }
@@ -593,6 +667,9 @@ func (p *Pool) trim(need uint64) error {
 			// Dropping the owner's count removes it; other processes unmap
 			// their mappings when they see the count at zero.
 			p.reserved -= arenaSize(a.slotSize, uint64(a.nslots))
+			if a.nslots > 1 {
+				p.slabs -= arenaSize(a.slotSize, uint64(a.nslots))
+			}
 			removeFromIndex(a)
 			if err := a.mem.Unmap(); err != nil {
 				errs = append(errs, err)

@@ -45,6 +45,11 @@ func Create(name string, kind header.Kind, dt dtype.DType, shape []int64) (*Segm
 // pages of one this process let go (see spare.go), which still hold old
 // data, rather than from fresh zeroed pages. kind is header.KindTensor or
 // header.KindTable.
+//
+// The segment has no name in the file system until the caller, having
+// written the data, calls Publish: no process can attach it (and see the
+// old pages, or half of the data) before then. Closing it unpublished
+// removes it.
 func CreateUninitialized(name string, kind header.Kind, dt dtype.DType, shape []int64) (*Segment, error) {
 	if kind != header.KindTensor && kind != header.KindTable {
 		return nil, fmt.Errorf("an uninitialized segment of kind %d: only tensors and tables: %w", kind, unix.EINVAL)
@@ -55,6 +60,48 @@ func CreateUninitialized(name string, kind header.Kind, dt dtype.DType, shape []
 	}
 	seg, _, err := create(name, hdr, 0, true, false)
 	return seg, err
+}
+
+// Note [a name appears with its contents]: a name is what another process
+// attaches, so a segment gets its name only once its contents are
+// complete. A zeroed segment is complete when its header is written (a new
+// file reads as zeros; a spare is zeroed before it is renamed); a segment
+// made by CreateUninitialized is complete when its creator has written the
+// data, so it stays under its temporary name (which no process attaches)
+// until Publish.
+//
+// Threat model: only the creating process holds a handle on an unpublished
+// segment, so only it can publish it. Another process of the user may
+// rename, truncate or remove the temporary file meanwhile (it may do that
+// to any segment); Publish then fails, or publishes what it renamed, but
+// never gives the name to a file whose contents this process did not
+// finish, and never replaces an existing name (RENAME_NOREPLACE).
+
+// Publish gives a segment made by CreateUninitialized its name, once its
+// data is written; it does nothing for a segment that has its name (or
+// none: a memfd). It fails with an error wrapping unix.EEXIST when another
+// segment took the name meanwhile; the segment then stays unpublished.
+func (s *Segment) Publish() error {
+	if s.closed.Load() {
+		return ErrClosed
+	}
+	registry.mu.Lock()
+	defer registry.mu.Unlock()
+	f := s.f
+	if f.pending == "" {
+		return nil
+	}
+	if err := rename(f.pending, f.path); err != nil {
+		if errors.Is(err, unix.EEXIST) {
+			return fmt.Errorf("segment %q already exists: %w", f.name, err)
+		}
+		return fmt.Errorf("publish segment %q in %s: %w", f.name, Dir(), err)
+	}
+	f.pending = ""
+	if f.tracker != nil {
+		f.tracker.Created(f.entry)
+	}
+	return nil
 }
 
 // CreateSparse makes a new unnamed segment of kind whose data region is size
@@ -191,7 +238,7 @@ func create(name string, hdr header.Header, reserve uint64, uninit, keepFD bool)
 		if sp != nil {
 			seg, fd, err = sp.reuse(full, hdr, t, uninit, keepFD)
 		} else {
-			seg, fd, err = createFile(full, hdr, reserve, t, keepFD)
+			seg, fd, err = createFile(full, hdr, reserve, t, uninit, keepFD)
 		}
 		switch {
 		case sp != nil && errors.Is(err, unix.ENOENT):
@@ -225,8 +272,8 @@ func closeUnlessKept(fd *int, keep bool, err *error) {
 }
 
 // createFile makes file segment name: a temporary file, reserved, mapped and
-// written, then renamed.
-func createFile(name string, hdr header.Header, reserve uint64, t Tracker, keepFD bool) (seg *Segment, fd int, err error) {
+// written, then renamed, or with unpublished left for Publish to rename.
+func createFile(name string, hdr header.Header, reserve uint64, t Tracker, unpublished, keepFD bool) (seg *Segment, fd int, err error) {
 	tmp := randomName(TmpPrefix)
 	tmpPath := Dir() + "/" + tmp
 	entry := NoEntry
@@ -269,19 +316,34 @@ func createFile(name string, hdr header.Header, reserve uint64, t Tracker, keepF
 		return nil, fd, err
 	}
 	path := Dir() + "/" + name
-	if err = rename(tmpPath, path); err != nil {
-		if errors.Is(err, unix.EEXIST) {
-			return nil, fd, fmt.Errorf("segment %q already exists: %w", name, err)
-		}
-		return nil, fd, fmt.Errorf("create segment %q in %s: %w", name, Dir(), err)
+	pending, err := publishUnless(unpublished, tmpPath, path, name, t, entry)
+	if err != nil {
+		return nil, fd, err
 	}
 	stall(hdr.Kind, "create-rename")
+	seg = newFile(fileKey{st.Dev, st.Ino}, name, path, hdr, mem, t, entry)
+	seg.f.reserved = reserve >= hdr.SegmentSize()
+	seg.f.pending = pending
+	return seg, fd, nil
+}
+
+// publishUnless renames the new file at tmpPath to path, the name of segment
+// name, and records it as made, unless unpublished: it then returns tmpPath,
+// where the file waits for Publish.
+func publishUnless(unpublished bool, tmpPath, path, name string, t Tracker, entry int) (string, error) {
+	if unpublished {
+		return tmpPath, nil
+	}
+	if err := rename(tmpPath, path); err != nil {
+		if errors.Is(err, unix.EEXIST) {
+			return "", fmt.Errorf("segment %q already exists: %w", name, err)
+		}
+		return "", fmt.Errorf("create segment %q in %s: %w", name, Dir(), err)
+	}
 	if t != nil {
 		t.Created(entry)
 	}
-	seg = newFile(fileKey{st.Dev, st.Ino}, name, path, hdr, mem, t, entry)
-	seg.f.reserved = reserve >= hdr.SegmentSize()
-	return seg, fd, nil
+	return "", nil
 }
 
 // createFD makes a memfd segment and hands it to the broker, unless the

@@ -77,6 +77,7 @@ type file struct {
 	entry    int       // its record there, or NoEntry
 	idle     time.Time // when the last handle closed, for a cached mapping
 	reserved bool      // this process made it with every page reserved
+	pending  string    // the temporary path of a segment not yet published, or ""
 }
 
 // registry holds every file this process maps, so that each counts once in
@@ -433,8 +434,12 @@ func (f *file) unlinkIfSame() error {
 		}
 		return nil
 	}
+	path := f.path
+	if f.pending != "" {
+		path = f.pending // never published: its name was never its own
+	}
 	var st unix.Stat_t
-	if err := unix.Lstat(f.path, &st); err != nil {
+	if err := unix.Lstat(path, &st); err != nil {
 		if errors.Is(err, unix.ENOENT) {
 			return nil
 		}
@@ -443,7 +448,7 @@ func (f *file) unlinkIfSame() error {
 	if (fileKey{st.Dev, st.Ino}) != f.key {
 		return nil
 	}
-	if err := unix.Unlink(f.path); err != nil && !errors.Is(err, unix.ENOENT) {
+	if err := unix.Unlink(path); err != nil && !errors.Is(err, unix.ENOENT) {
 		return fmt.Errorf("unlink segment %q: %w", f.name, err)
 	}
 	return nil

@@ -96,6 +96,41 @@ func (s *Segment) DropRef() (int64, error) {
 	return s.f.dropRef()
 }
 
+// CheckNamed returns nil when the segment's name still names it, so that
+// a process handed the name attaches this segment; otherwise an error
+// wrapping unix.ENOENT: the name was removed (Unlink) or now names another
+// file, or the segment was never published. A memfd segment has no name in
+// a file system and always passes.
+//
+// Threat model: the name is the only way a receiver finds a file segment,
+// and any process of the user may remove it or put another file under it.
+// What must never happen is a message that carries a count on this segment
+// under a name that leads elsewhere: a sender checks the name when it
+// describes the segment and refuses to send it when the name is gone. A
+// name removed after the check (by another process, a race the sender
+// cannot close under the file_system strategy) makes the receiver's take
+// fail with ENOENT; the file_descriptor strategy has no names to lose.
+func (s *Segment) CheckNamed() error {
+	if s.closed.Load() {
+		return ErrClosed
+	}
+	registry.mu.Lock()
+	path, pending, key := s.f.path, s.f.pending, s.f.key
+	registry.mu.Unlock()
+	if path == "" {
+		return nil
+	}
+	if pending != "" {
+		return fmt.Errorf("segment %q is not published yet: no process can attach it: %w", s.f.name, unix.ENOENT)
+	}
+	var st unix.Stat_t
+	if err := unix.Lstat(path, &st); err != nil || (fileKey{st.Dev, st.Ino}) != key {
+		return fmt.Errorf("segment %q was unlinked: its name no longer names it, so no process can attach it "+
+			"(send it before unlinking it, or under the file_descriptor strategy): %w", s.f.name, unix.ENOENT)
+	}
+	return nil
+}
+
 // Close closes the handle. When it was this process's last handle on the
 // segment, this process's count is dropped, unlinking the segment if no one
 // else holds it, and the mapping goes (or waits in the mapping cache). The

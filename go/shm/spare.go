@@ -11,6 +11,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/zctipc/zctipc/go/fault"
 	"github.com/zctipc/zctipc/go/header"
 	"golang.org/x/sys/unix"
 )
@@ -30,6 +31,15 @@ import (
 // removes it if the process dies; it holds no count. ZCTIPC_MAP_CACHE=0
 // turns spares off along with the mapping cache; a segment that cannot be
 // made for want of memory drops the spares and tries again.
+
+// Threat model: a spare is a file of this user's, under a temporary name in
+// the segment directory, so any process of the user may truncate, rename
+// or remove it. Only its maker reuses it, and only when it is still the
+// file (inode), name and size it left; anything else is dropped, the new
+// segment made from a fresh file (never refused as corrupt, never a
+// SIGBUS: writes into it run under fault.Catch), and the file removed
+// wherever in the directory it was renamed to (RemoveInode), by its maker
+// or, when the maker died, by the sweeper of its ledger.
 
 const (
 	spareFrom = 1 << 20     // the smallest segment kept as a spare
@@ -55,7 +65,7 @@ type spare struct {
 // tracked (so that a crash leaves nothing). The caller holds registry.mu.
 func (f *file) spareable() bool {
 	kind := f.hdr.Kind
-	return f.reserved && f.rw != nil && f.path != "" && f.tracker != nil && mapCache.Load() &&
+	return f.reserved && f.rw != nil && f.path != "" && f.pending == "" && f.tracker != nil && mapCache.Load() &&
 		(kind == header.KindTensor || kind == header.KindTable) && finalizers[kind] == nil &&
 		f.hdr.SegmentSize() >= spareFrom
 }
@@ -155,10 +165,53 @@ func DropSpares() int {
 
 // drop removes the spare's file and unmaps it.
 func (sp *spare) drop() {
-	if err := unlinkKey(Dir()+"/"+sp.tmp, sp.key); err != nil {
+	if err := sp.unlink(); err != nil {
 		fmt.Fprintln(os.Stderr, "zctipc: remove spare segment file:", err)
 	}
 	sp.release()
+}
+
+// unlink removes the spare's file: under its temporary name, or wherever in
+// the segment directory another process renamed it.
+func (sp *spare) unlink() error {
+	var st unix.Stat_t
+	if unix.Lstat(Dir()+"/"+sp.tmp, &st) == nil && (fileKey{st.Dev, st.Ino}) == sp.key {
+		return unlinkKey(Dir()+"/"+sp.tmp, sp.key)
+	}
+	_, err := RemoveInode(sp.key.dev, sp.key.ino)
+	return err
+}
+
+// intact reports whether the spare's file is still as this process left
+// it: under its temporary name, and of the size it was given.
+func (sp *spare) intact() bool {
+	var st, lst unix.Stat_t
+	return unix.Fstat(sp.fd, &st) == nil && (fileKey{st.Dev, st.Ino}) == sp.key && uint64(st.Size) == sp.size &&
+		unix.Lstat(Dir()+"/"+sp.tmp, &lst) == nil && (fileKey{lst.Dev, lst.Ino}) == sp.key
+}
+
+// RemoveInode removes the file of the segment directory that is inode ino
+// of device dev, whatever its name now, and reports whether there was one:
+// a spare or a half-made segment that another process renamed away still
+// goes with its maker.
+func RemoveInode(dev, ino uint64) (bool, error) {
+	ents, err := os.ReadDir(Dir())
+	if err != nil {
+		return false, fmt.Errorf("read segment directory %s: %w", Dir(), err)
+	}
+	key := fileKey{dev, ino}
+	for _, e := range ents {
+		var st unix.Stat_t
+		path := Dir() + "/" + e.Name()
+		if unix.Lstat(path, &st) != nil || (fileKey{st.Dev, st.Ino}) != key || st.Mode&unix.S_IFMT != unix.S_IFREG {
+			continue
+		}
+		if err := unlinkKey(path, key); err != nil {
+			return false, err
+		}
+		return true, nil
+	}
+	return false, nil
 }
 
 // release unmaps the spare, closes its file and forgets its record.
@@ -183,9 +236,10 @@ func unlinkKey(path string, key fileKey) error {
 }
 
 // reuse makes segment name of header hdr from the spare, in place of a new
-// file: cut to size, its header written, its data zeroed unless uninit, then
-// renamed to name. It returns the spare's fd with keepFD. On an error the
-// spare is removed.
+// file: cut to size, its header written, its data zeroed and the file
+// renamed to name, or with uninit left unzeroed under its temporary name
+// for Publish (Note [a name appears with its contents]). It returns the
+// spare's fd with keepFD. On an error the spare is removed.
 func (sp *spare) reuse(name string, hdr header.Header, t Tracker, uninit, keepFD bool) (seg *Segment, fd int, err error) {
 	entry := t.Creating(sp.tmp, name)
 	t.Opened(entry, sp.key.dev, sp.key.ino)
@@ -194,10 +248,16 @@ func (sp *spare) reuse(name string, hdr header.Header, t Tracker, uninit, keepFD
 	tmpPath := Dir() + "/" + sp.tmp
 	defer func() {
 		if err != nil {
-			err = errors.Join(err, unlinkKey(tmpPath, sp.key))
+			err = errors.Join(err, sp.unlink())
 			sp.release()
 		}
 	}()
+	if !sp.intact() {
+		// Another process of the user truncated or renamed it: its pages
+		// are no longer all there, and it is not reused (the caller makes
+		// a fresh file).
+		return nil, -1, fmt.Errorf("spare segment file %q was changed by another process: %w", sp.tmp, unix.ENOENT)
+	}
 	size := hdr.SegmentSize()
 	mem := sp.mem
 	if size < sp.size {
@@ -211,26 +271,31 @@ func (sp *spare) reuse(name string, hdr header.Header, t Tracker, uninit, keepFD
 		// that no longer matches what unix.Munmap is later given, which
 		// would then unmap whatever the address space put there since.
 	}
-	clear(mem[:hdr.DataOffset])
-	if !uninit {
-		clear(mem[hdr.DataOffset:size])
-	}
-	hdr.CreatedNS = time.Now().UnixNano()
-	hdr.Refcount = 0
-	hdr.Encode(mem)
-	// The count goes in last, atomically: a process that read the header
-	// of the segment this file was, and adds to the count only once it is
-	// above zero, then sees the new creation time (file.hold).
-	hdr.Refcount = 1
-	atomic.StoreInt64((*int64)(unsafe.Pointer(&mem[header.RefcountOffset])), 1)
-	path := Dir() + "/" + name
-	if err = rename(tmpPath, path); err != nil {
-		if errors.Is(err, unix.EEXIST) {
-			return nil, -1, fmt.Errorf("segment %q already exists: %w", name, err)
+	err = fault.Catch(func() error {
+		clear(mem[:hdr.DataOffset])
+		if !uninit {
+			clear(mem[hdr.DataOffset:size])
 		}
-		return nil, -1, fmt.Errorf("create segment %q in %s: %w", name, Dir(), err)
+		hdr.CreatedNS = time.Now().UnixNano()
+		hdr.Refcount = 0
+		hdr.Encode(mem)
+		// The count goes in last, atomically: a process that read the
+		// header of the segment this file was, and adds to the count only
+		// once it is above zero, then sees the new creation time
+		// (file.hold).
+		hdr.Refcount = 1
+		atomic.StoreInt64((*int64)(unsafe.Pointer(&mem[header.RefcountOffset])), 1)
+		return nil
+	})
+	if err != nil {
+		// Truncated by another process meanwhile: a fresh file instead.
+		return nil, -1, fmt.Errorf("spare segment file %q: %w: %w", sp.tmp, err, unix.ENOENT)
 	}
-	t.Created(entry)
+	path := Dir() + "/" + name
+	pending, err := publishUnless(uninit, tmpPath, path, name, t, entry)
+	if err != nil {
+		return nil, -1, err
+	}
 	fd = sp.fd
 	if !keepFD {
 		unix.Close(fd)
@@ -238,5 +303,6 @@ func (sp *spare) reuse(name string, hdr header.Header, t Tracker, uninit, keepFD
 	}
 	seg = newFile(sp.key, name, path, hdr, mem, t, entry)
 	seg.f.reserved = true
+	seg.f.pending = pending
 	return seg, fd, nil
 }

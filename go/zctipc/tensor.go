@@ -351,6 +351,7 @@ func (t *Tensor) Close() error {
 }
 
 // Unlink removes the tensor's segment name now; holders keep the memory.
+// A receiver finds a segment by its name, so PutTensor refuses it afterwards.
 func (t *Tensor) Unlink() error {
 	if err := t.enter(); err != nil {
 		return err

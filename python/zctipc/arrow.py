@@ -90,13 +90,9 @@ def share_table(table: TableLike, name: str | None = None) -> TableHandle:
     table, _ = tables.as_table(table)
     nbytes = tables.stream_size(table)
     lib = native.lib()
-    segment = segments.create(name, dtypes.CODES["uint8"], (nbytes,), uninitialized=True, kind=lib.ZCT_KIND_TABLE)
-    try:
-        tables.write_stream(table, segment.numpy())
-    except BaseException:
-        segment.unlink()
-        segment.close()
-        raise
+    segment = segments.create(
+        name, dtypes.CODES["uint8"], (nbytes,), lambda s: tables.write_stream(table, s.numpy()), lib.ZCT_KIND_TABLE
+    )
     return TableHandle._wrap(segment, segment.name, nbytes, table.num_rows, table.num_columns)
 
 

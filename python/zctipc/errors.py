@@ -29,6 +29,7 @@ __all__ = [
     "ZctipcOSError",
     "CorruptTable",
     "PipelineError",
+    "DescriptorTaken",
 ]
 
 
@@ -150,3 +151,9 @@ class PipelineError(ZctipcError, RuntimeError):
         super().__init__(message)
         self.task = task
         self.traceback = traceback
+
+
+class DescriptorTaken(ZctipcError, RuntimeError):
+    """A received descriptor (a pickle's, a queue record's) whose count was
+    already taken: the same bytes were loaded before. Each sent tensor has
+    one receiver; loading its bytes again takes nothing."""

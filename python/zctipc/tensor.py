@@ -75,8 +75,7 @@ def create_shared_tensor(
     if shape is not None and (asked := layout.shape_tuple(shape)) != dims:
         raise InvalidArgument(f"shape {asked} does not match the data's shape {dims}")
 
-    tensor = segments.create(name, code, dims, uninitialized=True)
-    try:
+    def fill(tensor: SharedTensor) -> None:
         if torch_data or code == dtypes.BFLOAT16:
             import torch
 
@@ -84,11 +83,9 @@ def create_shared_tensor(
             tensor.torch().copy_(src)  # type: ignore[arg-type]  # a tensor, as torch_data says
         else:
             np.copyto(tensor.numpy(), data, casting="unsafe")
-    except BaseException:
-        tensor.unlink()
-        tensor.close()
-        raise
-    return tensor
+
+    # The name appears once the copy is complete, never before.
+    return segments.create(name, code, dims, fill)
 
 
 def attach_shared_tensor(name: str, readonly: bool = False) -> SharedTensor:

@@ -19,6 +19,7 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+	"github.com/zctipc/zctipc/go/pool"
 	"github.com/zctipc/zctipc/go/shm"
 	"github.com/zctipc/zctipc/go/usersock"
 )
@@ -50,6 +51,10 @@ func TestMain(m *testing.M) {
 	// package zctipc's default (on) is tested in a program of its own.
 	os.Setenv("ZCTIPC_CLEANUP", "0")
 	code := m.Run()
+	if err := pool.CloseTickets(); err != nil { // the ticket arenas of the descriptors this process sent
+		fmt.Fprintln(os.Stderr, "close ticket arenas:", err)
+		code = 1
+	}
 	stopDaemon(runtimeDir)
 	os.RemoveAll(runtimeDir)
 	removeDaemonBuild()

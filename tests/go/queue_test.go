@@ -304,6 +304,9 @@ func TestQueueLastHolderReleasesWhatMessagesHold(t *testing.T) {
 			require.NoError(t, err)
 			d := message.Descriptor{Kind: message.RefSlot, DType: dtype.Uint8, Shape: []int64{100}, Strides: []int64{1},
 				Name: s.Arena().Name(), NBytes: 100, Slot: s.Index, Generation: s.Generation}
+			tk, err := pool.NewTicket()
+			require.NoError(t, err)
+			d.Ticket = message.Ticket{Arena: tk.Slot.Arena().Name(), Slot: tk.Slot.Index, Generation: tk.Slot.Generation, Nonce: tk.Nonce}
 			rec := &message.Record{Type: message.TypeTensor, Descriptors: []message.Descriptor{d}}
 			require.NoError(t, q.Put(rec, time.Time{})) // the slot's count goes with the message
 			require.EqualValues(t, 1, p.Stats().SlotsInUse)

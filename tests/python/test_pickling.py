@@ -312,3 +312,54 @@ def test_a_refused_value_sent_to_a_manager_first_gives_back_its_counts(tmp_path)
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["0"]
+
+
+def _replay(data):
+    """Load pickle bytes that a parent loaded already (bytes saved and
+    replayed in another process)."""
+    import pickle
+
+    try:
+        pickle.loads(data)
+    except zctipc.DescriptorTaken:
+        return "taken"
+    return "loaded"
+
+
+@pytest.mark.parametrize("what", ["pool_array", "shared_tensor", "torch_tensor"])
+def test_a_pickle_loaded_twice_takes_its_count_once(what):
+    """ForkingPickler bytes carry one count: the first load takes it, a
+    second load (here or in another process) raises DescriptorTaken instead
+    of making a second owner, whose release would free memory the first
+    still views (and a new allocation would write into it)."""
+    import pickle
+    from multiprocessing.reduction import ForkingPickler
+
+    before = zctipc.pool_stats().slots_in_use
+    if what == "pool_array":
+        obj = zctipc.empty(1000, "float64")
+        obj[:] = 7.0
+    elif what == "shared_tensor":
+        obj = zctipc.create_shared_tensor(data=np.full(1000, 7.0))
+    else:
+        obj = zctipc.empty(1000, torch.float64)
+        obj[:] = 7.0
+    data = bytes(ForkingPickler.dumps(obj))
+    first = pickle.loads(data)
+    with pytest.raises(zctipc.DescriptorTaken, match="already taken"):
+        pickle.loads(data)
+    ctx = zctipc.get_context("spawn")
+    with ctx.Pool(1) as p:
+        assert p.apply(_replay, (data,)) == "taken", "a replay in another process takes nothing either"
+    view = first.numpy() if what == "shared_tensor" else first
+    assert (view == 7.0).all()
+    if what == "shared_tensor":
+        obj.close()
+        first.close()
+    del obj, first, view
+    gc.collect()
+    fresh = zctipc.empty(1000, "float64")
+    fresh[:] = 1.0
+    del fresh
+    gc.collect()
+    assert zctipc.pool_stats().slots_in_use == before

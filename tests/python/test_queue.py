@@ -705,3 +705,21 @@ def test_empty_of_a_closed_queue_is_multiprocessings():
         q.empty()
     with pytest.raises(ValueError, match="is closed"):  # put and get stay multiprocessing's ValueError
         q.put(1)
+
+
+@pytest.mark.parametrize("what", ["shared_tensor", "numpy_view", "in_a_list"])
+def test_putting_an_unlinked_tensor_raises_and_loses_nothing(q, what):
+    """A segment whose name was removed cannot be attached by a receiver:
+    the put raises, the queue holds nothing half-sent, and the tensor is
+    still usable (its handle holds the memory)."""
+    t = zctipc.create_shared_tensor(data=np.arange(6.0))
+    t.unlink()
+    obj = {"shared_tensor": t, "numpy_view": t.numpy(), "in_a_list": [1, t.numpy()]}[what]
+    with pytest.raises(zctipc.SegmentNotFound, match="unlinked"):
+        q.put(obj)
+    with pytest.raises(queue.Empty):
+        q.get(timeout=0.05)
+    q.put("after")
+    assert q.get(timeout=5) == "after"
+    assert t.numpy().tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
+    t.close()

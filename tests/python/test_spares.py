@@ -87,3 +87,50 @@ def test_tables_reuse_pages_and_spares_go_after_a_second():
     while spares() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not spares(), "spares are removed once they idled a second"
+
+
+def _make_and_let_go(names, rounds, conn):
+    """Make each of names in turn, filled with its index + 1, and let it go
+    at once (its file becomes a spare for the next), rounds times."""
+    conn.recv()
+    for _ in range(rounds):
+        for i, name in enumerate(names):
+            try:
+                zctipc.create_shared_tensor(name, data=np.full(2 * MIB // 8, float(i + 1))).close()
+            except zctipc.SegmentExists:
+                pass  # the attacher still holds the last one of this name
+    conn.send("done")
+
+
+def test_a_name_is_visible_only_with_its_contents_complete(segname):
+    """Two names made and let go in a loop, each from the other's spare
+    pages: whoever attaches a name sees its own contents, complete, never
+    the other tensor's bytes or zeros that the copy has not reached yet
+    (Note [a name appears with its contents] in go/shm/create.go)."""
+    names = [segname + "_a", segname + "_b"]
+    ctx = zctipc.get_context("spawn")
+    here, there = ctx.Pipe()
+    p = ctx.Process(target=_make_and_let_go, args=(names, 400, there))
+    p.start()
+    seen, wrong = 0, []
+    try:
+        here.send("go")
+        while p.is_alive() and not here.poll():
+            for i, name in enumerate(names):
+                try:
+                    t = zctipc.attach_shared_tensor(name, readonly=True)
+                except zctipc.SegmentNotFound:
+                    continue
+                with t:
+                    values = np.unique(t.numpy())
+                seen += 1
+                if values.tolist() != [float(i + 1)]:
+                    wrong.append((name, values.tolist()))
+        assert here.recv() == "done"
+        p.join(30)
+        assert p.exitcode == 0
+    finally:
+        if p.is_alive():
+            p.kill()
+    assert seen > 0, "no attach found a name: the test tested nothing"
+    assert wrong == [], f"{len(wrong)} of {seen} attaches saw another tensor's bytes or an unfinished copy"

@@ -29,7 +29,12 @@ import (
 )
 
 func main() {
-	if err := run(os.Args[1:]); err != nil {
+	err := run(os.Args[1:])
+	// Give up what this process still holds (the ticket arena of the
+	// tensors it sent goes once the consumer has taken them), as a
+	// process does before it exits.
+	err = errors.Join(err, zctipc.DisableCleanup())
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "producer:", err)
 		os.Exit(1)
 	}

@@ -345,6 +345,7 @@ _EXCEPTION_NAMES = {
     "ZCT_E_NO_CUDA": errors.CudaUnavailable,
     "ZCT_E_CUDA": errors.CudaError,
     "ZCT_E_CUDA_OOM": errors.CudaOutOfMemory,
+    "ZCT_E_TAKEN": errors.DescriptorTaken,
     "ZCT_E_OS": errors.ZctipcOSError,
     "ZCT_E_INTERNAL": errors.LibraryPoisoned,
     "ZCT_E_POISONED": errors.LibraryPoisoned,

@@ -205,7 +205,9 @@ class SharedTensor:
 
     def unlink(self) -> None:
         """Remove the segment's name now, so no one else can attach it.
-        Holders keep their memory until they let go."""
+        Holders keep their memory until they let go. A receiver finds a
+        segment by its name, so sending it afterwards (a queue, a pickle)
+        raises SegmentNotFound."""
         unlink(self._name)
 
     def __enter__(self) -> Self:
@@ -226,24 +228,38 @@ class SharedTensor:
 
 
 def create(
-    name: str | None, code: int, shape: tuple[int, ...], uninitialized: bool = False, kind: int | None = None
+    name: str | None,
+    code: int,
+    shape: tuple[int, ...],
+    fill: Callable[[SharedTensor], object] | None = None,
+    kind: int | None = None,
 ) -> SharedTensor:
-    """A new tensor segment (or a segment of kind, a zct_kind) of type code
-    and shape, zeroed, as a SharedTensor (name None: a random one). With
-    uninitialized the caller writes every byte: the data is not zeroed, and
-    a large segment may be made from pages this process let go, faster than
-    from fresh ones."""
+    """A new tensor segment (or, with fill, a segment of kind, a zct_kind)
+    of type code and shape, as a SharedTensor (name None: a random one):
+    zeroed, or written by fill, which must write every byte. With fill the
+    data is not zeroed first, and a large segment may be made from pages
+    this process let go, faster than from fresh ones; the segment gets its
+    name only once fill returns, so no process attaches it before its
+    contents are complete (Note [a name appears with its contents] in
+    go/shm/create.go). When fill raises, the segment is removed."""
     ffi, lib = native.ffi(), native.lib()
     handle = ffi.new("zct_handle *")
     info = ffi.new("zct_info *")
     dims = ffi.new("int64_t[]", shape) if shape else ffi.NULL
     cname = ffi.NULL if name is None else layout.segment_name(name)
-    if uninitialized:
-        kind = lib.ZCT_KIND_TENSOR if kind is None else kind
-        native.check(lib.zct_segment_create_uninit(cname, kind, code, len(shape), dims, handle, info))
-    else:
+    if fill is None:
         native.check(lib.zct_segment_create(cname, code, len(shape), dims, handle, info))
-    return SharedTensor._wrap(handle[0], info)
+        return SharedTensor._wrap(handle[0], info)
+    kind = lib.ZCT_KIND_TENSOR if kind is None else kind
+    native.check(lib.zct_segment_create_uninit(cname, kind, code, len(shape), dims, handle, info))
+    tensor = SharedTensor._wrap(handle[0], info)
+    try:
+        fill(tensor)
+        native.check(lib.zct_segment_publish(tensor._handle))
+    except BaseException:
+        tensor.close()  # unpublished: closing removes it
+        raise
+    return tensor
 
 
 def attach(name: str, kind: int, readonly: bool = False) -> SharedTensor:

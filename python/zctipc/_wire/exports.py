@@ -439,9 +439,9 @@ def _descriptor(export: Export, write: Callable[..., int]) -> bytes:
     ffi = native.ffi()
     view = ffi.new("zct_view *")
     export.fill(view)
-    buf = ffi.new("char[]", 1024)
+    buf = ffi.new("char[]", 2048)  # the largest descriptor, its ticket with it, is under 1.1 KiB
     size = ffi.new("uint64_t *")
-    native.check(write(view, buf, 1024, size))
+    native.check(write(view, buf, 2048, size))
     return ffi.buffer(buf, size[0])[:]
 
 

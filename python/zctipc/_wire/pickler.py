@@ -7,9 +7,11 @@ storage arrive over one storage, shared with the sender
 (zctipc._wire.storages). Arrow tables and CUDA tensors go by their codecs.
 
 Note [counts in flight]: a descriptor carries one count on its memory,
-added when it is made. Whoever unpickles it takes that count over; a
-descriptor that is never unpickled keeps its memory until the cleanup of
-its segment (the queue's last holder drains unread messages).
+added when it is made. Whoever unpickles it first takes that count over;
+unpickling the same bytes again raises DescriptorTaken and takes nothing
+(Note [a count is taken once] in go/pool/ticket.go); a descriptor that is
+never unpickled keeps its memory until the cleanup of its segment (the
+queue's last holder drains unread messages).
 """
 
 from __future__ import annotations

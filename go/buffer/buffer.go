@@ -109,8 +109,8 @@ func (r *Ref) Holders() (int64, error) {
 	return r.seg.Refcount()
 }
 
-// Release gives up the ref's count (and cancels the ticket of a
-// descriptor of it that was not sent).
+// Release gives up the ref's count (and the ticket of its descriptions,
+// which were not sent).
 func (r *Ref) Release() error {
 	var terr error
 	if r.ticket != nil {
@@ -132,6 +132,14 @@ func (r *Ref) Release() error {
 // offset, which carries the ref's count once Send has sent it, with the
 // ticket that its receiver takes once (Note [a count is taken once] in
 // package pool; one ticket per ref, whatever the number of descriptions).
+// Until Send, the descriptor carries no count: Attach takes it, and Adopt
+// and Drop refuse it with ErrTaken, since its ticket is not armed.
+//
+// Threat model: a descriptor that carries no count (zct_ref_describe's,
+// Ray's) goes to other processes and may be handed to a receiver that
+// takes counts (zct_ref_decode, a queue record). What must never happen is
+// such a receiver becoming a second owner of the count the describer still
+// holds: only Send arms the ticket.
 func (r *Ref) Describe(offset uint64, dt dtype.DType, shape, strides []int64, flags uint8) (message.Descriptor, error) {
 	d := message.Descriptor{Kind: r.Kind(), Flags: flags, DType: dt, Shape: shape, Strides: strides, Offset: offset}
 	region := uint64(len(r.Data()))
@@ -180,12 +188,23 @@ func (r *Ref) Describe(offset uint64, dt dtype.DType, shape, strides []int64, fl
 func Send(refs []*Ref, publish func() error) (bool, error) {
 	for _, r := range refs {
 		r.unrecord()
+		if r.ticket != nil {
+			r.ticket.Arm() // from now on, its receiver may take it
+		}
 	}
 	if err := publish(); err != nil {
+		var errs []error
 		for _, r := range refs {
+			if r.ticket != nil {
+				if derr := r.ticket.Disarm(); derr != nil {
+					// Taken though publish failed: the count went with it.
+					errs = append(errs, derr)
+					continue
+				}
+			}
 			recorded(r)
 		}
-		return false, err
+		return false, errors.Join(append([]error{err}, errs...)...)
 	}
 	var errs []error
 	for _, r := range refs {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/zctipc/zctipc/go/header"
 	"github.com/zctipc/zctipc/go/shm"
+	"golang.org/x/sys/unix"
 )
 
 // Note: an arena is unmapped only after removeFromIndex, so whatever reads an
@@ -157,7 +158,11 @@ func arenaOf(m mapped) (*Arena, error) {
 	class := *a.u32(offClass)
 	a.slotsAt = *a.u64(offSlotsAt)
 	a.class = int(class)
+	purpose := *a.u32(offPurpose)
+	a.tickets = purpose == purposeTickets
 	switch {
+	case purpose != purposeBuffers && purpose != purposeTickets:
+		return nil, fmt.Errorf("arena %q: %w: purpose %d", m.Name(), header.ErrCorrupt, purpose)
 	case class >= NumClasses || a.slotSize != ClassSize(int(class)):
 		return nil, fmt.Errorf("arena %q: %w: class %d with %d-byte slots", m.Name(), header.ErrCorrupt, class, a.slotSize)
 	case a.nslots == 0 || a.nslots > maxSlots:
@@ -168,10 +173,17 @@ func arenaOf(m mapped) (*Arena, error) {
 	return a, nil
 }
 
-// Adopt returns the slot a descriptor names, taking over the count the
-// descriptor carried, after checking that the slot is in use and of that
-// generation.
+// Adopt returns the buffer slot a descriptor names, taking over the count
+// the descriptor carried, after checking that the slot is in use and of
+// that generation. A slot of a ticket arena is not a buffer: it is refused
+// (Note [a ticket arena is not a buffer's]).
 func Adopt(name string, slot uint32, generation uint32) (Slot, error) {
+	return adopt(name, slot, generation, false)
+}
+
+// adopt returns the slot of an arena of tickets (or of buffers) that a
+// descriptor names, as Adopt does.
+func adopt(name string, slot uint32, generation uint32, tickets bool) (Slot, error) {
 	a, err := Open(name)
 	if err != nil {
 		return Slot{}, err
@@ -179,6 +191,9 @@ func Adopt(name string, slot uint32, generation uint32) (Slot, error) {
 	index.RLock()
 	defer index.RUnlock()
 	switch {
+	case a.tickets != tickets:
+		what := map[bool]string{false: "buffers", true: "tickets"}
+		return Slot{}, fmt.Errorf("slot %d of arena %q, an arena of %s, not of %s: %w", slot, name, what[a.tickets], what[tickets], unix.EINVAL)
 	case a.closed:
 		return Slot{}, fmt.Errorf("slot %d of arena %q, which is gone: %w", slot, name, ErrStale)
 	case slot >= a.nslots:
@@ -223,6 +238,9 @@ func lookup(addr uintptr, n uint64) (Slot, uint64, bool) {
 		return Slot{}, 0, false
 	}
 	a := index.byAddr[i]
+	if a.tickets {
+		return Slot{}, 0, false // a ticket is no buffer of anyone's
+	}
 	rel := uint64(addr - a.base)
 	if rel < a.slotsAt {
 		return Slot{}, 0, false

@@ -108,6 +108,7 @@ const (
 	offNSlots    = 8   // u32 slots
 	offClass     = 12  // u32 size class
 	offSlotsAt   = 16  // u64 where the slots start
+	offPurpose   = 24  // u32 what the slots hold: purposeBuffers or purposeTickets
 	offFreeHead  = 64  // u64: generation << 32 | (index + 1) of the first free slot
 	offFreeSeq   = 128 // u32 futex word, bumped on every free
 	offWaiters   = 132 // u32 owners waiting for a free slot
@@ -119,6 +120,12 @@ const (
 	arenaMax     = 64 << 20 // later ones double up to this
 	// fallbackLimit is the pool limit when the file system cannot be asked.
 	fallbackLimit = 4 << 30
+)
+
+// An arena's purpose (Note [a ticket arena is not a buffer's]).
+const (
+	purposeBuffers = 0 // the slots are buffers
+	purposeTickets = 1 // the slots are tickets (ticket.go)
 )
 
 // memory is an arena's segment: counted (the owner's) or only mapped.
@@ -154,6 +161,7 @@ type Arena struct {
 	nslots   uint32
 	class    int
 	slotsAt  uint64
+	tickets  bool // its slots are tickets, not buffers
 	owned    bool
 	closed   bool // out of the index, about to be unmapped; guarded by index
 }
@@ -353,6 +361,7 @@ type Pool struct {
 	limitErr error  // why the limit the environment gave was refused; every Alloc returns it until SetLimit
 	slabs    uint64 // bytes of arenas of several slots, part of reserved
 	first    uint64 // the bytes of a class's first arena; 0: arenaBytes
+	tickets  bool   // a pool of tickets (ticket.go), whose arenas say so
 }
 
 var (
@@ -608,7 +617,7 @@ func (p *Pool) grow(c int) (*Arena, error) {
 				shm.FormatBytes(p.reserved), shm.FormatBytes(p.limit), LimitEnv)
 		}
 	}
-	a, err := newArena(c, size, uint32(nslots))
+	a, err := newArena(c, size, uint32(nslots), p.tickets)
 	if errors.Is(err, shm.ErrOutOfSharedMemory) {
 		// The file system is full: give back the idle arenas, and try the
 		// smallest arena that holds the buffer.
@@ -617,7 +626,7 @@ func (p *Pool) grow(c int) (*Arena, error) {
 		}
 		nslots = 1
 		need = arenaSize(size, nslots)
-		a, err = newArena(c, size, uint32(nslots))
+		a, err = newArena(c, size, uint32(nslots), p.tickets)
 	}
 	if err != nil {
 		if errors.Is(err, shm.ErrOutOfSharedMemory) {
@@ -692,16 +701,20 @@ func slotsOffset(slotSize, nslots uint64) uint64 {
 	return (offSlotTable + nslots*slotMeta + align - 1) &^ (align - 1)
 }
 
-// newArena creates an arena segment for class c with all its slots free.
-func newArena(c int, size uint64, nslots uint32) (*Arena, error) {
+// newArena creates an arena segment for class c with all its slots free,
+// of tickets or of buffers.
+func newArena(c int, size uint64, nslots uint32, tickets bool) (*Arena, error) {
 	dataSize := arenaSize(size, uint64(nslots))
 	seg, err := shm.Create("", header.KindArena, dtype.Uint8, []int64{int64(dataSize)})
 	if err != nil {
 		return nil, err
 	}
 	a := &Arena{mem: owned{seg}, data: seg.Data(), slotSize: size, nslots: nslots, class: c,
-		slotsAt: slotsOffset(size, uint64(nslots)), owned: true}
+		slotsAt: slotsOffset(size, uint64(nslots)), tickets: tickets, owned: true}
 	a.base = uintptr(unsafe.Pointer(&a.data[0]))
+	if tickets {
+		le32(a.data[offPurpose:], purposeTickets)
+	}
 	le64(a.data[offSlotSize:], size)
 	le32(a.data[offNSlots:], nslots)
 	le32(a.data[offClass:], uint32(c))

@@ -23,7 +23,11 @@ import (
 // while the other still views it (the next allocation then writes into
 // it). So each sent count comes with a ticket: a slot of a small arena of
 // the sender's (class 0, its first word a random 64-bit nonce), named in
-// the descriptor with its generation and nonce. Taking the descriptor
+// the descriptor with its generation and nonce. The word holds the nonce
+// only while the count is in flight: Send stores it (Arm) just before the
+// descriptor becomes visible, and until then it is zero, so a descriptor
+// that carries no count (one described and never sent, for Attach) names
+// a ticket that no take can win. Taking the descriptor
 // first moves the ticket's word from the nonce ("sent") to zero ("taken")
 // with one compare-and-swap in shared memory, then frees the ticket's
 // slot: exactly one taker wins, wherever it runs, and every later take
@@ -37,7 +41,8 @@ import (
 // descriptor never takes a count twice. A process that forges new
 // tickets, or writes into the arenas, can do anything the user can do and
 // is out of scope; whatever it writes, a take never gives a count it did
-// not win by the compare-and-swap. A ticket that is never taken (bytes
+// not win by the compare-and-swap, and never wins one on a word that is
+// not a ticket's (Note [a ticket arena is not a buffer's]). A ticket that is never taken (bytes
 // dropped unread) keeps its slot, as its count keeps its memory, until
 // cleanup of its sender's arenas.
 
@@ -61,6 +66,7 @@ func tickets() *Pool {
 	if ticketPool.p == nil {
 		ticketPool.p = New(1 << 30)
 		ticketPool.p.first = ticketArenaBytes
+		ticketPool.p.tickets = true
 	}
 	return ticketPool.p
 }
@@ -79,31 +85,67 @@ func CloseTickets() error {
 	return err
 }
 
+// Note [a ticket arena is not a buffer's]: a ticket arena is a pool arena
+// of class 0, as the arenas of the smallest buffers are, and a ticket is
+// taken by a compare-and-swap of a slot's first word and a release of the
+// slot. Were a buffer's arena taken for a ticket arena (a forged or
+// mistaken descriptor naming it, with the buffer's first 8 bytes as the
+// nonce), the take would zero the user's bytes and free a buffer its
+// holder still uses; were a ticket taken for a buffer, a release of it
+// would free a ticket in flight. So a ticket arena says so in its layout
+// (its purpose word), and each side refuses the other's arenas.
+
 // Ticket is a sent count's claim: a slot of a ticket arena whose first
-// word holds Nonce until the count is taken.
+// word holds Nonce while the count is in flight. It is not for concurrent
+// use: the holder of the count arms, disarms or cancels it.
 type Ticket struct {
 	Slot  Slot
 	Nonce uint64
+	armed bool // the word holds Nonce: the descriptor may be taken
 }
 
 // word returns the ticket word of slot s.
 func word(s Slot) *uint64 { return (*uint64)(unsafe.Pointer(&s.Data()[0])) }
 
-// NewTicket issues a ticket for a count about to be sent.
+// NewTicket issues a ticket for a count that may be sent: its word stays
+// zero, so that nothing takes it, until Arm.
 func NewTicket() (Ticket, error) {
 	s, err := tickets().Alloc(8, time.Now())
 	if err != nil {
 		return Ticket{}, fmt.Errorf("a ticket for a descriptor: %w", err)
 	}
-	nonce := rand.Uint64() | 1 // never zero, which means taken
-	atomic.StoreUint64(word(s), nonce)
+	atomic.StoreUint64(word(s), 0) // a slot keeps the bytes it had
+	nonce := rand.Uint64() | 1     // never zero, which means taken
 	return Ticket{Slot: s, Nonce: nonce}, nil
 }
 
-// Cancel takes back a ticket whose descriptor was not sent.
-func (t Ticket) Cancel() error {
+// Arm makes the ticket's descriptor takeable, once: its count is about to
+// be sent.
+func (t *Ticket) Arm() {
+	atomic.StoreUint64(word(t.Slot), t.Nonce)
+	t.armed = true
+}
+
+// Disarm takes back an armed ticket whose descriptor was not sent after
+// all, keeping its slot for a later Arm. It fails with ErrTaken when a
+// receiver took the descriptor meanwhile: the count is the receiver's, and
+// the ticket's slot is gone with it.
+func (t *Ticket) Disarm() error {
+	t.armed = false
 	if !atomic.CompareAndSwapUint64(word(t.Slot), t.Nonce, 0) {
-		return fmt.Errorf("cancel ticket %d of arena %q: %w", t.Slot.Index, t.Slot.arena.Name(), ErrTaken)
+		return fmt.Errorf("ticket %d of arena %q: %w", t.Slot.Index, t.Slot.arena.Name(), ErrTaken)
+	}
+	return nil
+}
+
+// Cancel gives up the ticket of a count that is not sent (never armed, or
+// disarmed). An armed ticket is disarmed first; when a receiver took it
+// meanwhile, Cancel fails with ErrTaken and gives up nothing.
+func (t *Ticket) Cancel() error {
+	if t.armed {
+		if err := t.Disarm(); err != nil {
+			return fmt.Errorf("cancel %w", err)
+		}
 	}
 	return t.Slot.Release()
 }
@@ -115,7 +157,7 @@ func TakeTicket(name string, index, gen uint32, nonce uint64) error {
 	if nonce == 0 {
 		return fmt.Errorf("ticket %d of arena %q with no nonce: %w", index, name, ErrTaken)
 	}
-	s, err := Adopt(name, index, gen)
+	s, err := adopt(name, index, gen, true)
 	if errors.Is(err, ErrStale) || errors.Is(err, unix.ENOENT) {
 		return fmt.Errorf("%w (%v)", ErrTaken, err)
 	}

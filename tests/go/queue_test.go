@@ -306,6 +306,7 @@ func TestQueueLastHolderReleasesWhatMessagesHold(t *testing.T) {
 				Name: s.Arena().Name(), NBytes: 100, Slot: s.Index, Generation: s.Generation}
 			tk, err := pool.NewTicket()
 			require.NoError(t, err)
+			tk.Arm() // sent: the queue's drain takes it
 			d.Ticket = message.Ticket{Arena: tk.Slot.Arena().Name(), Slot: tk.Slot.Index, Generation: tk.Slot.Generation, Nonce: tk.Nonce}
 			rec := &message.Record{Type: message.TypeTensor, Descriptors: []message.Descriptor{d}}
 			require.NoError(t, q.Put(rec, time.Time{})) // the slot's count goes with the message

@@ -237,9 +237,24 @@ func take(d *message.Descriptor) error {
 		return fmt.Errorf("%w: a descriptor that carries a count has no ticket", message.ErrMalformed)
 	}
 	if err := pool.TakeTicket(t.Arena, t.Slot, t.Generation, t.Nonce); err != nil {
+		if errors.Is(err, unix.ENOENT) && gone(d.Name) {
+			// The ticket's arena and the memory are both gone: the sender
+			// died and what it had sent was collected (zctipc gc, the
+			// daemon), which is what to say, rather than that someone
+			// took it.
+			return fmt.Errorf("descriptor of %q: the memory it names is gone (its sender exited and it was "+
+				"collected, or every holder let go), and so is its ticket arena %q: %w", d.Name, t.Arena, unix.ENOENT)
+		}
 		return fmt.Errorf("descriptor of %q: %w", d.Name, err)
 	}
 	return nil
+}
+
+// gone reports whether segment name (a tensor segment or an arena) is no
+// longer there to be opened.
+func gone(name string) bool {
+	_, err := shm.Stat(name)
+	return errors.Is(err, unix.ENOENT)
 }
 
 // Attach turns a descriptor that someone still holds (one made by

@@ -158,7 +158,13 @@ func TakeTicket(name string, index, gen uint32, nonce uint64) error {
 		return fmt.Errorf("ticket %d of arena %q with no nonce: %w", index, name, ErrTaken)
 	}
 	s, err := adopt(name, index, gen, true)
-	if errors.Is(err, ErrStale) || errors.Is(err, unix.ENOENT) {
+	if errors.Is(err, unix.ENOENT) {
+		// Its arena goes once every ticket of it was taken and its sender
+		// let go, or when its sender died and its arenas were collected:
+		// ENOENT stays in the chain for the caller to tell them apart.
+		return fmt.Errorf("%w (its ticket arena is gone: %w)", ErrTaken, err)
+	}
+	if errors.Is(err, ErrStale) {
 		return fmt.Errorf("%w (%v)", ErrTaken, err)
 	}
 	if err != nil {

@@ -33,9 +33,10 @@ import (
 // made for want of memory drops the spares and tries again.
 
 // Threat model: a spare is a file of this user's, under a temporary name in
-// the segment directory, so any process of the user may truncate, rename
-// or remove it. Only its maker reuses it, and only when it is still the
-// file (inode), name and size it left; anything else is dropped, the new
+// the segment directory, so any process of the user may truncate, grow,
+// chmod, link, punch holes in, rename or remove it. Only its maker reuses
+// it, and only when it is still the file (inode), name, size, mode, single
+// link and full set of pages it left (intact); anything else is dropped, the new
 // segment made from a fresh file (never refused as corrupt, never a
 // SIGBUS: writes into it run under fault.Catch), and the file removed
 // wherever in the directory it was renamed to (RemoveInode), by its maker
@@ -183,10 +184,15 @@ func (sp *spare) unlink() error {
 }
 
 // intact reports whether the spare's file is still as this process left
-// it: under its temporary name, and of the size it was given.
+// it: under its temporary name and no other (a second name, a hard link,
+// would keep the new segment's pages after its own name goes), of the size
+// it was given with every page of it there (a hole punched in it would be
+// filled by the new segment's writes, which fault when the file system is
+// full), and of mode 0600 (attachers refuse any other).
 func (sp *spare) intact() bool {
 	var st, lst unix.Stat_t
 	return unix.Fstat(sp.fd, &st) == nil && (fileKey{st.Dev, st.Ino}) == sp.key && uint64(st.Size) == sp.size &&
+		st.Nlink == 1 && st.Mode == unix.S_IFREG|0o600 && uint64(st.Blocks)*512 >= sp.size &&
 		unix.Lstat(Dir()+"/"+sp.tmp, &lst) == nil && (fileKey{lst.Dev, lst.Ino}) == sp.key
 }
 

@@ -462,12 +462,17 @@ func (p *Pool) Close() error {
 	return errors.Join(errs...)
 }
 
-// SetLimit sets the most bytes of arenas the pool may hold.
+// SetLimit sets the most bytes of arenas the pool may hold. A limit below
+// what the pool holds frees its idle arenas now, and the others as their
+// buffers are freed (at the next allocation), until it holds no more.
 func (p *Pool) SetLimit(limit uint64) {
 	p.mu.Lock()
+	defer p.mu.Unlock()
 	p.limit = limit
 	p.limitErr = nil
-	p.mu.Unlock()
+	if err := p.trim(0); err != nil {
+		fmt.Fprintln(os.Stderr, "zctipc:", err)
+	}
 }
 
 // Stats describes a pool.
@@ -549,6 +554,13 @@ func (p *Pool) tryAlloc(c int) (Slot, *Arena, error) {
 	defer p.mu.Unlock()
 	if p.limitErr != nil {
 		return Slot{}, nil, p.limitErr
+	}
+	if p.reserved > p.limit {
+		// The limit was lowered below what the pool held: the arenas
+		// idle since go before any is used again.
+		if err := p.trim(0); err != nil {
+			return Slot{}, nil, err
+		}
 	}
 	arenas := p.arenas[c]
 	for i := len(arenas) - 1; i >= 0; i-- {

@@ -260,3 +260,103 @@ def test_two_makers_of_one_name_race(isolated):
     assert sorted(results) == ["exists", "made"], results
     assert seen == ["uniform"]
     assert _wait_empty(isolated) == []
+
+
+def test_an_unlinked_segment_under_the_file_descriptor_strategy_is_sent(isolated):
+    """The file_descriptor strategy passes descriptors, not names: a tensor
+    whose name cannot be removed (a memfd has none) or was, travels."""
+    env = dict(isolated, ZCTIPC_SHARING_STRATEGY="file_descriptor")
+    out = _run(
+        env,
+        """
+        import json, numpy as np, zctipc
+        t = zctipc.create_shared_tensor(data=np.arange(6.0))
+        try:
+            t.unlink(); unlinked = "unlinked"
+        except zctipc.ZctipcError as e:
+            unlinked = type(e).__name__
+        q = zctipc.Queue()
+        q.put(t.numpy())
+        got = q.get(timeout=10)
+        print(json.dumps([unlinked, got.tolist()]))
+        del got
+        t.close(); q.close()
+        """,
+    )
+    assert out[1] == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0], out
+    assert _wait_empty(isolated) == []
+
+
+def test_a_name_removed_after_the_put_fails_the_get_clearly(isolated):
+    """The documented race: the name is removed after the put checked it.
+    The get raises SegmentNotFound naming the segment, the queue goes on,
+    the sender's tensor is intact, and nothing is left behind."""
+    out = _run(
+        isolated,
+        """
+        import json, numpy as np, zctipc
+        t = zctipc.create_shared_tensor(data=np.arange(6.0))
+        q = zctipc.Queue()
+        q.put(t.numpy())
+        t.unlink()
+        try:
+            q.get(timeout=10); got = "got"
+        except zctipc.SegmentNotFound as e:
+            got = ["SegmentNotFound", t.name in str(e)]
+        q.put("after")
+        print(json.dumps([got, q.get(timeout=10), t.numpy().tolist()]))
+        t.close(); q.close()
+        """,
+    )
+    assert out == [["SegmentNotFound", True], "after", [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]]
+    assert _wait_empty(isolated) == []
+
+
+_QUEUE_HOLDER = """
+import numpy as np, time, zctipc
+q = zctipc.Queue()
+keep = [zctipc.empty(1000, np.float64) for _ in range(3)]
+for a in keep:
+    q.put(a)
+q.put(np.ones(300_000))                     # a pool copy, in flight only
+q.put(zctipc.create_shared_tensor(data=np.ones(1000)))
+print("ready", flush=True)
+time.sleep(600)
+"""
+
+
+def test_gc_dry_run_names_what_the_real_run_removes(isolated):
+    """A killed process's queue holds messages (and their tickets) on its
+    own arenas and tensors, beside a foreign file with the library's prefix
+    and another without: zctipc gc --dry-run names exactly what the real
+    run then removes (the queue and everything its messages held), and
+    neither touches the foreign files."""
+    env = dict(isolated, ZCTIPC_CLEANUP="0")
+    p = subprocess.Popen([sys.executable, "-c", _QUEUE_HOLDER], env=env, stdout=subprocess.PIPE, text=True)
+    assert p.stdout.readline().strip() == "ready"
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    p.stdout.close()
+    shm = isolated["ZCTIPC_SHM_DIR"]
+    for foreign in ("zctipc_foreign_file", "not_ours"):
+        with open(os.path.join(shm, foreign), "wb") as f:
+            f.write(b"x" * 4096)
+        os.chmod(os.path.join(shm, foreign), 0o600)
+    made = set(_files(isolated)) - {"zctipc_foreign_file", "not_ours"}
+    out = _run(
+        env,
+        """
+        import json, zctipc
+        dry = zctipc.collect_garbage(dry_run=True)
+        real = zctipc.collect_garbage()
+        print(json.dumps([sorted(r["name"] for r in dry["removed"]), sorted(r["name"] for r in real["removed"])]))
+        """,
+    )
+    dry, real = out
+    assert dry == real
+    assert set(real) >= made - {n for n in made if n.startswith("zctipc-tmp-")}, (made, real)
+    left = set(_files(isolated))
+    assert {"zctipc_foreign_file", "not_ours"} <= left
+    assert left - {"zctipc_foreign_file", "not_ours"} == set(), left
+    for foreign in ("zctipc_foreign_file", "not_ours"):
+        os.remove(os.path.join(shm, foreign))

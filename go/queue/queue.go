@@ -479,6 +479,9 @@ func (q *Queue) putMany(recs []*message.Record, u futex.Until) (int, error) {
 		seen := atomic.LoadUint32(q.u32(offSpaceSeq))
 		puts, tail = split(atomic.LoadUint64(q.u64(offTail)))
 		gets, head = split(atomic.LoadUint64(q.u64(offHead)))
+		if !q.sound(head, tail) {
+			return 0, errors.Join(q.corrupt(head, tail), q.putLock.Unlock())
+		}
 		at, _ := q.skipTo(tail, head, puts-gets, uint32(recs[0].Size()))
 		if q.room(at, head, puts-gets, uint32(recs[0].Size())) {
 			break
@@ -597,7 +600,17 @@ func (q *Queue) skipTo(tail, head, items, size uint32) (uint32, bool) {
 // bounded where that costs nothing: window is read as at most WarmWindow,
 // reserved further than a ring from the tail is reset, a record or skip
 // whose size cannot be right is reported as corrupt, never followed out of
-// the ring.
+// the ring. Head and tail are read once into locals and checked (sound)
+// before the ring is read or written at them: off the 8-byte grid, or more
+// than a ring apart, they are reported as corrupt (a forged position near
+// the ring's end used to index past it). A given_back ahead of head's
+// chunk or more than a ring behind it is not followed: nothing is given
+// back, so a forged one costs memory, never a message (it used to give
+// back the pages of the whole ring, messages and all). What stays trusted:
+// reserved and window within their bounds, which say that pages are
+// reserved; a forged one lets a put write a page never reserved, which on
+// a full /dev/shm faults as a truncated file does (the C ABI turns that
+// into ZCT_E_CORRUPT).
 //
 // settleReserved brings an unbounded queue's reserved position up to tail,
 // the committed tail, under the put lock, before the put writes anything.
@@ -743,6 +756,13 @@ func (q *Queue) giveBack(head uint32) {
 	if from == to {
 		return
 	}
+	if to-from > q.capacity {
+		// given_back is never ahead of head's chunk, nor a ring behind it:
+		// a forged value. Give back nothing (pages stay in use, none that
+		// holds a message or that a producer counts on goes) and go on
+		// from head.
+		from = to
+	}
 	// A failure keeps the pages in use: nothing is lost.
 	if !q.warm {
 		_ = q.pages(from, to, q.releasePages)
@@ -799,24 +819,54 @@ func (q *Queue) catchUp(head uint32, u futex.Until) bool {
 	word := atomic.LoadUint64(q.u64(offHead))
 	gets, head := split(word)
 	before := atomic.LoadUint32(q.u32(offGivenBack))
-	if head != tail && q.skipAt(head) { // tail is still ours: the put lock is held
+	if !q.sound(head, tail) {
+		_ = q.getLock.Unlock()
+		return false // the put that called reports it
+	}
+	if head != tail && q.skipAt(head) && q.capacity-head&q.mask <= tail-head { // tail is still ours: the put lock is held
 		// Cross a skip record the consumers have not come to (see The warm
 		// window): it is no message.
-		at := head
-		head += *(*uint32)(unsafe.Pointer(&q.ring[head&q.mask]))
-		atomic.StoreUint64(q.u64(offHead), uint64(gets)<<32|uint64(head))
-		q.giveBackSkipped(at)
+		head = q.crossSkip(gets, head)
 	}
 	q.giveBack(head)
 	_ = q.getLock.Unlock()
 	return atomic.LoadUint32(q.u32(offGivenBack)) != before || atomic.LoadUint64(q.u64(offHead)) != word
 }
 
+// sound reports whether head and tail, as read from the queue's words,
+// can be a queue's: on the 8-byte grid, and tail at most a ring past head.
+// Other values were forged (Note [threat model of the ring words]): a call
+// that met them reports the queue corrupt rather than read or write at
+// them.
+func (q *Queue) sound(head, tail uint32) bool {
+	return head%8 == 0 && tail%8 == 0 && tail-head <= q.capacity
+}
+
+func (q *Queue) corrupt(head, tail uint32) error {
+	return fmt.Errorf("queue %q: %w: head %d and tail %d", q.seg.Name(), header.ErrCorrupt, head, tail)
+}
+
+// onlySkip reports whether the queue holds a skip record at head and
+// nothing after it (head and tail sound).
+func (q *Queue) onlySkip(head, tail uint32) bool {
+	return q.skipAt(head) && head+(q.capacity-head&q.mask) == tail
+}
+
+// crossSkip moves head past the skip record there, counting no message,
+// and gives back the pages of its lap (giveBackSkipped); under the get
+// lock. It returns the new head.
+func (q *Queue) crossSkip(gets, head uint32) uint32 {
+	next := head + (q.capacity - head&q.mask)
+	atomic.StoreUint64(q.u64(offHead), uint64(gets)<<32|uint64(next))
+	q.giveBackSkipped(head)
+	return next
+}
+
 // skipAt reports whether the record at position at is a skip record; the
 // caller knows that a record is there.
 func (q *Queue) skipAt(at uint32) bool {
 	pos := at & q.mask
-	return q.warm && q.ring[pos+4] == typeSkip && *(*uint32)(unsafe.Pointer(&q.ring[pos])) == q.capacity-pos
+	return q.warm && pos%8 == 0 && q.ring[pos+4] == typeSkip && *(*uint32)(unsafe.Pointer(&q.ring[pos])) == q.capacity-pos
 }
 
 // pages applies fn to the ring's memory between positions from and to
@@ -900,8 +950,18 @@ func (q *Queue) getMany(buf []byte, maxRecords, maxDescriptors int, u futex.Unti
 		seen := atomic.LoadUint32(q.u32(offDataSeq))
 		gets, head = split(atomic.LoadUint64(q.u64(offHead)))
 		_, tail = split(atomic.LoadUint64(q.u64(offTail)))
-		if head != tail {
+		if head != tail && !q.sound(head, tail) {
+			return 0, 0, errors.Join(q.corrupt(head, tail), q.getLock.Unlock())
+		}
+		if head != tail && !q.onlySkip(head, tail) {
 			break
+		}
+		if head != tail {
+			// A skip record and nothing after it: a consumer killed in its
+			// rewind, between the commit of the skip and the store that
+			// crosses it, left it. Cross it; the queue is empty still.
+			q.crossSkip(gets, head)
+			continue
 		}
 		if err := q.wait(q.getLock, offDataSeq, offDataWaiters, seen, u, ErrEmpty); err != nil {
 			return 0, 0, err
@@ -1155,13 +1215,16 @@ func Descriptors(data []byte, fn func(*message.Descriptor) error) error {
 	_, head := split(atomic.LoadUint64(q.u64(offHead)))
 	_, tail := split(atomic.LoadUint64(q.u64(offTail)))
 	var errs []error
+	if head%8 != 0 || tail%8 != 0 {
+		return fmt.Errorf("%w: head %d and tail %d in a queue", header.ErrCorrupt, head, tail)
+	}
 	for head != tail && tail-head <= q.capacity {
 		size := *(*uint32)(unsafe.Pointer(&q.ring[head&q.mask]))
-		if q.warm && q.ring[head&q.mask+4] == typeSkip && size == q.capacity-head&q.mask && size <= tail-head {
+		if q.skipAt(head) && size <= tail-head {
 			head += size
 			continue
 		}
-		if size < message.RecordHeaderSize || size%8 != 0 || head%8 != 0 || size > tail-head {
+		if size < message.RecordHeaderSize || size%8 != 0 || size > tail-head {
 			return errors.Join(append(errs, fmt.Errorf("%w: a record of %d bytes in a queue", header.ErrCorrupt, size))...)
 		}
 		buf := make([]byte, size)

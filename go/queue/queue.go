@@ -735,14 +735,17 @@ func (q *Queue) rewind(gets, head uint32) {
 	keep := min(q.pageEnd(need+8), WarmWindow)
 	if w := q.window(); w > keep {
 		// No record lies in the ring: the queue is empty and no producer
-		// can write (the put lock is ours). The page that straddles the
-		// window's end goes too: consumers passing keep it, as its first
-		// bytes are the window's.
-		_ = shm.ReleasePages(q.ring[keep:q.pageEnd(WarmWindow+1)])
+		// can write (the put lock is ours). The words go first: a process
+		// killed before the pages go leaves pages in use that no word
+		// claims (a producer reserves them again), never a word that claims
+		// pages that are gone, which a producer would write unreserved.
 		atomic.StoreUint32(q.u32(offWindow), keep)
 		// Nothing is reserved past the tail now.
 		_, tail := split(atomic.LoadUint64(q.u64(offTail)))
 		atomic.StoreUint32(q.u32(offReserved), tail)
+		// The page that straddles the window's end goes too: consumers
+		// passing keep it, as its first bytes are the window's.
+		_ = shm.ReleasePages(q.ring[keep:q.pageEnd(WarmWindow+1)])
 	}
 	atomic.StoreUint32(q.u32(offWindowNeed), 0)
 }

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"runtime/debug"
 	"testing"
 	"time"
@@ -14,6 +15,7 @@ import (
 	"github.com/zctipc/zctipc/go/lock"
 	"github.com/zctipc/zctipc/go/message"
 	"github.com/zctipc/zctipc/go/queue"
+	"github.com/zctipc/zctipc/go/shm"
 	"golang.org/x/sys/unix"
 )
 
@@ -276,5 +278,86 @@ func TestUnboundedQueueForgedGivenBackKeepsItsMessages(t *testing.T) {
 		got, err := getInto(t, q, buf)
 		require.NoError(t, err, "message %d", i)
 		require.Equal(t, patterned(uint64(i), size), got, "message %d", i)
+	}
+}
+
+func init() {
+	// queue-rewind-loop attaches the unbounded queue args[0] and, for ever,
+	// puts and takes a message that fills most of the warm window and then
+	// a small one: every second get rewinds the ring and gives back most of
+	// the window's pages. It prints "looping" once the loop has turned.
+	helpers["queue-rewind-loop"] = func(args []string) error {
+		q, err := queue.Attach(args[0])
+		if err != nil {
+			return err
+		}
+		big := bytesRecord(make([]byte, queue.WarmWindow-64<<10))
+		small := bytesRecord([]byte("small"))
+		buf := make([]byte, queue.WarmWindow)
+		for i := 0; ; i++ {
+			for _, rec := range []*message.Record{big, small} {
+				if err := q.Put(rec, time.Time{}); err != nil {
+					return err
+				}
+				if _, err := q.Get(buf, 0, time.Time{}); err != nil {
+					return err
+				}
+			}
+			if i == 0 {
+				fmt.Println("looping")
+			}
+		}
+	}
+}
+
+// TestUnboundedQueueConsumerKilledInItsRewindLeavesNoFault: a consumer is
+// SIGKILLed, again and again, at random points of a loop whose gets rewind
+// the ring and give back the window's pages. Whatever point it died at,
+// the words must not say that a page is reserved which was given back: a
+// put into the window on a full file system then reports
+// ErrOutOfSharedMemory or succeeds, and never faults. (The rewind gave the
+// pages back before it stored the smaller window, so a kill between the
+// two left a window whose pages were gone.)
+func TestUnboundedQueueConsumerKilledInItsRewindLeavesNoFault(t *testing.T) {
+	dir := segmentsOnTmpfs(t, "size=8m")
+	q, err := queue.CreateUnbounded("", 0)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, q.Close()) }()
+	if !q.Unbounded() {
+		t.Skip("this kernel cannot reserve pages on demand")
+	}
+	buf := make([]byte, queue.WarmWindow)
+	big := patterned(7, queue.WarmWindow-message.RecordHeaderSize)
+	rng := rand.New(rand.NewPCG(28, 5))
+	for round := range 150 {
+		h := startHelper(t, "queue-rewind-loop", q.Segment().Name())
+		require.Equal(t, "looping", h.readLine(t))
+		time.Sleep(time.Duration(rng.IntN(4000)) * time.Microsecond)
+		require.NoError(t, h.cmd.Process.Signal(unix.SIGKILL))
+		require.Error(t, h.cmd.Wait())
+		_, err := q.Segment().DropRef() // the killed helper's count
+		require.NoError(t, err)
+
+		// Take what it left, then put into the whole window with no room
+		// left on the file system.
+		for {
+			n, err := q.Get(buf, 0, time.Now())
+			if errors.Is(err, queue.ErrEmpty) {
+				break
+			}
+			require.NoError(t, err, "round %d", round)
+			require.NotZero(t, n, "round %d", round)
+		}
+		removeFiller := fillDir(t, dir, 0)
+		err = putNoFault(t, q, big)
+		if err != nil {
+			require.ErrorIs(t, err, shm.ErrOutOfSharedMemory, "round %d", round)
+		}
+		removeFiller()
+		for qlen(t, q) > 0 {
+			got, err := getInto(t, q, buf)
+			require.NoError(t, err, "round %d", round)
+			require.Equal(t, big, got, "round %d", round)
+		}
 	}
 }

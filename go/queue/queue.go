@@ -659,6 +659,7 @@ func (q *Queue) reserve(start, end uint32) error {
 	}
 	upTo := (end + step - 1) &^ (step - 1)
 	if err := q.pages(reserved, upTo, shm.ReservePages); err != nil {
+		q.unreserve(reserved, upTo)
 		return err
 	}
 	atomic.StoreUint32(q.u32(offReserved), upTo)
@@ -668,6 +669,23 @@ func (q *Queue) reserve(start, end uint32) error {
 		atomic.StoreUint32(q.u32(offWindow), min(upTo-next, WarmWindow))
 	}
 	return nil
+}
+
+// unreserve gives back, after a reservation from position from to to
+// failed (a full file system), the pages it may have reserved before it
+// did: no word claims them, and they would stay in use until the ring came
+// round to them. Only pages wholly past from go, and of the next lap's
+// window only those past window, which no record is in.
+func (q *Queue) unreserve(from, to uint32) {
+	lapEnd := from - from&q.mask + q.capacity
+	if int32(to-lapEnd) <= 0 {
+		_ = q.pages(from, to, q.releasePages)
+		return
+	}
+	_ = q.pages(from, lapEnd, q.releasePages)
+	if w := lapEnd + q.window(); int32(to-w) > 0 {
+		_ = q.pages(w, to, q.releasePages)
+	}
 }
 
 // window returns the ring offset up to which the warm window's pages are
@@ -691,6 +709,9 @@ func (q *Queue) growWindow(to uint32) error {
 	}
 	upTo := min((to+reserveStep-1)&^(reserveStep-1), WarmWindow)
 	if err := shm.ReservePages(q.ring[w:upTo]); err != nil {
+		// It may have reserved part of them before it failed (a full file
+		// system): no word claims those, so they go back.
+		_ = shm.ReleasePages(q.ring[w:upTo])
 		return err
 	}
 	atomic.StoreUint32(q.u32(offWindow), upTo)

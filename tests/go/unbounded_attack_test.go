@@ -361,3 +361,95 @@ func TestUnboundedQueueConsumerKilledInItsRewindLeavesNoFault(t *testing.T) {
 		}
 	}
 }
+
+// TestUnboundedQueueFullFileSystemAtEveryStep: an unbounded queue on a
+// small file system that fills and empties at random between its calls,
+// from positions near 2^31 and 2^32, with messages from 0 bytes to past
+// the warm window. A put that finds no room reports ErrOutOfSharedMemory
+// and changes nothing; none faults; every message put arrives once, in
+// order; and the ring's words account for every page it holds.
+func TestUnboundedQueueFullFileSystemAtEveryStep(t *testing.T) {
+	dir := segmentsOnTmpfs(t, "size=12m")
+	for i, start := range ringStarts {
+		t.Run(fmt.Sprint(start), func(t *testing.T) { fullFileSystemAtEveryStep(t, dir, uint64(i), start) })
+	}
+}
+
+func fullFileSystemAtEveryStep(t *testing.T, dir string, seed uint64, start uint32) {
+	{
+		q, err := queue.CreateUnbounded("", 0)
+		require.NoError(t, err)
+		defer func() { require.NoError(t, q.Close()) }()
+		if !q.Unbounded() {
+			t.Skip("this kernel cannot reserve pages on demand")
+		}
+		startAt(t, q, start&^7)
+		rng := rand.New(rand.NewPCG(seed, 12))
+		var items [][]byte
+		seq, full, refused := uint64(0), func() {}, 0
+		filled := false
+		buf := make([]byte, 4<<20)
+		for step := range 150 {
+			switch op := rng.IntN(10); {
+			case op < 4:
+				var size int
+				switch rng.IntN(4) {
+				case 0:
+					size = rng.IntN(64)
+				case 1:
+					size = rng.IntN(256 << 10)
+				case 2:
+					size = queue.WarmWindow - message.RecordHeaderSize
+				default:
+					size = 1<<20 + rng.IntN(1536<<10)
+				}
+				p := patterned(seq, size)
+				seq++
+				before := qlen(t, q)
+				if err := putNoFault(t, q, p); err != nil {
+					require.ErrorIs(t, err, shm.ErrOutOfSharedMemory, "step %d", step)
+					require.Equal(t, before, qlen(t, q), "a refused put leaves nothing")
+					refused++
+					break
+				}
+				items = append(items, p)
+			case op < 7:
+				var got []byte
+				noPanic(t, "Get", func() { got, err = getInto(t, q, buf) })
+				if len(items) == 0 {
+					require.ErrorIs(t, err, queue.ErrEmpty, "step %d", step)
+					break
+				}
+				require.NoError(t, err, "step %d", step)
+				require.Equal(t, items[0], got, "step %d", step)
+				items = items[1:]
+			case op < 9:
+				if filled {
+					full()
+				} else {
+					full = fillDir(t, dir, int64(rng.IntN(3<<20)))
+				}
+				filled = !filled
+			default:
+				for len(items) > 0 {
+					got, err := getInto(t, q, buf)
+					require.NoError(t, err)
+					require.Equal(t, items[0], got)
+					items = items[1:]
+				}
+			}
+			require.Equal(t, len(items), qlen(t, q), "step %d", step)
+			ringPages(t, q)
+		}
+		if filled {
+			full()
+		}
+		for len(items) > 0 {
+			got, err := getInto(t, q, buf)
+			require.NoError(t, err)
+			require.Equal(t, items[0], got)
+			items = items[1:]
+		}
+		t.Logf("%d puts refused", refused)
+	}
+}

@@ -33,15 +33,39 @@ var (
 )
 
 // deadline turns a timeout in milliseconds into a deadline: -1 (or any
-// negative) is no deadline, 0 is now.
+// negative) is no deadline, 0 is now. A timeout too long to add to the
+// clock (past 292 years: INT64_MAX, say) is no deadline either; it used to
+// wrap to a time in the past, and the call did not wait at all.
 func deadline(timeoutMS C.int64_t) time.Time {
 	switch {
-	case timeoutMS < 0:
+	case timeoutMS < 0 || timeoutMS > math.MaxInt64/C.int64_t(time.Millisecond):
 		return time.Time{}
 	case timeoutMS == 0:
 		return expired // the clock is not read for a call that does not wait
 	}
 	return time.Now().Add(time.Duration(timeoutMS) * time.Millisecond)
+}
+
+// recordType checks a record type that a C caller passed: one of
+// zctipc.h's zct_record_type, which are package message's. A value past a
+// byte is not taken for its low byte (259 is not ZCT_RECORD_BYTES), and
+// 0xFF, the ring's skip marker, is no record's type.
+func recordType(typ C.int32_t) (uint8, error) {
+	if typ < message.TypePickle || typ > message.TypeInline {
+		return 0, fmt.Errorf("record type %d: it must be from %d to %d: %w", typ, message.TypePickle, message.TypeInline, unix.EINVAL)
+	}
+	return uint8(typ), nil
+}
+
+// checkPut checks a record that a C caller is putting: one it made wrong
+// (an inline payload that is no array, a view in an inline record) is a bad
+// argument, ZCT_E_INVALID, not corrupt data (message.ErrMalformed, which
+// names what a get read).
+func checkPut(rec *message.Record) error {
+	if err := rec.Check(); err != nil {
+		return fmt.Errorf("%s: %w", err, unix.EINVAL)
+	}
+	return nil
 }
 
 // expired is a deadline that has passed.
@@ -86,12 +110,22 @@ func describeArray(r *buffer.Ref, offset uint64, dt, ndim C.int32_t, shape, stri
 // never sends a descriptor of bytes the caller did not name (past extent),
 // and a failed put leaves no count taken. Pointers that are not NULL are
 // trusted to be valid for what they say: C gives no way to check them.
+// Every count is checked against its range before any pointer it sizes is
+// read (a negative one is named as a count, not as a NULL pointer); a
+// record type must be a zct_record_type (never its low byte: 259 is not
+// ZCT_RECORD_BYTES, and 0xFF is the ring's skip marker); a record the
+// caller made wrong is ZCT_E_INVALID, not ZCT_E_CORRUPT; a timeout past the
+// clock's range waits for ever rather than not at all.
 //
 //export zct_queue_put_array
 func zct_queue_put_array(h C.zct_handle, typ C.int32_t, addr *C.zct_cvoid, extent C.uint64_t, dt C.int32_t, ndim C.int32_t, shape *C.zct_cint64, strides *C.zct_cint64, flags C.int32_t, timeoutMS C.int64_t) C.int {
 	return run(func() error {
 		if addr == nil || ndim > 0 && (shape == nil || strides == nil) {
 			return errNilArg
+		}
+		rtype, err := recordType(typ)
+		if err != nil {
+			return err
 		}
 		q, err := queues.get(uint64(h))
 		if err != nil {
@@ -111,9 +145,9 @@ func zct_queue_put_array(h C.zct_handle, typ C.int32_t, addr *C.zct_cvoid, exten
 			err = fmt.Errorf("an array of shape %v and strides %v needs %d bytes, past its extent of %d: %w",
 				d.Shape, d.Strides, d.NBytes, extent, unix.EINVAL)
 		}
-		rec := message.Record{Type: uint8(typ), Descriptors: []message.Descriptor{d}}
+		rec := message.Record{Type: rtype, Descriptors: []message.Descriptor{d}}
 		if err == nil {
-			err = rec.Check()
+			err = checkPut(&rec)
 		}
 		if err != nil {
 			return errors.Join(err, r.Release())
@@ -489,16 +523,20 @@ func zct_queue_put(h C.zct_handle, typ C.int32_t, payload *C.zct_cvoid, length C
 		if length > 0 && payload == nil || nviews > 0 && views == nil {
 			return errNilArg
 		}
+		rtype, err := recordType(typ)
+		if err != nil {
+			return err
+		}
 		q, err := queues.get(uint64(h))
 		if err != nil {
 			return err
 		}
-		rec := message.Record{Type: uint8(typ)}
+		rec := message.Record{Type: rtype}
 		if length > 0 {
 			rec.Payload = unsafe.Slice((*byte)(unsafe.Pointer(payload)), length)
 		}
 		if nviews == 0 { // no refs change hands
-			if err := rec.Check(); err != nil {
+			if err := checkPut(&rec); err != nil {
 				return err
 			}
 			return q.Put(&rec, deadline(timeoutMS))
@@ -516,7 +554,7 @@ func zct_queue_put(h C.zct_handle, typ C.int32_t, payload *C.zct_cvoid, length C
 				return err
 			}
 		}
-		if err := rec.Check(); err != nil {
+		if err := checkPut(&rec); err != nil {
 			return err
 		}
 		// On failure the refs stay the caller's, handles and all.
@@ -583,7 +621,10 @@ type taken struct {
 // that does not fit is left in the queue: a *queue.RangeError, wrapped in
 // errRange.
 func take(h C.zct_handle, buf unsafe.Pointer, capacity C.uint64_t, timeoutMS C.int64_t, views *C.zct_view, viewsCap C.int32_t) (taken, error) {
-	if buf == nil || viewsCap > 0 && views == nil || viewsCap < 0 {
+	if viewsCap < 0 {
+		return taken{}, badCount("views_cap", viewsCap, 0, math.MaxInt32)
+	}
+	if buf == nil || viewsCap > 0 && views == nil {
 		return taken{}, errNilArg
 	}
 	q, err := queues.get(uint64(h))
@@ -618,8 +659,15 @@ func take(h C.zct_handle, buf unsafe.Pointer, capacity C.uint64_t, timeoutMS C.i
 //export zct_queue_put_many
 func zct_queue_put_many(h C.zct_handle, typ C.int32_t, data *C.zct_cvoid, ends *C.zct_cuint64, count C.int32_t, timeoutMS C.int64_t, written *C.int32_t) C.int {
 	return run(func() error {
-		if written == nil || count < 0 || count > 0 && ends == nil {
+		if count < 0 {
+			return badCount("count", count, 0, math.MaxInt32)
+		}
+		if written == nil || count > 0 && ends == nil {
 			return errNilArg
+		}
+		rtype, err := recordType(typ)
+		if err != nil {
+			return err
 		}
 		q, err := queues.get(uint64(h))
 		if err != nil {
@@ -641,8 +689,8 @@ func zct_queue_put_many(h C.zct_handle, typ C.int32_t, data *C.zct_cvoid, ends *
 			if uint64(end) < at || uint64(end) > total {
 				return fmt.Errorf("payload ends out of order at %d: %w", i, unix.EINVAL)
 			}
-			recs[i] = message.Record{Type: uint8(typ), Payload: payloads[at:end]}
-			if err := recs[i].Check(); err != nil {
+			recs[i] = message.Record{Type: rtype, Payload: payloads[at:end]}
+			if err := checkPut(&recs[i]); err != nil {
 				return err
 			}
 			ptrs[i] = &recs[i]

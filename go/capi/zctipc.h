@@ -340,7 +340,10 @@ int zct_queue_set_wait(zct_handle queue, int32_t poll, int64_t spin_ns);
 int zct_queue_addref(zct_handle queue);
 int zct_queue_close(zct_handle queue);
 /* Append a record. On success the views' refs travel with it and are gone;
-   on failure they are left to the caller. */
+   on failure they are left to the caller. type is a zct_record_type;
+   another value, or a record that its type does not allow (an inline
+   payload that is no inline array, views in an inline or bytes record), is
+   ZCT_E_INVALID. A timeout_ms too large to add to the clock waits for ever. */
 int zct_queue_put(zct_handle queue, int32_t type, const void *payload, uint64_t len,
                   const zct_view *views, int32_t nviews, int64_t timeout_ms);
 /* zct_ref_find and zct_queue_put of one view in one call: put a record of

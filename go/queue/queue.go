@@ -481,6 +481,9 @@ func (q *Queue) putMany(recs []*message.Record, u futex.Until) (int, error) {
 		seen := atomic.LoadUint32(q.u32(offSpaceSeq))
 		puts, tail = split(atomic.LoadUint64(q.u64(offTail)))
 		gets, head = split(atomic.LoadUint64(q.u64(offHead)))
+		if !q.sound(head, tail) {
+			return 0, errors.Join(q.corrupt(head, tail), q.putLock.Unlock())
+		}
 		at, _ := q.skipTo(tail, head, puts-gets, uint32(recs[0].Size()))
 		if q.room(at, head, puts-gets, uint32(recs[0].Size())) {
 			break
@@ -599,7 +602,17 @@ func (q *Queue) skipTo(tail, head, items, size uint32) (uint32, bool) {
 // bounded where that costs nothing: window is read as at most WarmWindow,
 // reserved further than a ring from the tail is reset, a record or skip
 // whose size cannot be right is reported as corrupt, never followed out of
-// the ring.
+// the ring. Head and tail are read once into locals and checked (sound)
+// before the ring is read or written at them: off the 8-byte grid, or more
+// than a ring apart, they are reported as corrupt (a forged position near
+// the ring's end used to index past it). A given_back ahead of head's
+// chunk or more than a ring behind it is not followed: nothing is given
+// back, so a forged one costs memory, never a message (it used to give
+// back the pages of the whole ring, messages and all). What stays trusted:
+// reserved and window within their bounds, which say that pages are
+// reserved; a forged one lets a put write a page never reserved, which on
+// a full /dev/shm faults as a truncated file does (the C ABI turns that
+// into ZCT_E_CORRUPT).
 //
 // settleReserved brings an unbounded queue's reserved position up to tail,
 // the committed tail, under the put lock, before the put writes anything.
@@ -648,6 +661,7 @@ func (q *Queue) reserve(start, end uint32) error {
 	}
 	upTo := (end + step - 1) &^ (step - 1)
 	if err := q.pages(reserved, upTo, shm.ReservePages); err != nil {
+		q.unreserve(reserved, upTo)
 		return err
 	}
 	atomic.StoreUint32(q.u32(offReserved), upTo)
@@ -657,6 +671,23 @@ func (q *Queue) reserve(start, end uint32) error {
 		atomic.StoreUint32(q.u32(offWindow), min(upTo-next, WarmWindow))
 	}
 	return nil
+}
+
+// unreserve gives back, after a reservation from position from to to
+// failed (a full file system), the pages it may have reserved before it
+// did: no word claims them, and they would stay in use until the ring came
+// round to them. Only pages wholly past from go, and of the next lap's
+// window only those past window, which no record is in.
+func (q *Queue) unreserve(from, to uint32) {
+	lapEnd := from - from&q.mask + q.capacity
+	if int32(to-lapEnd) <= 0 {
+		_ = q.pages(from, to, q.releasePages)
+		return
+	}
+	_ = q.pages(from, lapEnd, q.releasePages)
+	if w := lapEnd + q.window(); int32(to-w) > 0 {
+		_ = q.pages(w, to, q.releasePages)
+	}
 }
 
 // window returns the ring offset up to which the warm window's pages are
@@ -680,6 +711,9 @@ func (q *Queue) growWindow(to uint32) error {
 	}
 	upTo := min((to+reserveStep-1)&^(reserveStep-1), WarmWindow)
 	if err := shm.ReservePages(q.ring[w:upTo]); err != nil {
+		// It may have reserved part of them before it failed (a full file
+		// system): no word claims those, so they go back.
+		_ = shm.ReleasePages(q.ring[w:upTo])
 		return err
 	}
 	atomic.StoreUint32(q.u32(offWindow), upTo)
@@ -724,14 +758,17 @@ func (q *Queue) rewind(gets, head uint32) {
 	keep := min(q.pageEnd(need+8), WarmWindow)
 	if w := q.window(); w > keep {
 		// No record lies in the ring: the queue is empty and no producer
-		// can write (the put lock is ours). The page that straddles the
-		// window's end goes too: consumers passing keep it, as its first
-		// bytes are the window's.
-		_ = shm.ReleasePages(q.ring[keep:q.pageEnd(WarmWindow+1)])
+		// can write (the put lock is ours). The words go first: a process
+		// killed before the pages go leaves pages in use that no word
+		// claims (a producer reserves them again), never a word that claims
+		// pages that are gone, which a producer would write unreserved.
 		atomic.StoreUint32(q.u32(offWindow), keep)
 		// Nothing is reserved past the tail now.
 		_, tail := split(atomic.LoadUint64(q.u64(offTail)))
 		atomic.StoreUint32(q.u32(offReserved), tail)
+		// The page that straddles the window's end goes too: consumers
+		// passing keep it, as its first bytes are the window's.
+		_ = shm.ReleasePages(q.ring[keep:q.pageEnd(WarmWindow+1)])
 	}
 	atomic.StoreUint32(q.u32(offWindowNeed), 0)
 }
@@ -744,6 +781,13 @@ func (q *Queue) giveBack(head uint32) {
 	from, to := atomic.LoadUint32(q.u32(offGivenBack)), head&^(chunk-1)
 	if from == to {
 		return
+	}
+	if to-from > q.capacity {
+		// given_back is never ahead of head's chunk, nor a ring behind it:
+		// a forged value. Give back nothing (pages stay in use, none that
+		// holds a message or that a producer counts on goes) and go on
+		// from head.
+		from = to
 	}
 	// A failure keeps the pages in use: nothing is lost.
 	if !q.warm {
@@ -801,24 +845,54 @@ func (q *Queue) catchUp(head uint32, u futex.Until) bool {
 	word := atomic.LoadUint64(q.u64(offHead))
 	gets, head := split(word)
 	before := atomic.LoadUint32(q.u32(offGivenBack))
-	if head != tail && q.skipAt(head) { // tail is still ours: the put lock is held
+	if !q.sound(head, tail) {
+		_ = q.getLock.Unlock()
+		return false // the put that called reports it
+	}
+	if head != tail && q.skipAt(head) && q.capacity-head&q.mask <= tail-head { // tail is still ours: the put lock is held
 		// Cross a skip record the consumers have not come to (see The warm
 		// window): it is no message.
-		at := head
-		head += *(*uint32)(unsafe.Pointer(&q.ring[head&q.mask]))
-		atomic.StoreUint64(q.u64(offHead), uint64(gets)<<32|uint64(head))
-		q.giveBackSkipped(at)
+		head = q.crossSkip(gets, head)
 	}
 	q.giveBack(head)
 	_ = q.getLock.Unlock()
 	return atomic.LoadUint32(q.u32(offGivenBack)) != before || atomic.LoadUint64(q.u64(offHead)) != word
 }
 
+// sound reports whether head and tail, as read from the queue's words,
+// can be a queue's: on the 8-byte grid, and tail at most a ring past head.
+// Other values were forged (Note [threat model of the ring words]): a call
+// that met them reports the queue corrupt rather than read or write at
+// them.
+func (q *Queue) sound(head, tail uint32) bool {
+	return head%8 == 0 && tail%8 == 0 && tail-head <= q.capacity
+}
+
+func (q *Queue) corrupt(head, tail uint32) error {
+	return fmt.Errorf("queue %q: %w: head %d and tail %d", q.seg.Name(), header.ErrCorrupt, head, tail)
+}
+
+// onlySkip reports whether the queue holds a skip record at head and
+// nothing after it (head and tail sound).
+func (q *Queue) onlySkip(head, tail uint32) bool {
+	return q.skipAt(head) && head+(q.capacity-head&q.mask) == tail
+}
+
+// crossSkip moves head past the skip record there, counting no message,
+// and gives back the pages of its lap (giveBackSkipped); under the get
+// lock. It returns the new head.
+func (q *Queue) crossSkip(gets, head uint32) uint32 {
+	next := head + (q.capacity - head&q.mask)
+	atomic.StoreUint64(q.u64(offHead), uint64(gets)<<32|uint64(next))
+	q.giveBackSkipped(head)
+	return next
+}
+
 // skipAt reports whether the record at position at is a skip record; the
 // caller knows that a record is there.
 func (q *Queue) skipAt(at uint32) bool {
 	pos := at & q.mask
-	return q.warm && q.ring[pos+4] == typeSkip && *(*uint32)(unsafe.Pointer(&q.ring[pos])) == q.capacity-pos
+	return q.warm && pos%8 == 0 && q.ring[pos+4] == typeSkip && *(*uint32)(unsafe.Pointer(&q.ring[pos])) == q.capacity-pos
 }
 
 // pages applies fn to the ring's memory between positions from and to
@@ -902,8 +976,18 @@ func (q *Queue) getMany(buf []byte, maxRecords, maxDescriptors int, u futex.Unti
 		seen := atomic.LoadUint32(q.u32(offDataSeq))
 		gets, head = split(atomic.LoadUint64(q.u64(offHead)))
 		_, tail = split(atomic.LoadUint64(q.u64(offTail)))
-		if head != tail {
+		if head != tail && !q.sound(head, tail) {
+			return 0, 0, errors.Join(q.corrupt(head, tail), q.getLock.Unlock())
+		}
+		if head != tail && !q.onlySkip(head, tail) {
 			break
+		}
+		if head != tail {
+			// A skip record and nothing after it: a consumer killed in its
+			// rewind, between the commit of the skip and the store that
+			// crosses it, left it. Cross it; the queue is empty still.
+			q.crossSkip(gets, head)
+			continue
 		}
 		if err := q.wait(q.getLock, offDataSeq, offDataWaiters, seen, u, ErrEmpty); err != nil {
 			return 0, 0, err
@@ -1213,13 +1297,16 @@ func Descriptors(data []byte, fn func(*message.Descriptor) error) error {
 	_, head := split(atomic.LoadUint64(q.u64(offHead)))
 	_, tail := split(atomic.LoadUint64(q.u64(offTail)))
 	var errs []error
+	if head%8 != 0 || tail%8 != 0 {
+		return fmt.Errorf("%w: head %d and tail %d in a queue", header.ErrCorrupt, head, tail)
+	}
 	for head != tail && tail-head <= q.capacity {
 		size := *(*uint32)(unsafe.Pointer(&q.ring[head&q.mask]))
-		if q.warm && q.ring[head&q.mask+4] == typeSkip && size == q.capacity-head&q.mask && size <= tail-head {
+		if q.skipAt(head) && size <= tail-head {
 			head += size
 			continue
 		}
-		if size < message.RecordHeaderSize || size%8 != 0 || head%8 != 0 || size > tail-head {
+		if size < message.RecordHeaderSize || size%8 != 0 || size > tail-head {
 			return errors.Join(append(errs, fmt.Errorf("%w: a record of %d bytes in a queue", header.ErrCorrupt, size))...)
 		}
 		buf := make([]byte, size)

@@ -91,3 +91,11 @@ func TestCQueueContract(t *testing.T) {
 	lib := buildLibrary(t)
 	runC(t, lib, "abi_queue_contract", uniqueName(t))
 }
+
+// TestCQueueLimits: the queue calls at the limits of their arguments (counts
+// of 0, -1 and INT32_MAX, types past a byte, a timeout past the clock's
+// range, inline records) and a queue closed while C threads wait in it.
+func TestCQueueLimits(t *testing.T) {
+	lib := buildLibrary(t)
+	runC(t, lib, "abi_queue_limits", uniqueName(t))
+}

@@ -175,22 +175,36 @@ class _Readiness:
 
     def _run(self) -> None:
         ffi, lib = native.ffi(), native.lib()
-        handle, items = self.handle, ffi.new("int64_t *")
+        handle = self.handle
+        items = ffi.new("int64_t[2]")  # messages, and unfinished ones (not read)
         word, seen = ffi.new("uint32_t **"), ffi.new("uint32_t *")
         data, space = lib.ZCT_WAIT_DATA, lib.ZCT_WAIT_SPACE
+
+        def look() -> bool:
+            # False once the handle was closed; any other failure is a bug
+            # that must not pass for a close: it is raised (and shown by
+            # threading.excepthook) after the pipe was left readable.
+            status = lib.zct_queue_len(handle, items, items + 1)
+            if status == native.E_CLOSED:
+                return False
+            native.check(status)
+            return True
+
         try:
             while not self.stopped:
-                if lib.zct_queue_len(handle, items, ffi.NULL) != 0:
-                    return  # the handle was closed
+                if not look():
+                    return
                 holds = items[0] > 0
                 self.show(holds)
                 which = space if holds else data
-                if lib.zct_queue_arm(handle, which, word, seen) != 0:
+                status = lib.zct_queue_arm(handle, which, word, seen)
+                if status == native.E_CLOSED:
                     return
+                native.check(status)
                 woken = False
                 try:
                     # Look again now that a change wakes this thread.
-                    if lib.zct_queue_len(handle, items, ffi.NULL) != 0:
+                    if not look():
                         return
                     if (items[0] > 0) == holds and not self.stopped:
                         woken = lib.zct_sleep(word[0], seen[0], -1) == native.OK

@@ -166,10 +166,15 @@ class _Readiness:
     def __init__(self, handle: int, name: str) -> None:
         self.handle = handle
         self.read_fd, self.write_fd = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-        self.lock = threading.Lock()  # over readable and the pipe's contents
+        self.lock = threading.Lock()  # over readable, the pipe's contents, and open
         self.readable = False
         self.stopped = False
-        weakref.finalize(self, _close_pipe, self.read_fd, self.write_fd)
+        # The pipe closes with this object, or at exit while the thread may
+        # still run (a daemon thread): under the lock, after which show and
+        # rearm leave it alone, so that they never write to or drain a
+        # descriptor number that another open file has taken meanwhile.
+        self.open = [True]
+        weakref.finalize(self, _close_pipe, self.lock, self.open, self.read_fd, self.write_fd)
         self.thread = threading.Thread(target=self._run, name=f"zctipc readiness of {name}", daemon=True)
         self.thread.start()
 
@@ -219,6 +224,8 @@ class _Readiness:
     def show(self, readable: bool) -> None:
         """Make the pipe readable or not."""
         with self.lock:
+            if not self.open[0]:
+                return
             if readable and not self.readable:
                 os.write(self.write_fd, b"\0")
                 self.readable = True
@@ -230,7 +237,7 @@ class _Readiness:
         """After a get through this queue object: when the queue is now
         empty (empty() says), make the pipe unreadable at once."""
         with self.lock:
-            if self.readable and not self.stopped and empty():
+            if self.open[0] and self.readable and not self.stopped and empty():
                 _drain(self.read_fd)
                 self.readable = False
 
@@ -247,9 +254,11 @@ def _drain(fd: int) -> None:
         pass
 
 
-def _close_pipe(read_fd: int, write_fd: int) -> None:
-    os.close(read_fd)
-    os.close(write_fd)
+def _close_pipe(lock: threading.Lock, opened: list[bool], read_fd: int, write_fd: int) -> None:
+    with lock:
+        opened[0] = False
+        os.close(read_fd)
+        os.close(write_fd)
 
 
 # Note [polling a reader]: the standard library polls a pipe end and then

@@ -8,6 +8,8 @@ are caught by timeouts far above what the behaviour needs."""
 
 import os
 import select
+import subprocess
+import sys
 import time
 
 from conftest import with_pythonpath
@@ -59,3 +61,25 @@ def test_the_readiness_thread_follows_the_queue_while_it_is_open():
     # As a pipe whose writer closed: whoever still watches it looks, and
     # finds the queue closed.
     assert select.select([q._ready.read_fd], [], [], 0)[0]
+
+
+_EXIT_WITH_WAITABLE_QUEUES = """
+import zctipc
+queues = [zctipc.Queue() for _ in range(100)]
+for q in queues:
+    q._reader.fileno()
+for q in queues:
+    q.close()
+"""
+
+
+def test_readiness_threads_leave_no_error_at_exit():
+    """A process that closes waitable queues and exits at once: their
+    threads, still ending, never write to a pipe closed at exit (a closed
+    descriptor, or one another file took meanwhile)."""
+    for _ in range(3):
+        done = subprocess.run(
+            [sys.executable, "-c", _EXIT_WITH_WAITABLE_QUEUES], env=ENV, capture_output=True, text=True, timeout=HANG
+        )
+        assert done.returncode == 0, done.stderr
+        assert "Exception in thread" not in done.stderr, done.stderr

@@ -144,6 +144,13 @@ class _Armed(threading.local):
         self.seen = ffi.new("uint32_t *")
 
 
+#: How long the readiness thread sleeps before it looks whether its queue
+#: object was closed, in case a close let the word it sleeps on go before
+#: the sleep began (Note [a sleep across a close] in zctipc._core.wait); a
+#: close wakes it at once otherwise.
+_WATCH_SLICE_MS = 10_000
+
+
 class _Readiness:
     """A pipe readable while a queue holds a message (Note [waiting on a
     queue among other things]), and the thread that keeps it so. The
@@ -211,8 +218,12 @@ class _Readiness:
                     # Look again now that a change wakes this thread.
                     if not look():
                         return
-                    if (items[0] > 0) == holds and not self.stopped:
-                        woken = lib.zct_sleep(word[0], seen[0], -1) == native.OK
+                    slept = native.E_EMPTY
+                    while slept == native.E_EMPTY and (items[0] > 0) == holds and not self.stopped:
+                        # In long slices, each ended by a look at stopped
+                        # (Note [a sleep across a close] in zctipc._core.wait).
+                        slept = lib.zct_sleep(word[0], seen[0], _WATCH_SLICE_MS)
+                    woken = slept == native.OK
                 finally:
                     # Woken on the data word, it takes nothing: a consumer
                     # is woken in its place when a message is there.
@@ -670,14 +681,18 @@ class Queue:
             native.check(status)
         return status
 
-    def _wait_for_data(self, call: Callable[[int], int], timeout: float | None, block: bool = True) -> int:
+    def _wait_for_data(
+        self, call: Callable[[int], int], timeout: float | None, block: bool = True, takes: bool = True
+    ) -> int:
         """The status of call(ms), a native call that waits up to ms for a
         message, once one came or the timeout passed: outside the library
         (Note [sleeping outside Go] in zctipc._core.wait) unless this queue
-        object polls."""
+        object polls. takes: call takes the message it finds (a get), or
+        only says that one is there (_poll)."""
         if self._polls:
             return wait.retry(call, native.E_EMPTY, block, timeout)
-        return wait.sleep_outside(call, native.E_EMPTY, block, timeout, self._arm_data, self._disarm_data)
+        disarm = self._disarm_data if takes else self._disarm_data_passing_on
+        return wait.sleep_outside(call, native.E_EMPTY, block, timeout, self._arm_data, disarm, self._is_closed)
 
     def _arm_data(self) -> tuple[Any, int]:
         lib = native.lib()
@@ -685,11 +700,19 @@ class Queue:
         native.check(lib.zct_queue_arm(self._handle, lib.ZCT_WAIT_DATA, out.word, out.seen))
         return out.word[0], out.seen[0]
 
-    def _disarm_data(self, pass_on: bool = False) -> None:
+    def _disarm_data(self, woken: bool = False, pass_on: bool = False) -> None:
         # After a close, the library took the arm back itself.
         status = native.lib().zct_queue_disarm(self._handle, native.lib().ZCT_WAIT_DATA, pass_on)
         if status != native.E_CLOSED:
             native.check(status)
+
+    def _disarm_data_passing_on(self, woken: bool) -> None:
+        # A waiter that takes no message (_poll): a put wakes one sleeper,
+        # and when that was this one, a consumer is woken in its place.
+        self._disarm_data(woken, pass_on=woken)
+
+    def _is_closed(self) -> bool:
+        return self._closed
 
     def get_nowait(self) -> Any:
         return self.get(False)
@@ -822,7 +845,7 @@ class Queue:
             return True
         lib = native.lib()
         status = self._wait_for_data(
-            lambda ms: lib.zct_queue_wait(self._handle, ms), timeout, timeout is None or timeout > 0
+            lambda ms: lib.zct_queue_wait(self._handle, ms), timeout, timeout is None or timeout > 0, takes=False
         )
         if status == native.E_EMPTY:
             return False

@@ -394,6 +394,9 @@ class _Endpoint:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def _is_closed(self) -> bool:
+        return self._closed
+
     def _live(self) -> int:
         if self._closed:
             raise HandleClosed(f"this stream {self._kind} of {self._stream.name!r} is closed")
@@ -543,14 +546,14 @@ class StreamReader(_Endpoint):
         in zctipc._core.wait) unless this reader polls."""
         if self._polls:
             return super()._wait(call, timeout)
-        return wait.sleep_outside(call, native.E_EMPTY, True, timeout, self._arm, self._disarm)
+        return wait.sleep_outside(call, native.E_EMPTY, True, timeout, self._arm, self._disarm, self._is_closed)
 
     def _arm(self) -> tuple[Any, int]:
         out = self._armed
         native.check(native.lib().zct_stream_reader_arm(self._handle, out.word, out.seen))
         return out.word[0], out.seen[0]
 
-    def _disarm(self) -> None:
+    def _disarm(self, woken: bool) -> None:
         # After a close, the library took the arm back itself.
         status = native.lib().zct_stream_reader_disarm(self._handle)
         if status != native.E_CLOSED:

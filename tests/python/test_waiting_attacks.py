@@ -10,6 +10,7 @@ import os
 import select
 import subprocess
 import sys
+import threading
 import time
 
 from conftest import with_pythonpath
@@ -83,3 +84,116 @@ def test_readiness_threads_leave_no_error_at_exit():
         )
         assert done.returncode == 0, done.stderr
         assert "Exception in thread" not in done.stderr, done.stderr
+
+
+# -- a close while a waiter sleeps, or is about to ----------------------------------------------
+
+
+class _CloseBetweenSlices:
+    """Stands for the time module of zctipc._core.wait: the first reading
+    of the clock after a slice of sleep closes the queue and makes new
+    queues, as another thread may do just then; their mappings take the
+    closed queue's address (the next mapping of the same size does)."""
+
+    def __init__(self, q):
+        self.q, self.slices, self.made = q, 0, []
+
+    def monotonic(self):
+        self.slices += 1
+        if self.slices == 3:  # the deadline, the brief wait, then after the first slice
+            self.q.close()
+            self.made = [zctipc.Queue(max_bytes=4096) for _ in range(3)]
+        return time.monotonic()
+
+
+def test_a_close_between_two_slices_of_a_sleep_ends_the_get(monkeypatch):
+    from zctipc._core import wait
+
+    q = zctipc.Queue(max_bytes=4096)  # never used: the word holds 0, as a new queue's does
+    clock = _CloseBetweenSlices(q)
+    monkeypatch.setattr(wait, "time", clock)
+    outcome = []
+
+    def get():
+        try:
+            outcome.append(q.get())
+        except BaseException as e:
+            outcome.append(e)
+
+    t = threading.Thread(target=get, daemon=True)
+    t.start()
+    t.join(HANG)
+    try:
+        assert not t.is_alive(), "the get slept on for ever on another queue's word"
+        assert isinstance(outcome[0], zctipc.HandleClosed), outcome
+    finally:
+        for other in clock.made:
+            other.put("wake")  # the hung get, if any, sleeps on one of these
+        t.join(HANG)
+        for other in clock.made:
+            other.close()
+
+
+# -- a wake-up meant for one sleeper, taken by a waiter that takes nothing ----------------------
+
+
+def _raw_futex_wait(address, seen):
+    """FUTEX_WAIT on a shared word without a timeout: a host's sleeper
+    that only a wake-up ends (zct_sleep looks again every second)."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    sys_futex = 202 if os.uname().machine == "x86_64" else 98
+    libc.syscall(
+        ctypes.c_long(sys_futex), ctypes.c_void_p(address), ctypes.c_int(0), ctypes.c_uint32(seen), None, None, 0
+    )
+
+
+def _asleep(tid):
+    with open(f"/proc/self/task/{tid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0] == "S"
+
+
+def _raw_sleeper(q, which, ready, woke):
+    """Arm q's word which, tell ready, sleep on it until a wake-up, then set
+    woke and disarm."""
+    from zctipc._core import native
+
+    ffi, lib = native.ffi(), native.lib()
+    word, seen = ffi.new("uint32_t **"), ffi.new("uint32_t *")
+    native.check(lib.zct_queue_arm(q._handle, which, word, seen))
+    ready.append(threading.get_native_id())
+    _raw_futex_wait(int(ffi.cast("uintptr_t", word[0])), seen[0])
+    woke.set()
+    lib.zct_queue_disarm(q._handle, which, 0)
+
+
+def test_a_poll_woken_by_a_put_passes_the_wake_up_to_a_consumer():
+    """_poll waits for a message without taking it. A put into an empty
+    queue wakes one sleeper; when that is the poll, asleep before the
+    consumer, the consumer is woken in its place."""
+    for _ in range(5):
+        _poll_then_consume()
+
+
+def _poll_then_consume():
+    from zctipc._core import native
+
+    q = zctipc.Queue()
+    try:
+        polled = []
+        poller = threading.Thread(target=lambda: polled.append(q._poll(None)), daemon=True)
+        poller.start()
+        time.sleep(0.2)  # past its brief wait in the library: asleep in a slice
+        ready, woke = [], threading.Event()
+        consumer = threading.Thread(target=_raw_sleeper, args=(q, native.lib().ZCT_WAIT_DATA, ready, woke), daemon=True)
+        consumer.start()
+        assert _settle(lambda: ready and _asleep(ready[0]))
+        q.put("m")
+        poller.join(HANG)
+        assert polled == [True]
+        assert woke.wait(HANG), "the wake-up went to the poll, and no consumer was woken"
+        assert q.get(timeout=HANG) == "m"
+    finally:
+        q.close()

@@ -562,7 +562,8 @@ class Queue:
         timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
         while done < count:
             rest = ends if done == 0 else [e - base for e in ends[done:]]
-            status = wait.retry(
+            status = self._wait_on(
+                lib.ZCT_WAIT_SPACE,
                 # mypy cannot infer a lambda whose defaults bind the loop's values
                 lambda ms, base=base, rest=rest, left=count - done: lib.zct_queue_put_many(  # type: ignore[misc]
                     self._handle, lib.ZCT_RECORD_PICKLE, buf + base, rest, left, ms, written
@@ -605,7 +606,8 @@ class Queue:
             for i, e in enumerate(buffers):
                 e.fill(views[i])
         try:
-            status = wait.retry(
+            status = self._wait_on(
+                lib.ZCT_WAIT_SPACE,
                 lambda ms: lib.zct_queue_put(self._handle, typ, payload, len(payload), views, n, ms),
                 native.E_FULL,
                 block,
@@ -685,31 +687,41 @@ class Queue:
         self, call: Callable[[int], int], timeout: float | None, block: bool = True, takes: bool = True
     ) -> int:
         """The status of call(ms), a native call that waits up to ms for a
-        message, once one came or the timeout passed: outside the library
-        (Note [sleeping outside Go] in zctipc._core.wait) unless this queue
-        object polls. takes: call takes the message it finds (a get), or
-        only says that one is there (_poll)."""
+        message, once one came or the timeout passed. takes: call takes the
+        message it finds (a get), or only says that one is there (_poll)."""
+        return self._wait_on(native.lib().ZCT_WAIT_DATA, call, native.E_EMPTY, block, timeout, takes)
+
+    def _wait_on(
+        self,
+        which: int,
+        call: Callable[[int], int],
+        again: int,
+        block: bool,
+        timeout: float | None,
+        takes: bool = True,
+    ) -> int:
+        """The status of call(ms), a native call that waits up to ms on the
+        queue's word which (ZCT_WAIT_DATA, ZCT_WAIT_SPACE or ZCT_WAIT_JOIN)
+        and returns again while it must wait on, once it returned something
+        else or the timeout passed: outside the library (Note [sleeping
+        outside Go] in zctipc._core.wait) unless this queue object polls.
+        takes=False: call only says that a message is there, and passes on
+        the wake-up of a put (which wakes one sleeper) that it took."""
         if self._polls:
-            return wait.retry(call, native.E_EMPTY, block, timeout)
-        disarm = self._disarm_data if takes else self._disarm_data_passing_on
-        return wait.sleep_outside(call, native.E_EMPTY, block, timeout, self._arm_data, disarm, self._is_closed)
-
-    def _arm_data(self) -> tuple[Any, int]:
+            return wait.retry(call, again, block, timeout)
         lib = native.lib()
-        out = self._armed
-        native.check(lib.zct_queue_arm(self._handle, lib.ZCT_WAIT_DATA, out.word, out.seen))
-        return out.word[0], out.seen[0]
 
-    def _disarm_data(self, woken: bool = False, pass_on: bool = False) -> None:
-        # After a close, the library took the arm back itself.
-        status = native.lib().zct_queue_disarm(self._handle, native.lib().ZCT_WAIT_DATA, pass_on)
-        if status != native.E_CLOSED:
-            native.check(status)
+        def arm() -> tuple[Any, int]:
+            out = self._armed
+            native.check(lib.zct_queue_arm(self._handle, which, out.word, out.seen))
+            return out.word[0], out.seen[0]
 
-    def _disarm_data_passing_on(self, woken: bool) -> None:
-        # A waiter that takes no message (_poll): a put wakes one sleeper,
-        # and when that was this one, a consumer is woken in its place.
-        self._disarm_data(woken, pass_on=woken)
+        def disarm(woken: bool) -> None:
+            status = lib.zct_queue_disarm(self._handle, which, woken and not takes)
+            if status != native.E_CLOSED:  # after a close, the library took the arm back itself
+                native.check(status)
+
+        return wait.sleep_outside(call, again, block, timeout, arm, disarm, self._is_closed)
 
     def _is_closed(self) -> bool:
         return self._closed
@@ -950,7 +962,9 @@ class JoinableQueue(Queue):
         """Wait until every message put was marked done."""
         self._check_open()
         lib = native.lib()
-        native.check(wait.retry(lambda ms: lib.zct_queue_join(self._handle, ms), native.E_FULL))
+        native.check(
+            self._wait_on(lib.ZCT_WAIT_JOIN, lambda ms: lib.zct_queue_join(self._handle, ms), native.E_FULL, True, None)
+        )
 
 
 class SimpleQueue(Queue):

@@ -13,6 +13,7 @@ import sys
 import threading
 import time
 
+import pytest
 from conftest import with_pythonpath
 
 import zctipc
@@ -65,6 +66,8 @@ def test_the_readiness_thread_follows_the_queue_while_it_is_open():
 
 
 _EXIT_WITH_WAITABLE_QUEUES = """
+import pytest
+
 import zctipc
 queues = [zctipc.Queue() for _ in range(100)]
 for q in queues:
@@ -197,3 +200,52 @@ def _poll_then_consume():
         assert q.get(timeout=HANG) == "m"
     finally:
         q.close()
+
+
+# -- every blocked call sleeps outside the library --------------------------------------------
+
+_BLOCKED_CHILD = """
+import sys, zctipc
+kind = sys.argv[1]
+if kind == "put":
+    q = zctipc.Queue(1)
+    q.put(0)
+    print("ready", flush=True)
+    q.put(1)
+elif kind == "put-bytes":
+    q = zctipc.Queue(max_bytes=4096)
+    q.put(b"x" * 3000)
+    print("ready", flush=True)
+    q.put(b"y" * 3000)
+elif kind == "join":
+    q = zctipc.JoinableQueue()
+    q.put(0)
+    q.get()
+    print("ready", flush=True)
+    q.join()
+elif kind == "poll":
+    q = zctipc.Queue()
+    print("ready", flush=True)
+    q._poll(None)
+"""
+
+
+@pytest.mark.parametrize("kind", ["put", "put-bytes", "join", "poll"])
+def test_a_blocked_call_does_not_wake(kind):
+    """A put blocked on a full queue and a join blocked on an unfinished
+    message wake their process as rarely as a blocked get does (within the
+    bound of test_waiting.py's idle test), not ~1,300 times a second."""
+    from test_waiting import IDLE_WAKEUPS_PER_SECOND, _switches
+
+    child = subprocess.Popen([sys.executable, "-c", _BLOCKED_CHILD, kind], stdout=subprocess.PIPE, text=True, env=ENV)
+    try:
+        assert child.stdout.readline() == "ready\n"
+        time.sleep(0.5)  # past the first spin and brief wait
+        before, start = _switches(child.pid), time.monotonic()
+        time.sleep(2)
+        rate = (_switches(child.pid) - before) / (time.monotonic() - start)
+        assert child.poll() is None, "the call returned"
+        assert rate < IDLE_WAKEUPS_PER_SECOND, f"{rate:.0f} wake-ups a second while blocked"
+    finally:
+        child.kill()
+        child.wait()

@@ -468,6 +468,13 @@ int zct_stream_writer_set_wait(zct_handle writer, int32_t poll, int64_t spin_ns)
    zct_queue_arm and zct_queue_disarm do. */
 int zct_stream_reader_arm(zct_handle reader, uint32_t **word, uint32_t *seen);
 int zct_stream_reader_disarm(zct_handle reader);
+/* Arm and disarm the writer's wait for room, for zct_sleep, likewise:
+   until the disarm, readers that move past the frame the writer waits for
+   wake it. Only a look evicts dead or stale readers: a writer that sleeps
+   long looks again now and then (a look with timeout 0) even when not
+   woken. */
+int zct_stream_writer_arm(zct_handle writer, uint32_t **word, uint32_t *seen);
+int zct_stream_writer_disarm(zct_handle writer);
 int zct_stream_reader_close(zct_handle reader);
 
 /* Events: a flag in shared memory that processes set, clear and wait for. */

@@ -223,6 +223,14 @@ elif kind == "join":
     q.get()
     print("ready", flush=True)
     q.join()
+elif kind == "stream-writer":
+    s = zctipc.Stream.create(shape=16, frames=2, policy="block")
+    r, w = s.reader(), s.writer()  # a reader that reads nothing
+    import numpy as np
+    w.write(np.zeros(16, "float32"))
+    w.write(np.ones(16, "float32"))
+    print("ready", flush=True)
+    w.write(np.ones(16, "float32"))
 elif kind == "poll":
     q = zctipc.Queue()
     print("ready", flush=True)
@@ -230,11 +238,12 @@ elif kind == "poll":
 """
 
 
-@pytest.mark.parametrize("kind", ["put", "put-bytes", "join", "poll"])
+@pytest.mark.parametrize("kind", ["put", "put-bytes", "join", "stream-writer", "poll"])
 def test_a_blocked_call_does_not_wake(kind):
-    """A put blocked on a full queue and a join blocked on an unfinished
-    message wake their process as rarely as a blocked get does (within the
-    bound of test_waiting.py's idle test), not ~1,300 times a second."""
+    """A put blocked on a full queue, a join blocked on an unfinished
+    message and a stream writer waiting for room wake their process as
+    rarely as a blocked get does (within the bound of test_waiting.py's
+    idle test), not ~1,300 times a second."""
     from test_waiting import IDLE_WAKEUPS_PER_SECOND, _switches
 
     child = subprocess.Popen([sys.executable, "-c", _BLOCKED_CHILD, kind], stdout=subprocess.PIPE, text=True, env=ENV)
@@ -249,3 +258,49 @@ def test_a_blocked_call_does_not_wake(kind):
     finally:
         child.kill()
         child.wait()
+
+
+_STUCK_READER = """
+import sys, time, zctipc
+s = zctipc.Stream.attach(sys.argv[1])
+r = s.reader()
+print("ready", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_writer_asleep_for_room_evicts_a_reader_killed_meanwhile():
+    """The writer sleeps outside the library while a reader of another
+    process holds it back; the reader is killed (it wakes nobody): the
+    writer's looks now and then evict it, and the write goes through."""
+    import numpy as np
+
+    s = zctipc.Stream.create(shape=16, frames=2, policy="block")
+    w = s.writer()
+    child = subprocess.Popen([sys.executable, "-c", _STUCK_READER, s.name], stdout=subprocess.PIPE, text=True, env=ENV)
+    try:
+        assert child.stdout.readline() == "ready\n"
+        w.write(np.zeros(16, "float32"))
+        w.write(np.zeros(16, "float32"))
+        threading.Timer(0.5, child.kill).start()  # while the writer sleeps
+        assert w.write(np.ones(16, "float32"), timeout=HANG)
+    finally:
+        child.kill()
+        child.wait()
+        w.close()
+        s.close()
+
+
+def test_a_writer_asleep_for_room_evicts_a_stale_reader():
+    import numpy as np
+
+    s = zctipc.Stream.create(shape=16, frames=2, policy="block", reader_timeout=0.3)
+    r, w = s.reader(), s.writer()
+    try:
+        w.write(np.zeros(16, "float32"))
+        w.write(np.zeros(16, "float32"))
+        assert w.write(np.ones(16, "float32"), timeout=HANG)
+    finally:
+        r.close()
+        w.close()
+        s.close()

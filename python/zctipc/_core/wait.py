@@ -91,6 +91,7 @@ def sleep_outside(
     arm: Callable[[], tuple[Any, int]],
     disarm: Callable[[bool], object],
     closed: Callable[[], bool],
+    look_every: int = 0,
 ) -> int:
     """retry, for a call whose wait can be armed (Note [sleeping outside
     Go]): call(ms) waits at most BRIEF_MS inside the library; then arm()
@@ -101,7 +102,10 @@ def sleep_outside(
     a move of the word) ended the sleep. An infinite timeout is no timeout.
 
     closed() says, without calling the library, whether the handle was
-    closed (Note [a sleep across a close])."""
+    closed (Note [a sleep across a close]). look_every: after that many
+    slices in a row that their timeout ended, look again all the same (0:
+    never), for a call whose look does more than read the word (a stream
+    writer's evicts readers that died)."""
     if not block:
         return call(0)
     timeout = args.timeout(timeout)
@@ -122,10 +126,12 @@ def sleep_outside(
         woken = False
         try:
             status = call(0)
+            slices = 0
             while status == again:
                 # Signal handlers run between these calls (Ctrl-C).
                 slept = sleep(word, seen, ms)
-                if slept != empty and slept != interrupted or closed():
+                slices += 1
+                if slept != empty and slept != interrupted or closed() or slices == look_every:
                     # Woken, or the word moved (or went with a close): look.
                     woken = slept != empty and slept != interrupted
                     status = call(0)

@@ -304,3 +304,289 @@ def test_a_writer_asleep_for_room_evicts_a_stale_reader():
         r.close()
         w.close()
         s.close()
+
+
+# -- timeouts at their edges ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("timeout", [0, 1e-9, 0.001])
+def test_a_short_timeout_on_an_empty_queue_raises_empty(timeout):
+    import queue
+
+    q = zctipc.Queue(1)
+    try:
+        with pytest.raises(queue.Empty):
+            q.get(timeout=timeout)
+        q.put(0)
+        with pytest.raises(queue.Full):
+            q.put(1, timeout=timeout)
+    finally:
+        q.close()
+
+
+@pytest.mark.parametrize("timeout", [float("nan"), -1.0, -1e-9, float("-inf")])
+def test_a_timeout_that_is_no_number_of_seconds_is_refused(timeout):
+    q = zctipc.Queue(1)
+    try:
+        with pytest.raises(ValueError):
+            q.get(timeout=timeout)
+        q.put(0)
+        with pytest.raises(ValueError):
+            q.put(1, timeout=timeout)
+    finally:
+        q.close()
+
+
+@pytest.mark.parametrize("timeout", [float("inf"), 1e300, None])
+def test_a_long_timeout_waits_for_a_late_put_and_a_late_get(timeout):
+    q = zctipc.Queue(1)
+    try:
+        threading.Timer(0.2, q.put, ("late",)).start()
+        assert q.get(timeout=timeout) == "late"
+        q.put("first")
+        threading.Timer(0.2, q.get).start()
+        q.put("second", timeout=timeout)  # waits for the timer's get
+        assert q.get(timeout=HANG) == "second"
+    finally:
+        q.close()
+
+
+# -- many waiters, and closes while they sleep ------------------------------------------------
+
+
+def test_a_hundred_threads_blocked_on_one_queue_each_get_one_message():
+    q = zctipc.Queue()
+    n, got = 100, []
+    threads = [threading.Thread(target=lambda: got.append(q.get(timeout=HANG)), daemon=True) for _ in range(n)]
+    try:
+        for t in threads:
+            t.start()
+        time.sleep(0.3)  # most are asleep outside the library by now
+        for i in range(n):
+            q.put(i)
+        for t in threads:
+            t.join(HANG)
+        assert sorted(got) == list(range(n))
+    finally:
+        q.close()
+
+
+@pytest.mark.parametrize("call", ["get", "put", "join", "poll"])
+def test_a_close_wakes_a_hundred_blocked_threads(call):
+    q = zctipc.JoinableQueue(1)
+    if call in ("put", "join"):
+        q.put(0)
+    outcome = []
+
+    def block():
+        try:
+            {"get": q.get, "put": lambda: q.put(1), "join": q.join, "poll": lambda: q._poll(None)}[call]()
+            outcome.append("returned")
+        except zctipc.HandleClosed:
+            outcome.append("closed")
+        except BaseException as e:
+            outcome.append(e)
+
+    threads = [threading.Thread(target=block, daemon=True) for _ in range(100)]
+    for t in threads:
+        t.start()
+    time.sleep(0.3)
+    q.close()
+    for t in threads:
+        t.join(HANG)
+    assert not any(t.is_alive() for t in threads)
+    assert outcome == ["closed"] * 100, outcome
+
+
+# -- waiters killed, stopped, interrupted -----------------------------------------------------
+
+_CONSUMER = """
+import sys, zctipc
+q = zctipc.Queue.attach(sys.argv[1])
+print("ready", flush=True)
+q.get()
+"""
+
+
+def _consumers(q, n):
+    procs = [
+        subprocess.Popen([sys.executable, "-c", _CONSUMER, q.name], stdout=subprocess.PIPE, text=True, env=ENV)
+        for _ in range(n)
+    ]
+    for p in procs:
+        assert p.stdout.readline() == "ready\n"
+    time.sleep(0.3)  # asleep outside the library, armed
+    return procs
+
+
+def test_consumers_killed_while_armed_leave_no_wake_up_missing():
+    """Consumers SIGKILLed while armed leave their count on the word (only
+    a costlier put); the others still get every message."""
+    import signal
+
+    q = zctipc.Queue()
+    procs = _consumers(q, 4)
+    try:
+        for p in procs:
+            p.send_signal(signal.SIGKILL)
+            p.wait()
+        for i in range(50):
+            threading.Timer(0.01, q.put, (i,)).start()
+            assert q.get(timeout=HANG) == i
+    finally:
+        q.close()
+
+
+def test_a_stopped_consumer_does_not_keep_a_message_from_the_others():
+    """A put wakes one sleeper, which may be a stopped process: the
+    others see the message all the same."""
+    import signal
+
+    q = zctipc.Queue()
+    procs = _consumers(q, 3)
+    try:
+        for p in procs:
+            p.send_signal(signal.SIGSTOP)
+        got = []
+        t = threading.Thread(target=lambda: got.append(q.get(timeout=HANG)), daemon=True)
+        t.start()
+        time.sleep(0.3)
+        for i in range(5):
+            q.put(i)
+            assert _settle(lambda: len(got) == 1)
+            got.pop()
+            if i < 4:
+                t = threading.Thread(target=lambda: got.append(q.get(timeout=HANG)), daemon=True)
+                t.start()
+                time.sleep(0.1)
+    finally:
+        for p in procs:
+            p.send_signal(signal.SIGKILL)
+            p.wait()
+        q.close()
+
+
+@pytest.mark.parametrize("call", ["get", "put", "read", "write"])
+def test_ctrl_c_interrupts_a_call_asleep_outside_the_library(call):
+    import signal
+
+    child_code = """
+import sys, numpy as np, zctipc
+call = sys.argv[1]
+q = zctipc.JoinableQueue(1)
+s = zctipc.Stream.create(shape=4, frames=2, policy="block")
+r, w = s.reader(), s.writer()
+if call == "put":
+    q.put(0)
+if call == "write":
+    w.write(np.zeros(4, "float32"))
+    w.write(np.zeros(4, "float32"))
+print("ready", flush=True)
+try:
+    {"get": q.get, "put": lambda: q.put(1), "read": r.read, "write": lambda: w.write(np.zeros(4, "float32"))}[call]()
+except KeyboardInterrupt:
+    print("interrupted", flush=True)
+"""
+    child = subprocess.Popen([sys.executable, "-c", child_code, call], stdout=subprocess.PIPE, text=True, env=ENV)
+    try:
+        assert child.stdout.readline() == "ready\n"
+        time.sleep(0.5)  # asleep outside the library
+        child.send_signal(signal.SIGINT)
+        assert child.stdout.readline() == "interrupted\n"
+        assert child.wait(HANG) == 0
+    finally:
+        child.kill()
+        child.wait()
+
+
+# -- get_async in several event loops ---------------------------------------------------------
+
+
+def test_get_async_in_several_event_loops_of_several_threads():
+    import asyncio
+
+    q = zctipc.Queue()
+    loops, per_loop, got = 4, 5, []
+
+    def run():
+        async def main():
+            return await asyncio.wait_for(asyncio.gather(*(q.get_async() for _ in range(per_loop))), HANG)
+
+        got.extend(asyncio.run(main()))
+
+    threads = [threading.Thread(target=run) for _ in range(loops)]
+    try:
+        for t in threads:
+            t.start()
+        time.sleep(0.3)
+        for i in range(loops * per_loop):
+            q.put(i)
+        for t in threads:
+            t.join(HANG)
+        assert sorted(got) == list(range(loops * per_loop))
+    finally:
+        q.close()
+
+
+def test_a_storm_of_cancellations_leaves_the_survivors_waiting():
+    import asyncio
+
+    q = zctipc.Queue()
+
+    async def main():
+        for _ in range(20):
+            tasks = [asyncio.ensure_future(q.get_async()) for _ in range(20)]
+            await asyncio.sleep(0)
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        survivors = [asyncio.ensure_future(q.get_async()) for _ in range(3)]
+        await asyncio.sleep(0.05)
+        for i in range(3):
+            q.put(i)
+        return await asyncio.wait_for(asyncio.gather(*survivors), HANG)
+
+    try:
+        assert sorted(asyncio.run(main())) == [0, 1, 2]
+        assert not q._async_waiting
+    finally:
+        q.close()
+
+
+# -- a stream reader waiting while the writer dies --------------------------------------------
+
+_DYING_WRITER = """
+import sys, time, numpy as np, zctipc
+s = zctipc.Stream.attach(sys.argv[1])
+w = s.writer()
+w.write(np.full(4, 1, "float32"))
+print("ready", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_reader_waiting_while_the_writer_dies_gets_the_next_writers_frames():
+    import numpy as np
+
+    s = zctipc.Stream.create(shape=4, frames=4)
+    r = s.reader()
+    child = subprocess.Popen([sys.executable, "-c", _DYING_WRITER, s.name], stdout=subprocess.PIPE, text=True, env=ENV)
+    try:
+        assert child.stdout.readline() == "ready\n"
+        assert r.read(timeout=HANG)[0] == 1
+        got = []
+        t = threading.Thread(target=lambda: got.append(r.read(timeout=HANG)), daemon=True)
+        t.start()
+        time.sleep(0.3)  # the reader sleeps outside the library
+        child.kill()
+        child.wait()
+        w = s.writer()  # takes over the role of the dead writer
+        w.write(np.full(4, 2, "float32"))
+        t.join(HANG)
+        assert got and got[0][0] == 2
+        w.close()
+    finally:
+        child.kill()
+        child.wait()
+        r.close()
+        s.close()

@@ -590,3 +590,23 @@ def test_a_reader_waiting_while_the_writer_dies_gets_the_next_writers_frames():
         child.wait()
         r.close()
         s.close()
+
+
+def test_the_readiness_thread_never_keeps_a_blocked_producer_asleep():
+    """The readiness thread of a queue that holds messages sleeps on the
+    space word beside blocked producers, and a get wakes only one of them:
+    when it wakes the thread, the producer's sleep still ends (its next
+    slice finds the word moved) and its put goes through, every time."""
+    q = zctipc.Queue(1)
+    try:
+        q._reader.fileno()
+        q.put(-1)
+        for i in range(20):
+            t = threading.Thread(target=q.put, args=(i,), daemon=True)
+            t.start()
+            time.sleep(0.06)  # the producer and the thread both asleep on the word
+            q.get(timeout=HANG)
+            t.join(HANG)
+            assert not t.is_alive(), "a get left the blocked producer asleep"
+    finally:
+        q.close()

@@ -409,7 +409,10 @@ int zct_queue_disarm(zct_handle queue, int32_t which, int32_t pass_on);
    woken or the word moved (look again), ZCT_E_EMPTY at the timeout,
    ZCT_E_INTERRUPTED on a signal, ZCT_E_CLOSED when the word is no longer
    mapped. Plain C: it neither enters the Go runtime nor touches the word
-   but through the kernel, so it is safe after the handle was closed. */
+   but through the kernel, so it is safe after the handle was closed. A
+   sleep that begins after the close may find the address taken by another
+   mapping, and then lasts until its timeout: sleep in bounded slices, and
+   stop once the handle was closed. */
 int zct_sleep(const uint32_t *word, uint32_t seen, int64_t timeout_ms);
 
 /* Streams: one writer and up to 64 readers of a ring of fixed-size frames

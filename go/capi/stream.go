@@ -350,3 +350,26 @@ func zct_stream_reader_arm(h C.zct_handle, word **C.uint32_t, seen *C.uint32_t) 
 func zct_stream_reader_disarm(h C.zct_handle) C.int {
 	return with(readers, uint64(h), func(r *stream.Reader) error { return r.DisarmWait() })
 }
+
+// zct_stream_writer_arm and zct_stream_writer_disarm have the threat model
+// of zct_queue_arm (queue.go) and of stream.Writer.ArmWait.
+
+//export zct_stream_writer_arm
+func zct_stream_writer_arm(h C.zct_handle, word **C.uint32_t, seen *C.uint32_t) C.int {
+	return with(writers, uint64(h), func(w *stream.Writer) error {
+		if word == nil || seen == nil {
+			return fmt.Errorf("zct_stream_writer_arm: a NULL out-parameter: %w", unix.EINVAL)
+		}
+		p, v, err := w.ArmWait()
+		if err != nil {
+			return err
+		}
+		*word, *seen = (*C.uint32_t)(unsafe.Pointer(p)), C.uint32_t(v)
+		return nil
+	})
+}
+
+//export zct_stream_writer_disarm
+func zct_stream_writer_disarm(h C.zct_handle) C.int {
+	return with(writers, uint64(h), func(w *stream.Writer) error { return w.DisarmWait() })
+}

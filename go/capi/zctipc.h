@@ -418,7 +418,10 @@ int zct_queue_disarm(zct_handle queue, int32_t which, int32_t pass_on);
    woken or the word moved (look again), ZCT_E_EMPTY at the timeout,
    ZCT_E_INTERRUPTED on a signal, ZCT_E_CLOSED when the word is no longer
    mapped. Plain C: it neither enters the Go runtime nor touches the word
-   but through the kernel, so it is safe after the handle was closed. */
+   but through the kernel, so it is safe after the handle was closed. A
+   sleep that begins after the close may find the address taken by another
+   mapping, and then lasts until its timeout: sleep in bounded slices, and
+   stop once the handle was closed. */
 int zct_sleep(const uint32_t *word, uint32_t seen, int64_t timeout_ms);
 
 /* Streams: one writer and up to 64 readers of a ring of fixed-size frames
@@ -477,6 +480,13 @@ int zct_stream_writer_set_wait(zct_handle writer, int32_t poll, int64_t spin_ns)
    zct_queue_arm and zct_queue_disarm do. */
 int zct_stream_reader_arm(zct_handle reader, uint32_t **word, uint32_t *seen);
 int zct_stream_reader_disarm(zct_handle reader);
+/* Arm and disarm the writer's wait for room, for zct_sleep, likewise:
+   until the disarm, readers that move past the frame the writer waits for
+   wake it. Only a look evicts dead or stale readers: a writer that sleeps
+   long looks again now and then (a look with timeout 0) even when not
+   woken. */
+int zct_stream_writer_arm(zct_handle writer, uint32_t **word, uint32_t *seen);
+int zct_stream_writer_disarm(zct_handle writer);
 int zct_stream_reader_close(zct_handle reader);
 
 /* Events: a flag in shared memory that processes set, clear and wait for. */

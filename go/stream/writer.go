@@ -50,6 +50,11 @@ type Writer struct {
 	// holds the writer back only from then (Note [waiting is alive]).
 	blockedFor   uint64
 	blockedSince int64
+	// armed counts the host's sleeps outside Go on the space word
+	// (ArmWait); sleepers is the same count, read under calls.mu, while
+	// which the writer keeps saying what it waits for (offWanted).
+	armed    futex.Armed
+	sleepers int
 }
 
 // slotQueue is a first-in first-out queue of slots, at most a ring's worth.
@@ -251,12 +256,15 @@ func (w *Writer) Position() uint64 {
 
 // Close gives up the writer role; a frame claimed and not published is not
 // published. The stream goes on: another writer may take over. A Look
-// waiting in another goroutine returns ErrClosed; closing twice returns
-// ErrClosed.
+// waiting in another goroutine returns ErrClosed, and a host thread asleep
+// outside Go (ArmWait) wakes; closing twice returns ErrClosed.
 func (w *Writer) Close() error {
 	if !w.guard.Close(w.s.wakeAll) {
 		return ErrClosed
 	}
+	w.armed.Release(0, w.s.spaceSeq())
+	w.sleepers = 0
+	w.unwant()
 	return errors.Join(w.role.Unlock(), w.seg.Close())
 }
 
@@ -282,7 +290,7 @@ func (w *Writer) waitForRoom(u futex.Until) error {
 	need := w.next - frames + 1 // every reader must be at least here
 	space := s.spaceSeq()
 	wanted := u64(s.data, offWanted)
-	defer atomic.StoreUint64(wanted, 0)
+	defer w.unwant()
 	if need != w.blockedFor || w.blockedSince == 0 {
 		w.blockedFor, w.blockedSince = need, nowNS()
 	}
@@ -314,6 +322,63 @@ func (w *Writer) waitForRoom(u futex.Until) error {
 			return err
 		}
 	}
+}
+
+// unwant says that the writer no longer waits for room, unless a host
+// thread armed for room still sleeps outside Go (ArmWait): readers that
+// move past what it waits for must go on waking it.
+func (w *Writer) unwant() {
+	if w.sleepers == 0 {
+		atomic.StoreUint64(u64(w.s.data, offWanted), 0)
+	}
+}
+
+// ArmWait counts the calling host thread among the sleepers on the
+// stream's space word, which readers bump as they move past the position
+// the writer waits for, and returns the word and the value to sleep on,
+// for a sleep outside Go (Note [sleeping outside Go] in package futex).
+// Until DisarmWait the writer says that it waits for every reader to
+// release the slot of its next frame, so that the readers wake it. The
+// host then looks again (a Look that does not wait) and sleeps only if it
+// still must, then calls DisarmWait; it looks again now and then even
+// when not woken, since only a Look evicts the readers that died or, with
+// a reader timeout, stopped. A sleep on the word after Close fails or
+// ends, and never faults.
+//
+// Threat model: any code of the process may call it through the C ABI,
+// with a writer's handle; calls are serialized with the writer's others.
+// What it stores (the position waited for) is a hint to readers, who
+// only wake the writer for it; a reader process that forges it or the
+// word only wakes the writer, which looks again.
+func (w *Writer) ArmWait() (*uint32, uint32, error) {
+	if err := w.enter(); err != nil {
+		return nil, 0, err
+	}
+	defer w.leave()
+	frames := uint64(w.s.cfg.Frames)
+	if w.s.cfg.Policy == Block && w.next >= frames {
+		// Stored before the word is read: a reader that moves after the
+		// host looked sees it and bumps the word.
+		atomic.StoreUint64(u64(w.s.data, offWanted), w.next-frames+1)
+	}
+	w.sleepers++
+	space := w.s.spaceSeq()
+	return space.Word, w.armed.Arm(0, space), nil
+}
+
+// DisarmWait takes back an ArmWait; one with no ArmWait before it is
+// refused.
+func (w *Writer) DisarmWait() error {
+	if err := w.enter(); err != nil {
+		return err
+	}
+	defer w.leave()
+	if !w.armed.Disarm(0, w.s.spaceSeq()) {
+		return fmt.Errorf("the writer's wait word was not armed: %w", unix.EINVAL)
+	}
+	w.sleepers--
+	w.unwant()
+	return nil
 }
 
 // Note [waiting is alive]. A reader's seen time moves when it takes or

@@ -144,6 +144,13 @@ class _Armed(threading.local):
         self.seen = ffi.new("uint32_t *")
 
 
+#: How long the readiness thread sleeps before it looks whether its queue
+#: object was closed, in case a close let the word it sleeps on go before
+#: the sleep began (Note [a sleep across a close] in zctipc._core.wait); a
+#: close wakes it at once otherwise.
+_WATCH_SLICE_MS = 10_000
+
+
 class _Readiness:
     """A pipe readable while a queue holds a message (Note [waiting on a
     queue among other things]), and the thread that keeps it so. The
@@ -166,34 +173,57 @@ class _Readiness:
     def __init__(self, handle: int, name: str) -> None:
         self.handle = handle
         self.read_fd, self.write_fd = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-        self.lock = threading.Lock()  # over readable and the pipe's contents
+        self.lock = threading.Lock()  # over readable, the pipe's contents, and open
         self.readable = False
         self.stopped = False
-        weakref.finalize(self, _close_pipe, self.read_fd, self.write_fd)
+        # The pipe closes with this object, or at exit while the thread may
+        # still run (a daemon thread): under the lock, after which show and
+        # rearm leave it alone, so that they never write to or drain a
+        # descriptor number that another open file has taken meanwhile.
+        self.open = [True]
+        weakref.finalize(self, _close_pipe, self.lock, self.open, self.read_fd, self.write_fd)
         self.thread = threading.Thread(target=self._run, name=f"zctipc readiness of {name}", daemon=True)
         self.thread.start()
 
     def _run(self) -> None:
         ffi, lib = native.ffi(), native.lib()
-        handle, items = self.handle, ffi.new("int64_t *")
+        handle = self.handle
+        items = ffi.new("int64_t[2]")  # messages, and unfinished ones (not read)
         word, seen = ffi.new("uint32_t **"), ffi.new("uint32_t *")
         data, space = lib.ZCT_WAIT_DATA, lib.ZCT_WAIT_SPACE
+
+        def look() -> bool:
+            # False once the handle was closed; any other failure is a bug
+            # that must not pass for a close: it is raised (and shown by
+            # threading.excepthook) after the pipe was left readable.
+            status = lib.zct_queue_len(handle, items, items + 1)
+            if status == native.E_CLOSED:
+                return False
+            native.check(status)
+            return True
+
         try:
             while not self.stopped:
-                if lib.zct_queue_len(handle, items, ffi.NULL) != 0:
-                    return  # the handle was closed
+                if not look():
+                    return
                 holds = items[0] > 0
                 self.show(holds)
                 which = space if holds else data
-                if lib.zct_queue_arm(handle, which, word, seen) != 0:
+                status = lib.zct_queue_arm(handle, which, word, seen)
+                if status == native.E_CLOSED:
                     return
+                native.check(status)
                 woken = False
                 try:
                     # Look again now that a change wakes this thread.
-                    if lib.zct_queue_len(handle, items, ffi.NULL) != 0:
+                    if not look():
                         return
-                    if (items[0] > 0) == holds and not self.stopped:
-                        woken = lib.zct_sleep(word[0], seen[0], -1) == native.OK
+                    slept = native.E_EMPTY
+                    while slept == native.E_EMPTY and (items[0] > 0) == holds and not self.stopped:
+                        # In long slices, each ended by a look at stopped
+                        # (Note [a sleep across a close] in zctipc._core.wait).
+                        slept = lib.zct_sleep(word[0], seen[0], _WATCH_SLICE_MS)
+                    woken = slept == native.OK
                 finally:
                     # Woken on the data word, it takes nothing: a consumer
                     # is woken in its place when a message is there.
@@ -205,6 +235,8 @@ class _Readiness:
     def show(self, readable: bool) -> None:
         """Make the pipe readable or not."""
         with self.lock:
+            if not self.open[0]:
+                return
             if readable and not self.readable:
                 os.write(self.write_fd, b"\0")
                 self.readable = True
@@ -216,7 +248,7 @@ class _Readiness:
         """After a get through this queue object: when the queue is now
         empty (empty() says), make the pipe unreadable at once."""
         with self.lock:
-            if self.readable and not self.stopped and empty():
+            if self.open[0] and self.readable and not self.stopped and empty():
                 _drain(self.read_fd)
                 self.readable = False
 
@@ -233,9 +265,11 @@ def _drain(fd: int) -> None:
         pass
 
 
-def _close_pipe(read_fd: int, write_fd: int) -> None:
-    os.close(read_fd)
-    os.close(write_fd)
+def _close_pipe(lock: threading.Lock, opened: list[bool], read_fd: int, write_fd: int) -> None:
+    with lock:
+        opened[0] = False
+        os.close(read_fd)
+        os.close(write_fd)
 
 
 # Note [polling a reader]: the standard library polls a pipe end and then
@@ -528,7 +562,8 @@ class Queue:
         timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
         while done < count:
             rest = ends if done == 0 else [e - base for e in ends[done:]]
-            status = wait.retry(
+            status = self._wait_on(
+                lib.ZCT_WAIT_SPACE,
                 # mypy cannot infer a lambda whose defaults bind the loop's values
                 lambda ms, base=base, rest=rest, left=count - done: lib.zct_queue_put_many(  # type: ignore[misc]
                     self._handle, lib.ZCT_RECORD_PICKLE, buf + base, rest, left, ms, written
@@ -571,7 +606,8 @@ class Queue:
             for i, e in enumerate(buffers):
                 e.fill(views[i])
         try:
-            status = wait.retry(
+            status = self._wait_on(
+                lib.ZCT_WAIT_SPACE,
                 lambda ms: lib.zct_queue_put(self._handle, typ, payload, len(payload), views, n, ms),
                 native.E_FULL,
                 block,
@@ -647,26 +683,48 @@ class Queue:
             native.check(status)
         return status
 
-    def _wait_for_data(self, call: Callable[[int], int], timeout: float | None, block: bool = True) -> int:
+    def _wait_for_data(
+        self, call: Callable[[int], int], timeout: float | None, block: bool = True, takes: bool = True
+    ) -> int:
         """The status of call(ms), a native call that waits up to ms for a
-        message, once one came or the timeout passed: outside the library
-        (Note [sleeping outside Go] in zctipc._core.wait) unless this queue
-        object polls."""
+        message, once one came or the timeout passed. takes: call takes the
+        message it finds (a get), or only says that one is there (_poll)."""
+        return self._wait_on(native.lib().ZCT_WAIT_DATA, call, native.E_EMPTY, block, timeout, takes)
+
+    def _wait_on(
+        self,
+        which: int,
+        call: Callable[[int], int],
+        again: int,
+        block: bool,
+        timeout: float | None,
+        takes: bool = True,
+    ) -> int:
+        """The status of call(ms), a native call that waits up to ms on the
+        queue's word which (ZCT_WAIT_DATA, ZCT_WAIT_SPACE or ZCT_WAIT_JOIN)
+        and returns again while it must wait on, once it returned something
+        else or the timeout passed: outside the library (Note [sleeping
+        outside Go] in zctipc._core.wait) unless this queue object polls.
+        takes=False: call only says that a message is there, and passes on
+        the wake-up of a put (which wakes one sleeper) that it took."""
         if self._polls:
-            return wait.retry(call, native.E_EMPTY, block, timeout)
-        return wait.sleep_outside(call, native.E_EMPTY, block, timeout, self._arm_data, self._disarm_data)
-
-    def _arm_data(self) -> tuple[Any, int]:
+            return wait.retry(call, again, block, timeout)
         lib = native.lib()
-        out = self._armed
-        native.check(lib.zct_queue_arm(self._handle, lib.ZCT_WAIT_DATA, out.word, out.seen))
-        return out.word[0], out.seen[0]
 
-    def _disarm_data(self, pass_on: bool = False) -> None:
-        # After a close, the library took the arm back itself.
-        status = native.lib().zct_queue_disarm(self._handle, native.lib().ZCT_WAIT_DATA, pass_on)
-        if status != native.E_CLOSED:
-            native.check(status)
+        def arm() -> tuple[Any, int]:
+            out = self._armed
+            native.check(lib.zct_queue_arm(self._handle, which, out.word, out.seen))
+            return out.word[0], out.seen[0]
+
+        def disarm(woken: bool) -> None:
+            status = lib.zct_queue_disarm(self._handle, which, woken and not takes)
+            if status != native.E_CLOSED:  # after a close, the library took the arm back itself
+                native.check(status)
+
+        return wait.sleep_outside(call, again, block, timeout, arm, disarm, self._is_closed)
+
+    def _is_closed(self) -> bool:
+        return self._closed
 
     def get_nowait(self) -> Any:
         return self.get(False)
@@ -799,7 +857,7 @@ class Queue:
             return True
         lib = native.lib()
         status = self._wait_for_data(
-            lambda ms: lib.zct_queue_wait(self._handle, ms), timeout, timeout is None or timeout > 0
+            lambda ms: lib.zct_queue_wait(self._handle, ms), timeout, timeout is None or timeout > 0, takes=False
         )
         if status == native.E_EMPTY:
             return False
@@ -904,7 +962,9 @@ class JoinableQueue(Queue):
         """Wait until every message put was marked done."""
         self._check_open()
         lib = native.lib()
-        native.check(wait.retry(lambda ms: lib.zct_queue_join(self._handle, ms), native.E_FULL))
+        native.check(
+            self._wait_on(lib.ZCT_WAIT_JOIN, lambda ms: lib.zct_queue_join(self._handle, ms), native.E_FULL, True, None)
+        )
 
 
 class SimpleQueue(Queue):

@@ -362,6 +362,8 @@ class _Endpoint:
         self._tensors: list[torch.Tensor] | None = None
         self._out = _Out()
         self._lock = threading.Lock()  # read() and write(): one frame whole
+        self._polls = False  # set_wait("poll"): waits stay in the library
+        self._armed = _Armed()
         verb = "write" if self._writable else "read"
         self._look = getattr(lib, f"zct_stream_{verb}_look")
         self._increment = getattr(lib, f"zct_stream_{verb}_increment")
@@ -375,6 +377,7 @@ class _Endpoint:
         a frame within a microsecond and takes a core while it waits."""
         poll, spin_ns = _wait.policy(wait, spin)
         native.check(getattr(native.lib(), f"zct_stream_{self._kind}_set_wait")(self._live(), poll, spin_ns))
+        self._polls = poll
 
     @property
     def stream(self) -> Stream:
@@ -393,6 +396,9 @@ class _Endpoint:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def _is_closed(self) -> bool:
+        return self._closed
 
     def _live(self) -> int:
         if self._closed:
@@ -416,9 +422,32 @@ class _Endpoint:
 
     def _wait(self, call: Callable[[int], int], timeout: float | None) -> int:
         """The status of call(ms), a native call that waits up to ms, once
-        it did not return _not_ready or the timeout passed."""
+        it did not return _not_ready or the timeout passed: outside the
+        library (Note [sleeping outside Go] in zctipc._core.wait) unless
+        this endpoint polls."""
         # _not_ready is None only on _Endpoint itself, which has no instances.
-        return wait.retry(call, self._not_ready, True, timeout)  # type: ignore[arg-type]
+        again: int = self._not_ready  # type: ignore[assignment]
+        if self._polls:
+            return wait.retry(call, again, True, timeout)
+        return wait.sleep_outside(
+            call, again, True, timeout, self._arm, self._disarm, self._is_closed, self._look_every
+        )
+
+    #: Slices of a sleep outside the library after which the endpoint looks
+    #: again even when not woken (0: never): a writer's look evicts readers
+    #: that died or stopped, which wake nobody.
+    _look_every = 0
+
+    def _arm(self) -> tuple[Any, int]:
+        out = self._armed
+        native.check(getattr(native.lib(), f"zct_stream_{self._kind}_arm")(self._handle, out.word, out.seen))
+        return out.word[0], out.seen[0]
+
+    def _disarm(self, woken: bool) -> None:
+        # After a close, the library took the arm back itself.
+        status = getattr(native.lib(), f"zct_stream_{self._kind}_disarm")(self._handle)
+        if status != native.E_CLOSED:
+            native.check(status)
 
     def _take_lock(self, block: bool, timeout: float | None) -> float | None | Literal[False]:
         """Take the endpoint's lock as block and timeout say; the time
@@ -449,6 +478,7 @@ class StreamWriter(_Endpoint):
     _kind = "writer"
     _writable = True
     _not_ready = native.E_FULL
+    _look_every = 4  # a reader timeout's eviction comes up to 0.2 s late
 
     if TYPE_CHECKING:
 
@@ -531,30 +561,6 @@ class StreamReader(_Endpoint):
         super().__init__(stream, handle)
         self._index = index
         self._pending = False  # a frame handed out by read(copy=False) or iteration
-        self._polls = False  # set_wait("poll"): waits stay in the library
-        self._armed = _Armed()
-
-    def set_wait(self, wait: str = "sleep", spin: float | None = None) -> None:
-        super().set_wait(wait, spin)
-        self._polls = wait == "poll"
-
-    def _wait(self, call: Callable[[int], int], timeout: float | None) -> int:
-        """As _Endpoint's, outside the library (Note [sleeping outside Go]
-        in zctipc._core.wait) unless this reader polls."""
-        if self._polls:
-            return super()._wait(call, timeout)
-        return wait.sleep_outside(call, native.E_EMPTY, True, timeout, self._arm, self._disarm)
-
-    def _arm(self) -> tuple[Any, int]:
-        out = self._armed
-        native.check(native.lib().zct_stream_reader_arm(self._handle, out.word, out.seen))
-        return out.word[0], out.seen[0]
-
-    def _disarm(self) -> None:
-        # After a close, the library took the arm back itself.
-        status = native.lib().zct_stream_reader_disarm(self._handle)
-        if status != native.E_CLOSED:
-            native.check(status)
 
     @property
     def index(self) -> int:

@@ -89,14 +89,23 @@ def sleep_outside(
     block: bool,
     timeout: float | None,
     arm: Callable[[], tuple[Any, int]],
-    disarm: Callable[[], object],
+    disarm: Callable[[bool], object],
+    closed: Callable[[], bool],
+    look_every: int = 0,
 ) -> int:
     """retry, for a call whose wait can be armed (Note [sleeping outside
     Go]): call(ms) waits at most BRIEF_MS inside the library; then arm()
     counts this thread among the word's sleepers and returns (word, seen)
     (or raises), call(0) looks once more, and zct_sleep sleeps on the word
-    in slices of WAIT_SLICE until it moves or the timeout passes; disarm()
-    takes the arm back. An infinite timeout is no timeout."""
+    in slices of WAIT_SLICE until it moves or the timeout passes;
+    disarm(woken) takes the arm back, woken saying whether a wake-up (or
+    a move of the word) ended the sleep. An infinite timeout is no timeout.
+
+    closed() says, without calling the library, whether the handle was
+    closed (Note [a sleep across a close]). look_every: after that many
+    slices in a row that their timeout ended, look again all the same (0:
+    never), for a call whose look does more than read the word (a stream
+    writer's evicts readers that died)."""
     if not block:
         return call(0)
     timeout = args.timeout(timeout)
@@ -114,18 +123,35 @@ def sleep_outside(
         if ms == 0:
             return again
         word, seen = arm()
+        woken = False
         try:
             status = call(0)
+            slices = 0
             while status == again:
                 # Signal handlers run between these calls (Ctrl-C).
                 slept = sleep(word, seen, ms)
-                if slept != empty and slept != interrupted:
+                slices += 1
+                if slept != empty and slept != interrupted or closed() or slices == look_every:
                     # Woken, or the word moved (or went with a close): look.
+                    woken = slept != empty and slept != interrupted
                     status = call(0)
                     break
                 ms = left_ms()
                 if ms == 0:
                     return again
         finally:
-            disarm()
+            disarm(woken)
     return status
+
+
+# Note [a sleep across a close]: closing a handle wakes its sleepers and
+# lets its mapping go, and the next mapping the process makes (another
+# queue, say) often lands at the same address. A thread that was between
+# two slices of its sleep when the handle closed (or between its arm and
+# its first slice) then sleeps on a word of that other mapping, which may
+# hold the very value it sleeps on (a fresh queue's 0): no wake-up of the
+# closed queue reaches it, and, since a slice that ends at its timeout
+# sleeps again on the same word, a wait without a timeout never ended. So
+# after every slice that its timeout ended, the sleeper asks closed(),
+# which reads its object's state in Python (no call into the library, so
+# no cost while idle), and looks (a call that answers "closed") once it is.

@@ -102,6 +102,50 @@ def test_a_shared_memory_file_system_filled_mid_run(tmp_path):
         subprocess.run(["umount", str(mount)], check=True)
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root")
+def test_an_unbounded_queue_past_two_to_the_31_on_a_full_file_system(tmp_path):
+    """Puts of 1.5 MiB that do not fit the rest of an unbounded queue's warm
+    window skip to the next lap, so two put/get pairs take its tail past
+    2^31. On a file system filled by someone else a put then raises
+    OutOfSharedMemory (it used to write pages it never reserved: a fault, a
+    hang or a queue Full for ever), and once there is room again the same
+    queue takes and gives messages, in every process."""
+    mount = tmp_path / "shm"
+    mount.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m,mode=0700", "tmpfs", str(mount)], check=True)
+    try:
+        code = textwrap.dedent("""
+            import os, queue, zctipc
+            q = zctipc.Queue()
+            big = bytes(3 << 19)
+            for i in range(4):
+                q.put(big); assert len(q.get()) == len(big)
+            dirname = os.environ["ZCTIPC_SHM_DIR"]
+            free = os.statvfs(dirname)
+            filler = os.path.join(dirname, "someone-else")
+            with open(filler, "wb") as f:
+                os.posix_fallocate(f.fileno(), 0, free.f_bavail * free.f_frsize - (512 << 10))
+            larger = bytes(3 << 20)  # past the warm window: pages of its own
+            try:
+                q.put(larger, timeout=1)
+                print("no error")
+            except zctipc.OutOfSharedMemory:
+                print("OOM")
+            except queue.Full:
+                print("Full")
+            os.unlink(filler)
+            q.put(larger, timeout=5)
+            print(len(q.get(timeout=5)) == len(larger))
+            q.close()
+        """)
+        env = dict(os.environ, ZCTIPC_SHM_DIR=str(mount), ZCTIPC_CLEANUP="0")
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.split() == ["OOM", "True"]
+    finally:
+        subprocess.run(["umount", str(mount)], check=True)
+
+
 _LIMIT = """
 import zctipc
 try:

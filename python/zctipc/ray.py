@@ -119,7 +119,12 @@ class ZctipcCommunicatorMetadata(CommunicatorMetadata):
 # actor's handle, warns and says why in the communicator metadata, and the
 # receive raises it at once, before attaching anything, so the receiving
 # task fails with it where the receive goes first. Where it goes last
-# nothing can reach the waiting task, and the warning is all there is.
+# nothing can reach the waiting task, and the warning is all there is:
+# so for an async actor made without the flag, whose event loop takes the
+# receive and the waiting task in either order, a hand-off whose producer
+# had finished first was seen to wait out Ray's timeout too. (A threaded
+# one, max_concurrency > 1, would receive beside the waiting task while a
+# thread is free; it is refused all the same, as it hangs once none is.)
 # (Raising in get_communicator_metadata would not do: there Ray calls it
 # from a native callback, which drops the exception.)
 #

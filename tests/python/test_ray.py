@@ -120,6 +120,10 @@ class Consumer:
         by whom: {name: creator pid}."""
         return {s.name: s.creator_pid for s in zctipc.list_segments()}
 
+    def kinds_made_by(self, pid):
+        """The kinds of the zctipc files process pid made."""
+        return sorted(s.kind for s in zctipc.list_segments() if s.creator_pid == pid)
+
 
 @ray.remote
 class PlainConsumer:
@@ -129,6 +133,9 @@ class PlainConsumer:
 
     def look(self, t):
         return int(t[0])
+
+    def pid(self):
+        return os.getpid()
 
 
 def test_same_node_actor_gets_a_view_of_the_producers_memory(cluster):
@@ -192,6 +199,104 @@ def test_a_receiver_without_a_transfer_thread_is_refused(cluster):
             ray.get(task, timeout=60)
     # The producer and its other receivers are unharmed.
     assert ray.get(Consumer.options(**on("a")).remote().look.remote(p.same.remote())) == 0
+
+
+@ray.remote(enable_tensor_transport=True)
+class AsyncConsumer:
+    async def look(self, t):
+        return int(t[0])
+
+
+@ray.remote(enable_tensor_transport=True)
+class Relay:
+    """Hands a producer's tensor to receivers itself, through actor handles
+    it was given (its own copies of the driver's)."""
+
+    def hand_off(self, producer, receivers):
+        out = []
+        for r in receivers:
+            try:
+                out.append(ray.get(r.look.remote(producer.same.remote()), timeout=60))
+            except Exception as e:
+                out.append(str(e))
+        return out
+
+
+def test_every_receiver_made_with_the_flag_is_served(cluster):
+    """Receivers made with enable_tensor_transport=True are served however
+    they run (threaded, async, on either node) and however their handle was
+    had (by name, or given to another actor that hands off): the refusal
+    reads the flag from every handle, and never refuses one of them, also
+    when the hand-off is submitted before the producer finished."""
+    p = Producer.options(**on("a")).remote()
+    ray.get(p.hold.remote(10))
+    receivers = [
+        Consumer.options(max_concurrency=4, **on("a")).remote(),
+        AsyncConsumer.options(**on("a")).remote(),
+        AsyncConsumer.options(**on("b")).remote(),
+    ]
+    named = Consumer.options(name="zctipc-named-receiver", **on("a")).remote()  # noqa: F841  # lives while held
+    receivers.append(ray.get_actor("zctipc-named-receiver"))
+    for r in receivers:
+        ref = p.same.remote()
+        ray.wait([ref])
+        assert ray.get(r.look.remote(ref), timeout=60) == 0
+        assert ray.get(r.look.remote(p.same.remote()), timeout=60) == 0  # not waited for
+    relay = Relay.options(**on("a")).remote()
+    bad = PlainConsumer.options(**on("a")).remote()
+    got = ray.get(relay.hand_off.remote(p, [*receivers, bad]), timeout=120)
+    assert got[:-1] == [0] * len(receivers)
+    assert "made without @ray.remote(enable_tensor_transport=True)" in got[-1]
+
+
+def test_a_refused_receiver_leaves_nothing_held(cluster):
+    """One producer feeds a receiver made with the flag and receivers made
+    without it (single-threaded, threaded, on the other node) in
+    turn, the same ref and fresh ones: each refusal names the fix, the good
+    receiver gets every hand-off, nothing of zctipc is made in a refused
+    receiver, and once the refs go the producer holds nothing. A producer
+    killed while a refusal is pending leaves no file behind."""
+    p = Producer.options(**on("a")).remote()
+    ray.get(p.hold.remote(10))
+    good = Consumer.options(**on("a")).remote()
+    bad = [
+        PlainConsumer.options(**on("a")).remote(),
+        PlainConsumer.options(max_concurrency=4, **on("a")).remote(),
+        PlainConsumer.options(**on("b")).remote(),
+    ]
+    fix = r"make its class with @ray.remote\(enable_tensor_transport=True\)"
+    refs = []
+    for r in bad:
+        refs.append(p.same.remote())
+        ray.wait(refs[-1:])  # the producer is done: the transfer goes before the task
+        for ref in (refs[-1], refs[0]):  # a fresh ref, and one handed out before
+            assert ray.get(good.look.remote(ref), timeout=60) == 0
+            with pytest.warns(RuntimeWarning, match=fix):
+                task = r.look.remote(ref)
+            with pytest.raises(Exception, match=fix):
+                ray.get(task, timeout=60)
+    before = set(ray.get(good.files.remote()))
+    theirs = ray.get(bad[0].pid.remote())
+    assert ray.get(good.kinds_made_by.remote(theirs)) == ["ledger"], "a refused receiver made nothing but its ledger"
+    del refs, ref, task
+    deadline = time.monotonic() + 30
+    while ray.get(p.slots_in_use.remote()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert ray.get(p.slots_in_use.remote()) == 0, "every hand-off's count was given back, refused ones too"
+    # A producer killed while a refusal is on its way.
+    ray.get(p.hold.remote(10))  # slots_in_use let go of the one it held
+    ppid = ray.get(p.pid.remote())
+    mine = {name for name, pid in ray.get(good.files.remote()).items() if pid == ppid}
+    ref = p.same.remote()
+    ray.wait([ref])
+    with pytest.warns(RuntimeWarning, match=fix):
+        task = bad[0].look.remote(ref)
+    ray.kill(p)
+    with pytest.raises(Exception, match=fix):
+        ray.get(task, timeout=60)
+    del ref
+    assert wait_until_gone(mine, timeout=30) == [], "the killed producer's files were collected"
+    assert set(ray.get(good.files.remote())) <= before
 
 
 def test_other_node_actor_gets_the_data_through_ray(cluster):

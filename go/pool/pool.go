@@ -565,6 +565,14 @@ func (p *Pool) tryAlloc(c int) (Slot, *Arena, error) {
 	arenas := p.arenas[c]
 	for i := len(arenas) - 1; i >= 0; i-- {
 		s, ok, err := arenas[i].take()
+		if errors.Is(err, unix.ENOENT) {
+			// This process let the arena go (shm.ReleaseAll, as a process
+			// about to exit does): its file is gone, so the pool forgets it
+			// and goes on with another. Buffers still in use in it stay
+			// mapped until they are released.
+			p.forget(c, arenas[i])
+			continue
+		}
 		if ok || err != nil {
 			return s, nil, err
 		}
@@ -699,6 +707,18 @@ func (p *Pool) trim(need uint64) error {
 		})
 	}
 	return errors.Join(errs...)
+}
+
+// forget takes arena a of class c, whose segment this process no longer
+// holds, out of the pool and of the address index (its buffers are no longer
+// sent by descriptor: no receiver could open it). The caller holds p.mu.
+func (p *Pool) forget(c int, a *Arena) {
+	p.arenas[c] = slices.DeleteFunc(p.arenas[c], func(b *Arena) bool { return b == a })
+	p.reserved -= arenaSize(a.slotSize, uint64(a.nslots))
+	if a.nslots > 1 {
+		p.slabs -= arenaSize(a.slotSize, uint64(a.nslots))
+	}
+	removeFromIndex(a)
 }
 
 func arenaSize(slotSize, nslots uint64) uint64 {

@@ -253,3 +253,24 @@ func TestPoolLimitErrorsNameSmallSizes(t *testing.T) {
 	require.Contains(t, err.Error(), "a 64 B buffer")
 	require.Contains(t, err.Error(), "limit of 0 B")
 }
+
+// TestAPoolGoesOnAfterReleaseAll: a process that let every segment go
+// (shm.ReleaseAll, zct_release_all, zctipc.cleanup_all_segments) and goes on
+// allocating gets buffers from new arenas; it was refused for ever ("being
+// removed") by the arenas it let go, and so was every descriptor's ticket.
+func TestAPoolGoesOnAfterReleaseAll(t *testing.T) {
+	p := pool.New(64 << 20)
+	defer p.Close()
+	s, err := p.Alloc(100, time.Time{})
+	require.NoError(t, err)
+	require.NoError(t, s.Release())
+	_, err = shm.ReleaseAll()
+	require.NoError(t, err)
+	s2, err := p.Alloc(100, time.Time{})
+	require.NoError(t, err, "Alloc after ReleaseAll")
+	require.NotEqual(t, s.Arena().Name(), s2.Arena().Name())
+	require.NoError(t, s2.Release())
+	tk, err := pool.NewTicket()
+	require.NoError(t, err, "NewTicket after ReleaseAll")
+	require.NoError(t, tk.Cancel())
+}

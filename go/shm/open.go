@@ -133,34 +133,74 @@ func openFD(full, path string) (int, error) {
 	return fd, nil
 }
 
+// Note [the header read is the name's]: a file opened by its name may be
+// let go and made into another segment (a spare reused, spare.go) before
+// its header is read: renamed to a temporary name, its header rewritten
+// whole and valid, its count set to one, and its data written, or being
+// written, for another name. So a header read through a descriptor opened
+// by name is that name's only if the name still names the file after the
+// read: openChecked checks it with one lstat and opens the name again when
+// it does not. A file's creation time is never given to another segment,
+// so a caller that then counts itself a holder and finds the same creation
+// time (file.hold) holds the very segment that the name named, complete
+// (Note [a name appears with its contents] in create.go).
+//
+// Threat model: any process of the user may rename, replace or rewrite a
+// segment file between the open, the read and the lstat (it may do that to
+// any segment). What must never happen is that a header read from one
+// segment is used as another name's, so that an attacher counts and maps
+// another segment, or one still being written, under the name it asked for.
+// A name that keeps changing under the open costs at most maxOpenTries opens,
+// then a not-found error.
+
+// maxOpenTries bounds how often openChecked opens a name whose file changed
+// while it was being opened.
+const maxOpenTries = 4
+
 // openChecked opens segment full read-write and returns its fd, stat and
-// validated header, after checking that it is of kind (any kind when zero).
-// The caller closes the fd.
+// validated header, after checking that it is of kind (any kind when zero)
+// and that the name still names the file whose header it read (Note [the
+// header read is the name's]). The caller closes the fd.
 func openChecked(full, path string, kind header.Kind) (int, unix.Stat_t, header.Header, error) {
-	fd, err := openFD(full, path)
-	if err != nil {
-		return -1, unix.Stat_t{}, header.Header{}, err
-	}
-	st, hdr, err := readHeader(fd, full)
-	if err != nil && path != "" && (errors.Is(err, header.ErrNotZctipc) || errors.Is(err, header.ErrVersion) || errors.Is(err, header.ErrCorrupt)) {
-		// The file may have been let go after it was opened and be in the
-		// middle of becoming a new segment (a spare reused, spare.go): its
-		// header is rewritten under a temporary name, and the name is
-		// given back only once that is done.
-		var now unix.Stat_t
-		if unix.Lstat(path, &now) != nil || (fileKey{now.Dev, now.Ino}) != (fileKey{st.Dev, st.Ino}) {
-			err = fmt.Errorf("segment %q was removed while it was opened: %w", full, unix.ENOENT)
-		} else {
-			st, hdr, err = readHeader(fd, full)
+	for tries := 1; ; tries++ {
+		fd, err := openFD(full, path)
+		if err != nil {
+			return -1, unix.Stat_t{}, header.Header{}, err
 		}
+		st, hdr, err := readHeader(fd, full)
+		// An invalid header may be one being rewritten: the file was let go
+		// after it was opened and is becoming a new segment under a
+		// temporary name, or became one and has the name again.
+		rewritten := err != nil && (errors.Is(err, header.ErrNotZctipc) || errors.Is(err, header.ErrVersion) || errors.Is(err, header.ErrCorrupt))
+		if path != "" && (err == nil || rewritten) {
+			named := namesFile(path, st)
+			if !named || rewritten {
+				if cerr := unix.Close(fd); cerr != nil {
+					return -1, st, hdr, fmt.Errorf("close segment %q: %w", full, cerr)
+				}
+				if tries < maxOpenTries {
+					continue
+				}
+				if named {
+					return -1, st, hdr, err
+				}
+				return -1, st, hdr, fmt.Errorf("segment %q was removed while it was opened: %w", full, unix.ENOENT)
+			}
+		}
+		if err == nil && kind != 0 && hdr.Kind != kind {
+			err = fmt.Errorf("segment %q holds a %s, not a %s: %w", full, hdr.Kind, kind, unix.EINVAL)
+		}
+		if err != nil {
+			return -1, st, hdr, errors.Join(err, unix.Close(fd))
+		}
+		return fd, st, hdr, nil
 	}
-	if err == nil && kind != 0 && hdr.Kind != kind {
-		err = fmt.Errorf("segment %q holds a %s, not a %s: %w", full, hdr.Kind, kind, unix.EINVAL)
-	}
-	if err != nil {
-		return -1, st, hdr, errors.Join(err, unix.Close(fd))
-	}
-	return fd, st, hdr, nil
+}
+
+// namesFile reports whether path names the file of stat st now.
+func namesFile(path string, st unix.Stat_t) bool {
+	var now unix.Stat_t
+	return unix.Lstat(path, &now) == nil && (fileKey{now.Dev, now.Ino}) == (fileKey{st.Dev, st.Ino})
 }
 
 func openError(name string, err error) error {

@@ -164,8 +164,7 @@ func (f *file) hold(adopt bool) error {
 			// (a spare reused, spare.go) after this process read its
 			// header: the count just added is that segment's, and goes
 			// back.
-			_, err := f.dropRef()
-			return errors.Join(fmt.Errorf("segment %q was removed: %w", f.name, unix.ENOENT), err)
+			return errors.Join(fmt.Errorf("segment %q was removed: %w", f.name, unix.ENOENT), f.dropOthers())
 		}
 		f.count()
 	}
@@ -403,6 +402,27 @@ func (f *file) dropRef() (int64, error) {
 		return 0, f.remove()
 	}
 	return n, err
+}
+
+// dropOthers gives back a count that this process added to f's file after
+// the file became another segment (a spare reused, spare.go), whose name
+// this process does not know: its creator may have let it go meanwhile, and
+// when this count was its last, the file is removed under whatever name it
+// has (its own, or the temporary one of a segment never published), or it
+// would stay in the directory with no holder. A reused file is a tensor or
+// table, which have no finalizer. The caller holds registry.mu.
+//
+// Threat model: only this process's own count is given back, once. The
+// file is removed only when that count was the last, so no holder loses
+// it; RemoveInode removes only a regular file of the segment directory with
+// that device and inode, whatever another process of the user named it.
+func (f *file) dropOthers() error {
+	n, err := f.decrement()
+	if n == 0 && f.path != "" {
+		_, rerr := RemoveInode(f.key.dev, f.key.ino)
+		err = errors.Join(err, rerr)
+	}
+	return err
 }
 
 // decrement takes one from the shared count and returns what is left.

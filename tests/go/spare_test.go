@@ -450,3 +450,105 @@ func TestRenamedSpareIsRemoved(t *testing.T) {
 		})
 	}
 }
+
+// Two names made and let go in turn, each from the other's spare, while
+// another process attaches them: whoever attaches a name sees that name's
+// contents, complete, never the other's bytes or a copy under way. The
+// attacher may open a name's file just before its creator lets it go and
+// makes it into the other segment: what it then reads is that other
+// segment's header, whole and valid, and it must not count it as the
+// name it opened. Note [a name appears with its contents] in
+// go/shm/create.go.
+func TestAttachSeesOnlyItsNamesContentsWhileSparesAreReused(t *testing.T) {
+	tracked(t)
+	base := uniqueName(t)
+	names := []string{base + "_a", base + "_b"}
+	h := startHelper(t, "attach-names-check-fill", names...)
+	first := make(chan string, 1) // the helper's first line: enough good attaches, or a bad one
+	go func() {
+		line := ""
+		if h.out.Scan() {
+			line = h.out.Text()
+		}
+		first <- line
+	}()
+	const size = 1 << 20
+	made, report := 0, ""
+	for round := 0; report == "" || round < 1000 && !strings.HasPrefix(report, "bad"); round++ {
+		if report == "" {
+			select {
+			case report = <-first:
+			default:
+			}
+		}
+		for i, name := range names {
+			seg, err := shm.CreateUninitialized(name, header.KindTensor, dtype.Uint8, []int64{size})
+			require.NoError(t, err)
+			d := seg.Data()
+			for j := range d {
+				d[j] = byte(i + 1)
+			}
+			err = seg.Publish()
+			if !errors.Is(err, unix.EEXIST) { // the attacher still holds the last one of this name
+				require.NoError(t, err)
+				made++
+			}
+			require.NoError(t, seg.Close())
+		}
+	}
+	h.send(t, "exit")
+	reply := h.readLine(t)
+	h.wait(t)
+	t.Log(made, "made; attacher:", report, "then", reply)
+	require.Equal(t, "attached 20", report)
+	require.True(t, strings.HasPrefix(reply, "ok "), reply)
+}
+
+func init() {
+	// attach-names-check-fill attaches each of the segments args in turn,
+	// read-only, again and again until a line on stdin, checking that
+	// every byte of segment i is i+1. It prints "attached 20" after 20
+	// good attaches, and the first wrong one when there is one; at the end
+	// ok and how many it attached.
+	helpers["attach-names-check-fill"] = func(args []string) error {
+		stop := make(chan struct{})
+		go func() {
+			_, _ = stdinLine()
+			close(stop)
+		}()
+		n := 0
+		for {
+			select {
+			case <-stop:
+				fmt.Println("ok", n)
+				return nil
+			default:
+			}
+			for i, name := range args {
+				seg, err := shm.Attach(name, header.KindTensor, true)
+				if errors.Is(err, unix.ENOENT) {
+					continue
+				}
+				if err != nil {
+					return err
+				}
+				seen := map[byte]int{}
+				for _, v := range seg.Data() {
+					seen[v]++
+				}
+				if err := seg.Close(); err != nil {
+					return err
+				}
+				if len(seen) != 1 || seen[byte(i+1)] == 0 {
+					fmt.Println("bad:", name, "holds bytes", seen, "after", n, "good attaches")
+					<-stop
+					fmt.Println("ok", n)
+					return nil
+				}
+				if n++; n == 20 {
+					fmt.Println("attached", n)
+				}
+			}
+		}
+	}
+}

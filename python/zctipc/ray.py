@@ -10,8 +10,10 @@ the producer shares what it sent), and Ray hands out only their
 descriptors, as often as the method returns them (the same tensor every
 call, as a parameter server's weights, included). An actor that receives
 them must be made with ``@ray.remote(enable_tensor_transport=True)`` too,
-which gives it the thread Ray receives on; one made without it is refused
-(Note [the receiver's transfer thread]). Where Ray delivers the object
+which gives it the thread Ray receives on; a task of one made without it
+that is given a zctipc object is refused at ``.remote()`` with
+:class:`zctipc.errors.InvalidArgument` (a ``ValueError``), before anything
+is submitted (Note [the receiver's transfer thread]). Where Ray delivers the object
 decides the path:
 
 - on the producer's node, the receiving actor (or ``ray.get``) attaches
@@ -32,6 +34,7 @@ Nothing here speaks to the network: across nodes Ray moves the bytes.
 
 from __future__ import annotations
 
+import functools
 import io
 import pickle
 import threading
@@ -113,22 +116,38 @@ class ZctipcCommunicatorMetadata(CommunicatorMetadata):
 # (a second hand-off, submitted at once), the receive goes after the task,
 # which waits for it until Ray's transfer timeout (60 s) and fails; the
 # late receive's tensors are then left in Ray's store of that actor, where
-# nothing takes them. Ray's own transports do the same (gloo was seen to),
-# and a tensor sent twice plays no part in it. Such an actor is refused at
-# every hand-off instead: the owner, which alone sees the receiving
-# actor's handle, warns and says why in the communicator metadata, and the
-# receive raises it at once, before attaching anything, so the receiving
-# task fails with it where the receive goes first. Where it goes last
-# nothing can reach the waiting task, and the warning is all there is:
-# so for an async actor made without the flag, whose event loop takes the
-# receive and the waiting task in either order, a hand-off whose producer
-# had finished first was seen to wait out Ray's timeout too. (A threaded
-# one, max_concurrency > 1, would receive beside the waiting task while a
-# thread is free; it is refused all the same, as it hangs once none is.)
-# (Raising in get_communicator_metadata would not do: there Ray calls it
-# from a native callback, which drops the exception.)
+# nothing takes them. An async actor's event loop takes the two in either
+# order, and was seen to wait out the timeout even when the producer had
+# finished first. (A threaded one, max_concurrency > 1, would receive
+# beside the waiting task while a thread is free, and hangs once none is.)
+# Ray's own transports do the same (gloo was seen to), and a tensor sent
+# twice plays no part in it.
 #
-# Threat model: Ray calls get_communicator_metadata in the owner of the
+# Such an actor is therefore refused at every hand-off, and the refusal
+# must come before the task is queued: once it is, nothing reaches the
+# waiting task. Ray's transport interface sees the receiving actor only in
+# get_communicator_metadata, which Ray calls on the submitting thread only
+# when the producer had already finished, and else later, from a native
+# callback that drops what it raises. The one point that sees the handle
+# and the task's arguments on the submitting thread, before anything is
+# submitted, in every ordering, is where Ray's actor method call hands the
+# arguments to RDTManager.queue_or_trigger_out_of_band_tensor_transfer:
+# register() wraps that method (_refuse_receivers_without_transfer_thread)
+# so that a zctipc object given to an actor made without the flag raises
+# InvalidArgument from `.remote()`, naming the fix, and nothing is queued.
+# Objects of other transports pass through untouched. The refusal in
+# get_communicator_metadata stays as the second line, for a Ray without
+# that method (and a process that had not imported zctipc.ray when it
+# submitted): it warns, says why in the communicator metadata, and the
+# receive raises it before attaching anything, which fails the task at
+# once only where the receive runs first; where it runs last, the task
+# waits out Ray's timeout.
+#
+# Threat model: the wrapper runs in the process that submits the task,
+# with its own handles and refs; it reads only the handle's flag and Ray's
+# record of which transport made each argument, and raises or calls Ray's
+# method unchanged: it must never submit, take a count, or swallow Ray's
+# own errors. Ray calls get_communicator_metadata in the owner of the
 # ref, and any process of the cluster can submit __ray_recv__ with
 # metadata of its choosing (Ray trusts its cluster). A forged `refused`
 # only fails that receive; forged descriptors are checked by the library
@@ -144,6 +163,31 @@ def _no_transfer_thread(actor: Any) -> str:
         "timeout whenever the producer had not finished first; make its class with "
         "@ray.remote(enable_tensor_transport=True)"
     )
+
+
+def _refuse_receivers_without_transfer_thread() -> None:
+    """Make Ray refuse, at ``.remote()``, an actor task made without
+    enable_tensor_transport=True that is given a zctipc object (Note [the
+    receiver's transfer thread])."""
+    from ray.experimental.rdt.rdt_manager import RDTManager
+
+    submit = getattr(RDTManager, "queue_or_trigger_out_of_band_tensor_transfer", None)
+    if submit is None or getattr(submit, "_zctipc_refuses", False):
+        return  # another Ray: get_communicator_metadata refuses as it can
+
+    @functools.wraps(submit)
+    def checked(self: Any, dst_actor: Any, task_args: Any, *args: Any, **kwargs: Any) -> Any:
+        if not getattr(dst_actor, "_ray_enable_tensor_transport", True):
+            for arg in task_args or ():
+                if not isinstance(arg, ray.ObjectRef):
+                    continue
+                meta = self.get_rdt_metadata(arg.hex())
+                if getattr(meta, "tensor_transport_backend", None) == NAME.upper():
+                    raise errors.InvalidArgument(_no_transfer_thread(dst_actor))
+        return submit(self, dst_actor, task_args, *args, **kwargs)
+
+    checked._zctipc_refuses = True  # type: ignore[attr-defined]
+    setattr(RDTManager, "queue_or_trigger_out_of_band_tensor_transfer", checked)  # noqa: B010  # a method, for mypy
 
 
 def _check(t: Any) -> None:
@@ -246,7 +290,10 @@ class ZctipcTransport(TensorTransportManager):
     def get_communicator_metadata(
         self, src_actor: Any, dst_actor: Any, backend: str | None = None
     ) -> ZctipcCommunicatorMetadata:
-        # dst_actor is None for a ray.get, which waits in its own thread.
+        # dst_actor is None for a ray.get, which waits in its own thread. An
+        # actor made without the flag was refused at `.remote()` already,
+        # where Ray let zctipc see it; this is the second line, where nothing
+        # can raise (Note [the receiver's transfer thread]).
         if dst_actor is not None and not getattr(dst_actor, "_ray_enable_tensor_transport", True):
             refused = _no_transfer_thread(dst_actor)
             warnings.warn(refused, RuntimeWarning, stacklevel=2)  # Note [the receiver's transfer thread]
@@ -502,6 +549,7 @@ def register() -> None:
             return
         if NAME.upper() not in util.transport_manager_info:
             register_tensor_transport(NAME, ["cpu"], ZctipcTransport, torch.Tensor)
+        _refuse_receivers_without_transfer_thread()
         if getattr(ray._private.worker.global_worker, "mode", None) == ray.WORKER_MODE:
             # A Ray worker loads the library now, quietly: that zctipc makes
             # forkserver multiprocessing's default start method is news to

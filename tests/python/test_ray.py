@@ -74,6 +74,12 @@ class Producer:
     def same(self):
         return self.t
 
+    @ray.method(tensor_transport="zctipc")
+    def same_after(self, seconds):
+        """self.t, returned once the receiver's task is surely submitted."""
+        time.sleep(seconds)
+        return self.t
+
     def read(self, i):
         return int(self.t[i])
 
@@ -186,19 +192,49 @@ def test_a_receiver_without_a_transfer_thread_is_refused(cluster):
     """An actor made without enable_tensor_transport=True would run the
     transfer behind the task that waits for it: the first hand-off worked
     when the producer had finished first, the next one timed out after a
-    minute. Every hand-off to it is refused, naming the fix."""
+    minute. Every hand-off to it is refused at `.remote()`, naming the fix."""
     p = Producer.options(**on("a")).remote()
     c = PlainConsumer.options(**on("a")).remote()
     ray.get(p.hold.remote(10))
     for _ in range(2):
         ref = p.same.remote()
-        ray.wait([ref])  # the producer is done: the transfer goes before the task
-        with pytest.warns(RuntimeWarning, match=r"enable_tensor_transport=True"):
-            task = c.look.remote(ref)
-        with pytest.raises(Exception, match=r"made without @ray.remote\(enable_tensor_transport=True\)"):
-            ray.get(task, timeout=60)
+        ray.wait([ref])  # the producer is done: the transfer would go before the task
+        with pytest.raises(
+            zctipc.errors.InvalidArgument, match=r"made without @ray.remote\(enable_tensor_transport=True\)"
+        ):
+            c.look.remote(ref)  # refused before anything is submitted
     # The producer and its other receivers are unharmed.
     assert ray.get(Consumer.options(**on("a")).remote().look.remote(p.same.remote())) == 0
+
+
+@ray.remote
+class PlainAsyncConsumer:
+    """An async actor made without enable_tensor_transport=True."""
+
+    async def look(self, t):
+        return int(t[0])
+
+
+def test_a_receiver_without_a_transfer_thread_is_refused_before_the_producer_finishes(cluster):
+    """A hand-off to an actor made without enable_tensor_transport=True,
+    submitted while the producer is still at work (so that the receiving
+    task would be queued before the transfer), fails at once naming the
+    fix, rather than after Ray's transfer timeout; for async actors too.
+    Nothing is left held."""
+    p = Producer.options(**on("a")).remote()
+    ray.get(p.hold.remote(10))
+    fix = r"make its class with @ray.remote\(enable_tensor_transport=True\)"
+    for r in (PlainConsumer.options(**on("a")).remote(), PlainAsyncConsumer.options(**on("a")).remote()):
+        for _ in range(2):
+            ref = p.same_after.remote(3)
+            with pytest.raises(Exception, match=fix):
+                ray.get(r.look.remote(ref), timeout=20)
+            del ref
+    assert ray.get(Consumer.options(**on("a")).remote().look.remote(p.same.remote()), timeout=60) == 0
+    deadline = time.monotonic() + 30
+    while ray.get(p.slots_in_use.remote()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert ray.get(p.slots_in_use.remote()) == 0, "every refused hand-off's count was given back"
 
 
 @ray.remote(enable_tensor_transport=True)
@@ -254,8 +290,8 @@ def test_a_refused_receiver_leaves_nothing_held(cluster):
     without it (single-threaded, threaded, on the other node) in
     turn, the same ref and fresh ones: each refusal names the fix, the good
     receiver gets every hand-off, nothing of zctipc is made in a refused
-    receiver, and once the refs go the producer holds nothing. A producer
-    killed while a refusal is pending leaves no file behind."""
+    receiver (refused before anything reaches it), and once the refs go the producer holds nothing. A producer
+    killed after a refusal leaves no file behind."""
     p = Producer.options(**on("a")).remote()
     ray.get(p.hold.remote(10))
     good = Consumer.options(**on("a")).remote()
@@ -271,29 +307,25 @@ def test_a_refused_receiver_leaves_nothing_held(cluster):
         ray.wait(refs[-1:])  # the producer is done: the transfer goes before the task
         for ref in (refs[-1], refs[0]):  # a fresh ref, and one handed out before
             assert ray.get(good.look.remote(ref), timeout=60) == 0
-            with pytest.warns(RuntimeWarning, match=fix):
-                task = r.look.remote(ref)
-            with pytest.raises(Exception, match=fix):
-                ray.get(task, timeout=60)
+            with pytest.raises(zctipc.errors.InvalidArgument, match=fix):
+                r.look.remote(ref)
     before = set(ray.get(good.files.remote()))
     theirs = ray.get(bad[0].pid.remote())
-    assert ray.get(good.kinds_made_by.remote(theirs)) == ["ledger"], "a refused receiver made nothing but its ledger"
-    del refs, ref, task
+    assert ray.get(good.kinds_made_by.remote(theirs)) == [], "a refused receiver made nothing of zctipc"
+    del refs, ref
     deadline = time.monotonic() + 30
     while ray.get(p.slots_in_use.remote()) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert ray.get(p.slots_in_use.remote()) == 0, "every hand-off's count was given back, refused ones too"
-    # A producer killed while a refusal is on its way.
+    # A producer killed after a refusal, its ref still held.
     ray.get(p.hold.remote(10))  # slots_in_use let go of the one it held
     ppid = ray.get(p.pid.remote())
     mine = {name for name, pid in ray.get(good.files.remote()).items() if pid == ppid}
     ref = p.same.remote()
     ray.wait([ref])
-    with pytest.warns(RuntimeWarning, match=fix):
-        task = bad[0].look.remote(ref)
+    with pytest.raises(zctipc.errors.InvalidArgument, match=fix):
+        bad[0].look.remote(ref)
     ray.kill(p)
-    with pytest.raises(Exception, match=fix):
-        ray.get(task, timeout=60)
     del ref
     assert wait_until_gone(mine, timeout=30) == [], "the killed producer's files were collected"
     assert set(ray.get(good.files.remote())) <= before

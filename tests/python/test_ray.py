@@ -249,6 +249,11 @@ class Relay:
     it was given (its own copies of the driver's)."""
 
     def hand_off(self, producer, receivers):
+        # A process that submits the transport's objects registers it, as any
+        # program that uses zctipc.ray does (Ray says "Unsupported tensor
+        # transport protocol" otherwise, in a worker that never imported it).
+        import zctipc.ray  # noqa: F401
+
         out = []
         for r in receivers:
             try:

@@ -77,14 +77,20 @@ def test_an_idle_waiter_does_not_wake(kind):
         text=True,
         env={**os.environ, "PYTHONPATH": with_pythonpath(PACKAGE)},
     )
+    assert_waits_quietly(child, "waiting")
+
+
+def assert_waits_quietly(child, what):
+    """child, once it printed "ready", stays blocked and wakes less than
+    IDLE_WAKEUPS_PER_SECOND over two seconds; it is killed afterwards."""
     try:
         assert child.stdout.readline() == "ready\n"
         time.sleep(0.5)  # past the first spin and brief wait
         before, start = _switches(child.pid), time.monotonic()
         time.sleep(2)
         rate = (_switches(child.pid) - before) / (time.monotonic() - start)
-        assert child.poll() is None, "the waiter returned"
-        assert rate < IDLE_WAKEUPS_PER_SECOND, f"{rate:.0f} wake-ups a second while waiting"
+        assert child.poll() is None, f"the call returned while {what}"
+        assert rate < IDLE_WAKEUPS_PER_SECOND, f"{rate:.0f} wake-ups a second while {what}"
     finally:
         child.kill()
         child.wait()

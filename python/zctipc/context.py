@@ -26,12 +26,13 @@ stands in for it (``import zctipc as multiprocessing``).
 from __future__ import annotations
 
 import multiprocessing
+import pickle
 import sys
 import warnings
 from multiprocessing import context as _mpcontext
 
 from ._core import lazy
-from ._wire import values
+from ._wire import batches, values
 from .events import Event
 from .queues import JoinableQueue, Queue, SimpleQueue
 
@@ -96,12 +97,32 @@ class _ZctipcContext:
 # (they return zctipc's objects): each class says so once, with an ignore.
 
 
+def _run(process: BaseProcess) -> None:
+    """In a child that a zctipc context started, before its target runs: a
+    DataLoader worker stacks its batches in the pool (Note [batches in the
+    pool] in zctipc._wire.batches)."""
+    if batches.is_worker_loop(getattr(process, "_target", None)):
+        batches.install()
+
+
+class ForkServerProcess(_mpcontext.ForkServerProcess):
+    def run(self) -> None:
+        _run(self)
+        super().run()
+
+
+class SpawnProcess(_mpcontext.SpawnProcess):
+    def run(self) -> None:
+        _run(self)
+        super().run()
+
+
 class ForkServerContext(_ZctipcContext, _mpcontext.ForkServerContext):  # type: ignore[misc]
-    pass
+    Process = ForkServerProcess
 
 
 class SpawnContext(_ZctipcContext, _mpcontext.SpawnContext):  # type: ignore[misc]
-    pass
+    Process = SpawnProcess
 
 
 _CONTEXTS: dict[str, ForkServerContext | SpawnContext] = {"forkserver": ForkServerContext(), "spawn": SpawnContext()}
@@ -134,6 +155,10 @@ class Process(multiprocessing.process.BaseProcess):
     def _Popen(process_obj: BaseProcess) -> Any:
         lazy.check()
         return _default.get_context().Process._Popen(process_obj)
+
+    def run(self) -> None:
+        _run(self)
+        super().run()
 
     @staticmethod
     def _after_fork() -> None:
@@ -192,13 +217,51 @@ def choose_start_method() -> None:
     so once. Called when this process first loads zctipc's library."""
     default: Any = _mpcontext._default_context  # its private state, which typeshed does not describe
     if default._actual_context is None and default._default_context.get_start_method() == "fork":
-        default._default_context = _mpcontext._concrete_contexts[DEFAULT_START_METHOD]  # type: ignore[attr-defined]  # private
+        default._default_context = _ChosenForkServerContext()
         warnings.warn(
             "zctipc made 'forkserver' multiprocessing's default start method, since a process forked after "
             "loading zctipc cannot use it; call multiprocessing.set_start_method('spawn') to choose another",
             RuntimeWarning,
             stacklevel=_caller_level(),
         )
+
+
+#: Added to the pickling error of a process started with the method zctipc
+#: chose (Note [the fork default]).
+CHOSEN_NOTE = (
+    "zctipc made 'forkserver' this program's default start method when it loaded (a process forked after that "
+    "cannot use zctipc), so a new process's target and arguments are pickled. To fork this one, pass "
+    "multiprocessing.get_context('fork') (a DataLoader: multiprocessing_context=multiprocessing.get_context('fork')), "
+    "or call multiprocessing.set_start_method('fork') before starting processes (children that use zctipc then fail)"
+)
+
+
+class _ChosenForkServerProcess(_mpcontext.ForkServerProcess):
+    """multiprocessing's forkserver process, whose pickling errors say that
+    zctipc chose the method (Note [the fork default])."""
+
+    @staticmethod
+    def _Popen(process_obj: BaseProcess) -> Any:
+        try:
+            return _mpcontext.ForkServerProcess._Popen(process_obj)
+        except (AttributeError, TypeError, pickle.PicklingError) as e:
+            if isinstance(e, pickle.PicklingError) or "pickle" in str(e) or "local object" in str(e):
+                _add_note(e, CHOSEN_NOTE)
+            raise
+
+
+def _add_note(e: BaseException, note: str) -> None:
+    if sys.version_info >= (3, 11):
+        e.add_note(note)
+    elif e.args and isinstance(e.args[0], str):  # no notes before 3.11: the message says it
+        e.args = (f"{e.args[0]}\n{note}",) + e.args[1:]
+
+
+class _ChosenForkServerContext(_mpcontext.ForkServerContext):
+    """multiprocessing's forkserver context, as zctipc makes it the default
+    (its queues and locks are the standard library's)."""
+
+    Process = _ChosenForkServerProcess
 
 
 def _caller_level() -> int:

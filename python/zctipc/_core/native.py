@@ -18,6 +18,7 @@ library; ``ZCTIPC_DAEMON`` names another), which is started when none runs.
 
 import atexit
 import errno as _errno
+import gc
 import importlib
 import os
 import queue as _queue
@@ -281,13 +282,39 @@ def release_all() -> int:
     return count[0]
 
 
+# Note [closing after a collection]: the garbage collector calls the
+# weakref callbacks of a cycle's objects (weakref.finalize, which closes a
+# zctipc handle) before their __del__ methods, so a __del__ that still uses a
+# zctipc object of its cycle found its handle closed: a DataLoader iterator
+# collected after an error, whose __del__ tells its workers to stop through a
+# zctipc Event and queues, printed HandleClosed and killed them instead. So
+# the handles that finalizers close during a collection are closed when it
+# ends, after every __del__ of it has run.
+_collecting = False
+_deferred: list[tuple[str, int, str]] = []
+
+
+def _collection(phase: str, info: object) -> None:
+    global _collecting
+    _collecting = phase == "start"
+    while not _collecting and _deferred:
+        finalize(*_deferred.pop())
+
+
+gc.callbacks.append(_collection)
+
+
 def finalize(function: str, handle: int, what: str) -> None:
     """Call the library's ``function(handle)`` (a name: "zct_queue_close")
     from a finalizer: it never raises, and it is a no-op in a forked child or
-    where the library was never loaded. A failure is reported on stderr as
-    what failed."""
+    where the library was never loaded; during a garbage collection, when it
+    ends (Note [closing after a collection]). A failure is reported on
+    stderr as what failed."""
     library = _lib
     if library is None:
+        return
+    if _collecting:
+        _deferred.append((function, handle, what))
         return
     status = getattr(library, function)(handle)
     if status != 0:

@@ -15,7 +15,7 @@ import sys
 import threading
 from multiprocessing.reduction import ForkingPickler
 
-from .._core import layout, lazy
+from .._core import layout, lazy, native
 from .._core.segments import SharedTensor
 from . import exports, gpu, storages, tables
 
@@ -103,7 +103,18 @@ def dump(self: ForkingPickler, obj: object) -> None:
         _dumping.held = outer
 
 
+# Note [reducing in a forked child]: a child forked from a process that
+# loaded zctipc inherits these reducers but cannot call zctipc (a Go runtime
+# does not survive fork). A program may still fork children on purpose (a
+# DataLoader given multiprocessing.get_context("fork")) and send arrays,
+# tensors and tables from them through multiprocessing's channels: there
+# they pickle as they would without zctipc (torch's tensors torch's way),
+# and only zctipc's own objects (a SharedTensor) raise ForkedProcessError.
+
+
 def _reduce_array(arr: NDArray[Any]) -> Reduction:
+    if native.forked():  # Note [reducing in a forked child]
+        return arr.__reduce__()
     e = exports.export_array(arr, copy=arr.nbytes >= COPY_BYTES)
     if e is None:
         return arr.__reduce__()
@@ -118,7 +129,7 @@ def _reduce_shared(st: SharedTensor) -> Reduction:
 
 def _reduce_tensor(t: torch.Tensor) -> Reduction:
     exports.check_grad(t)
-    if storages.shareable(t):
+    if storages.shareable(t) and not native.forked():  # Note [reducing in a forked child]
         return storages.reduce_tensor(t)  # its storage comes to _reduce_storage
     if t.is_cuda:
         return gpu.reduce_cuda(t, _torch_fallback)
@@ -128,7 +139,7 @@ def _reduce_tensor(t: torch.Tensor) -> Reduction:
 
 
 def _reduce_storage(s: torch.UntypedStorage) -> Reduction:
-    if storages.is_cpu(s) and not storages.is_torch_shared(s):
+    if storages.is_cpu(s) and not storages.is_torch_shared(s) and not native.forked():
         if s.nbytes() == 0:
             return storages.rebuild_empty, ()
         return _rebuild_storage, (carry(exports.export_storage(s)),)
@@ -136,6 +147,12 @@ def _reduce_storage(s: torch.UntypedStorage) -> Reduction:
     if _torch_storage_fallback is not None:
         return _torch_storage_fallback(s)
     return s.__reduce_ex__(pickle.DEFAULT_PROTOCOL)
+
+
+def _reduce_table(obj: Any) -> Reduction:
+    if native.forked():  # Note [reducing in a forked child]
+        return obj.__reduce_ex__(pickle.DEFAULT_PROTOCOL)
+    return tables.reduce_table(obj)
 
 
 def _rebuild_storage(data: bytes) -> torch.UntypedStorage:
@@ -165,7 +182,7 @@ def init_reductions() -> None:
     ForkingPickler.register(SharedTensor, _reduce_shared)
     init_torch_reductions()
     for t in tables.table_types():
-        ForkingPickler.register(t, tables.reduce_table)
+        ForkingPickler.register(t, _reduce_table)
 
 
 def _init_numpy_reductions() -> None:

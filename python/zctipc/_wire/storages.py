@@ -47,7 +47,7 @@ import functools
 import sys
 import threading
 
-from .._core import memory, pool
+from .._core import memory, native, pool
 
 TYPE_CHECKING = False  # Note [types without typing] in zctipc._core.native
 if TYPE_CHECKING:
@@ -203,11 +203,11 @@ def patch_torch() -> None:
 
     @functools.wraps(_original_is_shared)
     def is_shared(self: torch.UntypedStorage) -> bool:
-        return _original_is_shared(self) or (is_cpu(self) and is_zctipc(self))
+        return _original_is_shared(self) or (is_cpu(self) and not native.forked() and is_zctipc(self))
 
     @functools.wraps(_original_share_memory_)
     def share_memory_(self: torch.UntypedStorage, *args: Any, **kwargs: Any) -> torch.UntypedStorage:
-        if is_cpu(self) and is_zctipc(self):
+        if is_cpu(self) and not native.forked() and is_zctipc(self):
             return self
         return _original_share_memory_(self, *args, **kwargs)
 

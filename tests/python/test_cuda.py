@@ -783,3 +783,21 @@ def test_a_consumer_of_a_producer_at_its_limit_gets_cuda_share_busy_with_the_sta
     """,
     )
     assert lines[0] == "True True True", "refused with the reason, as a specific exception"
+
+
+@gpu
+def test_a_dataloader_with_pin_memory_hands_over_pinned_batches():
+    # The pin thread copies each pooled batch into page-locked memory, as it
+    # does for torch's storages (Note [batches in the pool] in zctipc._wire.batches).
+    import _loaders
+    from torch.utils.data import DataLoader
+
+    loader = DataLoader(
+        _loaders.Samples(32), batch_size=4, num_workers=2, pin_memory=True, multiprocessing_context=zctipc.get_context()
+    )
+    seen = []
+    for data, index, *_ in loader:
+        assert data.is_pinned()
+        assert torch.equal(data.cuda(non_blocking=True).cpu(), index.view(-1, 1, 1).float().expand(-1, 3, 8))
+        seen += index.tolist()
+    assert sorted(seen) == list(range(32))

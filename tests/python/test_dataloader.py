@@ -225,3 +225,13 @@ def test_a_del_method_of_a_cycle_can_use_the_zctipc_objects_of_its_cycle(recwarn
     gc.collect()
     assert done == [(True, [0, 1, 2])]
     assert not [w for w in recwarn if issubclass(w.category, pytest.PytestUnraisableExceptionWarning)]
+
+
+def test_pin_memory_keeps_working():
+    # Without an accelerator torch leaves pinning out, with a warning; on a
+    # GPU, test_cuda.py checks the batches are pinned.
+    ctx = zctipc.get_context()
+    with pytest.warns(UserWarning, match="pin_memory"):
+        loader = DataLoader(_loaders.Samples(16), batch_size=4, num_workers=2, pin_memory=True, multiprocessing_context=ctx)
+        seen = [i for _, index, *_ in loader for i in index.tolist()]
+    assert seen == list(range(16))

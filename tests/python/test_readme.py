@@ -15,23 +15,30 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 README = os.path.join(ROOT, "README.md")
 
 
-def python_blocks():
-    with open(README) as f:
+#: The guides beside the README, whose examples run too.
+GUIDES = [os.path.join(ROOT, "docs", "pytorch.md")]
+
+
+def python_blocks(path=README):
+    with open(path) as f:
         text = f.read()
+    where = os.path.relpath(path, ROOT)
     return [
-        (text.count("\n", 0, m.start()) + 2, m.group(1))
+        (f"{where}:{text.count(chr(10), 0, m.start()) + 2}", m.group(1))
         for m in re.finditer(r"^```python\n(.*?)^```", text, re.S | re.M)
     ]
 
 
 BLOCKS = python_blocks()
+GUIDE_BLOCKS = [block for guide in GUIDES for block in python_blocks(guide)]
 
 
 def test_the_readme_has_its_examples():
     assert len(BLOCKS) >= 4, "the first program, the quick start, streams, Arrow"
+    assert len(GUIDE_BLOCKS) >= 4, "the PyTorch guide: DataLoader, Hogwild, spawn, state dicts"
 
 
-@pytest.mark.parametrize("line,code", BLOCKS, ids=[f"line{line}" for line, _ in BLOCKS])
+@pytest.mark.parametrize("line,code", BLOCKS + GUIDE_BLOCKS, ids=[line for line, _ in BLOCKS + GUIDE_BLOCKS])
 def test_every_python_block_runs_as_written(isolated, tmp_path, line, code):
     program = tmp_path / "example.py"  # a file: forkserver children import the main module
     program.write_text(code)
@@ -39,15 +46,15 @@ def test_every_python_block_runs_as_written(isolated, tmp_path, line, code):
     out = subprocess.run(
         [sys.executable, str(program)], env=env, cwd=str(tmp_path), capture_output=True, text=True, timeout=120
     )
-    assert out.returncode == 0, f"README line {line}:\n{out.stderr[-3000:]}"
+    assert out.returncode == 0, f"{line}:\n{out.stderr[-3000:]}"
     for printed in re.findall(r"^\s*print\(.*?\)\s*#\s*(.+)$", code, re.M):
-        assert printed.strip() in out.stdout, f"README line {line} says it prints {printed.strip()}: {out.stdout!r}"
+        assert printed.strip() in out.stdout, f"{line} says it prints {printed.strip()}: {out.stdout!r}"
     # Processes the example's own program started and ended (Ray's workers)
     # are let go of, or swept by the daemon, within the sweep window.
     deadline = time.monotonic() + SWEEP_TIMEOUT
     while (left := os.listdir(isolated["ZCTIPC_SHM_DIR"])) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not left, f"README line {line} left {left} behind"
+    assert not left, f"{line} left {left} behind"
 
 
 def test_every_environment_variable_is_documented():

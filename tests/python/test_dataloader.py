@@ -232,6 +232,8 @@ def test_pin_memory_keeps_working():
     # GPU, test_cuda.py checks the batches are pinned.
     ctx = zctipc.get_context()
     with pytest.warns(UserWarning, match="pin_memory"):
-        loader = DataLoader(_loaders.Samples(16), batch_size=4, num_workers=2, pin_memory=True, multiprocessing_context=ctx)
+        loader = DataLoader(
+            _loaders.Samples(16), batch_size=4, num_workers=2, pin_memory=True, multiprocessing_context=ctx
+        )
         seen = [i for _, index, *_ in loader for i in index.tolist()]
     assert seen == list(range(16))

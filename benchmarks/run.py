@@ -13,6 +13,10 @@ Suites (each is also a script of its own in this directory):
   gpu       GPU tensor hand-off, where a GPU exists          bench_gpu.py
   ray       actor to actor on one Ray node: zctipc's Ray      bench_ray.py
             transport, the object store, GLOO
+  dataloader torch's DataLoader, two workers: large          bench_dataloader.py
+            tensors, small items, real work per item;
+            fork, forkserver and zctipc's context, each
+            in a fresh process
 
 The floor is measured first: the one-way wake latency of a process asleep on
 a futex (two processes, the same kernel path zctipc's blocked calls take) and
@@ -49,7 +53,7 @@ from _common import (
     update_readme,
 )
 
-SUITES = ("handoff", "queue", "stream", "arrow", "gpu", "ray")
+SUITES = ("handoff", "queue", "stream", "arrow", "gpu", "ray", "dataloader")
 MODES = ("full", "quick", "tiny")
 PEER_PACKAGES = (
     "zctipc",
@@ -79,6 +83,7 @@ def suite_argv(suite, mode, json_path):
         "arrow": {"full": [], "quick": ["--quick"], "tiny": ["--tiny"]},
         "gpu": {"full": [], "quick": ["--quick"], "tiny": ["--tiny"]},
         "ray": {"full": [], "quick": ["--quick"], "tiny": ["--tiny"]},
+        "dataloader": {"full": [], "quick": ["--quick"], "tiny": ["--tiny"]},
     }[suite][mode]
     return [*argv, "--json", json_path]
 
@@ -92,6 +97,7 @@ def expected_cells(suite, mode):
         "arrow": {"full": 12, "quick": 12, "tiny": 12},
         "gpu": {"full": 8, "quick": 8, "tiny": 8},
         "ray": {"full": 13, "quick": 9, "tiny": 5},
+        "dataloader": {"full": 37, "quick": 13, "tiny": 13},
     }[suite][mode]
 
 
@@ -250,6 +256,19 @@ def floor_rows(report):
                 f"{fmt_ratio(r['per_message_us'] / message)} a message's" if message else "-",
             )
         )
+    # A DataLoader's batches against one core copying them (each worker
+    # copies the batches it stacks; the row without workers is in the
+    # suite's own table).
+    for r in suites.get("dataloader", {}).get("results", []):
+        if r["peer"] != "no workers (num_workers=0)":
+            rows.append(
+                (
+                    "dataloader",
+                    f"{r['peer']}, {r['shape']} batches of {r['bytes_per_batch'] / 1e6:.3g} MB",
+                    f"{r['bytes_per_s'] / 1e6:,.0f} MB/s ({r['batches_per_s']:,.1f} batches/s)",
+                    f"{100 * r['bytes_per_s'] / copy:.0f}% of memcpy",
+                )
+            )
     # Ray's rows have no physical floor (two actor calls cost milliseconds):
     # they are set against Ray's default, the object store.
     for r in suites.get("ray", {}).get("results", []):
@@ -340,8 +359,9 @@ def render(report, out_dir, readme_dir=None):
         f"(p99 {fmt_us(floor['futex_wake']['p99_us'])}) after another wakes it; one core copies "
         f"{floor['memcpy_bytes_per_s'] / 1e9:.1f} GB/s. Each row below is set against the floor that bounds "
         "it: the futex wake for a hand-off or one message or frame in flight (a polling waiter can beat it), "
-        "memcpy for copies and streams, and for a message's cost a pickle, a load and two native calls "
-        "(measured in the queue suite's in-process table); Ray's rows are set against Ray's object store.",
+        "memcpy for copies, streams and DataLoader batches, and for a message's cost a pickle, a load and two "
+        "native calls (measured in the queue suite's in-process table); Ray's rows are set against Ray's object "
+        "store.",
     ]
     for peer, why in report["skipped"].items():
         lines += ["", f"Skipped {peer}: {why}."]

@@ -11,6 +11,7 @@ import sys
 from conftest import with_pythonpath
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+SUITES = ("handoff", "queue", "stream", "arrow", "gpu", "ray", "dataloader")
 
 
 def test_the_ray_suite_measures_every_transport(tmp_path):
@@ -63,7 +64,7 @@ def test_every_suite_runs_and_the_report_has_its_shape(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     assert "skipping pythusa: left out by ZCTIPC_BENCH_WITHOUT" in out.stderr
     assert "floor    measuring a futex wake and a memcpy" in out.stderr
-    for suite in ("handoff", "queue", "stream", "arrow", "gpu", "ray"):
+    for suite in SUITES:
         # Not a terminal: one line per suite, no redrawn progress bar.
         assert re.search(rf"^{suite} +\d+/\d+ cells in ", out.stderr, re.M), f"a line for {suite}"
     assert "\r" not in out.stderr
@@ -74,7 +75,7 @@ def test_every_suite_runs_and_the_report_has_its_shape(tmp_path):
     floor = report["floor"]
     assert floor["futex_wake"]["median_us"] > 0 and floor["futex_wake"]["rounds"] == 50
     assert floor["memcpy_bytes_per_s"] > 0
-    assert list(report["suites"]) == ["handoff", "queue", "stream", "arrow", "gpu", "ray"]
+    assert list(report["suites"]) == list(SUITES)
     suites = report["suites"]
     assert {r["peer"] for r in suites["handoff"]["results"]} >= {"zctipc", "multiprocessing.Queue"}
     assert all(r["median_us"] > 0 for r in suites["handoff"]["results"])
@@ -108,11 +109,39 @@ def test_every_suite_runs_and_the_report_has_its_shape(tmp_path):
     assert all(r["per_second"] > 0 for r in suites["arrow"]["rates"])
     assert suites["gpu"]["skipped"] or suites["gpu"]["rows"]
     assert suites["ray"]["skipped"] == {"ray": "left out by ZCTIPC_BENCH_WITHOUT"}
+    # Every peer's loader over every shape, each in a process of its own
+    # (where only zctipc's loaded zctipc: the suite checks), and the row
+    # without workers for reference.
+    loaders = suites["dataloader"]
+    shapes = ("large", "small", "compute")
+    peers = ("fork (torch's default)", "forkserver", "zctipc.get_context()", "no workers (num_workers=0)")
+    assert [(r["shape"], r["peer"]) for r in loaders["results"]] == [(s, p) for s in shapes for p in peers]
+    image, labels = 64 * 3 * 224 * 224 * 4, 64 * 8
+    payload = {"large": image, "small": 64 * 512 * 4 + labels, "compute": image + labels}
+    for r in loaders["results"]:
+        assert r["bytes_per_batch"] == payload[r["shape"]]
+        assert r["batches"] == [4] and len(r["rounds"]) == 1 and r["batches_per_s"] > 0
+        assert r["bytes_per_s"] == r["batches_per_s"] * r["bytes_per_batch"]
+    assert [r["shape"] for r in loaders["ratios"]] == list(shapes)
+    assert all(r["best_peer"] in peers[:2] and r["vs_best_peer"] > 0 for r in loaders["ratios"])
+    assert loaders["settings"] == {
+        "num_workers": 2,
+        "batch_size": 64,
+        "prefetch_factor": 2,
+        "persistent_workers": True,
+        "rounds": 1,
+        "seconds": 0.0,
+        "min_batches": 4,
+        "warm_seconds": 0.0,
+        "warm_batches": 4,
+    }
     text = (tmp_path / "report.md").read_text()
     assert "Skipped pythusa: left out by ZCTIPC_BENCH_WITHOUT." in text
     assert "| suite | result | value | vs floor |" in text
-    for suite in ("handoff", "queue", "stream", "arrow", "gpu", "ray"):
+    for suite in SUITES:
         assert f"### {suite}" in text
+    assert "| dataloader | zctipc.get_context(), large batches of 38.5 MB |" in text
+    assert "| large: 3x224x224 float32, 38.5 MB a batch | fork (torch's default) |" in text
     if isinstance(report["plots"], list):
         assert all(os.path.getsize(p) > 1000 for p in report["plots"])
     else:

@@ -19,7 +19,9 @@ Streams carry fixed-size frames from one writer to many readers, in place
 (``zctipc.Stream``, ``zctipc.Pipeline``).
 
 zctipc also stands in for multiprocessing (``import zctipc as
-multiprocessing``), with forkserver as its start method.
+multiprocessing``), with forkserver as its start method, and for
+torch.multiprocessing (``import zctipc as mp``: ``mp.spawn``, the sharing
+strategies; docs/pytorch-names.md).
 
 Importing zctipc loads no native code and no NumPy, and imports its own
 modules as their names are first used (Note [a lazy package]): the Go
@@ -64,6 +66,7 @@ if TYPE_CHECKING:
     from . import queues as queues
     from . import reduction as reduction
     from . import shared_memory as shared_memory
+    from . import spawning as spawning
     from . import strategy as strategy
     from . import streams as streams
     from . import synchronize as synchronize
@@ -87,6 +90,10 @@ if TYPE_CHECKING:
     from .queues import JoinableQueue as JoinableQueue
     from .queues import Queue as Queue
     from .queues import SimpleQueue as SimpleQueue
+    from .spawning import ProcessContext as ProcessContext
+    from .spawning import SpawnContext as SpawnContext
+    from .spawning import spawn as spawn
+    from .spawning import start_processes as start_processes
     from .strategy import collect_garbage as collect_garbage
     from .strategy import daemon_status as daemon_status
     from .strategy import get_all_sharing_strategies as get_all_sharing_strategies
@@ -150,6 +157,10 @@ _EXPORTS = {
     "pipeline": "Pipeline",
     "arrow": "share_table attach_table TableHandle",
     "queues": "DEFAULT_MAX_BYTES",
+    # torch.multiprocessing's process face (docs/pytorch-names.md), in a
+    # module not named spawn: importing zctipc.spawn would bind the module
+    # over the function in the package.
+    "spawning": "spawn start_processes ProcessContext SpawnContext",
     "_wire.reducers": "init_reductions init_torch_reductions is_shared",
     # The multiprocessing names, for ``import zctipc as multiprocessing``
     # (context.MULTIPROCESSING_NAMES), and Event, which streams share.
@@ -174,6 +185,7 @@ _MODULES = {
     "events",
     "pipeline",
     "queues",
+    "spawning",
     "strategy",
     "streams",
     "tensor",

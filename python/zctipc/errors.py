@@ -30,6 +30,9 @@ __all__ = [
     "CorruptTable",
     "PipelineError",
     "DescriptorTaken",
+    "ProcessException",
+    "ProcessRaisedException",
+    "ProcessExitedException",
 ]
 
 
@@ -157,3 +160,42 @@ class DescriptorTaken(ZctipcError, RuntimeError):
     """A received descriptor (a pickle's, a queue record's) whose count was
     already taken: the same bytes were loaded before. Each sent tensor has
     one receiver; loading its bytes again takes nothing."""
+
+
+class ProcessException(ZctipcError):
+    """A process that ``zctipc.spawn`` or ``start_processes`` started failed
+    (torch.multiprocessing's exception of that name): ``error_index`` is its
+    rank, ``error_pid`` (also ``pid``) its process id, ``msg`` the message."""
+
+    def __init__(self, msg: str, error_index: int, error_pid: int) -> None:
+        super().__init__(msg)
+        self.msg = msg
+        self.error_index = error_index
+        self.error_pid = error_pid
+
+    @property
+    def pid(self) -> int:
+        return self.error_pid
+
+    def __reduce__(self) -> "tuple[type[ProcessException], tuple[object, ...]]":
+        return type(self), (self.msg, self.error_index, self.error_pid)
+
+
+class ProcessRaisedException(ProcessException):
+    """A rank's function raised; the message holds the rank's traceback."""
+
+
+class ProcessExitedException(ProcessException):
+    """A rank exited with a nonzero ``exit_code``, or was killed by a signal:
+    then ``exit_code`` is minus its number and ``signal_name`` its name
+    (``"SIGKILL"``), else ``signal_name`` is None."""
+
+    def __init__(
+        self, msg: str, error_index: int, error_pid: int, exit_code: int, signal_name: str | None = None
+    ) -> None:
+        super().__init__(msg, error_index, error_pid)
+        self.exit_code = exit_code
+        self.signal_name = signal_name
+
+    def __reduce__(self) -> "tuple[type[ProcessException], tuple[object, ...]]":
+        return type(self), (self.msg, self.error_index, self.error_pid, self.exit_code, self.signal_name)

@@ -18,6 +18,17 @@ The strategy applies to the segments made afterwards, in this process and
 in the processes it starts afterwards (it is passed on in the environment
 variable ``ZCTIPC_SHARING_STRATEGY``). Receivers need no setting: a
 descriptor says what kind of segment it names.
+
+The names and the three functions are torch.multiprocessing's (``import
+zctipc as mp``; ``mp.set_sharing_strategy("file_descriptor")``), and mean
+the same of zctipc's segments: the pool buffers that tensors and arrays
+move into, and named tensors. They do not set torch's own strategy, which
+still governs tensors already in torch's shared memory sent through
+multiprocessing's channels. Two differences: the default is
+``file_system``, where torch's on Linux is ``file_descriptor`` (zctipc's
+file_system leaves nothing behind a killed process, torch's does); an
+unknown name raises InvalidArgument (a ValueError), where torch raises
+AssertionError.
 """
 
 from __future__ import annotations
@@ -45,12 +56,14 @@ _STRATEGIES = ("file_system", "file_descriptor")
 
 
 def get_all_sharing_strategies() -> set[str]:
-    """The names of the sharing strategies: ``{"file_system", "file_descriptor"}``."""
+    """The names of the sharing strategies: ``{"file_system", "file_descriptor"}``
+    (torch.multiprocessing's, both on Linux)."""
     return set(_STRATEGIES)
 
 
 def get_sharing_strategy() -> str:
-    """The strategy new segments are made with."""
+    """The strategy new segments are made with (``"file_system"`` unless
+    set; torch.multiprocessing's default on Linux is ``"file_descriptor"``)."""
     if _native.loaded():
         lib = _native.lib()
         out = _native.ffi().new("int32_t *")

@@ -31,6 +31,8 @@ SUBMODULES = {
     "zctipc.tensor": "SegmentInfo SharedTensor attach_ref attach_shared_tensor cleanup_all_segments "
     "create_shared_tensor list_segments share",
     "zctipc.pipeline": "Pipeline PipelineError",
+    "zctipc.spawning": "ProcessContext ProcessException ProcessExitedException ProcessRaisedException SpawnContext "
+    "spawn start_processes",
 }
 
 
@@ -84,7 +86,7 @@ def test_the_package_says_where_each_name_lives():
             continue
         mod = importlib.import_module(f"zctipc.{module}")
         assert all(hasattr(mod, name) for name in names), f"zctipc.{module} lacks one of {sorted(names)}"
-        if module in ("arrow", "buffers", "pipeline", "strategy", "streams", "tensor"):  # all their names
+        if module in ("arrow", "buffers", "pipeline", "spawning", "strategy", "streams", "tensor"):  # all their names
             offered = set(mod.__all__)
             assert offered - names <= set(errors.__all__) | {"Event"}, (
                 f"zctipc.{module} offers {sorted(offered - names - set(errors.__all__))}, which the package does not"

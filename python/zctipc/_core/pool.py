@@ -54,20 +54,33 @@ def set_limit(nbytes: SupportsIndex) -> None:
 LARGEST_SLOT = 7 << 29
 
 
+#: Whether a buffer the pool has no room for (it is at its limit, or the
+#: buffer's arena is larger than the limit) gets a segment of its own at
+#: once instead of waiting for a slot or raising: set in a DataLoader
+#: worker, whose buffers the main process holds for as long as it likes
+#: (Note [batches in the pool] in zctipc._wire.batches).
+overflow = False
+
+
 def alloc(nbytes: int, block: bool = True, timeout: float | None = None) -> tuple[int, Any]:
     """A buffer of at least nbytes: (ref, address). A pool slot, or a
-    segment of its own above the largest class. Waits for a free slot when
-    the pool is full, as block and timeout say, then raises
-    OutOfSharedMemory; raises it at once when waiting cannot help (the
-    buffer is larger than the pool's limit, or /dev/shm is full and nothing
-    of this pool can come back). The address is a cffi pointer."""
+    segment of its own above the largest class (or, with overflow, when
+    the pool has no room). Waits for a free slot when the pool is full, as
+    block and timeout say, then raises OutOfSharedMemory; raises it at once
+    when waiting cannot help (the buffer is larger than the pool's limit,
+    or /dev/shm is full and nothing of this pool can come back). The
+    address is a cffi pointer."""
     ffi, lib = native.ffi(), native.lib()
     ref = ffi.new("zct_handle *")
     data = ffi.new("void **")
     size = ffi.new("uint64_t *")
-    status = wait.retry(lambda ms: lib.zct_pool_alloc(nbytes, ms, ref, data, size), native.E_FULL, block, timeout)
+    status = wait.retry(
+        lambda ms: lib.zct_pool_alloc(nbytes, ms, ref, data, size), native.E_FULL, block and not overflow, timeout
+    )
     if status == native.E_INVALID and nbytes > LARGEST_SLOT:  # a segment of its own
         return _segment_buffer(nbytes)
+    if overflow and status in (native.E_FULL, native.E_NO_SPACE):
+        return _segment_buffer(nbytes)  # raises OutOfSharedMemory if /dev/shm cannot hold it either
     if status == native.E_FULL:  # full until the deadline: not queue.Full, but the pool's own error
         raise OutOfSharedMemory(native.error(status).args[0])
     native.check(status)

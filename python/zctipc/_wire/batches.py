@@ -17,8 +17,14 @@ back to the worker's pool for a later one. That is all this touches:
 - nothing else in torch: custom collate functions that stack without
   ``_new_shared`` take the usual path (their tensors are moved into the pool
   when they are sent; tensors already in zctipc memory go as they are).
-When the pool is at its limit (the main process holds many batches), the
-storage is torch's own, as before, rather than waiting in the worker.
+When the pool has no room (the main process holds many batches, or a batch
+is larger than the pool's limit), the batch gets a segment of its own, as
+torch's storage is a file of its own, rather than waiting in the worker:
+so does everything else the worker's queue moves into the pool then
+(labels, a custom collate's tensors; pool.overflow), since the main process
+may hold every buffer for ever, and the worker would wait for it in vain
+(or, for a batch larger than the limit, fail). A process forked from the
+worker (it cannot call zctipc) gets torch's storages.
 ``pin_memory=True`` is unchanged: the main process's pin thread copies each
 batch into page-locked memory, as it does for torch's storages.
 """
@@ -27,7 +33,7 @@ from __future__ import annotations
 
 import sys
 
-from .._core import pool
+from .._core import native, pool
 from ..errors import OutOfSharedMemory
 
 TYPE_CHECKING = False  # Note [types without typing] in zctipc._core.native
@@ -53,6 +59,7 @@ def install() -> None:
     torch = sys.modules["torch"]  # imported: the worker loop is torch's
     if _torch_new_shared is not None:
         return
+    pool.overflow = True
     cls = torch.UntypedStorage
     # The classmethod itself (UntypedStorage inherits it), to call for any class.
     _torch_new_shared = next(k.__dict__["_new_shared"] for k in cls.__mro__ if "_new_shared" in k.__dict__)
@@ -60,11 +67,18 @@ def install() -> None:
 
 
 def _new_shared(cls: type[torch.UntypedStorage], size: int, *, device: Any = "cpu") -> torch.UntypedStorage:
-    """A storage of size bytes in a pool buffer, for CPU storages of at
-    least a byte; torch's shared storage otherwise, or when the pool is at
-    its limit."""
+    """A storage of size bytes (an int) in a pool buffer, or a segment of
+    its own when the pool has no room, for CPU storages of at least a byte;
+    torch's shared storage otherwise: in a process forked from the worker,
+    or when /dev/shm cannot hold it."""
     torch = sys.modules["torch"]
-    if size > 0 and cls is torch.UntypedStorage and torch.device(device).type == "cpu":
+    if (
+        type(size) is int
+        and size > 0
+        and cls is torch.UntypedStorage
+        and torch.device(device).type == "cpu"
+        and not native.forked()
+    ):
         try:
             return pool.empty((size,), torch.uint8, block=False).untyped_storage()
         except OutOfSharedMemory:

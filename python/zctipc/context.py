@@ -26,8 +26,11 @@ stands in for it (``import zctipc as multiprocessing``).
 from __future__ import annotations
 
 import multiprocessing
+import os
 import pickle
+import signal
 import sys
+import threading
 import warnings
 from multiprocessing import context as _mpcontext
 
@@ -100,9 +103,42 @@ class _ZctipcContext:
 def _run(process: BaseProcess) -> None:
     """In a child that a zctipc context started, before its target runs: a
     DataLoader worker stacks its batches in the pool (Note [batches in the
-    pool] in zctipc._wire.batches)."""
+    pool] in zctipc._wire.batches), and leaves when its main process dies
+    (Note [a worker of a fork server])."""
     if batches.is_worker_loop(getattr(process, "_target", None)):
         batches.install()
+        _watch_parent()
+
+
+# Note [a worker of a fork server]: a DataLoader worker watches its main
+# process by its parent pid (torch's ManagerWatchdog: it leaves once
+# os.getppid() changes). A worker that the fork server started is the fork
+# server's child, and the fork server lives as long as any child of it
+# holds its alive pipe, as every one does: when the main process was
+# killed, its workers never saw it go, and lived on for ever, holding their
+# pools' segments (which the cleanup daemon sweeps only once they die). So
+# a worker whose parent is not the process that started it waits, in a
+# daemon thread, on multiprocessing's sentinel of that process (the end of
+# the pipe it was started through), and terminates itself when it closes:
+# zctipc's SIGTERM handler lets go first where it is the one installed,
+# and the cleanup daemon sweeps what is left.
+
+
+def _watch_parent() -> None:
+    """Terminate this worker when the process that started it dies, if that
+    is not its parent (Note [a worker of a fork server])."""
+    from multiprocessing.connection import wait
+
+    parent = multiprocessing.parent_process()
+    if parent is None or parent.sentinel is None or os.getppid() == parent.pid:
+        return  # its parent: torch's watchdog sees it go
+    sentinel = parent.sentinel
+
+    def watch() -> None:
+        wait([sentinel])
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="zctipc-main-watch", daemon=True).start()
 
 
 class ForkServerProcess(_mpcontext.ForkServerProcess):

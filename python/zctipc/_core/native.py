@@ -289,15 +289,20 @@ def release_all() -> int:
 # collected after an error, whose __del__ tells its workers to stop through a
 # zctipc Event and queues, printed HandleClosed and killed them instead. So
 # the handles that finalizers close during a collection are closed when it
-# ends, after every __del__ of it has run.
-_collecting = False
+# ends, after every __del__ of it has run. Only those of the thread that
+# collects: the collector runs the cycle's finalizers, and a __del__ of it
+# that waits (on a queue, a join) lets other threads run, whose own
+# finalizers close as ever; deferred too, the buffers those threads freed
+# stayed taken until the collection ended, and a thread that the __del__
+# waited for could wait in turn for a pool slot that never came back.
+_collector: int | None = None  # the thread that is collecting, while one is
 _deferred: list[tuple[str, int, str]] = []
 
 
 def _collection(phase: str, info: object) -> None:
-    global _collecting
-    _collecting = phase == "start"
-    while not _collecting and _deferred:
+    global _collector
+    _collector = threading.get_ident() if phase == "start" else None
+    while _collector is None and _deferred:
         finalize(*_deferred.pop())
 
 
@@ -307,13 +312,13 @@ gc.callbacks.append(_collection)
 def finalize(function: str, handle: int, what: str) -> None:
     """Call the library's ``function(handle)`` (a name: "zct_queue_close")
     from a finalizer: it never raises, and it is a no-op in a forked child or
-    where the library was never loaded; during a garbage collection, when it
-    ends (Note [closing after a collection]). A failure is reported on
-    stderr as what failed."""
+    where the library was never loaded; during a garbage collection that
+    this thread runs, when it ends (Note [closing after a collection]). A
+    failure is reported on stderr as what failed."""
     library = _lib
     if library is None:
         return
-    if _collecting:
+    if _collector == threading.get_ident():
         _deferred.append((function, handle, what))
         return
     status = getattr(library, function)(handle)

@@ -112,33 +112,46 @@ def _run(process: BaseProcess) -> None:
 
 # Note [a worker of a fork server]: a DataLoader worker watches its main
 # process by its parent pid (torch's ManagerWatchdog: it leaves once
-# os.getppid() changes). A worker that the fork server started is the fork
-# server's child, and the fork server lives as long as any child of it
-# holds its alive pipe, as every one does: when the main process was
-# killed, its workers never saw it go, and lived on for ever, holding their
-# pools' segments (which the cleanup daemon sweeps only once they die). So
-# a worker whose parent is not the process that started it waits, in a
-# daemon thread, on multiprocessing's sentinel of that process (the end of
-# the pipe it was started through), and terminates itself when it closes:
-# zctipc's SIGTERM handler lets go first where it is the one installed,
-# and the cleanup daemon sweeps what is left.
+# os.getppid() changes), and torch's spawn ranks ask Linux for a signal when
+# their parent dies (PR_SET_PDEATHSIG). A process that the fork server
+# started is the fork server's child, and the fork server lives as long as
+# any child of it holds its alive pipe, as every one does: when the main
+# process was killed, its workers never saw it go, and lived on for ever,
+# holding their pools' segments (which the cleanup daemon sweeps only once
+# they die). So such a process waits, in a daemon thread, on
+# multiprocessing's sentinel of the process that started it (the end of the
+# pipe it was started through, under spawn and forkserver alike), and acts
+# when it closes (when_parent_exits): a DataLoader worker whose parent is
+# not its main process terminates itself (zctipc's SIGTERM handler lets go
+# first where it is the one installed, and the cleanup daemon sweeps what is
+# left); a rank of zctipc.spawn interrupts itself (Note [a rank dies with
+# its parent] in zctipc.spawning).
 
 
-def _watch_parent() -> None:
-    """Terminate this worker when the process that started it dies, if that
-    is not its parent (Note [a worker of a fork server])."""
+def when_parent_exits(action: Callable[[], object]) -> None:
+    """Call action, in a daemon thread, when the process that started this
+    one with a zctipc or multiprocessing context exits (Note [a worker of a
+    fork server])."""
     from multiprocessing.connection import wait
 
     parent = multiprocessing.parent_process()
-    if parent is None or parent.sentinel is None or os.getppid() == parent.pid:
-        return  # its parent: torch's watchdog sees it go
+    if parent is None or parent.sentinel is None:
+        return
     sentinel = parent.sentinel
 
     def watch() -> None:
         wait([sentinel])
-        os.kill(os.getpid(), signal.SIGTERM)
+        action()
 
-    threading.Thread(target=watch, name="zctipc-main-watch", daemon=True).start()
+    threading.Thread(target=watch, name="zctipc-parent-watch", daemon=True).start()
+
+
+def _watch_parent() -> None:
+    """Terminate this DataLoader worker when its main process dies, if that
+    is not its parent (Note [a worker of a fork server])."""
+    parent = multiprocessing.parent_process()
+    if parent is not None and os.getppid() != parent.pid:  # else torch's watchdog sees it go
+        when_parent_exits(lambda: os.kill(os.getpid(), signal.SIGTERM))
 
 
 class ForkServerProcess(_mpcontext.ForkServerProcess):

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import multiprocessing.connection
 import os
-import select
 import signal
 import sys
 import tempfile
@@ -65,18 +64,18 @@ __all__ = [
 
 # Note [a rank dies with its parent]: torch's ranks ask Linux for SIGINT
 # when their parent dies (PR_SET_PDEATHSIG); under forkserver their parent
-# is the fork server, which lives as long as they do (each holds its alive
-# pipe), so they outlive a killed program. A zctipc rank watches the process
-# that started it through a pidfd, in a daemon thread, and sends itself
-# SIGINT when that process exits: fn gets KeyboardInterrupt, and the rank
-# ends quietly (exit code 0), under either method. Without pidfds (Linux
-# before 5.3) ranks outlive their parent.
+# is the fork server, which lives as long as they do (Note [a worker of a
+# fork server] in zctipc.context), so they outlived a killed program. A
+# zctipc rank watches the process that started it (context.when_parent_exits)
+# and sends itself SIGINT when that process exits: fn gets
+# KeyboardInterrupt, and the rank ends quietly (exit code 0), under either
+# method.
 _orphaned = threading.Event()
 
 
-def _run_rank(fn: Callable[..., object], rank: int, args: tuple[Any, ...], error_file: str, parent: int) -> None:
+def _run_rank(fn: Callable[..., object], rank: int, args: tuple[Any, ...], error_file: str) -> None:
     """A rank's target: fn(rank, *args), its traceback to error_file if it raises."""
-    _watch(parent)
+    _watch()
     try:
         fn(rank, *args)
     except KeyboardInterrupt:
@@ -89,22 +88,14 @@ def _run_rank(fn: Callable[..., object], rank: int, args: tuple[Any, ...], error
         sys.exit(1)
 
 
-def _watch(parent: int) -> None:
+def _watch() -> None:
     """Note [a rank dies with its parent]."""
-    try:
-        fd = os.pidfd_open(parent)
-    except ProcessLookupError:  # gone already
-        fd = -1
-    except (AttributeError, OSError):
-        return
 
-    def wait() -> None:
-        if fd >= 0:
-            select.select([fd], [], [])
+    def orphaned() -> None:
         _orphaned.set()
         os.kill(os.getpid(), signal.SIGINT)
 
-    threading.Thread(target=wait, name="zctipc-rank-parent", daemon=True).start()
+    context.when_parent_exits(orphaned)
 
 
 def _write_traceback(path: str) -> None:
@@ -257,7 +248,7 @@ def start_processes(
     processes = []
     try:
         for rank in range(nprocs):
-            p = ctx.Process(target=_run_rank, args=(fn, rank, args, error_files[rank], os.getpid()), daemon=daemon)
+            p = ctx.Process(target=_run_rank, args=(fn, rank, args, error_files[rank]), daemon=daemon)
             p.start()
             processes.append(p)
     except BaseException:  # a rank that could not start: none runs

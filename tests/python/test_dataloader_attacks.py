@@ -408,7 +408,10 @@ def test_a_cycle_collected_by_another_thread_can_use_its_zctipc_objects(recwarn)
     got = []
     for _ in range(5):
         queue, event = zctipc.Queue(), zctipc.Event()
-        _Cycle(queue, event, zctipc.empty(4, "int64"))
+        array = zctipc.empty(4, "int64")
+        array[:] = 0  # a pool buffer is uninitialized, maybe a used one
+        _Cycle(queue, event, array)
+        del array
         thread = threading.Thread(target=gc.collect)
         thread.start()
         thread.join()

@@ -432,7 +432,7 @@ def test_zctipc_spawn_is_the_function_in_a_rank(method, leaves_nothing):
 def test_forkserver_ranks_see_the_environment_of_the_call(monkeypatch, leaves_nothing):
     """As spawn's do (and torch's spawn, which always spawns): not the
     environment the fork server started with."""
-    queue, name = mp.Queue(), "ZCTIPC_TEST_SPAWN_ENV"
+    queue, name = mp.Queue(), "SPAWN_ATTACK_ENV_PROBE"
     seen = []
     for value in ("first", "second", None):
         if value is None:

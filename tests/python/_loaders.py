@@ -147,11 +147,11 @@ NEW_SHARED_CALLS = {
     "size 0": lambda cls: cls._new_shared(0),
     "meta": lambda cls: cls._new_shared(10, device="meta"),
     "a float size": lambda cls: cls._new_shared(10.0),
-    "a negative size": lambda cls: cls._new_shared(-1),
     "device None": lambda cls: cls._new_shared(10, device=None),
     "positional device": lambda cls: cls._new_shared(10, "cpu"),
     "64 MiB": lambda cls: cls._new_shared(64 << 20),
-    "larger than /dev/shm": lambda cls: cls._new_shared(1 << 50),
+    # Not a negative size or one larger than /dev/shm: torch's own leaves a
+    # file in /dev/shm for those.
 }
 
 

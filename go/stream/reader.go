@@ -189,6 +189,12 @@ func (r *Reader) look(u futex.Until) (int, error) {
 			return at, nil
 		}
 		if s.ended() {
+			// The writer may have published its last frames and ended
+			// between the load of published above and this one: End
+			// comes after every publish, so a load now sees them.
+			if r.pos < atomic.LoadUint64(u64(s.data, offPublished)) {
+				continue
+			}
 			return 0, ErrEnded
 		}
 		if !u.Deadline.IsZero() && !time.Now().Before(u.Deadline) {

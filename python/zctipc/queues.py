@@ -151,6 +151,19 @@ class _Armed(threading.local):
 _WATCH_SLICE_MS = 10_000
 
 
+# Note [showing after arming]: the readiness thread shows the queue's state
+# in its pipe only after it armed its wait and looked again, never before.
+# A get through the queue object drains the pipe when it finds the queue
+# empty (rearm). Had the thread shown "readable" before arming, a get could
+# empty the queue and drain the pipe after that show, a put could then
+# bring a message before the thread armed, and the thread, finding the
+# message, would sleep on the space word with the pipe unreadable: no get
+# comes to wake it, and a ProcessPoolExecutor waiting on the pipe waited
+# for ever with its results in the queue. Shown after the look that follows
+# arming, the pipe can be made wrong only by a put or a get after that
+# look, and either moves the word the thread sleeps on.
+
+
 class _Readiness:
     """A pipe readable while a queue holds a message (Note [waiting on a
     queue among other things]), and the thread that keeps it so. The
@@ -207,7 +220,6 @@ class _Readiness:
                 if not look():
                     return
                 holds = items[0] > 0
-                self.show(holds)
                 which = space if holds else data
                 status = lib.zct_queue_arm(handle, which, word, seen)
                 if status == native.E_CLOSED:
@@ -215,11 +227,16 @@ class _Readiness:
                 native.check(status)
                 woken = False
                 try:
-                    # Look again now that a change wakes this thread.
+                    # Look again now that a change wakes this thread, and
+                    # only then show what it found (Note [showing after
+                    # arming]).
                     if not look():
                         return
+                    if (items[0] > 0) != holds:
+                        continue
+                    self.show(holds)
                     slept = native.E_EMPTY
-                    while slept == native.E_EMPTY and (items[0] > 0) == holds and not self.stopped:
+                    while slept == native.E_EMPTY and not self.stopped:
                         # In long slices, each ended by a look at stopped
                         # (Note [a sleep across a close] in zctipc._core.wait).
                         slept = lib.zct_sleep(word[0], seen[0], _WATCH_SLICE_MS)

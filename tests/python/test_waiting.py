@@ -123,6 +123,37 @@ def test_readiness_is_not_left_readable_after_another_consumer_took_the_message(
         q.close()
 
 
+def test_readiness_shows_a_message_put_after_a_get_emptied_the_queue(monkeypatch):
+    """The readiness thread shows the queue's state; meanwhile a get takes
+    the last message (and drains the descriptor) and a put brings another.
+    The descriptor must become readable: a ProcessPoolExecutor waiting on
+    it hung with its results in the queue (Note [showing after arming])."""
+    from zctipc import queues
+
+    q = zctipc.SimpleQueue()
+    taken = []
+    show = queues._Readiness.show
+
+    def show_then_race(self, readable):
+        show(self, readable)
+        if readable and not taken:
+            taken.append(q.get())  # empties the queue: the descriptor is drained
+            q.put("b")
+
+    monkeypatch.setattr(queues._Readiness, "show", show_then_race)
+    try:
+        q.put("a")
+        q._reader.fileno()  # the thread starts
+        deadline = time.monotonic() + 30
+        while not taken and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert taken == ["a"]
+        assert multiprocessing.connection.wait([q._reader], timeout=30) == [q._reader], "b is in the queue"
+        assert q.get() == "b"
+    finally:
+        q.close()
+
+
 def test_every_awaiting_coroutine_gets_a_message():
     q = zctipc.Queue()
     n = 20

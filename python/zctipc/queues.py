@@ -151,6 +151,19 @@ class _Armed(threading.local):
 _WATCH_SLICE_MS = 10_000
 
 
+# Note [showing after the second look]: a get through this process's queue
+# object that finds the queue empty drains the pipe (rearm), whatever the
+# thread last showed. The thread can show "holds" and arm the space word
+# just after a get emptied the queue (the get's wake-up came before the
+# arm), the get's rearm then drains the pipe, and a put lands before the
+# thread looks again: that look finds messages, as the first did, and the
+# thread slept on the space word with the pipe drained, while nothing
+# would get the message that would wake it (a ProcessPoolExecutor waited for
+# ever for its result). So what the second look finds is shown again before
+# the sleep; a drain after it needs the queue empty, so a get after the
+# arm, whose wake-up the sleep sees.
+
+
 class _Readiness:
     """A pipe readable while a queue holds a message (Note [waiting on a
     queue among other things]), and the thread that keeps it so. The
@@ -215,9 +228,12 @@ class _Readiness:
                 native.check(status)
                 woken = False
                 try:
-                    # Look again now that a change wakes this thread.
+                    # Look again now that a change wakes this thread, and show
+                    # what it finds (Note [showing after the second look]).
                     if not look():
                         return
+                    if (items[0] > 0) == holds:
+                        self.show(holds)
                     slept = native.E_EMPTY
                     while slept == native.E_EMPTY and (items[0] > 0) == holds and not self.stopped:
                         # In long slices, each ended by a look at stopped

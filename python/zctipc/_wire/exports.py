@@ -286,7 +286,8 @@ def export_storage(storage: torch.UntypedStorage, block: bool = True, timeout: f
     torch's shared memory too), or a copy of one that zctipc made over
     memory find() cannot place (a stream's slot)."""
     nbytes = storage.nbytes()
-    found = memory.find(storage.data_ptr(), nbytes)
+    address = storage.data_ptr()
+    found = memory.find(address, nbytes)
     if found is None:
         if memory.is_marked(storage):
 
@@ -296,7 +297,7 @@ def export_storage(storage: torch.UntypedStorage, block: bool = True, timeout: f
             e = _export(None, _UINT8, (nbytes,), (1,), memory.TORCH, fill, block, timeout, True)
             assert e is not None  # one dimension: a descriptor always holds it
             return e
-        found = storages.move_into_pool(storage, block, timeout)
+        found = storages.move_into_pool(storage, block, timeout, address)
     return Export(found[0], found[1], _UINT8, (nbytes,), (1,), memory.TORCH)
 
 

@@ -101,6 +101,36 @@ class _AllocOut(threading.local):
 _out: _AllocOut | None = None
 
 
+def alloc_leaving(nbytes: int, leave: int, ms: int = 0) -> tuple[int, Any] | int:
+    """A buffer of at least nbytes, (ref, address) as alloc gives one, that
+    takes new pages of the shared-memory file system only while leave
+    bytes stay free there besides them (Note [leaving room] in
+    go/pool/pool.go), waiting up to ms for one; without one, the status
+    that says why: native.E_FULL when a buffer of its size class is in
+    use (it comes back), native.E_NO_SPACE when waiting cannot help."""
+    global _out
+    out = _out or (_out := _AllocOut())
+    ref, data, size = out.ref, out.data, out.size
+    status = native.lib().zct_pool_alloc_leaving(nbytes, leave, ms, ref, data, size)
+    if status == native.E_INVALID and nbytes > LARGEST_SLOT:  # a segment of its own
+        try:
+            return _segment_buffer(nbytes)
+        except OutOfSharedMemory:
+            return native.E_NO_SPACE
+    if status == native.E_INTERRUPTED:  # a signal ended the wait: a buffer may come yet
+        return native.E_FULL
+    if status == native.E_FULL or status == native.E_NO_SPACE:
+        return status
+    native.check(status)
+    return ref[0], data[0]
+
+
+def trim() -> None:
+    """Give back the pool's arenas with no buffer in use anywhere: their
+    memory returns to the shared-memory file system."""
+    native.check(native.lib().zct_pool_trim())
+
+
 def _segment_buffer(nbytes: int) -> tuple[int, Any]:
     """A buffer of its own segment, as a ref (a count on the segment) and the
     address of its data."""

@@ -19,9 +19,14 @@ alloc      zctipc.empty((256, 1024), float32) and release, from the pool vs
 pool       concurrent.futures.ProcessPoolExecutor mapping a function over
            1,000 arrays of 4 MiB that returns arrays of the same size: with
            zctipc's context vs the standard library's (fork and forkserver)
+state-dict a fresh torch state dict of 98 tensors (33.6 MB, not in shared
+           memory) put to a consumer: how long put blocks the caller and
+           how long until the consumer has the dict, for a process's first
+           put and later ones, vs torch.multiprocessing's Queue (whose put
+           returns at once: its feeder thread shares the tensors later)
 
-  python benchmarks/bench_queue.py [--only local,rate,latency,big,copy-in,alloc,pool] [--quick] [--json PATH]
-                                   [--readme README.md]
+  python benchmarks/bench_queue.py [--only local,rate,latency,big,copy-in,alloc,pool,state-dict] [--quick]
+                                   [--json PATH] [--readme README.md]
 """
 
 import contextlib
@@ -519,6 +524,40 @@ def suite_pool(quick, report):
     ]
 
 
+# -- state-dict ----------------------------------------------------------------
+
+
+def suite_state_dict(quick, report):
+    """A fresh state dict put to a consumer, each peer in processes of its
+    own (_state_dict.py), so that round 0 is a process's first put (a pool
+    with no arenas yet); the peers take turns. Medians over the runs."""
+    import statistics
+    import subprocess
+
+    runs = 1 if TINY else 3 if quick else 6
+    rounds = 2 if TINY else 6
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_state_dict.py")
+    peers = {"zctipc.Queue": "zctipc", "torch.multiprocessing.Queue": "torch"}
+    first = {peer: [] for peer in peers}
+    later = {peer: [] for peer in peers}
+    for _ in range(runs):
+        for peer, name in peers.items():
+            command = [sys.executable, script, name, str(rounds), "1"]
+            out = subprocess.run(command, capture_output=True, text=True, timeout=600, check=True)
+            lines = [tuple(map(float, line.split())) for line in out.stdout.splitlines() if line.strip()]
+            first[peer].append(lines[0])
+            later[peer] += lines[1:]
+    rows, report["state_dict"] = [], []
+    for peer in peers:
+        for when, samples in (("first put", first[peer]), ("later puts", later[peer])):
+            put = statistics.median(s[0] for s in samples)
+            end = statistics.median(s[1] for s in samples)
+            report["state_dict"].append({"peer": peer, "when": when, "put_ms": put, "end_to_end_ms": end})
+            rows.append([peer, when, f"{put:.1f} ms", f"{end:.1f} ms", len(samples)])
+            print(f"  state-dict {peer:<28} {when:<10} put {put:6.1f} ms, end to end {end:6.1f} ms", flush=True)
+    return rows
+
+
 SUITES = {
     "local": suite_local,
     "rate": suite_rate,
@@ -527,6 +566,7 @@ SUITES = {
     "copy-in": suite_copy_in,
     "alloc": suite_alloc,
     "pool": suite_pool,
+    "state-dict": suite_state_dict,
 }
 HEADERS = {
     "local": ["object", "peer, put+get in one process", "per message", "vs zctipc", "vs the message floor"],
@@ -543,6 +583,7 @@ HEADERS = {
     "copy-in": ["plain array", "operation", "median", "vs np.copyto"],
     "alloc": ["allocation of a 1 MiB float32 array and release", "rate", "zctipc pool is"],
     "pool": ["ProcessPoolExecutor.map, a + 1", "context", "end to end (median)", "tasks per second", "zctipc is"],
+    "state-dict": ["state dict of 98 tensors, 33.6 MB", "puts", "put blocks (median)", "to the consumer", "samples"],
 }
 
 

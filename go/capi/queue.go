@@ -372,11 +372,16 @@ func decodeOne(buf *C.zct_cvoid, length C.uint64_t) (message.Descriptor, error) 
 
 //export zct_pool_alloc
 func zct_pool_alloc(nbytes C.uint64_t, timeoutMS C.int64_t, ref *C.zct_handle, data *unsafe.Pointer, size *C.uint64_t) C.int {
+	return zct_pool_alloc_leaving(nbytes, 0, timeoutMS, ref, data, size)
+}
+
+//export zct_pool_alloc_leaving
+func zct_pool_alloc_leaving(nbytes, leave C.uint64_t, timeoutMS C.int64_t, ref *C.zct_handle, data *unsafe.Pointer, size *C.uint64_t) C.int {
 	return run(func() error {
 		if ref == nil || data == nil || size == nil {
 			return errNilArg
 		}
-		s, err := pool.Default().Alloc(uint64(nbytes), deadline(timeoutMS))
+		s, err := pool.Default().AllocLeaving(uint64(nbytes), uint64(leave), deadline(timeoutMS))
 		if err != nil {
 			return err
 		}
@@ -385,6 +390,11 @@ func zct_pool_alloc(nbytes C.uint64_t, timeoutMS C.int64_t, ref *C.zct_handle, d
 		*size = C.uint64_t(len(s.Data()))
 		return nil
 	})
+}
+
+//export zct_pool_trim
+func zct_pool_trim() C.int {
+	return run(func() error { return pool.Default().Trim() })
 }
 
 //export zct_pool_stats_get

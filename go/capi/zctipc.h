@@ -32,7 +32,7 @@ extern "C" {
 
 /* BEGIN CDEF (python/zctipc/_ffi_build.py feeds from here to END CDEF to cffi) */
 
-#define ZCT_ABI_VERSION 12
+#define ZCT_ABI_VERSION 13
 #define ZCT_MAX_NDIM 32
 #define ZCT_NAME_CAP 256
 
@@ -315,6 +315,17 @@ int zct_ref_attach(const void *buf, uint64_t len, zct_view *view);
    slot's arena is larger than the pool's limit, or the shared-memory file
    system is full and no slot of its class is in use to come back). */
 int zct_pool_alloc(uint64_t nbytes, int64_t timeout_ms, zct_handle *ref, void **data, uint64_t *size);
+/* zct_pool_alloc for a sender that can send the bytes another way: the
+   slot takes new pages of the shared-memory file system (a slot never
+   used, or a new arena) only while leave bytes stay free there besides
+   them; a slot used before is always taken. Without them, ZCT_E_FULL
+   when a slot of its class is in use (it comes back with its pages),
+   else ZCT_E_NO_SPACE. */
+int zct_pool_alloc_leaving(uint64_t nbytes, uint64_t leave, int64_t timeout_ms, zct_handle *ref, void **data,
+                           uint64_t *size);
+/* Give back the arenas of the pool with no slot in use anywhere: their
+   memory returns to the shared-memory file system. */
+int zct_pool_trim(void);
 int zct_pool_stats_get(zct_pool_stats *stats);
 int zct_pool_set_limit(uint64_t bytes);
 

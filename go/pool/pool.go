@@ -164,6 +164,9 @@ type Arena struct {
 	tickets  bool // its slots are tickets, not buffers
 	owned    bool
 	closed   bool // out of the index, about to be unmapped; guarded by index
+	// reservedTo is where the reserved pages of the data end (Note [slots
+	// reserved when first used]); written by the owner, under its pool's mu.
+	reservedTo atomic.Uint64
 }
 
 func (a *Arena) u64(off uint64) *uint64 { return (*uint64)(unsafe.Pointer(&a.data[off])) }
@@ -220,12 +223,70 @@ func (a *Arena) push(i uint32) error {
 	return nil
 }
 
-// take allocates a slot: off the free stack, a new generation, a count of
-// one, and a pin on the arena.
+// Note [slots reserved when first used]: the kernel zeroes a page when it
+// is reserved, which costs more than the bytes then copied into it, and a
+// class's arenas grow by doubling: a state dict of 98 tensors (34 MB) made
+// arenas of 102 MB, all reserved when made, and 38 ms of its first put's
+// 54 went there. So an arena of several buffer slots reserves, when it is
+// made, only its header and slot table, and the owner reserves a slot's
+// pages (those of small slots lazyStep at a time) when it first hands the
+// slot out; the pages a pool holds are then those of the slots it used,
+// and a file system too full for them is the pool's out of memory, as for
+// a new arena (tryAlloc). Only the owner hands slots out, under its pool's
+// mu, so a high-water mark (reservedTo) says what is reserved, and a slot
+// freed goes back on top of the free stack, above the slots never used.
+// Other processes touch a slot's pages only while it is in use. A ticket
+// arena is reserved whole when made (a take writes the first word of a
+// ticket a descriptor names, which a stale or forged descriptor may name
+// before it was ever handed out), as is an arena of one slot, and every
+// arena on a kernel that cannot reserve pages on demand (before 5.14).
+
+// lazyStep is the least an arena reserves at once after its table.
+const lazyStep = 64 << 10
+
+// slotEnd returns where slot i ends in the arena's data.
+func (a *Arena) slotEnd(i uint32) uint64 { return a.slotsAt + (uint64(i)+1)*a.slotSize }
+
+// topReserved reports whether the slot on top of the free stack has its
+// pages reserved (Note [slots reserved when first used]).
+func (a *Arena) topReserved() bool {
+	top := uint32(atomic.LoadUint64(a.u64(offFreeHead)))
+	return top != 0 && top <= a.nslots && a.slotEnd(top-1) <= a.reservedTo.Load()
+}
+
+// noPages is the error of a slot whose pages the file system had no room
+// for (Note [slots reserved when first used]).
+type noPages struct{ err error }
+
+func (e noPages) Error() string { return e.err.Error() }
+func (e noPages) Unwrap() error { return e.err }
+
+// reserve reserves the pages of slot i, and of the slots before it, if
+// they are not yet (Note [slots reserved when first used]).
+func (a *Arena) reserve(i uint32) error {
+	end, reserved := a.slotEnd(i), a.reservedTo.Load()
+	if end <= reserved {
+		return nil
+	}
+	upTo := min(max(end, reserved+lazyStep), uint64(len(a.data)))
+	if err := shm.ReservePagesOf(a.Name(), a.data[reserved:upTo]); err != nil {
+		// Pages it reserved before it failed stay reserved, unclaimed,
+		// until the arena goes: a slot taken later reserves them again.
+		return noPages{err}
+	}
+	a.reservedTo.Store(upTo)
+	return nil
+}
+
+// take allocates a slot: off the free stack, its pages reserved, a new
+// generation, a count of one, and a pin on the arena.
 func (a *Arena) take() (Slot, bool, error) {
 	i, ok := a.pop()
 	if !ok {
 		return Slot{}, false, nil
+	}
+	if err := a.reserve(i); err != nil {
+		return Slot{}, false, errors.Join(err, a.push(i))
 	}
 	g := atomic.AddUint32(a.gen(i), 1)
 	atomic.StoreInt64(a.refcount(i), 1)
@@ -462,6 +523,15 @@ func (p *Pool) Close() error {
 	return errors.Join(errs...)
 }
 
+// Trim gives back the arenas of the pool with no slot in use, here or
+// anywhere: their pages go back to the file system, and the next buffers
+// of their classes are made in new ones.
+func (p *Pool) Trim() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.trim(math.MaxUint64)
+}
+
 // SetLimit sets the most bytes of arenas the pool may hold. A limit below
 // what the pool holds frees its idle arenas now, and the others as their
 // buffers are freed (at the next allocation), until it holds no more.
@@ -508,12 +578,32 @@ func (p *Pool) Stats() Stats {
 // ErrFull. When waiting cannot help it returns ErrNoRoom at once. The slot
 // keeps the bytes it had: it is not zeroed.
 func (p *Pool) Alloc(n uint64, deadline time.Time) (Slot, error) {
+	return p.AllocLeaving(n, 0, deadline)
+}
+
+// Note [leaving room]: a sender that can send a buffer's bytes another
+// way when the pool has none (pickled inside its message, which a zctipc
+// queue carries in its ring, in the same file system) must not take the
+// file system's last pages for its buffers: a receiver that keeps what
+// it got (a list of results) would then hold them all, and the message
+// that carries the next buffer's bytes in band would find no room, for
+// ever. So such a sender asks for a buffer leaving room: a slot whose
+// pages are reserved is always its to take, but new pages (a slot never
+// used, or a new arena) only while leave bytes stay free in the file
+// system besides them. Under the file_descriptor strategy the pool's
+// arenas are memfds, outside the directory, and leave is not looked at.
+
+// AllocLeaving is Alloc for a slot that takes new pages of the file system
+// only while leave bytes stay free there (Note [leaving room]); without
+// them it returns ErrFull when a slot of the class is in use (it comes
+// back with its pages), else ErrNoRoom. Alloc is AllocLeaving with leave 0.
+func (p *Pool) AllocLeaving(n, leave uint64, deadline time.Time) (Slot, error) {
 	c, ok := ClassOf(n)
 	if !ok {
 		return Slot{}, fmt.Errorf("%d bytes: %w", n, ErrTooLarge)
 	}
 	for {
-		s, waitOn, err := p.tryAlloc(c)
+		s, waitOn, err := p.tryAlloc(c, leave)
 		if err == nil || !errors.Is(err, ErrFull) {
 			return s, err
 		}
@@ -532,7 +622,7 @@ func (p *Pool) Alloc(n uint64, deadline time.Time) (Slot, error) {
 		seq := waitOn.u32(offFreeSeq)
 		seen := atomic.LoadUint32(seq)
 		atomic.AddUint32(waitOn.u32(offWaiters), 1)
-		if !waitOn.hasFree() {
+		if !waitOn.topReserved() { // a slot never used may be free: it is not the one waited for
 			if werr := futex.Wait(seq, seen, wait); werr != nil && !errors.Is(werr, futex.ErrTimeout) && !errors.Is(werr, futex.ErrInterrupted) {
 				atomic.AddUint32(waitOn.u32(offWaiters), ^uint32(0))
 				return Slot{}, werr
@@ -549,7 +639,7 @@ func (a *Arena) hasFree() bool {
 
 // tryAlloc takes a slot of class c from an arena, or a new arena. When the
 // pool is full it returns ErrFull and the arena whose frees to wait for.
-func (p *Pool) tryAlloc(c int) (Slot, *Arena, error) {
+func (p *Pool) tryAlloc(c int, leave uint64) (Slot, *Arena, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.limitErr != nil {
@@ -562,31 +652,93 @@ func (p *Pool) tryAlloc(c int) (Slot, *Arena, error) {
 			return Slot{}, nil, err
 		}
 	}
-	arenas := p.arenas[c]
-	for i := len(arenas) - 1; i >= 0; i-- {
-		s, ok, err := arenas[i].take()
-		if errors.Is(err, unix.ENOENT) {
-			// This process let the arena go (shm.ReleaseAll, as a process
-			// about to exit does): its file is gone, so the pool forgets it
-			// and goes on with another. Buffers still in use in it stay
-			// mapped until they are released.
-			p.forget(c, arenas[i])
-			continue
+	s, waitOn, err := p.takeOrGrow(c, leave)
+	var short noPages
+	if !errors.As(err, &short) {
+		return s, waitOn, err
+	}
+	// No room for a slot's pages (Note [slots reserved when first used]),
+	// or not leaving enough (Note [leaving room]): give back the idle
+	// arenas, as grow does, and look again.
+	before := p.reserved
+	if terr := p.trim(math.MaxUint64); terr != nil {
+		return Slot{}, nil, errors.Join(err, terr)
+	}
+	if p.reserved < before {
+		if s, waitOn, err = p.takeOrGrow(c, leave); !errors.As(err, &short) {
+			return s, waitOn, err
 		}
-		if ok || err != nil {
-			return s, nil, err
+	}
+	return Slot{}, p.last(c), p.noRoom(c, short.err)
+}
+
+// noRoom is the error of a slot of class c that found no room in the file
+// system (why says how): ErrFull when a slot of the class is in use (it
+// comes back with its pages), else ErrNoRoom. The caller holds p.mu.
+func (p *Pool) noRoom(c int, why error) error {
+	if p.classInUse(c) {
+		return fmt.Errorf("%w: %w", ErrFull, why)
+	}
+	return fmt.Errorf("%w: nothing this pool holds can free more: %w", ErrNoRoom, why)
+}
+
+// leaves reports whether the file system has n bytes free and leave more
+// (Note [leaving room]).
+func leaves(n, leave uint64) bool {
+	if leave == 0 || shm.CurrentStrategy() == shm.FileDescriptor {
+		return true
+	}
+	var fs unix.Statfs_t
+	if unix.Statfs(shm.Dir(), &fs) != nil {
+		return true // the file system says when it is full
+	}
+	return fs.Bavail*uint64(fs.Bsize) >= n+leave
+}
+
+// takeOrGrow takes a slot of class c from an arena, first of those whose
+// pages are reserved (Note [slots reserved when first used]), or from a
+// new arena, while leave bytes stay free (Note [leaving room]); as
+// tryAlloc, and noPages when a slot's pages had no room. The caller holds
+// p.mu.
+func (p *Pool) takeOrGrow(c int, leave uint64) (Slot, *Arena, error) {
+	for _, reserved := range [2]bool{true, false} {
+		if !reserved && !leaves(ClassSize(c), leave) {
+			return Slot{}, nil, noPages{fmt.Errorf("%w: a %s buffer would leave less than %s free in %s",
+				shm.ErrOutOfSharedMemory, shm.FormatBytes(ClassSize(c)), shm.FormatBytes(leave), shm.Dir())}
+		}
+		arenas := p.arenas[c]
+		for i := len(arenas) - 1; i >= 0; i-- {
+			if reserved && !arenas[i].topReserved() {
+				continue
+			}
+			s, ok, err := arenas[i].take()
+			if errors.Is(err, unix.ENOENT) {
+				// This process let the arena go (shm.ReleaseAll, as a process
+				// about to exit does): its file is gone, so the pool forgets it
+				// and goes on with another. Buffers still in use in it stay
+				// mapped until they are released.
+				p.forget(c, arenas[i])
+				continue
+			}
+			if ok || err != nil {
+				return s, nil, err
+			}
 		}
 	}
 	a, err := p.grow(c)
 	if err != nil {
-		var last *Arena
-		if len(arenas) > 0 {
-			last = arenas[len(arenas)-1]
-		}
-		return Slot{}, last, err
+		return Slot{}, p.last(c), err
 	}
 	s, _, err := a.take()
 	return s, nil, err
+}
+
+// last returns the newest arena of class c, or nil. The caller holds p.mu.
+func (p *Pool) last(c int) *Arena {
+	if arenas := p.arenas[c]; len(arenas) > 0 {
+		return arenas[len(arenas)-1]
+	}
+	return nil
 }
 
 // grow adds an arena for class c, freeing idle arenas of other classes to
@@ -737,12 +889,26 @@ func slotsOffset(slotSize, nslots uint64) uint64 {
 // of tickets or of buffers.
 func newArena(c int, size uint64, nslots uint32, tickets bool) (*Arena, error) {
 	dataSize := arenaSize(size, uint64(nslots))
-	seg, err := shm.Create("", header.KindArena, dtype.Uint8, []int64{int64(dataSize)})
+	slotsAt := slotsOffset(size, uint64(nslots))
+	reserved := dataSize
+	var seg *shm.Segment
+	var err error
+	if !tickets && nslots > 1 && shm.PagesOnDemand() {
+		// Note [slots reserved when first used]
+		reserved = slotsAt
+		seg, err = shm.CreatePartly("", header.KindArena, dtype.Uint8, []int64{int64(dataSize)}, slotsAt)
+		if err == nil {
+			shm.AdviseHugePages(seg.Data()[slotsAt:])
+		}
+	} else {
+		seg, err = shm.Create("", header.KindArena, dtype.Uint8, []int64{int64(dataSize)})
+	}
 	if err != nil {
 		return nil, err
 	}
 	a := &Arena{mem: owned{seg}, data: seg.Data(), slotSize: size, nslots: nslots, class: c,
-		slotsAt: slotsOffset(size, uint64(nslots)), tickets: tickets, owned: true}
+		slotsAt: slotsAt, tickets: tickets, owned: true}
+	a.reservedTo.Store(reserved)
 	a.base = uintptr(unsafe.Pointer(&a.data[0]))
 	if tickets {
 		le32(a.data[offPurpose:], purposeTickets)

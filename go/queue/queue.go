@@ -1041,12 +1041,21 @@ func (q *Queue) getMany(buf []byte, maxRecords, maxDescriptors int, u futex.Unti
 	}
 	// Messages left behind: wake the next waiting consumer (the cascade of
 	// PutMany's single wake-up).
-	if puts, _ := split(atomic.LoadUint64(q.u64(offTail))); puts != gets+uint32(n) {
+	puts, _ := split(atomic.LoadUint64(q.u64(offTail)))
+	if puts != gets+uint32(n) {
 		if err := q.signal(offDataSeq, offDataWaiters, 1); err != nil {
 			return n, filled, err
 		}
+		return n, filled, q.signal(offSpaceSeq, offSpaceWaiters, 1)
 	}
-	return n, filled, q.signal(offSpaceSeq, offSpaceWaiters, 1)
+	// Note [an empty queue wakes every space sleeper]: a host thread that
+	// watches for messages (Python's readiness thread) sleeps on the space
+	// word while the queue holds some, to see it emptied; with a producer
+	// asleep there too (waiting for room), one wake-up could go to the
+	// producer, and the watcher slept on past the get that emptied the
+	// queue, missing the put after it, which wakes only data sleepers. A
+	// get that leaves the queue empty wakes them all.
+	return n, filled, q.signal(offSpaceSeq, offSpaceWaiters, 1<<30)
 }
 
 // WaitNonEmpty returns once the queue holds a message, without taking it,

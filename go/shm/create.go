@@ -141,14 +141,32 @@ func CreatePartly(name string, kind header.Kind, dt dtype.DType, shape []int64, 
 // of memory: it returns an error wrapping ErrOutOfSharedMemory instead.
 // It needs Linux 5.14 (MADV_POPULATE_WRITE); see PagesOnDemand.
 func ReservePages(mem []byte) error {
+	return ReservePagesOf("(a queue's ring)", mem)
+}
+
+// ReservePagesOf is ReservePages for a part of the segment named name,
+// which its error names.
+func ReservePagesOf(name string, mem []byte) error {
 	if len(mem) == 0 {
 		return nil
 	}
 	start, end := pageSpan(mem, false)
 	if err := madvise(start, end-start, unix.MADV_POPULATE_WRITE); err != nil {
-		return outOfMemoryIf("(a queue's ring)", uint64(len(mem)), err)
+		return outOfMemoryIf(name, uint64(len(mem)), err)
 	}
 	return nil
+}
+
+// AdviseHugePages asks that mem, a part of a segment's read-write mapping
+// whose pages are reserved later (ReservePages), be filled with huge pages
+// where the file system allows them when asked (see reserveMapped). It
+// is only advice: a kernel without transparent huge pages ignores it.
+func AdviseHugePages(mem []byte) {
+	if len(mem) < hugeFrom {
+		return
+	}
+	start, end := pageSpan(mem, false)
+	_ = madvise(start, end-start, unix.MADV_HUGEPAGE) // EINVAL without transparent huge pages
 }
 
 // ReleasePages gives back to the file system the memory pages that lie

@@ -21,7 +21,17 @@ __all__ = list(_mp.__all__)
 # Replaces the Pool that the star import brought: a redefinition to mypy.
 class Pool(_mp.Pool):  # type: ignore[no-redef]
     """multiprocessing.pool.Pool with zctipc's current context as its
-    default context."""
+    default context.
+
+    Its tasks and results go through zctipc SimpleQueues, NumPy arrays in
+    them by the pool's buffers. When /dev/shm has no room (Docker gives 64
+    MiB), an array goes inside its message instead, with one warning per
+    process, and the program goes on (zctipc.queues.SimpleQueue.put); a
+    chunk of tasks (map's chunksize) is one message, so a chunk whose
+    arrays are more than /dev/shm holds raises OutOfSharedMemory, which
+    names a smaller chunksize. The task handler puts every pending task as
+    soon as it can, and with room each one's arrays are copied into the
+    pool then, not when a worker takes the task."""
 
     def __init__(
         self,

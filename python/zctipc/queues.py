@@ -38,9 +38,9 @@ import weakref
 from multiprocessing import context as _mpcontext
 from multiprocessing import queues as _mpqueues
 
-from ._core import args, native, wait
+from ._core import args, native, pool, wait
 from ._wire import exports, pickler
-from .errors import HandleClosed, ZctipcOSError
+from .errors import HandleClosed, OutOfSharedMemory, ZctipcOSError
 
 TYPE_CHECKING = False  # Note [types without typing] in zctipc._core.native
 if TYPE_CHECKING:
@@ -76,6 +76,16 @@ _loads = pickle.loads
 _wait = wait  # the module, in methods whose parameter is named wait
 _BARE = exports.BARE  # the set, which grows when torch is met
 _SENT: Any = object()  # _bare's answer for an array it sent itself (Any: it stands where a record would)
+
+#: How long a SimpleQueue's put whose message finds no room in /dev/shm
+#: waits on an empty queue, for other queues' readers to give pages back,
+#: before it raises OutOfSharedMemory (seconds).
+_ROOM_WAIT = 5.0
+
+#: How many wait slices a SimpleQueue's put that waits for room sleeps
+#: before it looks again, woken or not: room comes from more than the gets
+#: that wake it (buffers freed, other queues read).
+_LOOK_EVERY = 2
 
 #: The most messages get_many takes in one call into the library.
 RECORDS_PER_CALL = 256
@@ -412,6 +422,9 @@ class Queue:
         self._rlock, self._wlock = threading.Lock(), threading.Lock()
         self._polls = False  # set_wait("poll"): waits stay in the library
         self._armed = _Armed()  # per thread: out-parameters of zct_queue_arm
+        # How arrays find pool buffers when /dev/shm is full (Note [sending
+        # in band when shared memory is full] in zctipc._wire.exports).
+        self._in_band = _InBandOnceEmpty(self) if self._in_band_once_empty else None
         self._finalizer = weakref.finalize(self, native.finalize, "zct_queue_close", handle, "closing a queue")
 
     @classmethod
@@ -463,9 +476,21 @@ class Queue:
 
     # -- putting --------------------------------------------------------------
 
+    #: Whether puts send arrays in band once the pool has no room and the
+    #: queue is empty (SimpleQueue's), rather than wait as block and timeout say.
+    _in_band_once_empty = False
+
     def put(self, obj: Any, block: bool = True, timeout: float | None = None) -> None:
         """Put obj into the queue, waiting for room as block and timeout say,
-        else raise queue.Full."""
+        else raise queue.Full.
+
+        When shared memory is full: an array that must be copied into the
+        pool waits for a buffer as block and timeout say, then raises
+        OutOfSharedMemory (at once when waiting cannot help: the array is
+        larger than the pool's limit, or /dev/shm is full and nothing of the
+        pool's can come back); a message whose pickled bytes find no room
+        in /dev/shm for the queue's ring raises OutOfSharedMemory at once.
+        A SimpleQueue sends arrays in band instead (SimpleQueue.put)."""
         if self._closed:
             self._check_open()
         if timeout is not None:
@@ -481,7 +506,7 @@ class Queue:
                 return
             payload, buffers, typ = bare
         else:
-            payload, buffers = pickler.dumps(obj, block, timeout, self._inline)
+            payload, buffers = pickler.dumps(obj, block, timeout, self._inline, self._in_band)
             typ = _PICKLE
         self._sent = True
         if not buffers and len(payload) <= self._capacity - _HEADER:
@@ -508,10 +533,19 @@ class Queue:
                 return _SENT
             if sent is not None and not small:
                 # Not zctipc memory: a copy, without asking again.
-                e = exports.export_array(obj, block, timeout, search=False)
-                return None if e is None else (b"", [e], _TENSOR)
-        e = exports.export_bare(obj, block, timeout)
-        return None if e is None else (b"", [e], _TENSOR)
+                e = exports.export_array(obj, block, timeout, search=False, in_band=self._in_band)
+                return self._inline_record(obj) if e is None else (b"", [e], _TENSOR)
+        e = exports.export_bare(obj, block, timeout, self._in_band)
+        return self._inline_record(obj) if e is None else (b"", [e], _TENSOR)
+
+    def _inline_record(self, obj: Any) -> Record | None:
+        """An inline record of obj, a NumPy array that found no pool buffer
+        (Note [sending in band when shared memory is full] in
+        zctipc._wire.exports), or None to pickle it."""
+        if self._in_band is None or obj.__class__ is not exports.ndarray:
+            return None
+        payload = exports.inline_payload(obj)
+        return None if payload is None else (payload, (), _INLINE)
 
     def _put_array(self, arr: NDArray[Any]) -> bool | None:  # type: ignore[return]  # check() raises for the rest
         """Put a C-contiguous NumPy array that is zctipc memory as a tensor
@@ -622,19 +656,55 @@ class Queue:
             views = ffi.new("zct_view[]", n)
             for i, e in enumerate(buffers):
                 e.fill(views[i])
+        put = lib.zct_queue_put
+        if self._in_band is None:
+
+            def call(ms: int) -> int:
+                return put(self._handle, typ, payload, len(payload), views, n, ms)
+
+        else:
+            since: list[float] = []  # when the queue was first found empty without room
+
+            def call(ms: int) -> int:
+                status = put(self._handle, typ, payload, len(payload), views, n, ms)
+                if status != native.E_NO_SPACE:
+                    return status
+                # No room in /dev/shm for the record's pages. The pool's idle
+                # arenas go back first: their pages may be all it lacks, and
+                # nobody else can give them back. Then it is full while the
+                # queue holds messages, whose gets give pages back, and for a
+                # while on an empty one, while other queues' readers may
+                # (Note [sending in band when shared memory is full]).
+                pool.trim()
+                status = put(self._handle, typ, payload, len(payload), views, n, 0)
+                if status != native.E_NO_SPACE:
+                    return status
+                if self._holds():
+                    since.clear()
+                    return native.E_FULL
+                now = time.monotonic()
+                if not since:
+                    since.append(now)
+                return native.E_FULL if now - since[0] < _ROOM_WAIT else status
+
         try:
-            status = self._wait_on(
-                lib.ZCT_WAIT_SPACE,
-                lambda ms: lib.zct_queue_put(self._handle, typ, payload, len(payload), views, n, ms),
-                native.E_FULL,
-                block,
-                timeout,
-            )
+            # A SimpleQueue's look checks more than the space word says: it looks every few slices.
+            look_every = 0 if self._in_band is None else _LOOK_EVERY
+            status = self._wait_on(lib.ZCT_WAIT_SPACE, call, native.E_FULL, block, timeout, look_every=look_every)
         except BaseException:  # Ctrl-C between slices: the refs are still ours
             exports.release_all(buffers)
             raise
         if status != 0:
             exports.release_all(buffers)
+            if status == native.E_NO_SPACE and self._in_band is not None:
+                # A SimpleQueue's message that can never go in (its consumers
+                # took every message, and still there is no room): say what to do.
+                raise OutOfSharedMemory(
+                    f"a message of {len(payload) / (1 << 20):.1f} MiB (arrays that found no pool buffer go inside "
+                    "it) finds no room in shared memory for the queue's ring, and the queue holds no message "
+                    "whose get would make some: send less at once (multiprocessing.Pool: a smaller chunksize), "
+                    f"or give shared memory more room: {native.error(status).args[0]}"
+                )
             native.check(status)
 
     # -- getting --------------------------------------------------------------
@@ -716,6 +786,7 @@ class Queue:
         block: bool,
         timeout: float | None,
         takes: bool = True,
+        look_every: int = 0,
     ) -> int:
         """The status of call(ms), a native call that waits up to ms on the
         queue's word which (ZCT_WAIT_DATA, ZCT_WAIT_SPACE or ZCT_WAIT_JOIN)
@@ -723,7 +794,9 @@ class Queue:
         else or the timeout passed: outside the library (Note [sleeping
         outside Go] in zctipc._core.wait) unless this queue object polls.
         takes=False: call only says that a message is there, and passes on
-        the wake-up of a put (which wakes one sleeper) that it took."""
+        the wake-up of a put (which wakes one sleeper) that it took.
+        look_every: call again after that many slices without a wake-up
+        (0: only when woken), for a call that looks at more than the word."""
         if self._polls:
             return wait.retry(call, again, block, timeout)
         lib = native.lib()
@@ -738,10 +811,15 @@ class Queue:
             if status != native.E_CLOSED:  # after a close, the library took the arm back itself
                 native.check(status)
 
-        return wait.sleep_outside(call, again, block, timeout, arm, disarm, self._is_closed)
+        return wait.sleep_outside(call, again, block, timeout, arm, disarm, self._is_closed, look_every)
 
     def _is_closed(self) -> bool:
         return self._closed
+
+    def _holds(self) -> bool:
+        """Whether the queue holds messages now (False once closed)."""
+        items = native.ffi().new("int64_t[2]")
+        return native.lib().zct_queue_len(self._handle, items, items + 1) == 0 and items[0] > 0
 
     def get_nowait(self) -> Any:
         return self.get(False)
@@ -986,7 +1064,12 @@ class JoinableQueue(Queue):
 
 class SimpleQueue(Queue):
     """multiprocessing.SimpleQueue's API (get, put, empty, close) over the
-    same ring, without a bound on the number of messages."""
+    same ring, without a bound on the number of messages. multiprocessing's
+    Pool and concurrent.futures.ProcessPoolExecutor send through one when
+    given zctipc's context (Pool its tasks and results, the executor its
+    results)."""
+
+    _in_band_once_empty = True
 
     def __init__(
         self, *, max_bytes: SupportsIndex | None = None, inline_bytes: SupportsIndex | None = None, ctx: object = None
@@ -995,6 +1078,19 @@ class SimpleQueue(Queue):
 
     # multiprocessing.SimpleQueue's put and get take no block or timeout.
     def put(self, obj: object) -> None:  # type: ignore[override]
+        """Put obj into the queue. It does not fail for want of shared
+        memory that can come back: when the pool has no buffer for a NumPy
+        array, put waits for one while the queue holds messages (their
+        consumers make room, as a pipe's reader does), and once it holds
+        none sends the array's bytes inside the message instead, warning
+        the first time; a message that finds no room for the ring's pages
+        waits the same way, and on an empty queue for five seconds (other
+        queues may give pages back), then raises OutOfSharedMemory (Note
+        [sending in band when shared memory is full] in
+        zctipc._wire.exports). So, as with a pipe, a process that puts more
+        than shared memory holds before it gets waits for ever. Torch
+        tensors are shared, never copied: a full pool makes their put wait,
+        or raise OutOfSharedMemory when waiting cannot help."""
         super().put(obj)
 
     def get(self) -> Any:  # type: ignore[override]
@@ -1024,6 +1120,45 @@ def _hold_for_child(name: str, popen: object) -> None:
         weakref.finalize(popen, native.finalize, "zct_queue_close", handle[0], "closing a queue")
     except TypeError:  # not an object a weak reference can follow: until exit
         _held_for_children.append(handle[0])
+
+
+class _InBandOnceEmpty(exports.InBand):
+    """How a SimpleQueue's put finds pool buffers for arrays (Note [sending
+    in band when shared memory is full] in zctipc._wire.exports): at once,
+    leaving room; else, while the queue holds messages, waiting for a get
+    (_LOOK_EVERY slices at most, then it looks again); else none, and the
+    array goes in band. It holds its queue weakly: the queue holds it."""
+
+    __slots__ = ("queue",)
+
+    def __init__(self, q: Queue) -> None:
+        self.queue = weakref.ref(q)
+
+    def buffer(self, nbytes: int) -> tuple[int, Any] | None:
+        leave = exports.leave(nbytes)
+        got = pool.alloc_leaving(nbytes, leave)
+        q = self.queue()
+        if got == native.E_FULL and q is not None:
+            taken: list[tuple[int, Any]] = []
+
+            def look(ms: int) -> int:
+                found = pool.alloc_leaving(nbytes, leave)
+                if isinstance(found, tuple):
+                    taken.append(found)
+                    return 0
+                return native.E_FULL if found == native.E_FULL and q._holds() else 0
+
+            try:
+                q._wait_on(native.lib().ZCT_WAIT_SPACE, look, native.E_FULL, True, None, look_every=_LOOK_EVERY)
+            except BaseException:  # Ctrl-C: a buffer taken is ours to give back
+                for ref, _ in taken:
+                    native.finalize("zct_ref_release", ref, "releasing a buffer")
+                raise
+            got = taken[0] if taken else native.E_NO_SPACE
+        if isinstance(got, tuple):
+            return got
+        exports.warn_in_band(nbytes)
+        return None
 
 
 def _decode(mem: memoryview, typ: int, off: int, plen: int, views: Any, nviews: int) -> Any:

@@ -159,3 +159,49 @@ func TestStreamWriterSleepOutsideGo(t *testing.T) {
 	}
 	require.ErrorIs(t, w.DisarmWait(), stream.ErrClosed)
 }
+
+// TestQueueEmptiedWakesEverySpaceSleeper: a get that leaves the queue empty
+// wakes every thread asleep on the space word, not one (Note [an empty
+// queue wakes every space sleeper]): a readiness watcher asleep there
+// beside a producer waiting for room sees the queue emptied, whichever of
+// them one wake-up would have gone to.
+func TestQueueEmptiedWakesEverySpaceSleeper(t *testing.T) {
+	for _, sleepers := range []int{1, 2, 5} {
+		q, err := queue.Create("", 4096, 0)
+		require.NoError(t, err)
+		rec := message.Record{Type: 1, Payload: []byte("x")}
+		require.NoError(t, q.Put(&rec, time.Time{}))
+		woke := make(chan time.Duration, sleepers)
+		armed := make(chan struct{}, sleepers)
+		for range sleepers {
+			word, seen, err := q.ArmWait(queue.WaitSpace)
+			require.NoError(t, err)
+			go func() {
+				armed <- struct{}{}
+				start := time.Now()
+				for atomic.LoadUint32(word) == seen && time.Since(start) < 10*time.Second {
+					_ = rawSleep(word, seen, 10*time.Second)
+				}
+				woke <- time.Since(start)
+			}()
+		}
+		for range sleepers {
+			<-armed
+		}
+		time.Sleep(50 * time.Millisecond) // asleep in the futex call
+		_, err = q.Get(make([]byte, 256), 0, time.Now())
+		require.NoError(t, err, "Get")
+		for range sleepers {
+			select {
+			case d := <-woke:
+				require.Less(t, d, 5*time.Second, "%d sleepers: one woke only by its timeout", sleepers)
+			case <-time.After(15 * time.Second):
+				t.Fatalf("%d sleepers: one never woke", sleepers)
+			}
+		}
+		for range sleepers {
+			require.NoError(t, q.DisarmWait(queue.WaitSpace, false))
+		}
+		require.NoError(t, q.Close())
+	}
+}

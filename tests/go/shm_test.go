@@ -3,6 +3,7 @@ package gotests
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -60,6 +61,8 @@ func digest(b []byte) string {
 
 // segmentsOnTmpfs puts the test's segments on a new tmpfs mounted with
 // opts ("size=1m", ...) and returns its directory; without root it skips.
+// The unmount waits for mappings let go late (a pool's arenas are unmapped
+// by its sweeper, within a couple of seconds of their last count).
 func segmentsOnTmpfs(t *testing.T, opts string) string {
 	t.Helper()
 	if os.Geteuid() != 0 {
@@ -67,7 +70,14 @@ func segmentsOnTmpfs(t *testing.T, opts string) string {
 	}
 	dir := t.TempDir()
 	require.NoError(t, unix.Mount("tmpfs", dir, "tmpfs", 0, opts+",mode=0700"), "mount")
-	t.Cleanup(func() { require.NoError(t, unix.Unmount(dir, 0)) })
+	t.Cleanup(func() {
+		err := unix.Unmount(dir, 0)
+		for deadline := time.Now().Add(10 * time.Second); errors.Is(err, unix.EBUSY) && time.Now().Before(deadline); {
+			time.Sleep(50 * time.Millisecond)
+			err = unix.Unmount(dir, 0)
+		}
+		require.NoError(t, err, "Unmount")
+	})
 	t.Setenv(shm.DirEnv, dir)
 	return dir
 }

@@ -154,6 +154,42 @@ def test_readiness_shows_a_message_put_after_a_get_emptied_the_queue(monkeypatch
         q.close()
 
 
+def test_readiness_shows_a_put_that_follows_a_get_which_emptied_the_queue():
+    """A producer thread puts as fast as it can while a consumer waits on
+    the descriptor and gets: the descriptor always becomes readable while
+    messages are there. (The readiness thread could arm the space word
+    just after a get emptied the queue, the get's rearm drain the pipe, and
+    a put come before the thread looked again: it slept with the pipe
+    drained and messages in the queue, and the consumer waited for ever;
+    Note [showing after arming] in zctipc.queues.)"""
+    q = zctipc.SimpleQueue()
+    stop = threading.Event()
+
+    def produce():
+        i = 0
+        while not stop.is_set():
+            q.put(i)
+            i += 1
+            if i % 2 == 0:
+                time.sleep(0)
+
+    t = threading.Thread(target=produce, daemon=True)
+    t.start()
+    try:
+        got, deadline = 0, time.monotonic() + 5
+        while time.monotonic() < deadline:
+            if multiprocessing.connection.wait([q._reader], timeout=10):
+                q.get()
+                got += 1
+            else:
+                assert q.empty(), f"the descriptor stayed unreadable with {q.qsize()} messages, after {got} gets"
+        assert got > 100
+    finally:
+        stop.set()
+        t.join(30)
+        q.close()
+
+
 def test_every_awaiting_coroutine_gets_a_message():
     q = zctipc.Queue()
     n = 20

@@ -8,6 +8,7 @@ larger than the largest class (3.5 GiB) get a segment of their own.
 
 from __future__ import annotations
 
+import threading
 from typing import NamedTuple
 
 from ..errors import OutOfSharedMemory
@@ -70,13 +71,13 @@ def alloc(nbytes: int, block: bool = True, timeout: float | None = None) -> tupl
     when waiting cannot help (the buffer is larger than the pool's limit,
     or /dev/shm is full and nothing of this pool can come back). The
     address is a cffi pointer."""
-    ffi, lib = native.ffi(), native.lib()
-    ref = ffi.new("zct_handle *")
-    data = ffi.new("void **")
-    size = ffi.new("uint64_t *")
-    status = wait.retry(
-        lambda ms: lib.zct_pool_alloc(nbytes, ms, ref, data, size), native.E_FULL, block and not overflow, timeout
-    )
+    global _out
+    out = _out or (_out := _AllocOut())
+    lib = native.lib()
+    ref, data, size = out.ref, out.data, out.size
+    status = lib.zct_pool_alloc(nbytes, 0, ref, data, size)  # the common case: a free slot at once
+    if status == native.E_FULL and block and not overflow:
+        status = wait.retry(lambda ms: lib.zct_pool_alloc(nbytes, ms, ref, data, size), native.E_FULL, block, timeout)
     if status == native.E_INVALID and nbytes > LARGEST_SLOT:  # a segment of its own
         return _segment_buffer(nbytes)
     if overflow and status in (native.E_FULL, native.E_NO_SPACE):
@@ -85,6 +86,49 @@ def alloc(nbytes: int, block: bool = True, timeout: float | None = None) -> tupl
         raise OutOfSharedMemory(native.error(status).args[0])
     native.check(status)
     return ref[0], data[0]
+
+
+class _AllocOut(threading.local):
+    """Out-parameters of zct_pool_alloc, per thread."""
+
+    def __init__(self) -> None:
+        ffi = native.ffi()
+        self.ref = ffi.new("zct_handle *")
+        self.data = ffi.new("void **")
+        self.size = ffi.new("uint64_t *")
+
+
+_out: _AllocOut | None = None
+
+
+def alloc_leaving(nbytes: int, leave: int, ms: int = 0) -> tuple[int, Any] | int:
+    """A buffer of at least nbytes, (ref, address) as alloc gives one, that
+    takes new pages of the shared-memory file system only while leave
+    bytes stay free there besides them (Note [leaving room] in
+    go/pool/pool.go), waiting up to ms for one; without one, the status
+    that says why: native.E_FULL when a buffer of its size class is in
+    use (it comes back), native.E_NO_SPACE when waiting cannot help."""
+    global _out
+    out = _out or (_out := _AllocOut())
+    ref, data, size = out.ref, out.data, out.size
+    status = native.lib().zct_pool_alloc_leaving(nbytes, leave, ms, ref, data, size)
+    if status == native.E_INVALID and nbytes > LARGEST_SLOT:  # a segment of its own
+        try:
+            return _segment_buffer(nbytes)
+        except OutOfSharedMemory:
+            return native.E_NO_SPACE
+    if status == native.E_INTERRUPTED:  # a signal ended the wait: a buffer may come yet
+        return native.E_FULL
+    if status == native.E_FULL or status == native.E_NO_SPACE:
+        return status
+    native.check(status)
+    return ref[0], data[0]
+
+
+def trim() -> None:
+    """Give back the pool's arenas with no buffer in use anywhere: their
+    memory returns to the shared-memory file system."""
+    native.check(native.lib().zct_pool_trim())
 
 
 def _segment_buffer(nbytes: int) -> tuple[int, Any]:

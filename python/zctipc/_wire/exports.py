@@ -12,7 +12,9 @@ zctipc cannot share, do not go out of band: the caller pickles them in band.
 
 from __future__ import annotations
 
+import os
 import struct
+import warnings
 
 from .._core import dtypes, layout, lazy, memory, native, pool
 from .._core.segments import SharedTensor
@@ -75,6 +77,97 @@ def release_all(held: Iterable[Export]) -> None:
         raise failed
 
 
+# Note [sending in band when shared memory is full]: a NumPy array that
+# is not zctipc memory travels as a copy whichever way it goes, so a sender
+# that can put its bytes inside the message (pickled, or inline in a
+# queue's record) loses nothing but speed by doing so when the pool has no
+# buffer for it; waiting for one instead can wait for ever when the holder
+# of the memory is the waiter (a process whose own unread messages fill
+# the pool) or waits on the waiter (a parent that keeps every result until
+# the last one comes). So:
+# - multiprocessing's channels (Queue, Pipe, Pool and ProcessPoolExecutor
+#   arguments) take a pool buffer only when one is there at once, and else
+#   pickle the array in band, as they would without zctipc (InBand);
+# - a zctipc SimpleQueue, whose put has no timeout and must not fail for
+#   want of room (Pool and ProcessPoolExecutor send their results through
+#   one), waits for a buffer while the queue holds messages, whose
+#   consumers make room as a pipe's reader does, and sends the array
+#   inline in its record once the queue is empty (an InBand of its own,
+#   zctipc.queues.SimpleQueue); its record then takes the ring's pages,
+#   and a put that finds no room for those waits the same way, and on an
+#   empty queue for a few seconds (other queues' readers, a Pool's workers
+#   taking tasks, give pages back), then raises OutOfSharedMemory;
+# - Queue.put waits for a buffer as block and timeout say, or raises
+#   OutOfSharedMemory, as it always did.
+# Such a sender takes new pages only while room for the same bytes twice
+# more (one message each way: a Pool's task and a result) and 8 MiB (the
+# rings' warm windows, 2 MiB each) stays free (Note [leaving room] in
+# go/pool/pool.go): buffers kept by a receiver never fill the file system
+# so far that the message carrying the next array in band finds none.
+# The first array a process sends in band warns, once, naming the
+# directory. Torch tensors are shared, not copied: they never go in band,
+# and a full pool makes their puts wait or raise as before.
+# Threat model: only this process's own sends decide here; the file
+# system's free space is read by the library, and a wrong answer (another
+# process filling it meanwhile) makes a send go in band, or a page
+# reservation fail as OutOfSharedMemory, never a fault.
+
+
+def leave(nbytes: int) -> int:
+    """The bytes a sender that can send nbytes in band leaves free in the
+    file system (Note [sending in band when shared memory is full])."""
+    return 2 * nbytes + (8 << 20)
+
+
+class InBand:
+    """How a sender that can put an array's bytes in its message gets a
+    pool buffer for them: at once, leaving room, or not at all (Note
+    [sending in band when shared memory is full])."""
+
+    __slots__ = ()
+
+    def buffer(self, nbytes: int) -> tuple[int, Any] | None:
+        """A pool buffer of nbytes, (ref, address), or None after warning
+        (once per process): the bytes go in band. This one does not wait."""
+        got = pool.alloc_leaving(nbytes, leave(nbytes))
+        if isinstance(got, tuple):
+            return got
+        warn_in_band(nbytes)
+        return None
+
+
+#: InBand's single instance, for multiprocessing's channels.
+IN_BAND = InBand()
+
+_warned = False
+
+
+def warn_in_band(nbytes: int) -> None:
+    """Say, the first time only, that arrays go in band for want of room."""
+    global _warned
+    if _warned:
+        return
+    _warned = True
+    directory = os.environ.get("ZCTIPC_SHM_DIR") or "/dev/shm"
+    try:
+        st = os.statvfs(directory)
+        size = f"{_mib(st.f_blocks * st.f_frsize)}, {_mib(st.f_bavail * st.f_frsize)} free"
+    except OSError as exc:
+        size = f"size unknown: {exc}"
+    warnings.warn(
+        f"zctipc: the shared memory in {directory} ({size}) has no room for a {_mib(nbytes)} array: "
+        "NumPy arrays are sent pickled inside their messages (a copy through the channel) while it has "
+        "none. Give it more to keep them zero-copy (docker run --shm-size=<size>, or mount -o "
+        f"remount,size=<size> {directory}).",
+        RuntimeWarning,
+        stacklevel=2,
+    )
+
+
+def _mib(n: int) -> str:
+    return f"{n / (1 << 20):.1f} MiB"
+
+
 def _export(
     address: Any,
     code: int,
@@ -86,13 +179,15 @@ def _export(
     timeout: float | None,
     copy: bool,
     extent: int | None = None,
+    in_band: InBand | None = None,
 ) -> Export | None:
     """An Export of the array at address (an integer, or a cffi pointer):
     its own memory when that is zctipc memory, else (with copy) a fresh pool
     buffer that fill(owner, nbytes, c_strides) copies it into, in C order.
-    None for an array of more dimensions than a descriptor holds. extent,
-    when the caller knows it (a contiguous array), is the bytes the array
-    spans."""
+    None for an array of more dimensions than a descriptor holds, and for
+    one that in_band, when given, found no buffer for (it goes in band;
+    block and timeout are then not looked at). extent, when the caller
+    knows it (a contiguous array), is the bytes the array spans."""
     if len(shape) > native.MAX_NDIM:
         return None
     itemsize = dtypes.ITEMSIZE[code]
@@ -103,7 +198,13 @@ def _export(
     if not copy:
         return None
     size = layout.nbytes(shape, itemsize)
-    ref, address = pool.alloc(max(size, 1), block, timeout)
+    if in_band is None:
+        ref, address = pool.alloc(max(size, 1), block, timeout)
+    else:
+        got = in_band.buffer(max(size, 1))
+        if got is None:
+            return None
+        ref, address = got
     c_strides = layout.c_strides(shape, itemsize)
     try:
         fill(native.ffi().cast("char *", address), size, c_strides)
@@ -142,12 +243,18 @@ def contiguous_view(arr: NDArray[Any]) -> tuple[int, int, Any] | None:
 
 
 def export_array(
-    arr: NDArray[Any], block: bool = True, timeout: float | None = None, copy: bool = True, search: bool = True
+    arr: NDArray[Any],
+    block: bool = True,
+    timeout: float | None = None,
+    copy: bool = True,
+    search: bool = True,
+    in_band: InBand | None = None,
 ) -> Export | None:
     """An Export for a NumPy array, or None when it cannot go out of band
     (object, structured, non-native dtypes) or, without copy, is not zctipc
-    memory. Without search the caller knows it is not zctipc memory: a copy
-    is made without looking."""
+    memory, or in_band found no buffer for its copy (Note [sending in band
+    when shared memory is full]). Without search the caller knows it is not
+    zctipc memory: a copy is made without looking."""
     try:
         code = dtypes.code_of_numpy(arr.dtype)
     except UnsupportedDtype:
@@ -158,11 +265,12 @@ def export_array(
 
     flags = _numpy_flags(arr.flags)
     if not search:
-        return _export(None, code, arr.shape, arr.strides, flags, fill, block, timeout, copy)
+        return _export(None, code, arr.shape, arr.strides, flags, fill, block, timeout, copy, None, in_band)
     address = contiguous_address(arr)
     if address is not None:  # the common case: its extent is its size
-        return _export(address, code, arr.shape, arr.strides, flags, fill, block, timeout, copy, arr.nbytes)
-    return _export(arr.__array_interface__["data"][0], code, arr.shape, arr.strides, flags, fill, block, timeout, copy)
+        return _export(address, code, arr.shape, arr.strides, flags, fill, block, timeout, copy, arr.nbytes, in_band)
+    address = arr.__array_interface__["data"][0]
+    return _export(address, code, arr.shape, arr.strides, flags, fill, block, timeout, copy, None, in_band)
 
 
 _CODES: dict[object, int | None] = {}  # torch or NumPy dtype -> code (None: unsupported), filled as dtypes are met
@@ -238,13 +346,16 @@ def _export_tensor(t: torch.Tensor, found: Layout, block: bool, timeout: float |
 BARE: set[type[object]] = {SharedTensor}  # and np.ndarray once NumPy is met (_numpy_met), torch.Tensor once torch is
 
 
-def export_bare(obj: Any, block: bool = True, timeout: float | None = None) -> Export | None:
+def export_bare(
+    obj: Any, block: bool = True, timeout: float | None = None, in_band: InBand | None = None
+) -> Export | None:
     """An Export for obj when it is a plain NumPy array, a plain torch
     tensor without grad that can go out of band, or an open SharedTensor;
-    else None (it is pickled instead)."""
+    else None (it is pickled instead; an array, when in_band found no
+    buffer for it)."""
     t = type(obj)
     if t is np.ndarray:
-        return export_array(obj, block, timeout)
+        return export_array(obj, block, timeout, in_band=in_band)
     if t is SharedTensor:
         return None if obj.closed else export_shared_tensor(obj)
     if not obj.requires_grad:  # a plain torch.Tensor: BARE holds no other type
@@ -286,7 +397,8 @@ def export_storage(storage: torch.UntypedStorage, block: bool = True, timeout: f
     torch's shared memory too), or a copy of one that zctipc made over
     memory find() cannot place (a stream's slot)."""
     nbytes = storage.nbytes()
-    found = memory.find(storage.data_ptr(), nbytes)
+    address = storage.data_ptr()
+    found = memory.find(address, nbytes)
     if found is None:
         if memory.is_marked(storage):
 
@@ -296,7 +408,7 @@ def export_storage(storage: torch.UntypedStorage, block: bool = True, timeout: f
             e = _export(None, _UINT8, (nbytes,), (1,), memory.TORCH, fill, block, timeout, True)
             assert e is not None  # one dimension: a descriptor always holds it
             return e
-        found = storages.move_into_pool(storage, block, timeout)
+        found = storages.move_into_pool(storage, block, timeout, address)
     return Export(found[0], found[1], _UINT8, (nbytes,), (1,), memory.TORCH)
 
 

@@ -136,6 +136,7 @@ class QueuePickler:
         self.block: bool = True
         self.timeout: float | None = None
         self.inline: int = -1
+        self.in_band: exports.InBand | None = None
 
     def current(self) -> bool:
         """Whether this pickler still fits: no module it knows types of
@@ -148,14 +149,20 @@ class QueuePickler:
         return True
 
     def dumps(
-        self, obj: object, block: bool = True, timeout: float | None = None, inline: int = -1
+        self,
+        obj: object,
+        block: bool = True,
+        timeout: float | None = None,
+        inline: int = -1,
+        in_band: exports.InBand | None = None,
     ) -> tuple[bytes, list[Export]]:
         """(pickle bytes, [Export, ...]); NumPy arrays of inline bytes or
         fewer (-1: none) that are not zctipc memory are pickled in band (Note
-        [inline arrays] in zctipc._wire.exports). On failure every buffer
-        already exported is released. Once per message: what it calls is
-        inlined."""
-        out = self._begin(block, timeout, inline)
+        [inline arrays] in zctipc._wire.exports), and so are larger ones that
+        in_band, when given, finds no pool buffer for (Note [sending in band
+        when shared memory is full] there). On failure every buffer already
+        exported is released. Once per message: what it calls is inlined."""
+        out = self._begin(block, timeout, inline, in_band)
         chunks = self.chunks
         try:
             self.pickler.dump(obj)
@@ -168,13 +175,15 @@ class QueuePickler:
             chunks.clear()
             self.busy = False
 
-    def _begin(self, block: bool, timeout: float | None, inline: int) -> list[Export]:
+    def _begin(
+        self, block: bool, timeout: float | None, inline: int, in_band: exports.InBand | None = None
+    ) -> list[Export]:
         """Start pickling, with how exports wait for pool buffers and the
         arrays that go in band; returns the list the exports go to."""
         self.busy = True
         out: list[Export]
         self.exports = out = []
-        self.block, self.timeout, self.inline = block, timeout, inline
+        self.block, self.timeout, self.inline, self.in_band = block, timeout, inline, in_band
         self.chunks.clear()
         return out
 
@@ -260,7 +269,16 @@ class QueuePickler:
     def _reduce_array(self, arr: NDArray[Any]) -> Reduction:
         if arr.nbytes <= self.inline and (payload := exports.inline_payload(arr)) is not None:
             return exports.rebuild_inline, (payload,)  # in band
-        return self._export(arr, exports.export_array)
+        if self.in_band is None:
+            return self._export(arr, exports.export_array)
+        e = exports.export_array(arr, self.block, self.timeout, in_band=self.in_band)
+        if e is not None:
+            self.exports.append(e)
+            return _rebuild, (len(self.exports) - 1,)
+        # No pool buffer: in band (Note [sending in band when shared memory is full] in exports).
+        if (payload := exports.inline_payload(arr)) is not None:
+            return exports.rebuild_inline, (payload,)
+        return arr.__reduce_ex__(pickle.HIGHEST_PROTOCOL)
 
     def _reduce_tensor(self, t: torch.Tensor) -> Reduction:
         exports.check_grad(t)
@@ -364,11 +382,15 @@ def pickler() -> QueuePickler:
 
 
 def dumps(
-    obj: object, block: bool = True, timeout: float | None = None, inline: int = -1
+    obj: object,
+    block: bool = True,
+    timeout: float | None = None,
+    inline: int = -1,
+    in_band: exports.InBand | None = None,
 ) -> tuple[bytes, list[Export]]:
     """Pickle obj for a queue: (pickle bytes, [Export, ...]), as
     QueuePickler.dumps does."""
-    return pickler().dumps(obj, block, timeout, inline)
+    return pickler().dumps(obj, block, timeout, inline, in_band)
 
 
 class _Receiving:

@@ -2,11 +2,14 @@
 Pipe, Pool arguments and results, Process arguments under spawn and
 forkserver), registered the way torch.multiprocessing registers its own:
 zctipc memory goes as a descriptor inlined in the pickle, and so does a
-NumPy array of COPY_BYTES or more, copied once into the pool. A CPU torch
-tensor goes as its storage and where it lies in it; the storage is moved
-into zctipc memory first, so the receiver shares it, as torch.multiprocessing
-shares tensors (zctipc._wire.storages), or, in torch's shared memory
-already, goes as torch sends it. Everything else pickles as before."""
+NumPy array of COPY_BYTES or more, copied once into the pool when it has
+room at once, else pickled in band as before, with a warning the first
+time (Note [sending in band when shared memory is full] in
+zctipc._wire.exports). A CPU torch tensor goes as its storage and where it
+lies in it; the storage is moved into zctipc memory first, so the receiver
+shares it, as torch.multiprocessing shares tensors (zctipc._wire.storages),
+or, in torch's shared memory already, goes as torch sends it. Everything
+else pickles as before."""
 
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ from multiprocessing.reduction import ForkingPickler
 
 from .._core import layout, lazy, native
 from .._core.segments import SharedTensor
+from ..errors import OutOfSharedMemory
 from . import exports, gpu, storages, tables
 
 TYPE_CHECKING = False  # Note [types without typing] in zctipc._core.native
@@ -115,10 +119,16 @@ def dump(self: ForkingPickler, obj: object) -> None:
 def _reduce_array(arr: NDArray[Any]) -> Reduction:
     if native.forked():  # Note [reducing in a forked child]
         return arr.__reduce__()
-    e = exports.export_array(arr, copy=arr.nbytes >= COPY_BYTES)
+    # Copied into the pool only when a buffer is there at once, else pickled
+    # in band (Note [sending in band when shared memory is full] in exports).
+    e = exports.export_array(arr, copy=arr.nbytes >= COPY_BYTES, in_band=exports.IN_BAND)
     if e is None:
         return arr.__reduce__()
-    return exports.decode, (carry(e),)
+    try:
+        return exports.decode, (carry(e),)
+    except OutOfSharedMemory:  # no room for the descriptor's ticket either; e was given back
+        exports.warn_in_band(arr.nbytes)
+        return arr.__reduce__()
 
 
 def _reduce_shared(st: SharedTensor) -> Reduction:

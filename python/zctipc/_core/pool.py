@@ -72,6 +72,8 @@ def alloc(nbytes: int, block: bool = True, timeout: float | None = None) -> tupl
     or /dev/shm is full and nothing of this pool can come back). The
     address is a cffi pointer."""
     global _out
+    if block:
+        timeout = args.timeout(timeout)  # checked before the try that does not wait
     out = _out or (_out := _AllocOut())
     lib = native.lib()
     ref, data, size = out.ref, out.data, out.size

@@ -244,3 +244,141 @@ def test_alloc_leaving_all_of_2_64_takes_no_new_pages():
     slots are never made, the arena alone would not fit."""
     for leave in ((1 << 64) - 1, (1 << 64) - (1 << 20), 1 << 63):
         assert pool.alloc_leaving(5 << 20 | 12345, leave) in (native.E_NO_SPACE, native.E_FULL)
+
+
+_POOLS = """
+import sys
+import numpy as np
+import zctipc, concurrent.futures
+
+def double(a):
+    return a * 2
+
+def arrays(mib, n):
+    return [np.full(mib << 17, i, np.float64) for i in range(n)]
+
+if __name__ == "__main__":
+    mib, n = int(sys.argv[1]), int(sys.argv[2])
+    with zctipc.get_context().Pool(2) as pool:
+        print("imap", all(bool((r == 2 * i).all()) for i, r in enumerate(pool.imap(double, arrays(mib, n)))))
+    with concurrent.futures.ProcessPoolExecutor(2, mp_context=zctipc.get_context()) as ex:
+        results = list(ex.map(double, arrays(mib, n)))  # every result kept
+        print("executor", all(bool((r == 2 * i).all()) for i, r in enumerate(results)))
+"""
+
+
+@pytest.mark.parametrize("mib", [2, 4])
+def test_pools_finish_on_a_16_mib_shm(tmp_path, mounted, mib):
+    """multiprocessing.Pool.imap and ProcessPoolExecutor.map with zctipc's
+    context over arrays of a quarter of a 16 MiB tmpfs finish with every
+    result right: a SimpleQueue sends an array in band only once it holds
+    no message (Note [in band one at a time] in zctipc.queues), so the
+    pool's task handler, which puts every task as soon as it can, no
+    longer fills the tmpfs with its ring's tasks while the workers'
+    results find no room (they raised OutOfSharedMemory)."""
+    mount, env = mounted
+    assert run(tmp_path, env, _POOLS, str(mib), str(48 // mib)) == ["imap True", "executor True"]
+    assert wait_empty(mount) == []
+
+
+_TORCH = """
+import os, threading, time
+import torch
+import zctipc
+
+if __name__ == "__main__":
+    directory = os.environ["ZCTIPC_SHM_DIR"]
+    q, sq = zctipc.Queue(), zctipc.SimpleQueue()
+    mine = torch.ones(1 << 18)  # 1 MiB, moved into the pool by its put: a slot of its class in use
+    q.put(mine)
+    q.get()
+    free = os.statvfs(directory)
+    with open(os.path.join(directory, "someone-else"), "wb") as f:  # someone else takes what is left
+        os.posix_fallocate(f.fileno(), 0, free.f_bavail * free.f_frsize - (16 << 10))
+    start = time.monotonic()
+    try:
+        q.put(torch.ones(1 << 18), timeout=0.5)
+    except zctipc.OutOfSharedMemory as e:
+        print("Queue waits then raises", time.monotonic() - start < 20, directory in str(e))
+    start = time.monotonic()
+    try:
+        q.put(torch.ones(1 << 16))  # a class with nothing in use: waiting cannot help
+    except zctipc.OutOfSharedMemory as e:
+        print("Queue raises at once", time.monotonic() - start < 20, directory in str(e))
+    done = []
+    t = threading.Thread(target=lambda: done.append(sq.put(torch.full((1 << 18,), 3.0))), daemon=True)
+    t.start()
+    t.join(1.0)
+    print("SimpleQueue waits", t.is_alive())
+    os.unlink(os.path.join(directory, "someone-else"))
+    t.join(20)
+    got = sq.get()
+    print("then puts", done == [None], bool((got == 3).all()), zctipc.is_shared(got.numpy()))
+    del mine, got
+    q.close()
+    sq.close()
+"""
+
+
+def test_torch_tensors_on_a_full_shm(tmp_path, mounted):
+    """Torch tensors are shared, never copied in band: on a tmpfs that
+    someone else filled, Queue.put of one whose size class is in use waits
+    as its timeout says and raises OutOfSharedMemory, one of a class with
+    nothing in use raises at once, and SimpleQueue.put waits (its slot's
+    pages may come: here the other file goes) and then sends it shared."""
+    mount, env = mounted
+    assert run(tmp_path, env, _TORCH) == [
+        "Queue waits then raises True True",
+        "Queue raises at once True True",
+        "SimpleQueue waits True",
+        "then puts True True True",
+    ]
+    assert wait_empty(mount) == []
+
+
+def _produce(q, n, k):
+    for i in range(n):
+        q.put((k, i, b"x" * (1000 + (i * 7919) % 30000)))
+
+
+def test_readiness_while_producers_wait_for_room_on_the_same_queue():
+    """A queue of 64 KiB: two threads of this process and another process
+    put messages of up to 31 KiB, waiting for room on the space word the
+    readiness thread sleeps on while the queue holds messages; a consumer
+    that waits only on multiprocessing.connection.wait gets every message,
+    and never finds the descriptor unreadable while the queue holds one
+    (Note [showing after arming] in zctipc.queues)."""
+    import multiprocessing.connection
+    import queue
+    import threading
+    import time
+
+    import zctipc
+
+    q = zctipc.Queue(max_bytes=64 << 10)
+    n = 1000
+    p = zctipc.get_context().Process(target=_produce, args=(q, n, 0))
+    p.start()
+    threads = [threading.Thread(target=_produce, args=(q, n, k)) for k in (1, 2)]
+    for t in threads:
+        t.start()
+    try:
+        got, seen = 0, set()
+        deadline = time.monotonic() + RUN
+        while got < 3 * n and time.monotonic() < deadline:
+            if not multiprocessing.connection.wait([q._reader], timeout=10):
+                assert q.qsize() == 0, f"the descriptor is unreadable with {q.qsize()} messages in the queue"
+                continue
+            try:
+                while True:
+                    k, i, _ = q.get_nowait()
+                    seen.add((k, i))
+                    got += 1
+            except queue.Empty:
+                pass
+        assert len(seen) == got == 3 * n
+    finally:
+        for t in threads:
+            t.join(30)
+        p.join(30)
+        q.close()

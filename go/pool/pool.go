@@ -692,7 +692,10 @@ func leaves(n, leave uint64) bool {
 	if unix.Statfs(shm.Dir(), &fs) != nil {
 		return true // the file system says when it is full
 	}
-	return fs.Bavail*uint64(fs.Bsize) >= n+leave
+	// Not n+leave >= ...: a leave near 2^64 (all of it, say) wraps the sum
+	// round to a small number, which left room for anything.
+	free := fs.Bavail * uint64(fs.Bsize)
+	return free >= n && free-n >= leave
 }
 
 // takeOrGrow takes a slot of class c from an arena, first of those whose

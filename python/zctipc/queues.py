@@ -1127,7 +1127,8 @@ class _InBandOnceEmpty(exports.InBand):
     in band when shared memory is full] in zctipc._wire.exports): at once,
     leaving room; else, while the queue holds messages, waiting for a get
     (_LOOK_EVERY slices at most, then it looks again); else none, and the
-    array goes in band. It holds its queue weakly: the queue holds it."""
+    array goes in band (Note [in band one at a time]). It holds its queue
+    weakly: the queue holds it."""
 
     __slots__ = ("queue",)
 
@@ -1138,7 +1139,17 @@ class _InBandOnceEmpty(exports.InBand):
         leave = exports.leave(nbytes)
         got = pool.alloc_leaving(nbytes, leave)
         q = self.queue()
-        if got == native.E_FULL and q is not None:
+        # Note [in band one at a time]: E_NO_SPACE (no buffer of the class
+        # in use, none comes back) waits too while the queue holds
+        # messages, though no get brings a buffer: the array goes in band
+        # only once the queue is empty, so that the queue's ring holds one
+        # such message per putter, not as many as /dev/shm takes. Sent at
+        # once, a Pool's task handler (which puts every pending task as
+        # soon as it can) filled a 16 MiB /dev/shm with its ring's tasks of
+        # 4 MiB arrays, and the workers' results, finding no room for
+        # theirs, raised OutOfSharedMemory; a pipe's writer, too, waits for
+        # its reader.
+        if (got == native.E_FULL or got == native.E_NO_SPACE) and q is not None:
             taken: list[tuple[int, Any]] = []
 
             def look(ms: int) -> int:
@@ -1146,7 +1157,7 @@ class _InBandOnceEmpty(exports.InBand):
                 if isinstance(found, tuple):
                     taken.append(found)
                     return 0
-                return native.E_FULL if found == native.E_FULL and q._holds() else 0
+                return native.E_FULL if q._holds() else 0
 
             try:
                 q._wait_on(native.lib().ZCT_WAIT_SPACE, look, native.E_FULL, True, None, look_every=_LOOK_EVERY)

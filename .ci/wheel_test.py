@@ -1,11 +1,12 @@
 """Test what users install (make wheel-test).
 
 For every Python given: a fresh venv, the release wheel from dist/ with pip
-(and NumPy and pytest), and the test files that need no source tree, run
-from outside it against the installed package. Where the venv's Python is
-the version of the development venv, that venv's torch, pyarrow, pandas and
-polars are made visible too (a .pth line; the development venv's editable
-zctipc is not), and the test files that need them run as well. Then the
+(and NumPy and pytest), and a set of test files that need no source tree
+(PLAIN), run from outside it against the installed package. Where the
+venv's Python is the version of the development venv, that venv's torch,
+pyarrow, pandas and polars are made visible too (a .pth line; the
+development venv's editable zctipc is not), and a set of test files that
+need them (WITH_EXTRAS) runs as well. Then the
 sdist, built from source by pip in one more venv. And the wheel's native
 files must carry no run path but their own directory.
 
@@ -23,33 +24,27 @@ import zipfile
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TESTS = os.path.join(ROOT, "tests", "python")
 
-# Test files that need neither torch, pyarrow nor the source tree.
+# What the wheel is tested with: files that show the installed package
+# whole (the library, the daemon, the header, the CLI, processes and the
+# error surface), not the whole suite, which `make pytest` runs on the same
+# code. Files that need neither torch, pyarrow nor the source tree:
 PLAIN = [
     "test_c_example.py",
     "test_cli.py",
     "test_context.py",
-    "test_cpython_conformance.py",
-    "test_crash.py",
     "test_golden.py",
-    "test_hostile.py",
     "test_limits.py",
     "test_native.py",
     "test_processes.py",
     "test_public_api.py",
 ]
-# And those that need torch, pyarrow or Ray too.
+# And those that need torch or pyarrow too (under the development venv's Python).
 WITH_EXTRAS = [
     "test_arrow.py",
     "test_bad_input.py",
-    "test_cuda.py",
     "test_dropin.py",
     "test_pickling.py",
-    "test_queue.py",
-    "test_ray.py",
-    "test_stream.py",
     "test_tensor.py",
-    "test_threads.py",
-    "test_torch_sharing.py",
 ]
 
 
@@ -146,7 +141,7 @@ def test_wheel(python, wheel, dev_python, dev_version):
                 "-q",
                 "-p",
                 "no:cacheprovider",
-                "--timeout=900",
+                "--timeout=300",
                 "-rs",
                 *[os.path.join(TESTS, f) for f in files],
             ],

@@ -35,7 +35,9 @@ func TestMain(m *testing.M) {
 		os.Exit(runHelper(name))
 	}
 	removeDeadRuns()
-	dir, err := os.MkdirTemp("/dev/shm", fmt.Sprintf("zctipc-gotest-%d-", os.Getpid()))
+	// Not a name of the library's (zctipc_, zctipc-): the Python tests,
+	// which may run beside these, count those as theirs.
+	dir, err := os.MkdirTemp("/dev/shm", fmt.Sprintf("gotest-zctipc-%d-", os.Getpid()))
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "make segment directory:", err)
 		os.Exit(2)
@@ -81,7 +83,7 @@ func TestMain(m *testing.M) {
 // process is gone: a fuzz worker is killed when fuzzing ends, and a run that
 // timed out never cleaned up.
 func removeDeadRuns() {
-	dirs, _ := filepath.Glob("/dev/shm/zctipc-gotest-*-*")
+	dirs, _ := filepath.Glob("/dev/shm/gotest-zctipc-*-*")
 	for _, dir := range dirs {
 		fields := strings.Split(filepath.Base(dir), "-")
 		pid, err := strconv.Atoi(fields[2])

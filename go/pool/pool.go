@@ -632,11 +632,6 @@ func (p *Pool) AllocLeaving(n, leave uint64, deadline time.Time) (Slot, error) {
 	}
 }
 
-// hasFree reports whether the free stack holds a slot.
-func (a *Arena) hasFree() bool {
-	return uint32(atomic.LoadUint64(a.u64(offFreeHead))) != 0
-}
-
 // tryAlloc takes a slot of class c from an arena, or a new arena. When the
 // pool is full it returns ErrFull and the arena whose frees to wait for.
 func (p *Pool) tryAlloc(c int, leave uint64) (Slot, *Arena, error) {

@@ -60,11 +60,11 @@ gotest:
 pytest: install $(VENV)/.deps
 	ZCTIPC_SOAK_SECONDS=$${ZCTIPC_SOAK_SECONDS:-10} $(PY) -m pytest -q -rs --timeout=300 tests/python
 
-# The Go tests run beside the Python tests: they mostly wait (for processes
-# they start and kill), and keep their segments in a directory of their own.
-test: install vet lint
-	$(MAKE) --no-print-directory -j2 gotest pytest
-	$(MAKE) --no-print-directory wheel-test
+# The Go tests run beside the wheel's: both mostly wait (for processes they
+# start and kill, for pip), and the Go tests keep their segments in a
+# directory of their own.
+test: install vet lint pytest
+	$(MAKE) --no-print-directory -j2 gotest wheel-test
 
 demo: install
 	$(PY) benchmarks/demo.py

@@ -18,7 +18,7 @@ import uuid
 import pytest
 from conftest import daemon_pid, with_pythonpath
 
-from zctipc._core import native, pool
+from zctipc._core import pool
 
 RUN = 120  # seconds a child program may take: the machine may be loaded
 

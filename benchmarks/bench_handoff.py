@@ -368,8 +368,13 @@ def main(argv=None):
     ray_missing = left_out("ray", "ray")
     if ray_missing:
         report["skipped"].append({"peer": "ray", "reason": ray_missing})
+    peers = PEERS
+    torch_missing = left_out("torch", "torch")
+    if torch_missing:
+        peers = [p for p in PEERS if not issubclass(p, TorchMP)]
+        report["skipped"].append({"peer": "torch.mp", "reason": torch_missing})
     for nbytes in sizes:
-        for peer in PEERS + ([] if ray_missing else ["ray"]):
+        for peer in peers + ([] if ray_missing else ["ray"]):
             name = peer if peer == "ray" else peer.name
             print(f"{fmt_bytes(nbytes):>8}  {name:<26}", end="", flush=True)
             r = measure_ray(nbytes, args.rounds) if peer == "ray" else measure(ctx, peer, nbytes, args.rounds)

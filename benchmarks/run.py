@@ -42,10 +42,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 from _common import (
-    INSTALL_HINT,
     fmt_bytes,
     fmt_ratio,
     fmt_us,
+    install_hint,
+    left_out,
     machine_line,
     markdown_table,
     new_report,
@@ -294,7 +295,7 @@ def plots(report, out_dir):
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError as exc:
-        return f"matplotlib is not installed ({exc}); {INSTALL_HINT}"
+        return f"matplotlib is not installed ({exc}); {install_hint('matplotlib')}"
     written = []
     handoff = report["suites"].get("handoff", {}).get("results", [])
     if handoff:
@@ -379,23 +380,23 @@ def render(report, out_dir, readme_dir=None):
 
 
 def skipped_peers():
-    """Peers left out: not installed, or named in ZCTIPC_BENCH_WITHOUT."""
+    """Peers left out: not installed, or named in ZCTIPC_BENCH_WITHOUT. The
+    suites find the same themselves (left_out), each saying why in its own
+    report."""
     out = {}
     for peer in os.environ.get("ZCTIPC_BENCH_WITHOUT", "").split(","):
         if peer.strip():
             out[peer.strip()] = "left out by ZCTIPC_BENCH_WITHOUT"
     for peer, module in (
+        ("torch", "torch"),
         ("faster-fifo", "faster_fifo"),
         ("pythusa", "pythusa"),
         ("iceoryx2", "iceoryx2"),
         ("ray", "ray"),
     ):
-        if peer in out:
-            continue
-        try:
-            importlib.import_module(module)
-        except ImportError as exc:
-            out[peer] = f"not installed ({exc}); {INSTALL_HINT}"
+        why = left_out(peer, module)
+        if why and peer not in out:
+            out[peer] = why
     return out
 
 
@@ -425,7 +426,6 @@ def main(argv=None):
     mode = "quick" if args.quick else "tiny" if args.tiny else "full"
     os.makedirs(args.out, exist_ok=True)
     skipped = skipped_peers()
-    os.environ["ZCTIPC_BENCH_WITHOUT"] = ",".join(skipped)  # the suites skip the same peers, saying why
     for peer, why in skipped.items():
         print(f"skipping {peer}: {why}", file=sys.stderr)
     import _floor
@@ -453,7 +453,8 @@ def main(argv=None):
                 or exc.name.startswith("bench_")
             ):
                 raise
-            why = f"it needs {exc.name}, which is not installed"
+            module = exc.name.split(".")[0]
+            why = f"it needs {module}, which is not installed; {install_hint(module)}"
             report["skipped"][f"the {suite} suite"] = why
             print(f"\nskipping the {suite} suite: {why}", file=sys.stderr)
     report["plots"] = plots(report, args.out)

@@ -160,22 +160,41 @@ def test_bad_arguments_are_refused():
     assert "unknown suite 'nonsense'; the suites are handoff, queue, stream, arrow, gpu" in out.stderr
 
 
-def test_a_suite_whose_imports_are_missing_is_skipped(tmp_path):
-    # Without torch (a stand-in that fails to import, ahead of the real one),
-    # the suites that import it are skipped with the reason; the rest run.
-    (tmp_path / "torch.py").write_text("raise ModuleNotFoundError(\"No module named 'torch'\", name='torch')\n")
+def test_without_torch_and_pyarrow_the_suites_that_need_them_are_skipped_and_say_what_brings_them(tmp_path):
+    # Without torch and pyarrow (stand-ins that fail to import, ahead of the
+    # real ones): the queue and hand-off suites run without their torch rows,
+    # the suites that need torch or pyarrow whole are skipped, and every skip
+    # names the package that brings what is missing; none blames a variable
+    # the user never set.
+    for module in ("torch", "pyarrow"):
+        (tmp_path / f"{module}.py").write_text(
+            f"raise ModuleNotFoundError(\"No module named '{module}'\", name='{module}')\n"
+        )
     env = dict(
         os.environ, PYTHONPATH=with_pythonpath(str(tmp_path)), ZCTIPC_BENCH_WITHOUT="faster-fifo,pythusa,iceoryx2,ray"
     )
+    only = "handoff,queue,arrow,dataloader"
     out = subprocess.run(
-        [sys.executable, "-m", "zctipc", "bench", "--tiny", "--only", "queue,stream", "--out", str(tmp_path / "out")],
+        [sys.executable, "-m", "zctipc", "bench", "--tiny", "--only", only, "--out", str(tmp_path / "out")],
         env=env,
         capture_output=True,
         text=True,
         timeout=600,
     )
     assert out.returncode == 0, out.stderr[-3000:]
-    assert "skipping the queue suite: it needs torch, which is not installed" in out.stderr
     report = json.loads((tmp_path / "out" / "report.json").read_text())
-    assert set(report["suites"]) == {"stream"}
-    assert "Skipped the queue suite: it needs torch" in out.stdout
+    assert set(report["suites"]) == {"handoff", "queue"}
+    for suite, module in (("arrow", "pyarrow"), ("dataloader", "torch")):
+        why = f"it needs {module}, which is not installed; pip install {module} brings it"
+        assert f"skipping the {suite} suite: {why}" in out.stderr
+        assert f"Skipped the {suite} suite: {why}" in out.stdout
+    assert "skipping torch: not installed" in out.stderr
+    handoff = report["suites"]["handoff"]
+    assert handoff["results"] and not any(r["peer"].startswith("torch") for r in handoff["results"])
+    assert {"peer": "torch.mp", "reason": handoff["skipped"][-1]["reason"]} in handoff["skipped"]
+    queue = report["suites"]["queue"]
+    assert [r["peer"] for r in queue["big"]] == ["zctipc.Queue", "multiprocessing.Queue (pickling)"]
+    assert any(s["peer"] == "the state-dict rows" for s in queue["skipped"])
+    for s in handoff["skipped"] + queue["skipped"]:
+        if s["peer"].startswith(("torch", "the state-dict")):
+            assert "ZCTIPC_BENCH_WITHOUT" not in s["reason"] and "pip install torch brings it" in s["reason"]

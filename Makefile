@@ -26,7 +26,7 @@ $(VENV)/.base: constraints.txt pyproject.toml
 	touch $@
 
 $(VENV)/.deps: $(VENV)/.base
-	$(PIP) install --quiet -c constraints.txt pytest pytest-timeout hypothesis import-linter ruff mypy torch pyarrow pandas polars ray
+	$(PIP) install --quiet -c constraints.txt pytest pytest-timeout hypothesis import-linter ruff mypy torch pyarrow pandas polars ray mkdocs mkdocs-material mkdocstrings-python
 	touch $@
 
 # The package, installed editable from python/: setup.py builds
@@ -63,8 +63,16 @@ pytest: install $(VENV)/.deps
 # The Go tests run beside the wheel's: both mostly wait (for processes they
 # start and kill, for pip), and the Go tests keep their segments in a
 # directory of their own.
-test: install vet lint pytest
+test: install vet lint docs pytest
 	$(MAKE) --no-print-directory -j2 gotest wheel-test
+
+# The documentation site (mkdocs.yml): the pages in docs/, and the API
+# reference that mkdocstrings makes from the package's docstrings (read from
+# the source, not imported), into site/. A warning fails the build: a broken
+# link or anchor, a page missing from the nav, a name that does not resolve.
+.PHONY: docs
+docs: $(VENV)/.deps
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
 
 demo: install
 	$(PY) benchmarks/demo.py

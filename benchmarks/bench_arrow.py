@@ -15,7 +15,7 @@ rates   32-byte messages through a zctipc.Queue, per second and per
         (processes), Go to Go (go/examples producer and consumer,
         goroutines) and Go to Python
 
-  python benchmarks/bench_arrow.py [--only arrow,go,rates] [--quick] [--json PATH] [--readme README.md]
+  python benchmarks/bench_arrow.py [--only arrow,go,rates] [--quick] [--json PATH]
 """
 
 import multiprocessing
@@ -334,7 +334,7 @@ def main(argv=None):
     report = new_report("arrow", ("zctipc", "pyarrow"), arrow=[], go=[], rates=[], skipped={}, tables={})
     for name in args.only.split(","):
         report["tables"][name] = SUITES[name](args, report)
-    finish(report, render(report), args.json, "bench_arrow", args.readme)
+    finish(report, render(report), args.json)
 
 
 if __name__ == "__main__":

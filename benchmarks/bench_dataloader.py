@@ -37,7 +37,7 @@ payload (MB = 10^6 bytes), that rate against one core's memcpy
 bandwidth, measured in the same run, and the main process's CPU use.
 
     python benchmarks/bench_dataloader.py [--only large,small,compute] [--quick | --tiny] [--json PATH]
-                                          [--readme README.md]
+
     python benchmarks/bench_dataloader.py --peer torch-fork|forkserver|zctipc|in-process --shape SHAPE
                                           [--quick | --tiny]
 """
@@ -391,7 +391,7 @@ def main(argv=None):
     )
     print(f"  floor: single-core memcpy {report['memcpy_bytes_per_s'] / 1e9:.1f} GB/s", flush=True)
     run(shapes, p, mode_flags, report)
-    finish(report, render(report), args.json, "bench_dataloader", args.readme)
+    finish(report, render(report), args.json)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ Every producer runs in a fresh process, so the shareable allocator goes in
 before CUDA starts. Without a GPU the benchmark says why and measures
 nothing.
 
-    python benchmarks/bench_gpu.py [--quick] [--json PATH] [--readme README.md]
+    python benchmarks/bench_gpu.py [--quick] [--json PATH]
 """
 
 import os
@@ -263,7 +263,7 @@ def main(argv=None):
                 f"{fmt_us(r['in_place']['median_us'])} (one device copy {fmt_us(r['copy_us'])})",
                 flush=True,
             )
-    finish(report, render(report), args.json, "bench_gpu", args.readme)
+    finish(report, render(report), args.json)
 
 
 def render(report):

@@ -22,8 +22,8 @@ for a segment the process never mapped and for one it mapped before (the
 mapping cache). Prints Markdown
 tables with ratios to zctipc and writes JSON.
 
-    python benchmarks/bench_handoff.py [--rounds 20] [--sizes 1M,100M,1G] [--json PATH] [--readme README.md]
-    python benchmarks/bench_handoff.py --render PATH.json --readme README.md   # no new run
+    python benchmarks/bench_handoff.py [--rounds 20] [--sizes 1M,100M,1G] [--json PATH]
+    python benchmarks/bench_handoff.py --render PATH.json   # no new run
 """
 
 import argparse
@@ -49,7 +49,6 @@ from _common import (
     markdown_table,
     new_report,
     summarize,
-    update_readme,
 )
 
 SIZES = {"1M": 1 << 20, "100M": 100 << 20, "1G": 1 << 30}
@@ -351,15 +350,12 @@ def main(argv=None):
     parser.add_argument(
         "--json", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "handoff.json")
     )
-    parser.add_argument("--readme", help="replace this file's hand-off section with the report")
     parser.add_argument("--render", metavar="JSON", help="report a saved run instead of running")
     args = parser.parse_args(argv)
     if args.render:
         with open(args.render) as f:
             report = json.load(f)
         print(render(report))
-        if args.readme:
-            update_readme(args.readme, "bench_handoff", render(report))
         return
 
     ctx = zctipc.get_context()
@@ -381,7 +377,7 @@ def main(argv=None):
             report["results"].append(r)
             print(f" median {fmt_us(r['median_us'])}, p99 {fmt_us(r['p99_us'])}", flush=True)
 
-    finish(report, render(report), args.json, "bench_handoff", args.readme)
+    finish(report, render(report), args.json)
 
 
 def render(report):

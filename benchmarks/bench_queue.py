@@ -26,7 +26,7 @@ state-dict a fresh torch state dict of 98 tensors (33.6 MB, not in shared
            returns at once: its feeder thread shares the tensors later)
 
   python benchmarks/bench_queue.py [--only local,rate,latency,big,copy-in,alloc,pool,state-dict] [--quick]
-                                   [--json PATH] [--readme README.md]
+                                   [--json PATH]
 """
 
 import contextlib
@@ -632,7 +632,7 @@ def main(argv=None):
     )
     for name in args.only.split(","):
         report["tables"][name] = SUITES[name](args.quick, report)
-    finish(report, render(report), args.json, "bench_queue", args.readme)
+    finish(report, render(report), args.json)
 
 
 if __name__ == "__main__":

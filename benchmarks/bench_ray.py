@@ -11,7 +11,7 @@ same two calls passing an int are measured too: the floor Ray's calls set).
 Sizes:
 1 MiB, 100 MiB and 1 GiB (--quick: 1 MiB and 100 MiB).
 
-    python benchmarks/bench_ray.py [--quick | --tiny] [--json PATH] [--readme README.md]
+    python benchmarks/bench_ray.py [--quick | --tiny] [--json PATH]
 """
 
 import os
@@ -165,7 +165,7 @@ def main(argv=None):
         report["skipped"]["ray"] = why
     else:
         report["results"] = measure(plan(args))
-    finish(report, render(report), args.json, "bench_ray", args.readme)
+    finish(report, render(report), args.json)
 
 
 if __name__ == "__main__":

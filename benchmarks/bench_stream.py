@@ -17,7 +17,7 @@ application producing data would); zctipc readers block on futexes, pythusa's
 poll (yielding the CPU between polls, its best case on a busy machine).
 
     python benchmarks/bench_stream.py [--only throughput,latency] [--quick] [--seconds S] [--rounds N]
-                                      [--json PATH] [--readme README.md]
+                                      [--json PATH]
 """
 
 import ctypes
@@ -633,7 +633,7 @@ def main(argv=None):
     print(f"  floor: single-core memcpy {report['memcpy_bytes_per_s'] * 8 / 1e9:.1f} Gbit/s", flush=True)
     for name in args.only.split(","):
         report["tables"][name] = SUITES[name](args, report)
-    finish(report, render(report), args.json, "bench_stream", args.readme)
+    finish(report, render(report), args.json)
 
 
 def render(report):

@@ -27,6 +27,11 @@ Peers that are not installed are skipped with the reason printed;
 ZCTIPC_BENCH_WITHOUT=peer,peer leaves installed ones out the same way.
 
     python benchmarks/run.py [--quick | --tiny] [--only SUITE,...] [--json PATH] [--out DIR] [--readme README.md]
+
+The report (Markdown, JSON and plots) goes to --out only; --readme puts a
+handful of its numbers, with the machine and a link to the report, between
+the README's <!-- BEGIN bench_numbers --> and <!-- END bench_numbers -->
+markers (Note [the README's numbers]).
 """
 
 import argparse
@@ -348,10 +353,13 @@ def _save(fig, out_dir, name):
     return path
 
 
-def render(report, out_dir, readme_dir=None):
-    """The Markdown report of the whole run."""
+def render(report, out_dir):
+    """The Markdown report of the whole run, a page of the documentation
+    site when it is written to docs/bench (plots linked beside it)."""
     floor = report["floor"]
     lines = [
+        "# Benchmark report",
+        "",
         f"zctipc benchmarks ({report['mode']} run), {report['date']}, on {machine_line(report['machine'])}.",
         "",
         "Versions: " + ", ".join(f"{k} {v}" for k, v in report["versions"].items() if v) + ".",
@@ -372,11 +380,106 @@ def render(report, out_dir, readme_dir=None):
     if isinstance(report["plots"], str):
         lines += ["", f"No plots: {report['plots']}."]
     else:
-        base = readme_dir or out_dir
-        lines += [""] + [f"![{os.path.basename(p)}]({os.path.relpath(p, base)})" for p in report["plots"]]
+        lines += [""] + [f"![{os.path.basename(p)}]({os.path.relpath(p, out_dir)})" for p in report["plots"]]
     for suite, r in report["suites"].items():
-        lines += ["", f"### {suite}", "", r["text"]]
+        lines += ["", f"## {suite}", "", r["text"]]
     return "\n".join(lines)
+
+
+# Note [the README's numbers]: the README is a door, and the report is a
+# page of the documentation site; the README carries only the few numbers
+# below, each a row of the report set beside the usual way of doing the
+# same, with the machine and a link to the whole report. They are made from
+# the report (make bench writes both), and a test checks that the README's
+# block is what this function makes of docs/bench/report.json, so the two
+# cannot drift. A row whose suite did not run (a --quick run has no 1 GiB
+# hand-off, a machine without Ray no Ray row) is left out.
+
+
+def _find(rows, **match):
+    return next((r for r in rows if all(r.get(k) == v for k, v in match.items())), None)
+
+
+def _faster(ratio):
+    """How zctipc compares, given how many times the other's time is its own."""
+    return f"{fmt_ratio(ratio)} faster" if ratio >= 1 else f"{fmt_ratio(1 / ratio)} slower"
+
+
+def headline(report):
+    """The README's numbers: (what, zctipc, the usual way, zctipc is) rows."""
+    suites = report["suites"]
+    out = []
+    handoff = suites.get("handoff", {}).get("results", [])
+    ours, theirs = (_find(handoff, peer=p, bytes=1 << 30) for p in ("zctipc.Queue", "multiprocessing.Queue"))
+    if ours and theirs:
+        out.append(
+            (
+                "a 1 GiB array handed to another process, put to usable array",
+                fmt_us(ours["median_us"]),
+                f"{fmt_us(theirs['median_us'])} (multiprocessing.Queue)",
+                _faster(theirs["median_us"] / ours["median_us"]),
+            )
+        )
+    rate = suites.get("queue", {}).get("rate", [])
+    ours, theirs = (_find(rate, peer=p, producers=1) for p in ("zctipc.Queue put/get", "multiprocessing.Queue put/get"))
+    if ours and theirs:
+        out.append(
+            (
+                "small messages (5-tuples), one producer and one consumer",
+                f"{ours['per_second'] / 1e3:,.0f} K/s",
+                f"{theirs['per_second'] / 1e3:,.0f} K/s (multiprocessing.Queue)",
+                _faster(ours["per_second"] / theirs["per_second"]),
+            )
+        )
+    pool = suites.get("queue", {}).get("pool", [])
+    ours, theirs = (_find(pool, peer=p) for p in ("zctipc.get_context()", "stdlib fork"))
+    if ours and theirs:
+        out.append(
+            (
+                f"ProcessPoolExecutor.map over {ours['tasks']:,} arrays of {fmt_bytes(ours['bytes'])}, two workers",
+                fmt_us(ours["seconds"] * 1e6),
+                f"{fmt_us(theirs['seconds'] * 1e6)} (the standard library's fork)",
+                _faster(theirs["seconds"] / ours["seconds"]),
+            )
+        )
+    loaders = suites.get("dataloader", {}).get("results", [])
+    ours = _find(loaders, shape="large", peer="zctipc.get_context()")
+    theirs = _find(loaders, shape="large", peer="fork (torch's default)")
+    if ours and theirs:
+        out.append(
+            (
+                f"torch DataLoader, two workers, batches of {ours['bytes_per_batch'] / 1e6:.1f} MB",
+                f"{ours['batches_per_s']:,.1f} batches/s",
+                f"{theirs['batches_per_s']:,.1f} batches/s (torch's default, fork)",
+                _faster(ours["batches_per_s"] / theirs["batches_per_s"]),
+            )
+        )
+    ray = suites.get("ray", {}).get("results", [])
+    ours, theirs = (_find(ray, transport=p, bytes=1 << 30) for p in ("zctipc", "object store"))
+    if ours and theirs:
+        out.append(
+            (
+                "a 1 GiB torch tensor from one Ray actor to another",
+                fmt_us(ours["median_us"]),
+                f"{fmt_us(theirs['median_us'])} (Ray's object store)",
+                _faster(theirs["median_us"] / ours["median_us"]),
+            )
+        )
+    return out
+
+
+def numbers(report, report_path):
+    """The README's block of numbers (Note [the README's numbers]); report_path
+    is the report's Markdown, relative to the README."""
+    return "\n".join(
+        [
+            markdown_table(["", "zctipc", "the usual way", "zctipc is"], headline(report)),
+            "",
+            f"Measured by `zctipc bench` ({report['mode']} run, {report['date']}) on "
+            f"{machine_line(report['machine'])}. The whole run, with every peer, the rounds and the physical "
+            f"floor, is [the benchmark report]({report_path}).",
+        ]
+    )
 
 
 def skipped_peers():
@@ -417,7 +520,9 @@ def main(argv=None):
         default=os.path.join(HERE, "results") if in_tree else "zctipc-bench",
         help="folder for the report, JSON and plots",
     )
-    parser.add_argument("--readme", help="put the report in this README's benchmark section")
+    parser.add_argument(
+        "--readme", help="put a few of the numbers, with a link to the report, in this README's numbers block"
+    )
     args = parser.parse_args(argv)
     suites = [s.strip() for s in args.only.split(",") if s.strip()]
     for s in suites:
@@ -458,7 +563,7 @@ def main(argv=None):
             report["skipped"][f"the {suite} suite"] = why
             print(f"\nskipping the {suite} suite: {why}", file=sys.stderr)
     report["plots"] = plots(report, args.out)
-    text = render(report, args.out, os.path.dirname(os.path.abspath(args.readme)) if args.readme else None)
+    text = render(report, args.out)
     with open(os.path.join(args.out, "report.md"), "w") as f:
         f.write(text + "\n")
     json_path = args.json or os.path.join(args.out, "report.json")
@@ -467,7 +572,8 @@ def main(argv=None):
     print(text)
     print(f"\nreport: {os.path.join(args.out, 'report.md')}\nJSON: {json_path}")
     if args.readme:
-        update_readme(args.readme, "bench_report", text, by="zctipc bench --readme")
+        where = os.path.relpath(os.path.join(args.out, "report.md"), os.path.dirname(os.path.abspath(args.readme)))
+        update_readme(args.readme, "bench_numbers", numbers(report, where), by="zctipc bench --readme")
     return 0
 
 

@@ -43,6 +43,13 @@ def test_the_ray_suite_measures_every_transport(tmp_path):
 def test_every_suite_runs_and_the_report_has_its_shape(tmp_path):
     # The same peers are measured wherever the test runs: none of the optional ones.
     env = dict(os.environ, ZCTIPC_BENCH_WITHOUT="pythusa,faster-fifo,iceoryx2,ray")
+    # --readme fills the README's numbers block, and touches nothing else of it.
+    readme = tmp_path / "README.md"
+    before, after = (
+        "# A project\n\n<!-- BEGIN bench_numbers -->\n",
+        "old numbers\n<!-- END bench_numbers -->\n\nThe end.\n",
+    )
+    readme.write_text(before + after)
     out = subprocess.run(
         [
             sys.executable,
@@ -54,6 +61,8 @@ def test_every_suite_runs_and_the_report_has_its_shape(tmp_path):
             str(tmp_path),
             "--json",
             str(tmp_path / "all.json"),
+            "--readme",
+            str(readme),
         ],
         cwd=ROOT,
         env=env,
@@ -139,7 +148,20 @@ def test_every_suite_runs_and_the_report_has_its_shape(tmp_path):
     assert "Skipped pythusa: left out by ZCTIPC_BENCH_WITHOUT." in text
     assert "| suite | result | value | vs floor |" in text
     for suite in SUITES:
-        assert f"### {suite}" in text
+        assert f"\n## {suite}\n" in text
+    assert text.startswith("# Benchmark report\n")
+    for image in re.findall(r"!\[[^]]*\]\(([^)]+)\)", text):
+        assert (tmp_path / image).is_file(), f"report.md links {image}, which is not beside it"
+    # The README has five of the numbers at most (a tiny run has no 1 GiB
+    # hand-off, and Ray was left out), the machine and a link to the report,
+    # and no more of the report.
+    numbers = readme.read_text()
+    assert numbers.startswith(before) and numbers.endswith("<!-- END bench_numbers -->\n\nThe end.\n")
+    assert "old numbers" not in numbers and "## handoff" not in numbers
+    assert "| ProcessPoolExecutor.map over 10 arrays of 64 KiB, two workers |" in numbers
+    assert "| torch DataLoader, two workers, batches of 38.5 MB |" in numbers
+    assert "Ray actor" not in numbers and "1 GiB array" not in numbers
+    assert "(tiny run, " in numbers and "[the benchmark report](report.md)" in numbers
     assert "| dataloader | zctipc.get_context(), large batches of 38.5 MB |" in text
     assert "| large: 3x224x224 float32, 38.5 MB a batch | fork (torch's default) |" in text
     if isinstance(report["plots"], list):

@@ -8,7 +8,10 @@ import re
 import subprocess
 import sys
 
+import pytest
 from conftest import with_pythonpath
+
+pytestmark = pytest.mark.slow
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 SUITES = ("handoff", "queue", "stream", "arrow", "gpu", "ray", "dataloader")

@@ -106,6 +106,7 @@ def test_ls_shows_the_memory_segments_hold_not_their_apparent_size(isolated):
         stop(holder)
 
 
+@pytest.mark.slow
 def test_gc_removes_an_orphan_and_keeps_what_is_held(isolated):
     env = dict(isolated, ZCTIPC_CLEANUP="0")
     subprocess.run([sys.executable, "-c", LEAVE_AN_ORPHAN], env=env, check=True, timeout=60)

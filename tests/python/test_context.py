@@ -66,6 +66,7 @@ def test_process_and_pool_at_module_level():
         pass
 
 
+@pytest.mark.slow
 def test_import_zctipc_as_multiprocessing(tmp_path):
     script = tmp_path / "swap.py"
     script.write_text(

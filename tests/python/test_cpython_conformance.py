@@ -12,6 +12,10 @@ import signal
 import subprocess
 import sys
 
+import pytest
+
+pytestmark = pytest.mark.slow
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 HARNESS = os.path.join(HERE, "conformance", "cpython_mp.py")

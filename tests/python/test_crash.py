@@ -77,6 +77,7 @@ def creators(env):
     return out
 
 
+@pytest.mark.slow
 def test_a_producer_killed_100_times_leaves_nothing(isolated):
     """100 producers SIGKILLed: some stopped inside segment creation (after
     the file is made, after its pages are reserved, after it is renamed),
@@ -133,6 +134,7 @@ def test_a_consumer_that_exits_normally_leaves_the_producers_segment(ctx, segnam
     t.close()
 
 
+@pytest.mark.slow
 def test_a_killed_daemon_is_replaced_and_recovers(isolated):
     """The daemon is SIGKILLed while clients run; a client dies while no
     daemon runs. The next daemon (started by the next client) sweeps what

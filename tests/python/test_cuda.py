@@ -18,10 +18,17 @@ import zctipc
 from zctipc import cuda
 from zctipc._wire import gpu as cuda_codec
 
+pytestmark = pytest.mark.slow
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 MOCK_SOURCE = os.path.join(HERE, "..", "cuda", "mockcuda.c")
 REASON = cuda.unavailable_reason() or (None if torch.cuda.is_available() else "torch sees no CUDA device")
-gpu = pytest.mark.skipif(REASON is not None, reason=f"no GPU: {REASON}")
+
+
+def gpu(test):
+    """A test that needs a GPU: marked gpu, and skipped with the reason
+    where there is none."""
+    return pytest.mark.gpu(pytest.mark.skipif(REASON is not None, reason=f"no GPU: {REASON}")(test))
 
 
 def test_availability_is_reported_and_gpu_calls_fail_clearly():

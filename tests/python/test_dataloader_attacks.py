@@ -27,6 +27,8 @@ from torch.utils.data import DataLoader
 
 import zctipc
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(autouse=True)
 def _shut_down_workers():

@@ -36,6 +36,8 @@ from conftest import SWEEP_TIMEOUT
 
 import zctipc
 
+pytestmark = pytest.mark.slow
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DOCS = os.path.join(ROOT, "docs")
 README = os.path.join(ROOT, "README.md")

@@ -39,6 +39,7 @@ def run_script(tmp_path, text, timeout=120):
 # -- 1. the fork default -----------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_program_that_chose_no_start_method_works_with_plain_multiprocessing(tmp_path):
     assert multiprocessing.context._default_context._default_context._name in ("fork", "forkserver")
     out = run_script(
@@ -160,6 +161,7 @@ def test_a_bounded_queue_stays_bounded_and_full_agrees_with_put_nowait():
 # -- 4. the standard library's pools, and waiting on queues ---------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", METHODS)
 def test_process_pool_executor_with_zctipc_context(method):
     ctx = zctipc.get_context(method)
@@ -173,6 +175,7 @@ def test_process_pool_executor_with_zctipc_context(method):
         assert zctipc.is_shared(got), "the result is a view of zctipc memory"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", METHODS)
 def test_multiprocessing_pool_with_zctipc_context(method):
     ctx = zctipc.get_context(method)

@@ -30,6 +30,7 @@ def run(go_bin, *args):
     return out.stdout.strip()
 
 
+@pytest.mark.slow
 def test_a_go_tensor_is_attached_in_python_by_its_ref(go_bin):
     p = subprocess.Popen(
         [go_bin("producer"), "tensor", "", "1000"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True

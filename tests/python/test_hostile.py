@@ -52,6 +52,7 @@ def stopped_daemon(isolated):
     holder.communicate("\n", timeout=30)
 
 
+@pytest.mark.slow
 def test_a_stopped_daemon_delays_a_new_client_but_a_moment(stopped_daemon):
     start_time = time.monotonic()
     out = run(
@@ -71,6 +72,7 @@ def test_a_stopped_daemon_delays_a_new_client_but_a_moment(stopped_daemon):
     assert time.monotonic() - start_time < 20, "bounded: every exchange with the daemon has a deadline"
 
 
+@pytest.mark.slow
 def test_a_stopped_daemon_is_an_error_where_it_is_needed(stopped_daemon):
     env = dict(stopped_daemon, ZCTIPC_SHARING_STRATEGY="file_descriptor")
     start_time = time.monotonic()

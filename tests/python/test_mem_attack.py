@@ -232,6 +232,7 @@ print(json.dumps(sorted(seen)))
 """
 
 
+@pytest.mark.slow
 def test_two_makers_of_one_name_race(isolated):
     """Two processes make a segment of one name with data at the same
     moment while a third attaches it as soon as it appears: exactly one

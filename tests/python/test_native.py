@@ -130,6 +130,7 @@ def test_a_closed_handle_is_refused():
         _native.check(_native.lib().zct_segment_close(2**63))
 
 
+@pytest.mark.slow
 def test_environment_set_in_python_before_first_use_is_honoured(tmp_path):
     """Go copies the environment at process start; zctipc re-reads its own
     variables when the library loads, so os.environ works before first use."""

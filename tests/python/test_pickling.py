@@ -34,6 +34,7 @@ def test_through_a_multiprocessing_pipe(ctx):
     assert a[0] == 9, "the child wrote into the same memory"
 
 
+@pytest.mark.slow
 def test_through_a_multiprocessing_queue(ctx):
     std = mp_context(ctx)
     q, done = std.Queue(), std.Queue()
@@ -89,6 +90,7 @@ def test_counts_in_flight_come_back():
     assert zctipc.pool_stats().slots_in_use == before
 
 
+@pytest.mark.slow
 def test_torch_multiprocessing_imported_later_keeps_both_ways():
     code = textwrap.dedent("""
         import multiprocessing as mp, zctipc, torch
@@ -116,6 +118,7 @@ def test_is_shared_refuses_other_types():
         zctipc.is_shared([1, 2])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", ["coo", "csr", "csc", "bsr"])
 def test_sparse_tensors_release_everything_when_dropped(layout):
     import torch
@@ -243,6 +246,7 @@ class _SendsWhenPickled:
         return int, (0,)
 
 
+@pytest.mark.slow
 def test_a_pickle_sent_during_a_dump_that_fails_keeps_its_counts():
     """A dump made (and sent) inside another keeps its counts when the outer
     one fails: the receiver holds its descriptor. The outer dump gave them
@@ -261,6 +265,7 @@ def test_a_pickle_sent_during_a_dump_that_fails_keeps_its_counts():
     assert zctipc.pool_stats().slots_in_use == before
 
 
+@pytest.mark.slow
 def test_a_refused_value_sent_to_a_manager_gives_back_its_counts():
     """A value that cannot be pickled, stored into a manager's dict after
     a large array, leaves no pool buffer in use; the manager goes on."""
@@ -303,6 +308,7 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.slow
 def test_a_refused_value_sent_to_a_manager_first_gives_back_its_counts(tmp_path):
     """The same before zctipc has made anything in the process (NumPy
     imported after zctipc: ForkingPickler's dump was not yet zctipc's when
@@ -326,6 +332,7 @@ def _replay(data):
     return "loaded"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("what", ["pool_array", "shared_tensor", "torch_tensor"])
 def test_a_pickle_loaded_twice_takes_its_count_once(what):
     """ForkingPickler bytes carry one count: the first load takes it, a

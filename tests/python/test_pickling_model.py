@@ -148,4 +148,4 @@ class Descriptors(RuleBasedStateMachine):
 
 
 Descriptors.TestCase.settings = settings(max_examples=30, stateful_step_count=25, deadline=None, database=None)
-TestDescriptors = Descriptors.TestCase
+TestDescriptors = pytest.mark.slow(Descriptors.TestCase)

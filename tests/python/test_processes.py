@@ -30,6 +30,7 @@ def run_in(ctx, fn, *args, timeout=120):
     return result[1]
 
 
+@pytest.mark.slow
 def test_one_gib_tensor_is_shared_not_copied(ctx, segname):
     n = GIB // 4
     stride = 4096

@@ -472,6 +472,7 @@ def test_pool_at_its_limit_waits_or_raises(q):
     assert out.stdout.split() == ["nowait", "True", "timeout", "after", "free", "1"]
 
 
+@pytest.mark.slow
 def test_queue_passes_to_children(ctx):
     inq, outq = ctx.Queue(), ctx.Queue()
     p = ctx.Process(target=_workers.echo, args=(inq, outq, 3))
@@ -503,6 +504,7 @@ def test_queue_refuses_to_be_pickled_outside_spawning(q):
         pickle.dumps(q)
 
 
+@pytest.mark.slow
 def test_consumer_modifies_what_the_producer_sees(ctx):
     q, done = ctx.Queue(), ctx.Queue()
     t = zctipc.empty(3, torch.float32)
@@ -517,6 +519,7 @@ def test_consumer_modifies_what_the_producer_sees(ctx):
     assert t.tolist() == [101, 101, 101] and a[0] == -1
 
 
+@pytest.mark.slow
 def test_four_producers_four_consumers_50000_each(ctx):
     producers, consumers, each = 4, 4, 50_000
     q = ctx.Queue()
@@ -546,6 +549,7 @@ def test_four_producers_four_consumers_50000_each(ctx):
     results.close()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("blob", [0, 100_000], ids=["small", "more-than-16MiB-held"])
 def test_killed_consumers_lose_no_other_message(blob):
     """Consumers SIGKILLed at random moments while they take messages that
@@ -576,6 +580,7 @@ def test_killed_consumers_lose_no_other_message(blob):
     assert wait_until_gone(left) == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("wait", ["sleep", "poll"])
 def test_a_blocked_get_uses_the_cpu_its_wait_policy_says(wait):
     code = textwrap.dedent(f"""

@@ -19,7 +19,7 @@ ray = pytest.importorskip("ray", reason="zctipc.ray needs Ray (pip install zctip
 zr = pytest.importorskip("zctipc.ray")
 from ray.cluster_utils import Cluster  # noqa: E402
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
 
 MIB = 1 << 20
 N = 256 * MIB // 4  # a 256 MiB int32 tensor

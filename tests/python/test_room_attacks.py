@@ -22,7 +22,7 @@ from zctipc._core import pool
 
 RUN = 120  # seconds a child program may take: the machine may be loaded
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root")
+pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root"), pytest.mark.slow]
 
 
 @pytest.fixture

@@ -9,6 +9,10 @@ import subprocess
 import sys
 import time
 
+import pytest
+
+pytestmark = pytest.mark.slow
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 SECONDS = float(os.environ.get("ZCTIPC_SOAK_SECONDS", "60"))
 

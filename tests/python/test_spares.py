@@ -7,6 +7,7 @@ import time
 
 import numpy as np
 import pyarrow as pa
+import pytest
 from conftest import SHM
 
 import zctipc
@@ -70,6 +71,7 @@ def test_a_zeroed_tensor_made_from_a_spare_is_zero():
         b.close()
 
 
+@pytest.mark.slow
 def test_tables_reuse_pages_and_spares_go_after_a_second():
     table = pa.table({"x": np.arange(MIB, dtype=np.int64)})
     h = zctipc.share_table(table)
@@ -102,6 +104,7 @@ def _make_and_let_go(names, rounds, conn):
     conn.send("done")
 
 
+@pytest.mark.slow
 def test_a_name_is_visible_only_with_its_contents_complete(segname):
     """Two names made and let go in a loop, each from the other's spare
     pages: whoever attaches a name sees its own contents, complete, never

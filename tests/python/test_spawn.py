@@ -49,6 +49,7 @@ def assert_reaped(pids):
             os.kill(pid, 0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["spawn", "forkserver"])
 def test_each_rank_runs_fn_with_its_rank_and_args(method, leaves_nothing):
     queue = mp.Queue()
@@ -62,6 +63,7 @@ def test_each_rank_runs_fn_with_its_rank_and_args(method, leaves_nothing):
     queue.close()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["spawn", "forkserver"])
 def test_a_raising_rank_raises_its_traceback_and_the_others_are_ended(method, leaves_nothing):
     pids, barrier, forever = mp.Queue(), mp.get_context(method).Barrier(3), mp.Queue()
@@ -78,6 +80,7 @@ def test_a_raising_rank_raises_its_traceback_and_the_others_are_ended(method, le
     assert_reaped(ranks.values())
 
 
+@pytest.mark.slow
 def test_a_rank_that_ignores_sigterm_is_killed_after_the_grace_period(leaves_nothing):
     barrier, forever = mp.get_context("spawn").Barrier(2), mp.Queue()  # held until the ranks have them
     ctx = mp.start_processes(_spawn_workers.stubborn_or_fail, args=(barrier, forever), nprocs=2, join=False)
@@ -90,6 +93,7 @@ def test_a_rank_that_ignores_sigterm_is_killed_after_the_grace_period(leaves_not
         ctx.join()
 
 
+@pytest.mark.slow
 def test_a_rank_killed_by_a_signal_names_it(leaves_nothing):
     forever = mp.Queue()
     ctx = mp.start_processes(_spawn_workers.kill_self, args=(forever,), nprocs=3, join=False)
@@ -102,6 +106,7 @@ def test_a_rank_killed_by_a_signal_names_it(leaves_nothing):
     assert_reaped(ctx.pids())
 
 
+@pytest.mark.slow
 def test_a_rank_that_exits_nonzero_says_its_code(leaves_nothing):
     with pytest.raises(mp.ProcessExitedException) as info:
         mp.spawn(_spawn_workers.exit_with, args=(3,), nprocs=2)
@@ -110,12 +115,14 @@ def test_a_rank_that_exits_nonzero_says_its_code(leaves_nothing):
     assert str(e) == "process 0 terminated with exit code 3"
 
 
+@pytest.mark.slow
 def test_an_interrupted_rank_whose_parent_lives_has_failed(leaves_nothing):
     with pytest.raises(mp.ProcessRaisedException, match="KeyboardInterrupt") as info:
         mp.spawn(_spawn_workers.interrupt_self, nprocs=2)
     assert info.value.error_index == 0
 
 
+@pytest.mark.slow
 def test_without_join_the_context_is_joined_until_all_are_done(leaves_nothing):
     event, queue = mp.Event(), mp.Queue()
     ctx = mp.start_processes(_spawn_workers.wait_for, args=(event, queue), nprocs=3, join=False)
@@ -139,6 +146,7 @@ def gone(pid):
         return True
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["spawn", "forkserver"])
 def test_ranks_end_when_their_parent_dies(method, leaves_nothing):
     parent = subprocess.run(

@@ -200,6 +200,7 @@ def test_join_with_timeout_zero_polls_and_a_joined_context_stays_joined(leaves_n
     assert [ctx.join(), ctx.join(timeout=0), ctx.join(grace_period=0)] == [True] * 3
 
 
+@pytest.mark.slow
 def test_join_from_two_threads_raises_the_failure_in_both(leaves_nothing):
     """Both threads wait on the same ranks: neither fails on the other's
     bookkeeping, and both see the rank that failed."""

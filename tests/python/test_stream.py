@@ -25,6 +25,7 @@ def start_readers(ctx, target, stream, n, *args):
     return procs, joined, results
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("readers, wait", [(1, "sleep"), (2, "sleep"), (4, "sleep"), (1, "poll"), (2, "poll")])
 def test_block_every_reader_gets_every_frame_whole_and_in_order(readers, wait):
     ctx = zctipc.get_context()
@@ -215,6 +216,7 @@ def test_bad_input():
         a.look()
 
 
+@pytest.mark.slow
 def test_blocked_look_uses_no_cpu_and_ctrl_c_interrupts_it():
     code = textwrap.dedent("""
         import sys, time, zctipc

@@ -47,6 +47,7 @@ def run_threads(fn, n):
         raise errors[0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("interval", [1e-6, 1e-4])
 def test_queue_shared_by_producer_and_consumer_threads(interval):
     # In a child process: a crash there is a failed exit, not a dead run.

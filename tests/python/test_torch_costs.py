@@ -21,6 +21,8 @@ from conftest import with_pythonpath
 
 import zctipc
 
+pytestmark = pytest.mark.slow
+
 RUN = 300  # seconds a child program may take: the machine may be loaded
 MiB = 1 << 20
 WARNING = "has no room for a"  # the in-band warning's words

@@ -16,6 +16,8 @@ import torch
 
 import zctipc
 
+pytestmark = pytest.mark.slow
+
 GET = 60  # seconds any get may wait for a child
 
 

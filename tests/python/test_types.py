@@ -13,6 +13,8 @@ import pytest
 
 import zctipc
 
+pytestmark = pytest.mark.slow
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PACKAGE = os.path.join("python", "zctipc")
 EXAMPLE = os.path.join("tests", "typed", "example.py")

@@ -69,6 +69,7 @@ elif kind == "readiness":
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["queue", "queue-inf", "stream", "readiness"])
 def test_an_idle_waiter_does_not_wake(kind):
     child = subprocess.Popen(
@@ -99,6 +100,7 @@ def assert_waits_quietly(child, what):
 # -- readiness descriptors and get_async ----------------------------------------------------
 
 
+@pytest.mark.slow
 def test_readiness_is_not_left_readable_after_another_consumer_took_the_message():
     q = zctipc.Queue()
     other = zctipc.Queue.attach(q.name)  # another consumer, as another process would be
@@ -154,6 +156,7 @@ def test_readiness_shows_a_message_put_after_a_get_emptied_the_queue(monkeypatch
         q.close()
 
 
+@pytest.mark.slow
 def test_readiness_shows_a_put_that_follows_a_get_which_emptied_the_queue():
     """A producer thread puts as fast as it can while a consumer waits on
     the descriptor and gets: the descriptor always becomes readable while
@@ -270,6 +273,7 @@ q.close()
 """
 
 
+@pytest.mark.slow
 def test_gets_with_an_infinite_timeout_all_return_under_load():
     pairs, n = 4, 200
     queues = [zctipc.Queue() for _ in range(pairs)]
@@ -303,6 +307,7 @@ def test_an_infinite_timeout_waits_in_one_slice_after_another():
 # -- a stream reader that waits is alive ------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_reader_waiting_for_frames_is_not_evicted():
     s = zctipc.Stream.create(shape=1024, frames=2, policy="block", reader_timeout=0.3)
     w, r = s.writer(), s.reader()

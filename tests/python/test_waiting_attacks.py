@@ -18,6 +18,8 @@ from conftest import with_pythonpath
 
 import zctipc
 
+pytestmark = pytest.mark.slow
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 PACKAGE = os.path.join(os.path.dirname(HERE), "python")
 ENV = {**os.environ, "PYTHONPATH": with_pythonpath(PACKAGE)}

@@ -15,9 +15,10 @@ Note [the fork default]: on Pythons whose default start method is fork
 (Linux before 3.14), a program that never chose one would fork children
 that cannot use zctipc. So when this process first loads zctipc's library
 and no start method was chosen, multiprocessing's *default* becomes
-forkserver (choose_start_method), quietly. The method is not fixed:
-set_start_method("spawn") still works afterwards, and a program that chose
-fork keeps it (its children then raise ForkedProcessError).
+forkserver (choose_start_method), quietly: a DEBUG record of the "zctipc"
+log says so. The method is not fixed: set_start_method("spawn") still
+works afterwards, and a program that chose fork keeps it (its children
+then raise ForkedProcessError).
 
 Note [the start method warning]: the switch is news only to a program that
 never chose a start method and starts a process it would have forked: one
@@ -54,7 +55,7 @@ import threading
 import warnings
 from multiprocessing import context as _mpcontext
 
-from ._core import lazy
+from ._core import lazy, log
 from ._wire import batches, values
 from .events import Event
 from .queues import JoinableQueue, Queue, SimpleQueue
@@ -298,10 +299,15 @@ def _multiprocessing_method() -> str:
 def choose_start_method() -> None:
     """Note [the fork default]: make forkserver multiprocessing's default
     start method when its default is fork and no method was chosen, without
-    a word. Called when this process first loads zctipc's library."""
+    a word but a DEBUG record. Called when this process first loads
+    zctipc's library."""
     default: Any = _mpcontext._default_context  # its private state, which typeshed does not describe
     if default._actual_context is None and default._default_context.get_start_method() == "fork":
         default._default_context = _ChosenForkServerContext()
+        log.debug(
+            "made forkserver multiprocessing's default start method: its default was fork, which a process "
+            "that loaded zctipc cannot use, and none was chosen"
+        )
 
 
 #: Set (to anything but 0) to silence the start method warning (Note [the

@@ -4,13 +4,20 @@ a process through the default context of a program that chose no method;
 never for the command line, a program that passes its contexts, a child,
 or with ZCTIPC_NO_START_METHOD_WARNING=1. Each case is a real program,
 run as a file (forkserver children import it), with and without
-``python -W error``."""
+``python -W error``. And ``zctipc doctor``: its JSON is typed, and it says
+what systemd's RemoveIPC does to this user's shared memory (Note
+[RemoveIPC] in zctipc.cli), read from a file system tree of the test's."""
 
+import json
+import pwd
+import re
 import subprocess
 import sys
 import textwrap
 
 import pytest
+
+from zctipc import cli
 
 WARNING = "zctipc made 'forkserver' multiprocessing's default start method"
 
@@ -301,3 +308,166 @@ def test_no_warning_inside_a_child(isolated, tmp_path, flags):
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines() == ["forkserver [9, 9] [5, 5]", "0", "spawn [9, 9] [5, 5]", "0"], out.stderr
     assert "Warning" not in out.stderr, out.stderr
+
+
+# -- doctor: typed JSON, and systemd's RemoveIPC ---------------------------------------
+
+
+def _leaves(value, path=""):
+    if isinstance(value, dict):
+        for key, v in value.items():
+            yield from _leaves(v, f"{path}.{key}")
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            yield from _leaves(v, f"{path}[{i}]")
+    else:
+        yield path, value
+
+
+def test_doctor_json_is_one_object_of_typed_values(isolated):
+    out = subprocess.run(
+        [sys.executable, "-m", "zctipc", "doctor", "--json"], env=isolated, capture_output=True, text=True, timeout=60
+    )
+    report = json.loads(out.stdout)  # one object, and nothing else on stdout
+    assert out.returncode == (0 if report["ok"] else 1)
+    numbers = {
+        ".libzctipc.abi",
+        ".shared_memory.total",
+        ".shared_memory.free",
+        ".huge_pages.reserved",
+        ".huge_pages.free",
+        ".huge_pages.size",
+        ".remove_ipc.uid",
+    }
+    booleans = {
+        ".ok",
+        ".segment_huge_pages.enabled",
+        ".cleanup_daemon.running",
+        ".remove_ipc.value",
+        ".remove_ipc.systemd",
+        ".remove_ipc.system_user",
+        ".remove_ipc.lingering",
+        ".remove_ipc.applies",
+    }
+    leaves = dict(_leaves(report))
+    for path in numbers:
+        assert type(leaves[path]) is int, (path, leaves[path])
+    for path in booleans:
+        assert type(leaves[path]) is bool, (path, leaves[path])
+    for limit in (".open_files.soft", ".open_files.hard"):
+        assert leaves[limit] is None or type(leaves[limit]) is int  # None: unlimited
+    assert report["libzctipc"]["abi"] == cli._native.ABI_VERSION
+    assert report["shared_memory"]["dir"] == isolated["ZCTIPC_SHM_DIR"]
+    assert report["cleanup_daemon"] == {
+        "running": False,
+        "dir": isolated["ZCTIPC_RUNTIME_DIR"],
+        "pid": None,
+        "clients": None,
+        "memfd_segments": None,
+    }
+    for path, value in leaves.items():
+        assert not (isinstance(value, str) and re.fullmatch(r"-?\d+(\.\d+)?|true|false|yes|no", value)), (path, value)
+
+
+def _system_tree(root, main=None, dropins=(), running=True, linger=None, sys_uid_max=None):
+    """A file system root holding systemd's files: main is the text of
+    etc/systemd/logind.conf, dropins (directory, name, text)."""
+    if running:
+        (root / "run/systemd/system").mkdir(parents=True)
+    if main is not None:
+        (root / "etc/systemd").mkdir(parents=True, exist_ok=True)
+        (root / "etc/systemd/logind.conf").write_text(main)
+    for directory, name, text in dropins:
+        (root / directory / "systemd/logind.conf.d").mkdir(parents=True, exist_ok=True)
+        (root / directory / "systemd/logind.conf.d" / name).write_text(text)
+    if linger:
+        (root / "var/lib/systemd/linger").mkdir(parents=True)
+        (root / "var/lib/systemd/linger" / linger).write_text("")
+    if sys_uid_max is not None:
+        (root / "etc").mkdir(exist_ok=True)
+        (root / "etc/login.defs").write_text(f"# a comment\nSYS_UID_MAX\t\t{sys_uid_max}\n")
+    return str(root)
+
+
+_DOCTOR = """
+import functools, json, sys
+from zctipc import cli
+
+cli.SYSTEM_ROOT = sys.argv[1]
+if sys.argv[2] != "-":  # the report of another user
+    cli._remove_ipc = functools.partial(cli._remove_ipc, uid=int(sys.argv[2]))
+sys.exit(cli.main(sys.argv[3:]))
+"""
+
+
+def doctor(env, root, uid, *args):
+    return subprocess.run(
+        [sys.executable, "-c", _DOCTOR, root, str(uid), "doctor", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_doctor_reports_removeipc_as_logind_reads_it(isolated, tmp_path):
+    # The last assignment wins: the main file, then the drop-ins by name,
+    # /etc's 20-b.conf hiding /usr/lib's; a value logind cannot read, and
+    # another section's, change nothing.
+    root = _system_tree(
+        tmp_path / "root",
+        main="[Login]\n#RemoveIPC=no\nRemoveIPC=no\n",
+        dropins=[
+            ("usr/lib", "10-a.conf", "[Login]\nRemoveIPC=yes\n"),
+            ("usr/lib", "20-b.conf", "[Login]\nRemoveIPC=no\n"),
+            ("etc", "20-b.conf", "[Login]\nRemoveIPC = on\nRemoveIPC=maybe\n[Other]\nRemoveIPC=no\n"),
+            ("etc", "README", "RemoveIPC=no\n"),
+        ],
+    )
+    out = doctor(isolated, root, 60000, "--json")
+    report = json.loads(out.stdout)
+    assert report["remove_ipc"] == {
+        "value": True,
+        "source": "/etc/systemd/logind.conf.d/20-b.conf",
+        "systemd": True,
+        "uid": 60000,
+        "system_user": False,
+        "lingering": False,
+        "applies": True,
+    }
+    assert out.returncode == 1 and not report["ok"]
+    assert any("RemoveIPC=yes" in w and "uid 60000" in w and "enable-linger" in w for w in report["warnings"])
+    text = doctor(isolated, root, 60000).stdout
+    line = next(ln for ln in text.splitlines() if ln.startswith("RemoveIPC:"))
+    assert "yes (set in /etc/systemd/logind.conf.d/20-b.conf)" in line and "uid 60000" in line
+    assert "WARNING: systemd-logind removes the shared memory of this user (uid 60000)" in text
+
+
+@pytest.mark.parametrize(
+    "tree,uid,expect,says",
+    [
+        (dict(main="[Login]\nRemoveIPC=no\n"), 60000, dict(value=False, applies=False), "no (set in "),
+        (dict(main="[Login]\n#RemoveIPC=yes\n"), 60000, dict(value=True, source=None, applies=True), "default"),
+        (dict(), 0, dict(value=True, system_user=True, applies=False), "uid 0 is one"),
+        (dict(sys_uid_max=70000), 60000, dict(system_user=True, applies=False), "uid 60000 is one"),
+        (dict(running=False), 60000, dict(systemd=False, applies=False), "systemd does not run here"),
+    ],
+    ids=["no", "default", "root", "system-user", "no-systemd"],
+)
+def test_doctor_says_whether_removeipc_takes_this_users_shared_memory(isolated, tmp_path, tree, uid, expect, says):
+    root = _system_tree(tmp_path / "root", **tree)
+    report = json.loads(doctor(isolated, root, uid, "--json").stdout)
+    assert {k: report["remove_ipc"][k] for k in expect} == expect
+    assert any("RemoveIPC" in w for w in report["warnings"]) == expect["applies"]
+    line = next(ln for ln in doctor(isolated, root, uid).stdout.splitlines() if ln.startswith("RemoveIPC:"))
+    assert says in line, line
+
+
+def test_doctor_says_a_lingering_user_keeps_their_shared_memory(isolated, tmp_path):
+    user = next((u for u in pwd.getpwall() if u.pw_uid > 999), None)
+    assert user is not None, "this machine has a user above the system range (nobody, 65534)"
+    root = _system_tree(tmp_path / "root", linger=user.pw_name)
+    report = json.loads(doctor(isolated, root, user.pw_uid, "--json").stdout)
+    assert report["remove_ipc"]["lingering"] is True and report["remove_ipc"]["applies"] is False
+    line = next(ln for ln in doctor(isolated, root, user.pw_uid).stdout.splitlines() if ln.startswith("RemoveIPC:"))
+    assert "lingers" in line

@@ -35,6 +35,7 @@ the wire (``zctipc._wire``: exports, the queue pickler, the ForkingPickler
 reducers, the Arrow and CUDA codecs), and the user API in the modules below.
 """
 
+import os as _os
 import sys as _sys
 
 from . import errors
@@ -254,6 +255,13 @@ if "torch" not in _sys.modules:
 
     _lazy.when_imported("torch", _install_reductions)
 _native.when_loaded(_choose_start_method)
+
+# ZCTIPC_LOG=debug: the log on stderr from now on (zctipc._core.log); only
+# then is logging imported here (Note [a log that costs nothing unasked]).
+if _os.environ.get("ZCTIPC_LOG"):
+    from ._core import log as _log
+
+    _log.configure_from_environment()
 
 # Every name of multiprocessing.__all__ is here too (reducer among them), for
 # ``import zctipc as multiprocessing``.

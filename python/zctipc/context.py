@@ -15,9 +15,30 @@ Note [the fork default]: on Pythons whose default start method is fork
 (Linux before 3.14), a program that never chose one would fork children
 that cannot use zctipc. So when this process first loads zctipc's library
 and no start method was chosen, multiprocessing's *default* becomes
-forkserver, with a one-line warning (choose_start_method). The method is
-not fixed: set_start_method("spawn") still works afterwards, and a program
-that chose fork keeps it (its children then raise ForkedProcessError).
+forkserver (choose_start_method), quietly: a DEBUG record of the "zctipc"
+log says so. The method is not fixed: set_start_method("spawn") still
+works afterwards, and a program that chose fork keeps it (its children
+then raise ForkedProcessError).
+
+Note [the start method warning]: the switch is news only to a program that
+never chose a start method and starts a process it would have forked: one
+started through the default context (multiprocessing.Process,
+multiprocessing.Pool and Manager, multiprocessing.get_context() without a
+method, a ProcessPoolExecutor or a DataLoader given no context; and
+zctipc.Process, zctipc.Pool and zctipc.Manager, which stand in for them).
+That start warns, once per process, before the process is made: a
+RuntimeWarning at the caller's line (warn_start_method). Nothing else
+warns: importing zctipc, loading its library, queues, arrays, the command
+line; a process started with a context the program passed
+(zctipc.get_context(), multiprocessing.get_context("spawn"), a
+ProcessPoolExecutor's mp_context); a program that chose a method
+(set_start_method); a child that multiprocessing started (a spawn or
+forkserver child is told its parent's method, which fixes its own) and a
+Ray worker (zctipc.ray). ZCTIPC_NO_START_METHOD_WARNING=1 silences it, for
+a program content with forkserver. Under ``python -W error`` the warning is
+an exception, raised by that first start before anything is started: such
+a program fails there, and only there; one that passes its contexts or
+chooses its method runs as it does without the flag.
 
 The module also carries every name of multiprocessing.context, so that it
 stands in for it (``import zctipc as multiprocessing``).
@@ -34,7 +55,7 @@ import threading
 import warnings
 from multiprocessing import context as _mpcontext
 
-from ._core import lazy
+from ._core import lazy, log
 from ._wire import batches, values
 from .events import Event
 from .queues import JoinableQueue, Queue, SimpleQueue
@@ -203,6 +224,7 @@ class Process(multiprocessing.process.BaseProcess):
     @staticmethod
     def _Popen(process_obj: BaseProcess) -> Any:
         lazy.check()
+        warn_start_method()  # Note [the start method warning]
         return _default.get_context().Process._Popen(process_obj)
 
     def run(self) -> None:
@@ -221,6 +243,20 @@ class DefaultContext(_ZctipcContext, _mpcontext.BaseContext):  # type: ignore[mi
     that multiprocessing.Process and children agree with zctipc."""
 
     Process = Process
+
+    def Pool(
+        self,
+        processes: int | None = None,
+        initializer: Callable[..., object] | None = None,
+        initargs: Iterable[Any] = (),
+        maxtasksperchild: int | None = None,
+    ) -> multiprocessing.pool.Pool:
+        warn_start_method()  # Note [the start method warning]
+        return _ZctipcContext.Pool(self, processes, initializer, initargs, maxtasksperchild)
+
+    def Manager(self) -> values.SyncManager:
+        warn_start_method()  # Note [the start method warning]
+        return _ZctipcContext.Manager(self)
 
     def get_context(self, method: str | None = None) -> ForkServerContext | SpawnContext:  # type: ignore[override]
         if method is None:
@@ -262,17 +298,60 @@ def _multiprocessing_method() -> str:
 
 def choose_start_method() -> None:
     """Note [the fork default]: make forkserver multiprocessing's default
-    start method when its default is fork and no method was chosen, saying
-    so once. Called when this process first loads zctipc's library."""
+    start method when its default is fork and no method was chosen, without
+    a word but a DEBUG record. Called when this process first loads
+    zctipc's library."""
     default: Any = _mpcontext._default_context  # its private state, which typeshed does not describe
     if default._actual_context is None and default._default_context.get_start_method() == "fork":
         default._default_context = _ChosenForkServerContext()
-        warnings.warn(
-            "zctipc made 'forkserver' multiprocessing's default start method, since a process forked after "
-            "loading zctipc cannot use it; call multiprocessing.set_start_method('spawn') to choose another",
-            RuntimeWarning,
-            stacklevel=_caller_level(),
+        log.debug(
+            "made forkserver multiprocessing's default start method: its default was fork, which a process "
+            "that loaded zctipc cannot use, and none was chosen"
         )
+
+
+#: Set (to anything but 0) to silence the start method warning (Note [the
+#: start method warning]).
+NO_WARNING_ENV = "ZCTIPC_NO_START_METHOD_WARNING"
+
+START_METHOD_WARNING = (
+    "zctipc made 'forkserver' multiprocessing's default start method (a process forked after loading zctipc "
+    "cannot use it), so this process starts with forkserver, not fork: its target and arguments are pickled. "
+    "To choose, call multiprocessing.set_start_method('forkserver') (or 'spawn') before starting processes, or "
+    f"pass a context (zctipc.get_context(), multiprocessing.get_context('spawn')); or set {NO_WARNING_ENV}=1"
+)
+
+_warned = False
+_warned_lock = threading.Lock()
+
+
+def switched() -> bool:
+    """Whether the default context starts processes with a method zctipc
+    chose for the program (Note [the fork default]): no method was chosen,
+    and multiprocessing's default is fork, which zctipc made forkserver (or
+    will, when it loads its library; zctipc.Process and zctipc.Pool use
+    forkserver already)."""
+    default: Any = _mpcontext._default_context  # its private state, which typeshed does not describe
+    context = default._actual_context or default._default_context
+    if isinstance(context, _ChosenForkServerContext):
+        return True
+    return default._actual_context is None and context.get_start_method() == "fork"
+
+
+def warn_start_method() -> None:
+    """Note [the start method warning]: say, the first time a process is
+    about to start through the default context with the method zctipc
+    chose, that it did."""
+    global _warned
+    if _warned or not switched():
+        return
+    with _warned_lock:
+        if _warned:
+            return
+        _warned = True
+    if os.environ.get(NO_WARNING_ENV, "0") != "0" or multiprocessing.parent_process() is not None:
+        return
+    warnings.warn(START_METHOD_WARNING, RuntimeWarning, stacklevel=_caller_level())
 
 
 #: Added to the pickling error of a process started with the method zctipc
@@ -291,6 +370,7 @@ class _ChosenForkServerProcess(_mpcontext.ForkServerProcess):
 
     @staticmethod
     def _Popen(process_obj: BaseProcess) -> Any:
+        warn_start_method()
         try:
             return _mpcontext.ForkServerProcess._Popen(process_obj)
         except (AttributeError, TypeError, pickle.PicklingError) as e:
@@ -313,14 +393,24 @@ class _ChosenForkServerContext(_mpcontext.ForkServerContext):
     Process = _ChosenForkServerProcess
 
 
+#: The modules between a program and a process start, whose frames a
+#: warning skips to point at the program's line.
+_PLUMBING = ("zctipc", "multiprocessing", "concurrent.futures", "torch.multiprocessing", "torch.utils.data")
+
+
 def _caller_level() -> int:
-    """The stacklevel of the first caller outside zctipc, for warnings."""
-    package = __file__.rsplit("/", 1)[0] + "/"
+    """The stacklevel, for a warning of the caller's caller, of the first
+    frame outside zctipc, multiprocessing and the modules that start
+    processes for a program (_PLUMBING)."""
     frame: FrameType | None
     frame, level = sys._getframe(1), 1
-    while frame is not None and (frame.f_code.co_filename.startswith(package) or level == 1):
+    while frame is not None and (level == 1 or _plumbing(frame.f_globals.get("__name__") or "")):
         frame, level = frame.f_back, level + 1
     return level
+
+
+def _plumbing(module: str) -> bool:
+    return any(module == name or module.startswith(name + ".") for name in _PLUMBING)
 
 
 #: The names zctipc provides in place of multiprocessing's, for

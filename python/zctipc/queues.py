@@ -38,7 +38,7 @@ import weakref
 from multiprocessing import context as _mpcontext
 from multiprocessing import queues as _mpqueues
 
-from ._core import args, native, pool, wait
+from ._core import args, log, native, pool, wait
 from ._wire import exports, pickler
 from .errors import HandleClosed, OutOfSharedMemory, ZctipcOSError
 
@@ -391,6 +391,8 @@ class Queue:
         handle = ffi.new("zct_handle *")
         native.check(lib.zct_queue_create(ffi.NULL, max_bytes, max(maxsize, 0), handle))
         self._setup(handle[0], inline_bytes)
+        if log.enabled():
+            log.logger().debug("made queue %s: a ring of %d bytes, maxsize %d", self._name, self._capacity, maxsize)
         native.check(lib.zct_queue_set_wait(handle[0], *policy))
         self._polls = policy[0]
 
@@ -425,7 +427,7 @@ class Queue:
         # How arrays find pool buffers when /dev/shm is full (Note [sending
         # in band when shared memory is full] in zctipc._wire.exports).
         self._in_band = _InBandOnceEmpty(self) if self._in_band_once_empty else None
-        self._finalizer = weakref.finalize(self, native.finalize, "zct_queue_close", handle, "closing a queue")
+        self._finalizer = weakref.finalize(self, _let_go_of_queue, handle, self._name)
 
     @classmethod
     def attach(cls, name: str, *, inline_bytes: SupportsIndex | None = None) -> Self:
@@ -440,6 +442,7 @@ class Queue:
         native.check(lib.zct_queue_attach(name.encode(), 0, handle))
         q = cls.__new__(cls)
         q._setup(handle[0], inline_bytes)
+        log.debug("attached queue %s", name)
         return q
 
     @property
@@ -1112,6 +1115,11 @@ class SimpleQueue(Queue):
 _held_for_children: list[int] = []
 
 
+def _let_go_of_queue(handle: int, name: str) -> None:
+    native.finalize("zct_queue_close", handle, "closing a queue")
+    log.debug("let go of queue %s", name)
+
+
 def _hold_for_child(name: str, popen: object) -> None:
     ffi, lib = native.ffi(), native.lib()
     handle = ffi.new("zct_handle *")
@@ -1167,6 +1175,8 @@ class _InBandOnceEmpty(exports.InBand):
                 raise
             got = taken[0] if taken else native.E_NO_SPACE
         if isinstance(got, tuple):
+            if exports.in_band:
+                exports.pooled()
             return got
         exports.warn_in_band(nbytes)
         return None

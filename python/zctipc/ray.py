@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import functools
 import io
+import os
 import pickle
 import threading
 import warnings
@@ -551,12 +552,12 @@ def register() -> None:
             register_tensor_transport(NAME, ["cpu"], ZctipcTransport, torch.Tensor)
         _refuse_receivers_without_transfer_thread()
         if getattr(ray._private.worker.global_worker, "mode", None) == ray.WORKER_MODE:
-            # A Ray worker loads the library now, quietly: that zctipc makes
-            # forkserver multiprocessing's default start method is news to
-            # the program that started Ray, not to each of its workers.
-            with warnings.catch_warnings():
-                warnings.filterwarnings("ignore", "zctipc made 'forkserver'", RuntimeWarning)
-                native.lib()
+            # A Ray worker loads the library now, and never warns that
+            # zctipc chose its start method (Note [the start method
+            # warning] in zctipc.context): that is news to the program that
+            # started Ray, not to each of its workers, nor to their children.
+            os.environ.setdefault("ZCTIPC_NO_START_METHOD_WARNING", "1")
+            native.lib()
         _registered = True
 
 

@@ -158,7 +158,8 @@ def test_doctor_reports_the_machine(isolated):
     try:
         report = json.loads(zctipc(isolated, "doctor", "--json"))
         pid = daemon_pid(isolated["ZCTIPC_RUNTIME_DIR"])
-        assert report["cleanup daemon"].startswith(f"running, pid {pid}, 1 processes watched")
+        daemon = report["cleanup_daemon"]
+        assert (daemon["running"], daemon["pid"], daemon["clients"]) == (True, pid, 1)
     finally:
         stop(holder)
 

@@ -3,7 +3,7 @@
 The native library and its statuses (native), arguments (args), element
 types (dtypes), array layout (layout), waiting (wait), memory owners and
 the views over them (memory), pool buffers (pool), segments, shared tensors
-and the census (segments), and device memory (device). It imports nothing
-of zctipc but the errors; the wire layer (zctipc._wire) and the user API
-import it.
+and the census (segments), device memory (device), and the "zctipc" log
+(log). It imports nothing of zctipc but the errors; the wire layer
+(zctipc._wire) and the user API import it.
 """

@@ -21,7 +21,7 @@ from __future__ import annotations
 import threading
 import warnings
 
-from . import dtypes, lazy, native
+from . import dtypes, lazy, log, native
 
 TYPE_CHECKING = False  # Note [types without typing] in zctipc._core.native
 if TYPE_CHECKING:
@@ -41,12 +41,20 @@ TYPE_MASK = 3
 READONLY = 4
 
 
-def owner(address: Any, close: str, handle: int, what: str) -> Any:
+def owner(address: Any, close: str, handle: int, what: str, segment: str | None = None) -> Any:
     """A pointer to address whose collection calls the library's function
-    close (a name) on handle, as native.finalize does. (Pointers and other
-    cffi objects are Any: cffi has no Python types.)"""
+    close (a name) on handle, as native.finalize does, and logs that this
+    process let go of segment when one is named. (Pointers and other cffi
+    objects are Any: cffi has no Python types.)"""
     ffi = native.ffi()
-    return ffi.gc(ffi.cast("char *", address), lambda _, h=handle: native.finalize(close, h, what))
+    if segment is None:
+        return ffi.gc(ffi.cast("char *", address), lambda _, h=handle: native.finalize(close, h, what))
+    return ffi.gc(ffi.cast("char *", address), lambda _, h=handle: _let_go(close, h, what, segment))
+
+
+def _let_go(close: str, handle: int, what: str, segment: str) -> None:
+    native.finalize(close, handle, what)
+    log.debug("let go of segment %s", segment)
 
 
 def ndarray(

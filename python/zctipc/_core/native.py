@@ -139,8 +139,16 @@ def _load() -> "Any":
         _EXCEPTIONS.update({getattr(library, name): cls for name, cls in _EXCEPTION_NAMES.items()})
         _ffi, _lib, _loaded_in_pid = _zctipc_cffi.ffi, library, os.getpid()
         _register_exit()
+        from . import log  # here, not at import: Note [a log that costs nothing unasked]
+
+        log.debug("loaded %s (C ABI %d) in pid %d", override or "the package's libzctipc.so", got, os.getpid())
         if auto_cleanup and os.environ.get(CLEANUP_ENV) != "0":
             _enable_cleanup(library)
+        else:
+            log.debug(
+                "crash cleanup off (%s): no ledger, no cleanup daemon",
+                "by the command line" if not auto_cleanup else f"{CLEANUP_ENV}=0",
+            )
         for hook in _load_hooks:
             hook()
         return library
@@ -176,11 +184,25 @@ def daemon_path() -> str:
 
 
 def _enable_cleanup(library: "Any") -> None:
-    status = library.zct_cleanup_enable(daemon_path().encode())
+    from . import log
+
+    daemon = daemon_path()
+    status = library.zct_cleanup_enable(daemon.encode())
     if status != 0:
         # Not fatal under file_system: the ledger waits for the next daemon.
         # Under file_descriptor, making a segment raises DaemonUnavailable.
-        warnings.warn(f"zctipc crash cleanup is not running: {error(status)}", RuntimeWarning, stacklevel=4)
+        exc = error(status)
+        log.debug("crash cleanup: no cleanup daemon: %s", exc)
+        warnings.warn(f"zctipc crash cleanup is not running: {exc}", RuntimeWarning, stacklevel=4)
+    elif log.enabled():
+        import json
+
+        state = json.loads(read_text(library.zct_daemon_status))
+        log.debug(
+            "crash cleanup on: this process keeps a ledger, which the cleanup daemon (pid %s, %s) watches",
+            (state.get("status") or {}).get("pid", "unknown"),
+            state.get("dir"),
+        )
 
 
 def _refuse_in_fork_server() -> None:

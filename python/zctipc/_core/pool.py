@@ -12,7 +12,7 @@ import threading
 from typing import NamedTuple
 
 from ..errors import OutOfSharedMemory
-from . import args, dtypes, layout, memory, native, wait
+from . import args, dtypes, layout, log, memory, native, wait
 
 TYPE_CHECKING = False  # Note [types without typing] in zctipc._core.native
 if TYPE_CHECKING:
@@ -87,6 +87,8 @@ def alloc(nbytes: int, block: bool = True, timeout: float | None = None) -> tupl
     if status == native.E_FULL:  # full until the deadline: not queue.Full, but the pool's own error
         raise OutOfSharedMemory(native.error(status).args[0])
     native.check(status)
+    if log.active is not None and log.active.isEnabledFor(log.DEBUG):  # Note [the pool's log]
+        _log_arenas()
     return ref[0], data[0]
 
 
@@ -124,6 +126,8 @@ def alloc_leaving(nbytes: int, leave: int, ms: int = 0) -> tuple[int, Any] | int
     if status == native.E_FULL or status == native.E_NO_SPACE:
         return status
     native.check(status)
+    if log.active is not None and log.active.isEnabledFor(log.DEBUG):  # Note [the pool's log]
+        _log_arenas()
     return ref[0], data[0]
 
 
@@ -131,6 +135,33 @@ def trim() -> None:
     """Give back the pool's arenas with no buffer in use anywhere: their
     memory returns to the shared-memory file system."""
     native.check(native.lib().zct_pool_trim())
+    if log.enabled():
+        _log_arenas()
+
+
+# Note [the pool's log]: the library adds an arena inside an allocation and
+# says nothing of it, so an allocation asks, only while the log takes DEBUG
+# records (Note [a log that costs nothing unasked]), how many arenas the
+# pool holds, and logs when that changed since it last looked.
+_arenas = 0
+_arenas_lock = threading.Lock()
+
+
+def _log_arenas() -> None:
+    global _arenas
+    st = stats()
+    with _arenas_lock:
+        before, _arenas = _arenas, st.arenas
+    if st.arenas != before:
+        log.logger().debug(
+            "pool %s: arenas %d, reserved %d bytes (limit %d), in use %d bytes in %d buffers",
+            "grew" if st.arenas > before else "shrank",
+            st.arenas,
+            st.reserved,
+            st.limit,
+            st.bytes_in_use,
+            st.slots_in_use,
+        )
 
 
 def _segment_buffer(nbytes: int) -> tuple[int, Any]:
@@ -141,6 +172,10 @@ def _segment_buffer(nbytes: int) -> tuple[int, Any]:
     info = ffi.new("zct_info *")
     shape = ffi.new("int64_t[]", [nbytes])
     native.check(lib.zct_segment_create(ffi.NULL, dtypes.CODES["uint8"], 1, shape, handle, info))
+    if log.enabled():
+        log.logger().debug(
+            "made segment %s for a buffer of %d bytes outside the pool", ffi.string(info.name).decode(), nbytes
+        )
     try:
         ref = ffi.new("zct_handle *")
         offset = ffi.new("uint64_t *")

@@ -14,7 +14,7 @@ import json
 from typing import NamedTuple, Optional, Tuple
 
 from ..errors import HandleClosed, InvalidArgument
-from . import device, dtypes, layout, lazy, memory, native
+from . import device, dtypes, layout, lazy, log, memory, native
 
 TYPE_CHECKING = False  # Note [types without typing] in zctipc._core.native
 if TYPE_CHECKING:
@@ -56,7 +56,7 @@ class SharedTensor:
         raise TypeError("use zctipc.create_shared_tensor() or zctipc.attach_shared_tensor()")
 
     @classmethod
-    def _wrap(cls, handle: int, info: Any) -> Self:
+    def _wrap(cls, handle: int, info: Any, made: bool = False) -> Self:
         ffi = native.ffi()
         self = object.__new__(cls)
         ndim = info.ndim
@@ -68,8 +68,17 @@ class SharedTensor:
         self._nbytes = info.nbytes
         self._readonly = bool(info.readonly)
         # The handle closes when this pointer is collected: it is held by the
-        # SharedTensor and, through the buffers, by every view.
-        self._memory = memory.owner(info.data, "zct_segment_close", handle, "closing a segment handle")
+        # SharedTensor and, through the buffers, by every view. The log
+        # follows the segments this process made, from making to letting
+        # go; those it attached (one a message, for a receiver of
+        # SharedTensors) it leaves alone.
+        self._memory = memory.owner(
+            info.data, "zct_segment_close", handle, "closing a segment handle", self._name if made else None
+        )
+        if made and log.enabled():
+            log.logger().debug(
+                "made segment %s: %s%s, %d bytes", self._name, dtypes.NAMES[self._code], list(self._shape), self._nbytes
+            )
         return self
 
     # -- description ------------------------------------------------------
@@ -249,10 +258,10 @@ def create(
     cname = ffi.NULL if name is None else layout.segment_name(name)
     if fill is None:
         native.check(lib.zct_segment_create(cname, code, len(shape), dims, handle, info))
-        return SharedTensor._wrap(handle[0], info)
+        return SharedTensor._wrap(handle[0], info, made=True)
     kind = lib.ZCT_KIND_TENSOR if kind is None else kind
     native.check(lib.zct_segment_create_uninit(cname, kind, code, len(shape), dims, handle, info))
-    tensor = SharedTensor._wrap(handle[0], info)
+    tensor = SharedTensor._wrap(handle[0], info, made=True)
     try:
         fill(tensor)
         native.check(lib.zct_segment_publish(tensor._handle))

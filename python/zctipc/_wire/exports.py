@@ -17,7 +17,7 @@ import struct
 import threading
 import warnings
 
-from .._core import dtypes, layout, lazy, memory, native, pool
+from .._core import dtypes, layout, lazy, log, memory, native, pool
 from .._core.segments import SharedTensor
 from ..errors import UnsupportedDtype
 from . import storages
@@ -106,7 +106,9 @@ def release_all(held: Iterable[Export]) -> None:
 # go/pool/pool.go): buffers kept by a receiver never fill the file system
 # so far that the message carrying the next array in band finds none.
 # The first array a process sends in band warns, once, naming the
-# directory. Torch tensors are shared, not copied: they never go in band,
+# directory; the "zctipc" log says, at DEBUG, each time arrays start going
+# in band and each time they go through the pool again (in_band, pooled).
+# Torch tensors are shared, not copied: they never go in band,
 # and a full pool makes their puts wait or raise as before.
 # Threat model: only this process's own sends decide here; the file
 # system's free space is read by the library, and a wrong answer (another
@@ -132,6 +134,8 @@ class InBand:
         (once per process): the bytes go in band. This one does not wait."""
         got = pool.alloc_leaving(nbytes, leave(nbytes))
         if isinstance(got, tuple):
+            if in_band:
+                pooled()
             return got
         warn_in_band(nbytes)
         return None
@@ -143,11 +147,32 @@ IN_BAND = InBand()
 _warned = False
 _warned_lock = threading.Lock()
 
+#: Whether the last array this process found no pool buffer for went in
+#: band, and none has found one since (for the log).
+in_band = False
+
+
+def pooled() -> None:
+    """Log that an array found a pool buffer again after arrays went in band."""
+    global in_band
+    in_band = False
+    log.debug("arrays go through the pool again: a buffer was found")
+
 
 def warn_in_band(nbytes: int) -> None:
     """Say, the first time only, that arrays go in band for want of room
-    (a queue's feeder thread and the caller's may both find none)."""
-    global _warned
+    (a queue's feeder thread and the caller's may both find none); log it
+    each time arrays start going in band."""
+    global _warned, in_band
+    if not in_band:
+        in_band = True
+        if log.enabled():
+            log.logger().debug(
+                "arrays go in band (pickled inside their messages) from now on: no pool buffer for %d bytes "
+                "leaves room in %s",
+                nbytes,
+                os.environ.get("ZCTIPC_SHM_DIR") or "/dev/shm",
+            )
     with _warned_lock:
         if _warned:
             return

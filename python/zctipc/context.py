@@ -24,12 +24,13 @@ Note [the start method warning]: the switch is news only to a program that
 never chose a start method and starts a process it would have forked: one
 started through the default context (multiprocessing.Process,
 multiprocessing.Pool and Manager, multiprocessing.get_context() without a
-method, a ProcessPoolExecutor or a DataLoader given no context; and
-zctipc.Process, zctipc.Pool and zctipc.Manager, which stand in for them).
-That start warns, once per process, before the process is made: a
+method, a ProcessPoolExecutor or a DataLoader given no context). That
+start warns, once per process, before the process is made: a
 RuntimeWarning at the caller's line (warn_start_method). Nothing else
 warns: importing zctipc, loading its library, queues, arrays, the command
-line; a process started with a context the program passed
+line; zctipc's own Process, Pool and Manager (documented to start with
+forkserver: a program that calls them chose zctipc's method); a process
+started with a context the program passed
 (zctipc.get_context(), multiprocessing.get_context("spawn"), a
 ProcessPoolExecutor's mp_context); a program that chose a method
 (set_start_method); a child that multiprocessing started (a spawn or
@@ -224,7 +225,6 @@ class Process(multiprocessing.process.BaseProcess):
     @staticmethod
     def _Popen(process_obj: BaseProcess) -> Any:
         lazy.check()
-        warn_start_method()  # Note [the start method warning]
         return _default.get_context().Process._Popen(process_obj)
 
     def run(self) -> None:
@@ -251,11 +251,9 @@ class DefaultContext(_ZctipcContext, _mpcontext.BaseContext):  # type: ignore[mi
         initargs: Iterable[Any] = (),
         maxtasksperchild: int | None = None,
     ) -> multiprocessing.pool.Pool:
-        warn_start_method()  # Note [the start method warning]
         return _ZctipcContext.Pool(self, processes, initializer, initargs, maxtasksperchild)
 
     def Manager(self) -> values.SyncManager:
-        warn_start_method()  # Note [the start method warning]
         return _ZctipcContext.Manager(self)
 
     def get_context(self, method: str | None = None) -> ForkServerContext | SpawnContext:  # type: ignore[override]

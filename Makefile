@@ -55,7 +55,7 @@ lint: install $(VENV)/.deps
 
 gotest:
 	$(GO) test -race -count=1 ./...
-	@$(GO) test -count=1 -v -run Cuda ./tests/go | grep -E "no GPU|CUDA unavailable" || true
+	@$(GO) test -count=1 -v -run Cuda ./go/internal/gotests | grep -E "no GPU|CUDA unavailable" || true
 
 pytest: install $(VENV)/.deps
 	ZCTIPC_SOAK_SECONDS=$${ZCTIPC_SOAK_SECONDS:-10} $(PY) -m pytest -q -rs --timeout=300 tests/python
@@ -90,12 +90,12 @@ bench: install $(VENV)/.deps
 FUZZ_TARGETS := FuzzHeaderDecode FuzzInlineDecode FuzzRecordDecode FuzzQueueRing FuzzRing
 fuzz:
 	set -e; for target in $(FUZZ_TARGETS); do \
-		$(GO) test ./tests/go -run '^$$' -fuzz "^$$target$$" -fuzztime $(FUZZTIME); \
+		$(GO) test ./go/internal/gotests -run '^$$' -fuzz "^$$target$$" -fuzztime $(FUZZTIME); \
 	done
 
 # Regenerate the golden header vectors in tests/golden (review the diff!).
 golden:
-	$(GO) test ./tests/go -run TestGolden -update
+	$(GO) test ./go/internal/gotests -run TestGolden -update
 
 # The release wheel: one x86_64 wheel for CPython 3.10 and later (the cffi
 # extension uses the limited API), built with zig cc against glibc 2.17 so

@@ -21,14 +21,14 @@ import (
 	"strings"
 	"unsafe"
 
-	"github.com/zctipc/zctipc/go/cuda"
-	"github.com/zctipc/zctipc/go/daemon"
-	"github.com/zctipc/zctipc/go/dtype"
-	"github.com/zctipc/zctipc/go/header"
-	"github.com/zctipc/zctipc/go/shm"
-	"github.com/zctipc/zctipc/go/tensorref"
-	"github.com/zctipc/zctipc/go/usersock"
-	"github.com/zctipc/zctipc/go/version"
+	"github.com/zctipc/zctipc/go/internal/cuda"
+	"github.com/zctipc/zctipc/go/internal/daemon"
+	"github.com/zctipc/zctipc/go/internal/dtype"
+	"github.com/zctipc/zctipc/go/internal/header"
+	"github.com/zctipc/zctipc/go/internal/shm"
+	"github.com/zctipc/zctipc/go/internal/tensorref"
+	"github.com/zctipc/zctipc/go/internal/usersock"
+	"github.com/zctipc/zctipc/go/internal/version"
 	"golang.org/x/sys/unix"
 )
 

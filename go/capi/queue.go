@@ -12,14 +12,14 @@ import (
 	"time"
 	"unsafe"
 
-	"github.com/zctipc/zctipc/go/buffer"
-	"github.com/zctipc/zctipc/go/dtype"
-	"github.com/zctipc/zctipc/go/fault"
-	"github.com/zctipc/zctipc/go/futex"
-	"github.com/zctipc/zctipc/go/header"
-	"github.com/zctipc/zctipc/go/message"
-	"github.com/zctipc/zctipc/go/pool"
-	"github.com/zctipc/zctipc/go/queue"
+	"github.com/zctipc/zctipc/go/internal/buffer"
+	"github.com/zctipc/zctipc/go/internal/dtype"
+	"github.com/zctipc/zctipc/go/internal/fault"
+	"github.com/zctipc/zctipc/go/internal/futex"
+	"github.com/zctipc/zctipc/go/internal/header"
+	"github.com/zctipc/zctipc/go/internal/message"
+	"github.com/zctipc/zctipc/go/internal/pool"
+	"github.com/zctipc/zctipc/go/internal/queue"
 	"golang.org/x/sys/unix"
 )
 

@@ -11,9 +11,9 @@ import (
 	"time"
 	"unsafe"
 
-	"github.com/zctipc/zctipc/go/dtype"
-	"github.com/zctipc/zctipc/go/event"
-	"github.com/zctipc/zctipc/go/stream"
+	"github.com/zctipc/zctipc/go/internal/dtype"
+	"github.com/zctipc/zctipc/go/internal/event"
+	"github.com/zctipc/zctipc/go/internal/stream"
 	"golang.org/x/sys/unix"
 )
 

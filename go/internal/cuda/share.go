@@ -63,7 +63,7 @@ import (
 //
 // Moving these descriptors to the daemon would make it the owner of GPU
 // memory lifetime that it cannot observe, and the change could be tested
-// only on a GPU (the VMM tests in tests/go/cuda_test.go skip without one).
+// only on a GPU (the VMM tests in cuda_test.go skip without one).
 // So the export window stays tied to the exporter's life.
 
 // Note [The CUDA share server's threat model]

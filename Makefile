@@ -57,6 +57,13 @@ gotest:
 	$(GO) test -race -count=1 ./...
 	@$(GO) test -count=1 -v -run Cuda ./go/internal/cuda | grep -E "no GPU|CUDA unavailable" || true
 
+# The unit tests alone, beside the code under go/, in seconds: -short skips
+# the tests that cross processes, run the cleanup daemon or run for seconds
+# (testenv.SkipShort); gotest runs them all.
+.PHONY: gounit
+gounit:
+	$(GO) test -count=1 -short ./go/...
+
 pytest: install $(VENV)/.deps
 	ZCTIPC_SOAK_SECONDS=$${ZCTIPC_SOAK_SECONDS:-10} $(PY) -m pytest -q -rs --timeout=300 tests/python
 

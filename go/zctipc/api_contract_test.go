@@ -19,6 +19,7 @@ import (
 	"github.com/zctipc/zctipc/go/internal/daemon"
 	"github.com/zctipc/zctipc/go/internal/daemontest"
 	"github.com/zctipc/zctipc/go/internal/shm"
+	"github.com/zctipc/zctipc/go/internal/testenv"
 	"github.com/zctipc/zctipc/go/internal/usersock"
 	"github.com/zctipc/zctipc/go/zctipc"
 )
@@ -28,6 +29,7 @@ import (
 // wakes, nil receivers that err rather than panic.
 
 func TestAPIQueueSharedByGoroutines(t *testing.T) {
+	testenv.SkipShort(t, "runs for seconds")
 	const producers, consumers, perProducer = 4, 4, 25_000 // 100,000 messages
 	q, err := zctipc.NewQueue("", 1<<16)
 	require.NoError(t, err)
@@ -153,6 +155,7 @@ func TestAPITensorReadByGoroutines(t *testing.T) {
 }
 
 func TestAPIStreamReadersOnGoroutines(t *testing.T) {
+	testenv.SkipShort(t, "runs for seconds")
 	const frames, readers = 2000, 4
 	s, err := zctipc.NewStream("", zctipc.StreamConfig{DType: zctipc.Uint64, Shape: []int64{32}, Frames: 8, Readers: readers})
 	require.NoError(t, err)
@@ -356,6 +359,7 @@ func TestAPICancellationWakesAtOnce(t *testing.T) {
 }
 
 func TestAGoProgramLeavesNothing(t *testing.T) {
+	testenv.SkipShort(t, "builds and runs programs")
 	// A program built against package zctipc, with no Python and no
 	// zctipcd on PATH: it is its own cleanup daemon.
 	bin := filepath.Join(t.TempDir(), "leaver")

@@ -215,6 +215,7 @@ func example(t *testing.T, dir string, args ...string) string {
 }
 
 func TestExamplesHandTensorsToEachOther(t *testing.T) {
+	testenv.SkipShort(t, "builds and runs programs")
 	dir := buildExamples(t)
 	producer := exec.Command(filepath.Join(dir, "producer"), "tensor", "", "1000")
 	stdin, err := producer.StdinPipe()
@@ -263,6 +264,7 @@ func TestExamplesHandTensorsToEachOther(t *testing.T) {
 }
 
 func TestAPISharingStrategies(t *testing.T) {
+	testenv.SkipShort(t, "runs the cleanup daemon")
 	require.Equal(t, "file_system", zctipc.SharingStrategy())
 	require.ErrorIs(t, zctipc.SetSharingStrategy("cuda_ipc"), unix.EINVAL)
 	// Under file_descriptor, a Go producer's tensor is a memfd that a Go

@@ -36,6 +36,7 @@ func fetchAsync(name string) <-chan error {
 // shared: Fetch says so (ErrNotShared, naming the process), not that the
 // reply was malformed, and does not wait for its deadline.
 func TestCudaFetchFromAProducerKilledMidExchangeSaysItIsGone(t *testing.T) {
+	testenv.SkipShort(t, "crosses processes")
 	producer := cudatest.StartMockHelper(t, "mock-vmm-producer", "")
 	name, _, _ := strings.Cut(producer.ReadLine(t), " ")
 	pid := producer.Cmd.Process.Pid
@@ -119,6 +120,7 @@ func init() {
 // producer stops sharing is still answered, and a later one is told the
 // allocation is not shared, at once.
 func TestCudaShareServerHalfClosedConsumersAndStopSharing(t *testing.T) {
+	testenv.SkipShort(t, "crosses processes")
 	producer := cudatest.StartMockHelper(t, "mock-vmm-producer-stopping")
 	name := producer.ReadLine(t)
 	sock := filepath.Join(usersock.RuntimeDir(), fmt.Sprintf("cuda-%d.sock", producer.Cmd.Process.Pid))

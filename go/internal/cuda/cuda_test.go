@@ -60,6 +60,7 @@ func TestCudaFetchRefusesBadNames(t *testing.T) {
 
 // A VMM allocation shared by one process is mapped by another.
 func TestCudaVMMAcrossProcesses(t *testing.T) {
+	testenv.SkipShort(t, "crosses processes")
 	requireGPU(t)
 	a, err := cuda.Alloc(0, 3<<20)
 	require.NoError(t, err)
@@ -94,6 +95,7 @@ func init() {
 // A VMM allocation is shared by file descriptor: the consumer maps the
 // producer's memory, reads what it wrote, and writes back.
 func TestCudaVMMSharingWithTheStandInDriver(t *testing.T) {
+	testenv.SkipShort(t, "crosses processes")
 	producer := cudatest.StartMockHelper(t, "mock-vmm-producer")
 	line := producer.ReadLine(t)
 	name, sizeText, _ := strings.Cut(line, " ")
@@ -109,6 +111,7 @@ func TestCudaVMMSharingWithTheStandInDriver(t *testing.T) {
 // Legacy IPC: the consumer opens the producer's allocation once however
 // often it is sent, and waits on the producer's event each time.
 func TestCudaLegacyIPCWithTheStandInDriver(t *testing.T) {
+	testenv.SkipShort(t, "crosses processes")
 	producer := cudatest.StartMockHelper(t, "mock-ipc-producer")
 	export := producer.ReadLine(t)
 	consumer := cudatest.StartMockHelper(t, "mock-ipc-consumer", export)
@@ -239,6 +242,7 @@ func fetchWithin(t *testing.T, name string) error {
 // with the reason; the server closes them once they said nothing for its
 // silent period, and a consumer then maps the allocation.
 func TestCudaShareServerOutlivesAFlood(t *testing.T) {
+	testenv.SkipShort(t, "crosses processes")
 	producer := cudatest.StartMockHelper(t, "mock-vmm-producer", "low-limit")
 	name, _, _ := strings.Cut(producer.ReadLine(t), " ")
 	pid := producer.Cmd.Process.Pid
@@ -262,6 +266,7 @@ func TestCudaShareServerOutlivesAFlood(t *testing.T) {
 // A consumer's fetch from a stopped producer fails, naming the producer,
 // instead of blocking for ever; once the producer goes on, it succeeds.
 func TestCudaFetchFromAStoppedProducerFails(t *testing.T) {
+	testenv.SkipShort(t, "crosses processes")
 	producer := cudatest.StartMockHelper(t, "mock-vmm-producer", "")
 	name, _, _ := strings.Cut(producer.ReadLine(t), " ")
 	pid := producer.Cmd.Process.Pid
@@ -322,6 +327,7 @@ func init() {
 // and goes on accepting: once it has descriptors again, the consumer is
 // served.
 func TestCudaShareServerOutlivesRunningOutOfDescriptors(t *testing.T) {
+	testenv.SkipShort(t, "crosses processes")
 	producer := cudatest.StartMockHelper(t, "mock-vmm-producer-exhausted")
 	name := producer.ReadLine(t)
 	for range 3 {
@@ -339,6 +345,7 @@ func TestCudaShareServerOutlivesRunningOutOfDescriptors(t *testing.T) {
 // Forged requests get an error and leave the server serving; descriptors
 // sent with a request are closed.
 func TestCudaShareServerRefusesForgedRequests(t *testing.T) {
+	testenv.SkipShort(t, "crosses processes")
 	producer := cudatest.StartMockHelper(t, "mock-vmm-producer", "")
 	name, _, _ := strings.Cut(producer.ReadLine(t), " ")
 	sock := filepath.Join(usersock.RuntimeDir(), fmt.Sprintf("cuda-%d.sock", producer.Cmd.Process.Pid))
@@ -374,6 +381,7 @@ func TestCudaShareServerRefusesForgedRequests(t *testing.T) {
 // for a pid that is not its own, once that process is gone) cannot make
 // Fetch hang, or leak the descriptors it sends.
 func TestCudaFetchRefusesForgedReplies(t *testing.T) {
+	testenv.SkipShort(t, "runs for seconds")
 	const pid = 1<<22 + 4321
 	name := fmt.Sprintf("%d-%032x", pid, 7)
 	sock := filepath.Join(usersock.RuntimeDir(), fmt.Sprintf("cuda-%d.sock", pid))

@@ -20,6 +20,7 @@ import (
 // process (the driver is loaded once per process): blocks by kind, reuse
 // without the driver, streams kept apart, sharing, trimming, out of memory.
 func TestCudaCacheWithTheStandInDriver(t *testing.T) {
+	testenv.SkipShort(t, "crosses processes")
 	h := cudatest.StartMockHelper(t, "mock-cache")
 	for _, want := range []string{
 		"blocks 512 1024 1024 3145728 zero 0",
@@ -38,6 +39,7 @@ func TestCudaCacheWithTheStandInDriver(t *testing.T) {
 // When the driver runs out, the cache gives back what it holds unused and
 // tries once more; then the error says what is free.
 func TestCudaCacheOutOfMemoryWithTheStandInDriver(t *testing.T) {
+	testenv.SkipShort(t, "crosses processes")
 	h := cudatest.StartMockHelper(t, "mock-cache-oom")
 	require.Equal(t, "retried after trimming: trimmed 1 reserved 6291456", h.ReadLine(t))
 	line := h.ReadLine(t)
@@ -50,6 +52,7 @@ func TestCudaCacheOutOfMemoryWithTheStandInDriver(t *testing.T) {
 // bytes, and keeps reading them after the producer was killed (a VMM
 // allocation lives while any process maps it).
 func TestCudaCacheBlocksAcrossProcessesOutliveTheProducer(t *testing.T) {
+	testenv.SkipShort(t, "crosses processes")
 	producer := cudatest.StartMockHelper(t, "mock-cache-producer")
 	desc := producer.ReadLine(t)
 	consumer := cudatest.StartMockHelper(t, "mock-cache-consumer", desc)
@@ -64,6 +67,7 @@ func TestCudaCacheBlocksAcrossProcessesOutliveTheProducer(t *testing.T) {
 // A consumer keeps at most cuda.KeepIdle allocations mapped that no view
 // uses (each holds the producer's GPU memory), the most recently idle.
 func TestCudaIdleMappingsAreBoundedWithTheStandInDriver(t *testing.T) {
+	testenv.SkipShort(t, "crosses processes")
 	producer := cudatest.StartMockHelper(t, "mock-cache-many")
 	names := producer.ReadLine(t)
 	consumer := cudatest.StartMockHelper(t, "mock-cache-idle", names)

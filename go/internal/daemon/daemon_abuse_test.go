@@ -60,6 +60,7 @@ func dialRaw(t *testing.T, dir string) *net.UnixConn {
 }
 
 func TestAStoppedDaemonHoldsNoClientHostage(t *testing.T) {
+	testenv.SkipShort(t, "runs the cleanup daemon")
 	dir := daemontest.WithRuntimeDir(t)
 	d := runDaemon(t, dir)
 	c, err := daemon.Dial(dir, daemon.Launcher{}, nil)
@@ -82,6 +83,7 @@ func TestAStoppedDaemonHoldsNoClientHostage(t *testing.T) {
 }
 
 func TestADaemonAtItsFileLimitGoesOnServing(t *testing.T) {
+	testenv.SkipShort(t, "runs the cleanup daemon")
 	dir := daemontest.WithRuntimeDir(t)
 	d := runDaemon(t, dir)
 	low := unix.Rlimit{Cur: 64, Max: 64}
@@ -145,6 +147,7 @@ func init() {
 }
 
 func TestADaemonRaisesTheFileLimitItInherits(t *testing.T) {
+	testenv.SkipShort(t, "runs the cleanup daemon")
 	dir := daemontest.WithRuntimeDir(t)
 	h := daemontest.StartClient(t, "low-limit-client", nil)
 	h.Wait(t)
@@ -164,6 +167,7 @@ func TestADaemonRaisesTheFileLimitItInherits(t *testing.T) {
 }
 
 func TestADaemonClosesSilentConnections(t *testing.T) {
+	testenv.SkipShort(t, "runs the cleanup daemon")
 	dir := daemontest.WithRuntimeDir(t)
 	runDaemon(t, dir, "-silent", "300ms")
 	conn := dialRaw(t, dir)
@@ -189,6 +193,7 @@ func TestADaemonClosesSilentConnections(t *testing.T) {
 }
 
 func TestADaemonSurvivesATruncatedLedger(t *testing.T) {
+	testenv.SkipShort(t, "runs the cleanup daemon")
 	dir := daemontest.WithRuntimeDir(t)
 	d := runDaemon(t, dir)
 	h := daemontest.StartClient(t, "tracked-holder", nil)
@@ -212,6 +217,7 @@ func TestADaemonSurvivesATruncatedLedger(t *testing.T) {
 }
 
 func TestADaemonRemakesADeletedSocket(t *testing.T) {
+	testenv.SkipShort(t, "runs the cleanup daemon")
 	dir := daemontest.WithRuntimeDir(t)
 	d := runDaemon(t, dir)
 	sock := filepath.Join(dir, daemon.SocketName)
@@ -298,6 +304,7 @@ func serves(t *testing.T, dir string) daemon.Status {
 }
 
 func TestADaemonStartedAtALowFileLimitServesAfterABurst(t *testing.T) {
+	testenv.SkipShort(t, "runs the cleanup daemon")
 	dir := daemontest.WithRuntimeDir(t)
 	runLowLimitDaemon(t, dir)
 	for round := range 3 {
@@ -327,6 +334,7 @@ func TestADaemonStartedAtALowFileLimitServesAfterABurst(t *testing.T) {
 }
 
 func TestADaemonAtItsLimitAnswersEveryNewClient(t *testing.T) {
+	testenv.SkipShort(t, "runs the cleanup daemon")
 	dir := daemontest.WithRuntimeDir(t)
 	runLowLimitDaemon(t, dir)
 	conns := testenv.Flood(t, filepath.Join(dir, daemon.SocketName), 150)
@@ -394,6 +402,7 @@ func init() {
 // daemon serves others meanwhile, and closes their connections once they
 // said nothing for the silent period.
 func TestADaemonServesWhileClientsAreStoppedMidExchange(t *testing.T) {
+	testenv.SkipShort(t, "runs the cleanup daemon")
 	dir := daemontest.WithRuntimeDir(t)
 	runDaemon(t, dir, "-silent", "300ms")
 	steps := []string{"connect", "request", "answer"}
@@ -423,6 +432,7 @@ func TestADaemonServesWhileClientsAreStoppedMidExchange(t *testing.T) {
 // Clients killed (SIGKILL) at each step of an exchange leave a daemon that
 // serves the next one.
 func TestADaemonServesAfterClientsAreKilledMidExchange(t *testing.T) {
+	testenv.SkipShort(t, "runs the cleanup daemon")
 	dir := daemontest.WithRuntimeDir(t)
 	runDaemon(t, dir)
 	for _, step := range []string{"connect", "request", "answer"} {
@@ -438,6 +448,7 @@ func TestADaemonServesAfterClientsAreKilledMidExchange(t *testing.T) {
 // A daemon that cannot read /proc (no descriptor left) has no news of a
 // death: it gives up no count of a live process.
 func TestADaemonWithNoDescriptorLeftSweepsNoLiveProcess(t *testing.T) {
+	testenv.SkipShort(t, "runs the cleanup daemon")
 	dir := daemontest.WithRuntimeDir(t)
 	d := runDaemon(t, dir)
 	h := daemontest.StartClient(t, "tracked-holder", nil)

@@ -64,6 +64,7 @@ func init() {
 }
 
 func TestDaemonSweepsAKilledProcess(t *testing.T) {
+	testenv.SkipShort(t, "runs the cleanup daemon")
 	daemontest.WithRuntimeDir(t)
 	h := daemontest.StartClient(t, "tracked-holder", nil)
 	names := strings.Fields(h.ReadLine(t))
@@ -79,6 +80,7 @@ func TestDaemonSweepsAKilledProcess(t *testing.T) {
 }
 
 func TestDaemonRepairsTheCountsOfAKilledConsumer(t *testing.T) {
+	testenv.SkipShort(t, "runs the cleanup daemon")
 	daemontest.WithRuntimeDir(t)
 	name := testenv.UniqueName(t)
 	seg, err := shm.Create(name, header.KindTensor, dtype.Uint8, []int64{1 << 16})
@@ -111,6 +113,7 @@ func TestDaemonRepairsTheCountsOfAKilledConsumer(t *testing.T) {
 }
 
 func TestANewDaemonRecoversWhatAKilledOneLeft(t *testing.T) {
+	testenv.SkipShort(t, "runs the cleanup daemon")
 	dir := daemontest.WithRuntimeDir(t)
 	a := daemontest.StartClient(t, "tracked-holder", nil)
 	first := strings.Fields(a.ReadLine(t))
@@ -139,6 +142,7 @@ func TestANewDaemonRecoversWhatAKilledOneLeft(t *testing.T) {
 }
 
 func TestTwoDaemonsNeverServeOneDirectory(t *testing.T) {
+	testenv.SkipShort(t, "runs the cleanup daemon")
 	dir := daemontest.WithRuntimeDir(t)
 	exe := daemontest.Exe(t)
 	var outs [2]bytes.Buffer
@@ -186,6 +190,7 @@ func countFDs(t *testing.T, pid int) int {
 }
 
 func TestDaemonRefusesHostileRequests(t *testing.T) {
+	testenv.SkipShort(t, "runs the cleanup daemon")
 	dir := daemontest.WithRuntimeDir(t)
 	c, err := daemon.Dial(dir, daemon.Program(daemontest.Exe(t)), nil)
 	require.NoError(t, err)
@@ -270,6 +275,7 @@ func init() {
 }
 
 func TestMemfdStrategyLeavesNothingWhateverDies(t *testing.T) {
+	testenv.SkipShort(t, "runs the cleanup daemon")
 	dir := daemontest.WithRuntimeDir(t)
 	before := daemontest.DirNames(t)
 	env := []string{shm.StrategyEnv + "=file_descriptor"}
@@ -313,6 +319,7 @@ func init() {
 }
 
 func TestACreatorKilledHalfWayLeavesNothing(t *testing.T) {
+	testenv.SkipShort(t, "runs the cleanup daemon")
 	daemontest.WithRuntimeDir(t)
 	for _, point := range []string{"create-open", "create-reserve", "create-rename"} {
 		t.Run(point, func(t *testing.T) {

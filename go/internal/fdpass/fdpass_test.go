@@ -130,6 +130,7 @@ func init() {
 }
 
 func TestFDPassAtTheFileLimitNamesIt(t *testing.T) {
+	testenv.SkipShort(t, "crosses processes")
 	h := testenv.StartHelper(t, "fd-limit")
 	msg := h.ReadLine(t)
 	require.Contains(t, msg, "RLIMIT_NOFILE")

@@ -66,6 +66,7 @@ func init() {
 }
 
 func TestLockExcludesAcrossProcessesAndGoroutines(t *testing.T) {
+	testenv.SkipShort(t, "crosses processes")
 	seg, m, counter := lockSegment(t, "")
 	defer seg.Close()
 	const procs, each = 4, 5000
@@ -100,6 +101,7 @@ func TestLockExcludesAcrossProcessesAndGoroutines(t *testing.T) {
 }
 
 func TestLockHeldByAKilledProcessIsTakenOver(t *testing.T) {
+	testenv.SkipShort(t, "crosses processes")
 	seg, m, _ := lockSegment(t, "")
 	defer seg.Close()
 	h := testenv.StartHelper(t, "lock-and-hang", seg.Name())

@@ -21,6 +21,7 @@ import (
 // and the boundary is exact: new pages while the buffer and leave fit in
 // what is free, none once they do not (Note [leaving room]).
 func TestPoolAllocLeavingHugeLeave(t *testing.T) {
+	testenv.SkipShort(t, "waits for the pool's sweeper")
 	testenv.SegmentsOnTmpfs(t, "size=16m")
 	const size = 1 << 20
 	for _, leave := range []uint64{math.MaxUint64, math.MaxUint64 - size + 1, math.MaxUint64 - size/2, 1 << 63, 1 << 32, 1<<32 - 1, 1 << 31} {
@@ -45,6 +46,7 @@ func TestPoolAllocLeavingHugeLeave(t *testing.T) {
 // generation it names, and nothing touches the slot's bytes: no fault
 // (Note [slots reserved when first used]).
 func TestPoolForgedSlotNeverHandedOut(t *testing.T) {
+	testenv.SkipShort(t, "waits for the pool's sweeper")
 	if !shm.PagesOnDemand() {
 		t.Skip("this kernel cannot reserve pages on demand (before Linux 5.14): arenas are reserved whole")
 	}

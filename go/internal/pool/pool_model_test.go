@@ -10,6 +10,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"github.com/zctipc/zctipc/go/internal/pool"
+	"github.com/zctipc/zctipc/go/internal/testenv"
 	"golang.org/x/sys/unix"
 )
 
@@ -30,6 +31,7 @@ func poolCost(n uint64) uint64 {
 // buffer's stale reference never takes a count; and when everything is
 // freed, nothing is in use.
 func TestPoolModel(t *testing.T) {
+	testenv.SkipShort(t, "runs for seconds")
 	for _, tc := range []struct {
 		limit, maxLive uint64
 		seed           uint64

@@ -79,6 +79,7 @@ func TestPoolArenaReservesSlotsAsTheyAreUsed(t *testing.T) {
 // room]); without room it fails at once, ErrNoRoom when no slot of the
 // class is in use and ErrFull when one is.
 func TestPoolAllocLeavingRoom(t *testing.T) {
+	testenv.SkipShort(t, "waits for the pool's sweeper")
 	testenv.SegmentsOnTmpfs(t, "size=16m")
 	const size = 1 << 20
 	p := pool.New(1 << 30)
@@ -107,6 +108,7 @@ func TestPoolAllocLeavingRoom(t *testing.T) {
 // names the directory) and never faults; the slots handed out stay
 // writable, and one given back is taken again.
 func TestPoolSlotPagesOnAFullFileSystem(t *testing.T) {
+	testenv.SkipShort(t, "waits for the pool's sweeper")
 	dir := testenv.SegmentsOnTmpfs(t, "size=8m")
 	const size = 1 << 20
 	p := pool.New(1 << 30)

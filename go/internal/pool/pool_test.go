@@ -168,6 +168,7 @@ func init() {
 }
 
 func TestPoolSlotCrossesProcesses(t *testing.T) {
+	testenv.SkipShort(t, "crosses processes")
 	p := pool.New(64 << 20)
 	defer p.Close()
 	s, err := p.Alloc(64, time.Time{})
@@ -185,6 +186,7 @@ func TestPoolSlotCrossesProcesses(t *testing.T) {
 }
 
 func TestPoolArenaOutlivesItsOwner(t *testing.T) {
+	testenv.SkipShort(t, "crosses processes")
 	h := testenv.StartHelper(t, "slot-owner")
 	var name string
 	var index, gen uint32

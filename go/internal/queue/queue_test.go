@@ -223,6 +223,7 @@ func init() {
 }
 
 func TestQueueManyProducersManyConsumers(t *testing.T) {
+	testenv.SkipShort(t, "crosses processes")
 	const producers, consumers, each = 4, 4, 20000
 	q := mustQueue(t, 64<<10, 0)
 	var cons []*testenv.Helper
@@ -257,6 +258,7 @@ func TestQueueManyProducersManyConsumers(t *testing.T) {
 }
 
 func TestQueueSurvivesKilledConsumers(t *testing.T) {
+	testenv.SkipShort(t, "crosses processes")
 	q := mustQueue(t, 4096, 0)
 	name := q.Segment().Name()
 	for i := range 3 {
@@ -445,6 +447,7 @@ func resident(t *testing.T, q *queue.Queue) int64 {
 }
 
 func TestUnboundedQueueUsesTheMemoryOfWhatItHolds(t *testing.T) {
+	testenv.SkipShort(t, "runs for seconds")
 	q, err := queue.CreateUnbounded("", 0)
 	require.NoError(t, err)
 	buf := make([]byte, 1<<20)

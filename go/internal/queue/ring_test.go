@@ -14,6 +14,7 @@ import (
 	"github.com/zctipc/zctipc/go/internal/message"
 	"github.com/zctipc/zctipc/go/internal/queue"
 	"github.com/zctipc/zctipc/go/internal/shm"
+	"github.com/zctipc/zctipc/go/internal/testenv"
 )
 
 // recordSize is the ring bytes a bytes record of n payload bytes takes.
@@ -168,6 +169,7 @@ func runRingModel(t *testing.T, capacity, maxItems int, ops []byte) {
 }
 
 func TestQueueRingModel(t *testing.T) {
+	testenv.SkipShort(t, "runs for seconds")
 	for _, tc := range []struct{ capacity, maxItems int }{{4096, 0}, {4096, 3}, {8192, 0}, {64 << 10, 0}} {
 		for seed := range uint64(20) {
 			rng := rand.New(rand.NewPCG(seed, uint64(tc.capacity)))

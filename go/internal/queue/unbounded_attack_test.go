@@ -127,6 +127,7 @@ var ringForgeries = []forgery{
 // the file, and the last holder's close (which walks the ring to give back
 // what messages hold) does too.
 func TestQueueForgedRingWordsNeverFault(t *testing.T) {
+	testenv.SkipShort(t, "runs for seconds")
 	makers := map[string]func() (*queue.Queue, error){
 		"bounded":   func() (*queue.Queue, error) { return queue.Create("", 64<<10, 0) },
 		"unbounded": func() (*queue.Queue, error) { return queue.CreateUnbounded("", 0) },
@@ -320,6 +321,7 @@ func init() {
 // pages back before it stored the smaller window, so a kill between the
 // two left a window whose pages were gone.)
 func TestUnboundedQueueConsumerKilledInItsRewindLeavesNoFault(t *testing.T) {
+	testenv.SkipShort(t, "crosses processes")
 	dir := testenv.SegmentsOnTmpfs(t, "size=8m")
 	q, err := queue.CreateUnbounded("", 0)
 	require.NoError(t, err)
@@ -370,6 +372,7 @@ func TestUnboundedQueueConsumerKilledInItsRewindLeavesNoFault(t *testing.T) {
 // and changes nothing; none faults; every message put arrives once, in
 // order; and the ring's words account for every page it holds.
 func TestUnboundedQueueFullFileSystemAtEveryStep(t *testing.T) {
+	testenv.SkipShort(t, "runs for seconds")
 	dir := testenv.SegmentsOnTmpfs(t, "size=12m")
 	for i, start := range ringStarts {
 		t.Run(fmt.Sprint(start), func(t *testing.T) { fullFileSystemAtEveryStep(t, dir, uint64(i), start) })

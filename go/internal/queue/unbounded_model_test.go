@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/zctipc/zctipc/go/internal/message"
 	"github.com/zctipc/zctipc/go/internal/queue"
+	"github.com/zctipc/zctipc/go/internal/testenv"
 	"golang.org/x/sys/unix"
 )
 
@@ -207,6 +208,7 @@ func runUnboundedModel(t *testing.T, start uint32, ops []byte) {
 var ringStarts = []uint32{0, 1<<31 - 3<<20, 1<<31 - 8, 1 << 31, 3<<30 + 1536<<10, 1<<32 - 5<<20, 1<<32 - 8}
 
 func TestUnboundedRingModel(t *testing.T) {
+	testenv.SkipShort(t, "runs for seconds")
 	for i, start := range ringStarts {
 		rng := rand.New(rand.NewPCG(uint64(i), 28))
 		ops := make([]byte, 3*150)

@@ -229,6 +229,7 @@ func (l *stressLog) read(h *testenv.Helper, stops chan<- int) <-chan struct{} {
 // whole and in order per producer; none is missing but those a killed
 // process took with it; and, drained, the queue holds a few pages.
 func TestUnboundedQueueStressAcrossProcesses(t *testing.T) {
+	testenv.SkipShort(t, "crosses processes")
 	const producers, consumers, each = 4, 3, 250
 	q, err := queue.CreateUnbounded("", 0)
 	require.NoError(t, err)

@@ -401,6 +401,7 @@ func startOwner(t *testing.T, name string) *testenv.Helper {
 }
 
 func TestRefcountAcrossProcesses(t *testing.T) {
+	testenv.SkipShort(t, "crosses processes")
 	const procs, each = 8, 10000
 	name := testenv.UniqueName(t)
 	seg := mustCreate(t, name, dtype.Uint8, 1)
@@ -427,6 +428,7 @@ func TestRefcountAcrossProcesses(t *testing.T) {
 }
 
 func TestWritesCrossProcesses(t *testing.T) {
+	testenv.SkipShort(t, "crosses processes")
 	name := testenv.UniqueName(t)
 	seg := mustCreate(t, name, dtype.Uint8, 1<<20)
 	testenv.Fill(seg.Data())
@@ -443,6 +445,7 @@ func TestWritesCrossProcesses(t *testing.T) {
 }
 
 func TestHandOnAfterCreatorExits(t *testing.T) {
+	testenv.SkipShort(t, "crosses processes")
 	name := testenv.UniqueName(t)
 	a := startOwner(t, name)
 	b, err := shm.Attach(name, header.KindTensor, false)
@@ -459,6 +462,7 @@ func TestHandOnAfterCreatorExits(t *testing.T) {
 }
 
 func TestAttachOfAMappedNameChecksItStillNamesTheSameFile(t *testing.T) {
+	testenv.SkipShort(t, "crosses processes")
 	name := testenv.UniqueName(t)
 	old := mustCreate(t, name, dtype.Uint8, 1<<16)
 	defer old.Close()
@@ -482,6 +486,7 @@ func TestAttachOfAMappedNameChecksItStillNamesTheSameFile(t *testing.T) {
 }
 
 func TestMapCacheReusesTheMappingOfALiveSegment(t *testing.T) {
+	testenv.SkipShort(t, "crosses processes")
 	name := testenv.UniqueName(t)
 	owner := startOwner(t, name)
 
@@ -513,6 +518,7 @@ func TestMapCacheReusesTheMappingOfALiveSegment(t *testing.T) {
 }
 
 func TestMapCacheOff(t *testing.T) {
+	testenv.SkipShort(t, "crosses processes")
 	was := shm.SetMapCache(false)
 	defer shm.SetMapCache(was)
 	name := testenv.UniqueName(t)
@@ -525,6 +531,7 @@ func TestMapCacheOff(t *testing.T) {
 }
 
 func TestMapCacheNeverServesAReplacedFile(t *testing.T) {
+	testenv.SkipShort(t, "crosses processes")
 	name := testenv.UniqueName(t)
 	a := startOwner(t, name)
 	seg, err := shm.Attach(name, header.KindTensor, false)

@@ -159,6 +159,7 @@ func TestSparesOnlyOfLargeTrackedTensors(t *testing.T) {
 
 // Spares go after a second, or at once with the mapping cache turned off.
 func TestSparesExpire(t *testing.T) {
+	testenv.SkipShort(t, "runs for seconds")
 	tracked(t)
 	a := mustCreate(t, "", dtype.Uint8, 2<<20)
 	require.NoError(t, a.Close())
@@ -198,6 +199,7 @@ func TestOutOfMemoryDropsSpares(t *testing.T) {
 // never serves that stale mapping once the file is made into a new segment
 // of the same name from a spare.
 func TestSpareReusedUnderTheSameNameIsNotServedStale(t *testing.T) {
+	testenv.SkipShort(t, "crosses processes")
 	tracked(t)
 	name := testenv.UniqueName(t)
 	a, err := shm.CreateUninitialized(name, header.KindTensor, dtype.Uint8, []int64{2 << 20})
@@ -225,6 +227,7 @@ func TestSpareReusedUnderTheSameNameIsNotServedStale(t *testing.T) {
 // A process killed while it keeps a spare leaves nothing: the daemon removes
 // the spare as a file being made.
 func TestDaemonRemovesTheSparesOfAKilledProcess(t *testing.T) {
+	testenv.SkipShort(t, "runs the cleanup daemon")
 	daemontest.WithRuntimeDir(t)
 	h := daemontest.StartClient(t, "tracked-spare", nil)
 	fields := strings.Fields(h.ReadLine(t))
@@ -240,6 +243,7 @@ func TestDaemonRemovesTheSparesOfAKilledProcess(t *testing.T) {
 // and data agree, or a not-found error: never the new data under the old
 // header (which could map past the file's end).
 func TestAttachRacingASpareReuse(t *testing.T) {
+	testenv.SkipShort(t, "crosses processes")
 	tracked(t)
 	name := testenv.UniqueName(t)
 	h := testenv.StartHelper(t, "attach-until-told", name)
@@ -438,6 +442,7 @@ func TestTruncatedSpareFallsBackToAFreshFile(t *testing.T) {
 // when its owner drops its spares, and when its owner dies (the sweeper
 // finds the file by its inode).
 func TestRenamedSpareIsRemoved(t *testing.T) {
+	testenv.SkipShort(t, "runs the cleanup daemon")
 	for _, how := range []string{"drop", "kill"} {
 		t.Run(how, func(t *testing.T) {
 			daemontest.WithRuntimeDir(t)
@@ -467,6 +472,7 @@ func TestRenamedSpareIsRemoved(t *testing.T) {
 // name it opened. Note [a name appears with its contents] in
 // go/internal/shm/create.go.
 func TestAttachSeesOnlyItsNamesContentsWhileSparesAreReused(t *testing.T) {
+	testenv.SkipShort(t, "crosses processes")
 	tracked(t)
 	base := testenv.UniqueName(t)
 	names := []string{base + "_a", base + "_b"}

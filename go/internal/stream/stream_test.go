@@ -86,6 +86,7 @@ func readAll(s *stream.Stream, r *stream.Reader) ([]uint64, error) {
 }
 
 func TestStreamEveryReaderSeesEveryFrameInOrder(t *testing.T) {
+	testenv.SkipShort(t, "runs for seconds")
 	for _, readers := range []int{1, 2, 4} {
 		t.Run(strconv.Itoa(readers), func(t *testing.T) {
 			s := mustStream(t, frameConfig(8, readers, stream.Block))
@@ -366,6 +367,7 @@ func TestStreamAttachSeesTheSameRing(t *testing.T) {
 // writer back; a reader not seen for the reader timeout is evicted and
 // rejoins, counting what it missed.
 func TestStreamKilledReaderDoesNotStallTheWriter(t *testing.T) {
+	testenv.SkipShort(t, "crosses processes")
 	s := mustStream(t, frameConfig(4, 2, stream.Block))
 	w, err := s.Writer()
 	require.NoError(t, err)
@@ -420,6 +422,7 @@ func TestStreamReaderTimeout(t *testing.T) {
 // A writer killed mid-frame publishes nothing; the next writer takes the
 // role over and its frames are whole.
 func TestStreamWriterKilledMidFrame(t *testing.T) {
+	testenv.SkipShort(t, "crosses processes")
 	s := mustStream(t, frameConfig(4, 1, stream.Overwrite))
 	r, err := s.Reader(0)
 	require.NoError(t, err)

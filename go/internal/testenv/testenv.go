@@ -316,3 +316,13 @@ func ModuleRoot() string {
 		}
 	}
 }
+
+// SkipShort skips the test under -short, as `make gounit` runs the unit
+// tests alone, in seconds; why says what this test does beyond them
+// ("crosses processes", "runs the cleanup daemon", "runs for seconds").
+func SkipShort(t *testing.T, why string) {
+	t.Helper()
+	if testing.Short() {
+		t.Skipf("%s: not with -short", why)
+	}
+}

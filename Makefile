@@ -55,7 +55,14 @@ lint: install $(VENV)/.deps
 
 gotest:
 	$(GO) test -race -count=1 ./...
-	@$(GO) test -count=1 -v -run Cuda ./tests/go | grep -E "no GPU|CUDA unavailable" || true
+	@$(GO) test -count=1 -v -run Cuda ./go/internal/cuda | grep -E "no GPU|CUDA unavailable" || true
+
+# The unit tests alone, beside the code under go/, in seconds: -short skips
+# the tests that cross processes, run the cleanup daemon or run for seconds
+# (testenv.SkipShort); gotest runs them all.
+.PHONY: gounit
+gounit:
+	$(GO) test -count=1 -short ./go/...
 
 pytest: install $(VENV)/.deps
 	ZCTIPC_SOAK_SECONDS=$${ZCTIPC_SOAK_SECONDS:-10} $(PY) -m pytest -q -rs --timeout=300 tests/python
@@ -86,16 +93,17 @@ bench: install $(VENV)/.deps
 	$(PY) -m zctipc bench --out docs/bench --readme README.md
 
 # Run every fuzz target for FUZZTIME each (go test fuzzes one at a time),
-# seeded from testdata/fuzz and the golden vectors.
-FUZZ_TARGETS := FuzzHeaderDecode FuzzInlineDecode FuzzRecordDecode FuzzQueueRing FuzzRing
+# beside its decoder (package:target, under go/internal), seeded from the
+# package's testdata/fuzz and the golden vectors.
+FUZZ_TARGETS := header:FuzzHeaderDecode message:FuzzInlineDecode message:FuzzRecordDecode queue:FuzzQueueRing queue:FuzzRing
 fuzz:
 	set -e; for target in $(FUZZ_TARGETS); do \
-		$(GO) test ./tests/go -run '^$$' -fuzz "^$$target$$" -fuzztime $(FUZZTIME); \
+		$(GO) test ./go/internal/$${target%%:*} -run '^$$' -fuzz "^$${target#*:}$$" -fuzztime $(FUZZTIME); \
 	done
 
 # Regenerate the golden header vectors in tests/golden (review the diff!).
 golden:
-	$(GO) test ./tests/go -run TestGolden -update
+	$(GO) test ./go/internal/header -run TestGolden -update
 
 # The release wheel: one x86_64 wheel for CPython 3.10 and later (the cffi
 # extension uses the limited API), built with zig cc against glibc 2.17 so

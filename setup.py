@@ -22,7 +22,7 @@ GO_LDFLAGS = "-s -w -extldflags=-Wl,-soname,libzctipc.so"
 
 
 def version():
-    with open(os.path.join(ROOT, "go", "version", "version.go")) as f:
+    with open(os.path.join(ROOT, "go", "internal", "version", "version.go")) as f:
         return re.search(r'const Version = "([^"]+)"', f.read()).group(1)
 
 

@@ -9,8 +9,8 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/zctipc/zctipc/go/cuda"
-	"github.com/zctipc/zctipc/go/cudaalloc"
+	"github.com/zctipc/zctipc/go/internal/cuda"
+	"github.com/zctipc/zctipc/go/internal/cudaalloc"
 )
 
 // deviceCache is the process's caching allocator of shareable device

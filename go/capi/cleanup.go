@@ -13,11 +13,11 @@ import (
 	"path/filepath"
 	"time"
 
-	"github.com/zctipc/zctipc/go/daemon"
-	"github.com/zctipc/zctipc/go/gc"
-	"github.com/zctipc/zctipc/go/proc"
-	"github.com/zctipc/zctipc/go/shm"
-	"github.com/zctipc/zctipc/go/usersock"
+	"github.com/zctipc/zctipc/go/internal/daemon"
+	"github.com/zctipc/zctipc/go/internal/gc"
+	"github.com/zctipc/zctipc/go/internal/proc"
+	"github.com/zctipc/zctipc/go/internal/shm"
+	"github.com/zctipc/zctipc/go/internal/usersock"
 )
 
 //export zct_set_strategy

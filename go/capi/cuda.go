@@ -9,7 +9,7 @@ import (
 	"sync"
 	"unsafe"
 
-	"github.com/zctipc/zctipc/go/cuda"
+	"github.com/zctipc/zctipc/go/internal/cuda"
 )
 
 var (

@@ -12,14 +12,10 @@ import (
 	"time"
 	"unsafe"
 
-	"github.com/zctipc/zctipc/go/buffer"
-	"github.com/zctipc/zctipc/go/dtype"
-	"github.com/zctipc/zctipc/go/fault"
-	"github.com/zctipc/zctipc/go/futex"
-	"github.com/zctipc/zctipc/go/header"
-	"github.com/zctipc/zctipc/go/message"
-	"github.com/zctipc/zctipc/go/pool"
-	"github.com/zctipc/zctipc/go/queue"
+	"github.com/zctipc/zctipc/go/internal/buffer"
+	"github.com/zctipc/zctipc/go/internal/futex"
+	"github.com/zctipc/zctipc/go/internal/message"
+	"github.com/zctipc/zctipc/go/internal/queue"
 	"golang.org/x/sys/unix"
 )
 
@@ -27,24 +23,7 @@ import (
 // checked when this package compiles (an index other than 0 fails it).
 var _ = [1][1][1][1]struct{}{}[message.TypePickle-C.ZCT_RECORD_PICKLE][message.TypeTensor-C.ZCT_RECORD_TENSOR][message.TypeBytes-C.ZCT_RECORD_BYTES][message.TypeInline-C.ZCT_RECORD_INLINE]
 
-var (
-	refs   = newTable[*buffer.Ref]()
-	queues = newTable[*queue.Queue]()
-)
-
-// deadline turns a timeout in milliseconds into a deadline: -1 (or any
-// negative) is no deadline, 0 is now. A timeout too long to add to the
-// clock (past 292 years: INT64_MAX, say) is no deadline either; it used to
-// wrap to a time in the past, and the call did not wait at all.
-func deadline(timeoutMS C.int64_t) time.Time {
-	switch {
-	case timeoutMS < 0 || timeoutMS > math.MaxInt64/C.int64_t(time.Millisecond):
-		return time.Time{}
-	case timeoutMS == 0:
-		return expired // the clock is not read for a call that does not wait
-	}
-	return time.Now().Add(time.Duration(timeoutMS) * time.Millisecond)
-}
+var queues = newTable[*queue.Queue]()
 
 // recordType checks a record type that a C caller passed: one of
 // zctipc.h's zct_record_type, which are package message's. A value past a
@@ -66,39 +45,6 @@ func checkPut(rec *message.Record) error {
 		return fmt.Errorf("%s: %w", err, unix.EINVAL)
 	}
 	return nil
-}
-
-// expired is a deadline that has passed.
-var expired = time.Unix(0, 1)
-
-// describe makes the descriptor of a view that Python filled in.
-func describe(v *C.zct_view) (message.Descriptor, *buffer.Ref, error) {
-	r, err := refs.get(uint64(v.ref))
-	if err != nil {
-		return message.Descriptor{}, nil, err
-	}
-	d, err := describeArray(r, uint64(v.offset), v.dtype, v.ndim, &v.shape[0], &v.strides[0], v.flags)
-	return d, r, err
-}
-
-// describeArray is the descriptor of the array of dtype dt, ndim
-// dimensions of shape and byte strides, at offset in r's memory.
-func describeArray(r *buffer.Ref, offset uint64, dt, ndim C.int32_t, shape, strides *C.int64_t, flags C.int32_t) (message.Descriptor, error) {
-	if ndim < 0 || ndim > header.MaxNDim || flags < 0 || flags > 7 {
-		return message.Descriptor{}, fmt.Errorf("a view with ndim %d and flags %d: %w", ndim, flags, unix.EINVAL)
-	}
-	dims := make([]int64, 2*ndim)
-	sh, st := dims[:ndim], dims[ndim:]
-	if ndim > 0 {
-		cs, ct := unsafe.Slice(shape, ndim), unsafe.Slice(strides, ndim)
-		for i := range sh {
-			sh[i], st[i] = int64(cs[i]), int64(ct[i])
-			if sh[i] < 0 || st[i] < 0 {
-				return message.Descriptor{}, fmt.Errorf("a view with shape %v and strides %v: %w", cs, ct, unix.EINVAL)
-			}
-		}
-	}
-	return r.Describe(offset, dtype.DType(dt), sh, st, uint8(flags))
 }
 
 // Note [the C contract of queue calls]: any C code in the process may call
@@ -157,269 +103,6 @@ func zct_queue_put_array(h C.zct_handle, typ C.int32_t, addr *C.zct_cvoid, exten
 			return errors.Join(err, r.Release())
 		}
 		return err
-	})
-}
-
-// fillView writes a received array into v, under the ref handle h.
-func fillView(v *C.zct_view, h uint64, data []byte, d *message.Descriptor) {
-	*v = C.zct_view{}
-	v.ref = C.zct_handle(h)
-	v.data = unsafe.Pointer(unsafe.SliceData(data))
-	v.offset = C.uint64_t(d.Offset)
-	v.nbytes = C.uint64_t(d.NBytes)
-	for i := range d.Shape {
-		v.shape[i], v.strides[i] = C.int64_t(d.Shape[i]), C.int64_t(d.Strides[i])
-	}
-	v.dtype = C.int32_t(d.DType)
-	v.ndim = C.int32_t(len(d.Shape))
-	v.kind = C.int32_t(d.Kind)
-	v.flags = C.int32_t(d.Flags)
-}
-
-// adopt turns received descriptors into refs and fills views; on failure it
-// releases what it adopted and drops the counts of the rest.
-func adopt(descs []message.Descriptor, views []C.zct_view) error {
-	for i := range descs {
-		r, data, err := buffer.Adopt(&descs[i])
-		if err != nil {
-			errs := []error{err}
-			for j := range i {
-				if r, terr := refs.take(uint64(views[j].ref)); terr == nil {
-					errs = append(errs, r.Release())
-				}
-			}
-			for j := i + 1; j < len(descs); j++ {
-				errs = append(errs, buffer.Drop(&descs[j]))
-			}
-			return errors.Join(errs...)
-		}
-		fillView(&views[i], refs.put(r), data, &descs[i])
-	}
-	return nil
-}
-
-//export zct_ref_find
-func zct_ref_find(addr *C.zct_cvoid, nbytes C.uint64_t, ref *C.zct_handle, offset *C.uint64_t) C.int {
-	return run(func() error {
-		if ref == nil || offset == nil {
-			return errNilArg
-		}
-		r, off, ok, err := buffer.Find(uintptr(unsafe.Pointer(addr)), uint64(nbytes))
-		if err != nil {
-			return err
-		}
-		if !ok {
-			return fmt.Errorf("the %d bytes at %p are not zctipc memory: %w", nbytes, addr, unix.ENOENT)
-		}
-		*ref = C.zct_handle(refs.put(r))
-		*offset = C.uint64_t(off)
-		return nil
-	})
-}
-
-//export zct_memory_holds
-func zct_memory_holds(addr *C.zct_cvoid, nbytes C.uint64_t) C.int {
-	held := false
-	status := run(func() error {
-		held = buffer.Holds(uintptr(unsafe.Pointer(addr)), uint64(nbytes))
-		return nil
-	})
-	if status != C.ZCT_OK || !held {
-		return status
-	}
-	return 1
-}
-
-//export zct_ref_holders
-func zct_ref_holders(ref C.zct_handle, count *C.int64_t) C.int {
-	return run(func() error {
-		if count == nil {
-			return errNilArg
-		}
-		r, err := refs.get(uint64(ref))
-		if err != nil {
-			return err
-		}
-		n, err := r.Holders()
-		*count = C.int64_t(n)
-		return err
-	})
-}
-
-//export zct_ref_release
-func zct_ref_release(ref C.zct_handle) C.int {
-	return closing(refs, uint64(ref), func(r *buffer.Ref) error {
-		return r.Release()
-	})
-}
-
-//export zct_ref_segment
-func zct_ref_segment(ref C.zct_handle, segment *C.zct_handle, info *C.zct_info) C.int {
-	return run(func() error {
-		if segment == nil || info == nil {
-			return errNilArg
-		}
-		r, err := refs.get(uint64(ref))
-		if err != nil {
-			return err
-		}
-		seg := r.Segment()
-		if seg == nil {
-			return fmt.Errorf("a pool slot is not a segment of its own: %w", unix.EINVAL)
-		}
-		if _, err := refs.take(uint64(ref)); err != nil {
-			return err
-		}
-		*segment = C.zct_handle(segments.put(seg))
-		fillInfo(info, seg.Name(), seg.Header(), seg.Data(), seg.ReadOnly(), seg.Header().SegmentSize())
-		return nil
-	})
-}
-
-//export zct_ref_encode
-func zct_ref_encode(view *C.zct_cview, buf unsafe.Pointer, capacity C.uint64_t, length *C.uint64_t) C.int {
-	return run(func() error {
-		d, r, err := describeInto(view, buf, capacity, length)
-		if err != nil {
-			return err
-		}
-		if _, err := refs.take(uint64(view.ref)); err != nil {
-			return err
-		}
-		_, err = buffer.Send([]*buffer.Ref{r}, func() error {
-			d.Encode(unsafe.Slice((*byte)(buf), capacity))
-			return nil
-		})
-		return err
-	})
-}
-
-// describeInto is the descriptor of view, for the encoders that write it
-// into the capacity bytes at buf: *length receives its size, and a buf too
-// small is errRange.
-func describeInto(view *C.zct_cview, buf unsafe.Pointer, capacity C.uint64_t, length *C.uint64_t) (message.Descriptor, *buffer.Ref, error) {
-	if view == nil || length == nil || capacity > 0 && buf == nil {
-		return message.Descriptor{}, nil, errNilArg
-	}
-	d, r, err := describe((*C.zct_view)(unsafe.Pointer(view)))
-	if err != nil {
-		return d, nil, err
-	}
-	*length = C.uint64_t(d.Size())
-	if uint64(capacity) < uint64(d.Size()) {
-		return d, nil, errRange
-	}
-	return d, r, nil
-}
-
-//export zct_ref_decode
-func zct_ref_decode(buf *C.zct_cvoid, length C.uint64_t, view *C.zct_view) C.int {
-	return run(func() error {
-		if view == nil || length > 0 && buf == nil {
-			return errNilArg
-		}
-		d, err := decodeOne(buf, length)
-		if err != nil {
-			return err
-		}
-		views := unsafe.Slice(view, 1)
-		return adopt([]message.Descriptor{d}, views)
-	})
-}
-
-//export zct_ref_describe
-func zct_ref_describe(view *C.zct_cview, buf unsafe.Pointer, capacity C.uint64_t, length *C.uint64_t) C.int {
-	return run(func() error {
-		d, _, err := describeInto(view, buf, capacity, length)
-		if err == nil {
-			d.Encode(unsafe.Slice((*byte)(buf), capacity))
-		}
-		return err
-	})
-}
-
-//export zct_ref_attach
-func zct_ref_attach(buf *C.zct_cvoid, length C.uint64_t, view *C.zct_view) C.int {
-	return run(func() error {
-		if view == nil || length > 0 && buf == nil {
-			return errNilArg
-		}
-		d, err := decodeOne(buf, length)
-		if err != nil {
-			return err
-		}
-		r, data, err := buffer.Attach(&d)
-		if err != nil {
-			return err
-		}
-		fillView(view, refs.put(r), data, &d)
-		return nil
-	})
-}
-
-// decodeOne decodes the one descriptor that the length bytes at buf hold.
-func decodeOne(buf *C.zct_cvoid, length C.uint64_t) (message.Descriptor, error) {
-	raw := C.GoBytes(unsafe.Pointer(buf), C.int(min(uint64(length), 1<<16)))
-	d, n, err := message.DecodeDescriptor(raw)
-	if err != nil {
-		return d, err
-	}
-	if n != len(raw) {
-		return d, fmt.Errorf("%w: %d bytes after the descriptor", message.ErrMalformed, len(raw)-n)
-	}
-	return d, nil
-}
-
-//export zct_pool_alloc
-func zct_pool_alloc(nbytes C.uint64_t, timeoutMS C.int64_t, ref *C.zct_handle, data *unsafe.Pointer, size *C.uint64_t) C.int {
-	return zct_pool_alloc_leaving(nbytes, 0, timeoutMS, ref, data, size)
-}
-
-//export zct_pool_alloc_leaving
-func zct_pool_alloc_leaving(nbytes, leave C.uint64_t, timeoutMS C.int64_t, ref *C.zct_handle, data *unsafe.Pointer, size *C.uint64_t) C.int {
-	return run(func() error {
-		if ref == nil || data == nil || size == nil {
-			return errNilArg
-		}
-		s, err := pool.Default().AllocLeaving(uint64(nbytes), uint64(leave), deadline(timeoutMS))
-		if err != nil {
-			return err
-		}
-		*ref = C.zct_handle(refs.put(buffer.NewSlotRef(s)))
-		*data = unsafe.Pointer(unsafe.SliceData(s.Data()))
-		*size = C.uint64_t(len(s.Data()))
-		return nil
-	})
-}
-
-//export zct_pool_trim
-func zct_pool_trim() C.int {
-	return run(func() error { return pool.Default().Trim() })
-}
-
-//export zct_pool_stats_get
-func zct_pool_stats_get(stats *C.zct_pool_stats) C.int {
-	return run(func() error {
-		if stats == nil {
-			return errNilArg
-		}
-		st := pool.Default().Stats()
-		*stats = C.zct_pool_stats{
-			arenas:       C.uint64_t(st.Arenas),
-			reserved:     C.uint64_t(st.Reserved),
-			limit:        C.uint64_t(st.Limit),
-			slots_in_use: C.uint64_t(st.SlotsInUse),
-			bytes_in_use: C.uint64_t(st.BytesInUse),
-		}
-		return nil
-	})
-}
-
-//export zct_pool_set_limit
-func zct_pool_set_limit(limit C.uint64_t) C.int {
-	return run(func() error {
-		pool.Default().SetLimit(uint64(limit))
-		return nil
 	})
 }
 
@@ -827,17 +510,6 @@ func zct_queue_join(h C.zct_handle, timeoutMS C.int64_t) C.int {
 	return with(queues, uint64(h), func(q *queue.Queue) error {
 		return q.Join(deadline(timeoutMS))
 	})
-}
-
-// releaseRefs releases every ref this process still has, at exit: each on
-// its own, so that one in a segment another process shrank does not keep
-// the others.
-func releaseRefs() error {
-	var errs []error
-	for _, r := range refs.drain() {
-		errs = append(errs, fault.Catch(r.Release))
-	}
-	return errors.Join(errs...)
 }
 
 // Threat model of the arm/disarm exports (Note [sleeping outside Go] in

@@ -6,14 +6,12 @@ package main
 import "C"
 
 import (
-	"errors"
 	"fmt"
 	"time"
 	"unsafe"
 
-	"github.com/zctipc/zctipc/go/dtype"
-	"github.com/zctipc/zctipc/go/event"
-	"github.com/zctipc/zctipc/go/stream"
+	"github.com/zctipc/zctipc/go/internal/dtype"
+	"github.com/zctipc/zctipc/go/internal/stream"
 	"golang.org/x/sys/unix"
 )
 
@@ -21,7 +19,6 @@ var (
 	streams = newTable[*stream.Stream]()
 	writers = newTable[*stream.Writer]()
 	readers = newTable[*stream.Reader]()
-	events  = newTable[*event.Event]()
 )
 
 // Streams wait in slices so that Python runs its signal handlers between
@@ -242,90 +239,6 @@ func zct_stream_reader_close(h C.zct_handle) C.int {
 	return closing(readers, uint64(h), func(r *stream.Reader) error {
 		return r.Close()
 	})
-}
-
-//export zct_event_create
-func zct_event_create(name *C.zct_cchar, out *C.zct_handle, fullName *C.char, capacity C.uint64_t) C.int {
-	return run(func() error {
-		if out == nil || fullName == nil {
-			return errNilArg
-		}
-		e, err := event.Create(goString(name))
-		if err != nil {
-			return err
-		}
-		var n C.uint64_t
-		if err := copyOut(e.Segment().Name(), fullName, capacity, &n); err != nil {
-			return errors.Join(err, e.Segment().Release())
-		}
-		e.SetInterruptible(true)
-		*out = C.zct_handle(events.put(e))
-		return nil
-	})
-}
-
-//export zct_event_attach
-func zct_event_attach(name *C.zct_cchar, out *C.zct_handle) C.int {
-	return run(func() error {
-		if name == nil || out == nil {
-			return errNilArg
-		}
-		e, err := event.Attach(goString(name))
-		if err != nil {
-			return err
-		}
-		e.SetInterruptible(true)
-		*out = C.zct_handle(events.put(e))
-		return nil
-	})
-}
-
-//export zct_event_close
-func zct_event_close(h C.zct_handle) C.int {
-	return closing(events, uint64(h), func(e *event.Event) error {
-		return e.Close()
-	})
-}
-
-//export zct_event_set
-func zct_event_set(h C.zct_handle) C.int {
-	return with(events, uint64(h), func(e *event.Event) error { return e.Set() })
-}
-
-//export zct_event_clear
-func zct_event_clear(h C.zct_handle) C.int {
-	return with(events, uint64(h), func(e *event.Event) error { return e.Clear() })
-}
-
-//export zct_event_is_set
-func zct_event_is_set(h C.zct_handle, set *C.int32_t) C.int {
-	return with(events, uint64(h), func(e *event.Event) error {
-		if set == nil {
-			return errNilArg
-		}
-		ok, err := e.IsSet()
-		*set = boolInt(ok)
-		return err
-	})
-}
-
-//export zct_event_wait
-func zct_event_wait(h C.zct_handle, timeoutMS C.int64_t, set *C.int32_t) C.int {
-	return with(events, uint64(h), func(e *event.Event) error {
-		if set == nil {
-			return errNilArg
-		}
-		ok, err := e.Wait(deadline(timeoutMS))
-		*set = boolInt(ok)
-		return err
-	})
-}
-
-func boolInt(b bool) C.int32_t {
-	if b {
-		return 1
-	}
-	return 0
 }
 
 // zct_stream_reader_arm and zct_stream_reader_disarm have the threat model

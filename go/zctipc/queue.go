@@ -5,10 +5,10 @@ import (
 	"errors"
 	"sync"
 
-	"github.com/zctipc/zctipc/go/buffer"
-	"github.com/zctipc/zctipc/go/futex"
-	"github.com/zctipc/zctipc/go/message"
-	"github.com/zctipc/zctipc/go/queue"
+	"github.com/zctipc/zctipc/go/internal/buffer"
+	"github.com/zctipc/zctipc/go/internal/futex"
+	"github.com/zctipc/zctipc/go/internal/message"
+	"github.com/zctipc/zctipc/go/internal/queue"
 )
 
 // Queue is a zctipc queue: the ring Python's zctipc.Queue uses, so that Go

@@ -6,8 +6,8 @@ import (
 	"os"
 	"sync"
 
-	"github.com/zctipc/zctipc/go/daemon"
-	"github.com/zctipc/zctipc/go/shm"
+	"github.com/zctipc/zctipc/go/internal/daemon"
+	"github.com/zctipc/zctipc/go/internal/shm"
 )
 
 // A program that links this package is its own cleanup daemon: started

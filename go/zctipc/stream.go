@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/zctipc/zctipc/go/stream"
+	"github.com/zctipc/zctipc/go/internal/stream"
 	"golang.org/x/sys/unix"
 )
 

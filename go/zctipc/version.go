@@ -32,7 +32,7 @@
 // ZCTIPC_CLEANUP=0 turns cleanup off.
 package zctipc
 
-import "github.com/zctipc/zctipc/go/version"
+import "github.com/zctipc/zctipc/go/internal/version"
 
 // Version is the release of the library.
 const Version = version.Version

@@ -18,7 +18,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "../../go/cuda/driver.h" /* the driver's types, as zctipc declares them */
+#include "../../go/internal/cuda/driver.h" /* the driver's types, as zctipc declares them */
 
 
 enum { OK = 0, INVALID_VALUE = 1, OUT_OF_MEMORY = 2, NOT_INITIALIZED = 3, INVALID_DEVICE = 101, INVALID_CONTEXT = 201,

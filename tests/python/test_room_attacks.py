@@ -1,6 +1,6 @@
 """Attacks on how senders behave when /dev/shm has little room: a pool
 whose arenas reserve a slot's pages only when it is first handed out
-(Note [slots reserved when first used] in go/pool/pool.go), producers
+(Note [slots reserved when first used] in go/internal/pool/pool.go), producers
 SIGKILLed while they reserve them, a SimpleQueue's put that waits for room
 (Note [sending in band when shared memory is full] in
 zctipc._wire.exports) closed under it or shared by many threads, and the

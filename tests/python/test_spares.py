@@ -1,5 +1,5 @@
 """Spare files: the pages of a large tensor or table this process let go
-are reused for the next one it makes (go/shm/spare.go), never served stale
+are reused for the next one it makes (go/internal/shm/spare.go), never served stale
 to another process, and never left behind."""
 
 import os
@@ -109,7 +109,7 @@ def test_a_name_is_visible_only_with_its_contents_complete(segname):
     """Two names made and let go in a loop, each from the other's spare
     pages: whoever attaches a name sees its own contents, complete, never
     the other tensor's bytes or zeros that the copy has not reached yet
-    (Note [a name appears with its contents] in go/shm/create.go)."""
+    (Note [a name appears with its contents] in go/internal/shm/create.go)."""
     names = [segname + "_a", segname + "_b"]
     ctx = zctipc.get_context("spawn")
     here, there = ctx.Pipe()

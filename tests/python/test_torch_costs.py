@@ -97,7 +97,7 @@ def test_a_state_dict_put_reserves_only_the_buffers_it_takes(isolated):
     zeroing: three state dicts of 98 tensors held at once took arenas of
     2.7 times their bytes, all reserved, and a cold put spent most of its
     time there. Now an arena reserves a slot's pages when it is first
-    handed out (Note [slots reserved when first used] in go/pool/pool.go):
+    handed out (Note [slots reserved when first used] in go/internal/pool/pool.go):
     the memory the arenas hold is about the buffers in use."""
     here = os.path.dirname(os.path.abspath(__file__))
     out = subprocess.run(

@@ -12,7 +12,7 @@ package main
 import (
 	"os"
 
-	"github.com/zctipc/zctipc/go/daemon"
+	"github.com/zctipc/zctipc/go/internal/daemon"
 )
 
 func main() { os.Exit(daemon.Main(os.Args[1:])) }

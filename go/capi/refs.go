@@ -1,0 +1,272 @@
+package main
+
+/*
+#include "internal.h"
+*/
+import "C"
+
+import (
+	"errors"
+	"fmt"
+	"unsafe"
+
+	"github.com/zctipc/zctipc/go/internal/buffer"
+	"github.com/zctipc/zctipc/go/internal/dtype"
+	"github.com/zctipc/zctipc/go/internal/fault"
+	"github.com/zctipc/zctipc/go/internal/header"
+	"github.com/zctipc/zctipc/go/internal/message"
+	"golang.org/x/sys/unix"
+)
+
+var refs = newTable[*buffer.Ref]()
+
+// describe makes the descriptor of a view that Python filled in.
+func describe(v *C.zct_view) (message.Descriptor, *buffer.Ref, error) {
+	r, err := refs.get(uint64(v.ref))
+	if err != nil {
+		return message.Descriptor{}, nil, err
+	}
+	d, err := describeArray(r, uint64(v.offset), v.dtype, v.ndim, &v.shape[0], &v.strides[0], v.flags)
+	return d, r, err
+}
+
+// describeArray is the descriptor of the array of dtype dt, ndim
+// dimensions of shape and byte strides, at offset in r's memory.
+func describeArray(r *buffer.Ref, offset uint64, dt, ndim C.int32_t, shape, strides *C.int64_t, flags C.int32_t) (message.Descriptor, error) {
+	if ndim < 0 || ndim > header.MaxNDim || flags < 0 || flags > 7 {
+		return message.Descriptor{}, fmt.Errorf("a view with ndim %d and flags %d: %w", ndim, flags, unix.EINVAL)
+	}
+	dims := make([]int64, 2*ndim)
+	sh, st := dims[:ndim], dims[ndim:]
+	if ndim > 0 {
+		cs, ct := unsafe.Slice(shape, ndim), unsafe.Slice(strides, ndim)
+		for i := range sh {
+			sh[i], st[i] = int64(cs[i]), int64(ct[i])
+			if sh[i] < 0 || st[i] < 0 {
+				return message.Descriptor{}, fmt.Errorf("a view with shape %v and strides %v: %w", cs, ct, unix.EINVAL)
+			}
+		}
+	}
+	return r.Describe(offset, dtype.DType(dt), sh, st, uint8(flags))
+}
+
+// fillView writes a received array into v, under the ref handle h.
+func fillView(v *C.zct_view, h uint64, data []byte, d *message.Descriptor) {
+	*v = C.zct_view{}
+	v.ref = C.zct_handle(h)
+	v.data = unsafe.Pointer(unsafe.SliceData(data))
+	v.offset = C.uint64_t(d.Offset)
+	v.nbytes = C.uint64_t(d.NBytes)
+	for i := range d.Shape {
+		v.shape[i], v.strides[i] = C.int64_t(d.Shape[i]), C.int64_t(d.Strides[i])
+	}
+	v.dtype = C.int32_t(d.DType)
+	v.ndim = C.int32_t(len(d.Shape))
+	v.kind = C.int32_t(d.Kind)
+	v.flags = C.int32_t(d.Flags)
+}
+
+// adopt turns received descriptors into refs and fills views; on failure it
+// releases what it adopted and drops the counts of the rest.
+func adopt(descs []message.Descriptor, views []C.zct_view) error {
+	for i := range descs {
+		r, data, err := buffer.Adopt(&descs[i])
+		if err != nil {
+			errs := []error{err}
+			for j := range i {
+				if r, terr := refs.take(uint64(views[j].ref)); terr == nil {
+					errs = append(errs, r.Release())
+				}
+			}
+			for j := i + 1; j < len(descs); j++ {
+				errs = append(errs, buffer.Drop(&descs[j]))
+			}
+			return errors.Join(errs...)
+		}
+		fillView(&views[i], refs.put(r), data, &descs[i])
+	}
+	return nil
+}
+
+//export zct_ref_find
+func zct_ref_find(addr *C.zct_cvoid, nbytes C.uint64_t, ref *C.zct_handle, offset *C.uint64_t) C.int {
+	return run(func() error {
+		if ref == nil || offset == nil {
+			return errNilArg
+		}
+		r, off, ok, err := buffer.Find(uintptr(unsafe.Pointer(addr)), uint64(nbytes))
+		if err != nil {
+			return err
+		}
+		if !ok {
+			return fmt.Errorf("the %d bytes at %p are not zctipc memory: %w", nbytes, addr, unix.ENOENT)
+		}
+		*ref = C.zct_handle(refs.put(r))
+		*offset = C.uint64_t(off)
+		return nil
+	})
+}
+
+//export zct_memory_holds
+func zct_memory_holds(addr *C.zct_cvoid, nbytes C.uint64_t) C.int {
+	held := false
+	status := run(func() error {
+		held = buffer.Holds(uintptr(unsafe.Pointer(addr)), uint64(nbytes))
+		return nil
+	})
+	if status != C.ZCT_OK || !held {
+		return status
+	}
+	return 1
+}
+
+//export zct_ref_holders
+func zct_ref_holders(ref C.zct_handle, count *C.int64_t) C.int {
+	return run(func() error {
+		if count == nil {
+			return errNilArg
+		}
+		r, err := refs.get(uint64(ref))
+		if err != nil {
+			return err
+		}
+		n, err := r.Holders()
+		*count = C.int64_t(n)
+		return err
+	})
+}
+
+//export zct_ref_release
+func zct_ref_release(ref C.zct_handle) C.int {
+	return closing(refs, uint64(ref), func(r *buffer.Ref) error {
+		return r.Release()
+	})
+}
+
+//export zct_ref_segment
+func zct_ref_segment(ref C.zct_handle, segment *C.zct_handle, info *C.zct_info) C.int {
+	return run(func() error {
+		if segment == nil || info == nil {
+			return errNilArg
+		}
+		r, err := refs.get(uint64(ref))
+		if err != nil {
+			return err
+		}
+		seg := r.Segment()
+		if seg == nil {
+			return fmt.Errorf("a pool slot is not a segment of its own: %w", unix.EINVAL)
+		}
+		if _, err := refs.take(uint64(ref)); err != nil {
+			return err
+		}
+		*segment = C.zct_handle(segments.put(seg))
+		fillInfo(info, seg.Name(), seg.Header(), seg.Data(), seg.ReadOnly(), seg.Header().SegmentSize())
+		return nil
+	})
+}
+
+//export zct_ref_encode
+func zct_ref_encode(view *C.zct_cview, buf unsafe.Pointer, capacity C.uint64_t, length *C.uint64_t) C.int {
+	return run(func() error {
+		d, r, err := describeInto(view, buf, capacity, length)
+		if err != nil {
+			return err
+		}
+		if _, err := refs.take(uint64(view.ref)); err != nil {
+			return err
+		}
+		_, err = buffer.Send([]*buffer.Ref{r}, func() error {
+			d.Encode(unsafe.Slice((*byte)(buf), capacity))
+			return nil
+		})
+		return err
+	})
+}
+
+// describeInto is the descriptor of view, for the encoders that write it
+// into the capacity bytes at buf: *length receives its size, and a buf too
+// small is errRange.
+func describeInto(view *C.zct_cview, buf unsafe.Pointer, capacity C.uint64_t, length *C.uint64_t) (message.Descriptor, *buffer.Ref, error) {
+	if view == nil || length == nil || capacity > 0 && buf == nil {
+		return message.Descriptor{}, nil, errNilArg
+	}
+	d, r, err := describe((*C.zct_view)(unsafe.Pointer(view)))
+	if err != nil {
+		return d, nil, err
+	}
+	*length = C.uint64_t(d.Size())
+	if uint64(capacity) < uint64(d.Size()) {
+		return d, nil, errRange
+	}
+	return d, r, nil
+}
+
+//export zct_ref_decode
+func zct_ref_decode(buf *C.zct_cvoid, length C.uint64_t, view *C.zct_view) C.int {
+	return run(func() error {
+		if view == nil || length > 0 && buf == nil {
+			return errNilArg
+		}
+		d, err := decodeOne(buf, length)
+		if err != nil {
+			return err
+		}
+		views := unsafe.Slice(view, 1)
+		return adopt([]message.Descriptor{d}, views)
+	})
+}
+
+//export zct_ref_describe
+func zct_ref_describe(view *C.zct_cview, buf unsafe.Pointer, capacity C.uint64_t, length *C.uint64_t) C.int {
+	return run(func() error {
+		d, _, err := describeInto(view, buf, capacity, length)
+		if err == nil {
+			d.Encode(unsafe.Slice((*byte)(buf), capacity))
+		}
+		return err
+	})
+}
+
+//export zct_ref_attach
+func zct_ref_attach(buf *C.zct_cvoid, length C.uint64_t, view *C.zct_view) C.int {
+	return run(func() error {
+		if view == nil || length > 0 && buf == nil {
+			return errNilArg
+		}
+		d, err := decodeOne(buf, length)
+		if err != nil {
+			return err
+		}
+		r, data, err := buffer.Attach(&d)
+		if err != nil {
+			return err
+		}
+		fillView(view, refs.put(r), data, &d)
+		return nil
+	})
+}
+
+// decodeOne decodes the one descriptor that the length bytes at buf hold.
+func decodeOne(buf *C.zct_cvoid, length C.uint64_t) (message.Descriptor, error) {
+	raw := C.GoBytes(unsafe.Pointer(buf), C.int(min(uint64(length), 1<<16)))
+	d, n, err := message.DecodeDescriptor(raw)
+	if err != nil {
+		return d, err
+	}
+	if n != len(raw) {
+		return d, fmt.Errorf("%w: %d bytes after the descriptor", message.ErrMalformed, len(raw)-n)
+	}
+	return d, nil
+}
+
+// releaseRefs releases every ref this process still has, at exit: each on
+// its own, so that one in a segment another process shrank does not keep
+// the others.
+func releaseRefs() error {
+	var errs []error
+	for _, r := range refs.drain() {
+		errs = append(errs, fault.Catch(r.Release))
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,336 @@
+// Package buffer connects message descriptors to the counts they carry: it
+// finds the zctipc memory behind an address, turns a count on it into a
+// descriptor, and turns a received descriptor back into memory.
+package buffer
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/zctipc/zctipc/go/internal/dtype"
+	"github.com/zctipc/zctipc/go/internal/header"
+	"github.com/zctipc/zctipc/go/internal/ledger"
+	"github.com/zctipc/zctipc/go/internal/message"
+	"github.com/zctipc/zctipc/go/internal/pool"
+	"github.com/zctipc/zctipc/go/internal/shm"
+	"golang.org/x/sys/unix"
+)
+
+// Ref is a count on a region of zctipc memory (the data of a tensor segment,
+// or a pool slot) together with the mapping that makes it readable here.
+// Release gives the count up; Describe hands it on inside a descriptor.
+//
+// The count a Ref owns, unless it is this process's own count on a segment
+// (which package shm records), is recorded in the process's ledger while
+// the Ref holds it. A Ref is one count: it is not for concurrent use, and
+// is released or sent once.
+type Ref struct {
+	seg    *shm.Segment   // a tensor segment, open in this process
+	extra  bool           // seg: the ref holds a count besides this process's
+	slot   pool.Slot      // a slot, when seg is nil
+	led    *ledger.Ledger // where the count is recorded, or nil
+	entry  int            // its record there, or shm.NoEntry
+	ticket *pool.Ticket   // the ticket of the count's descriptor, once described
+}
+
+// ErrTaken is returned when a descriptor's count was already taken (see
+// Note [a count is taken once] in package pool).
+var ErrTaken = pool.ErrTaken
+
+// NewSlotRef returns a Ref that owns the count s.
+func NewSlotRef(s pool.Slot) *Ref { return recorded(&Ref{slot: s}) }
+
+// recorded records the count r owns in the ledger and returns r.
+func recorded(r *Ref) *Ref {
+	r.led = ledger.Current()
+	switch {
+	case r.seg == nil:
+		r.entry = r.led.HoldSlot(r.slot.Arena().Name(), r.slot.Index, r.slot.Generation)
+	case r.extra:
+		r.entry = r.led.HoldSegment(r.seg.Name())
+	default:
+		r.entry = shm.NoEntry
+	}
+	return r
+}
+
+// unrecord clears the ledger's record of the count, before it is given up
+// or handed on.
+func (r *Ref) unrecord() {
+	r.led.Drop(r.entry)
+	r.led, r.entry = nil, shm.NoEntry
+}
+
+// Kind returns message.RefSegment or message.RefSlot.
+func (r *Ref) Kind() uint8 {
+	if r.seg != nil {
+		return message.RefSegment
+	}
+	return message.RefSlot
+}
+
+// Data returns the whole region: the segment's data, or the slot.
+func (r *Ref) Data() []byte {
+	if r.seg != nil {
+		return r.seg.Data()
+	}
+	return r.slot.Data()
+}
+
+// Segment returns the segment handle of a segment ref, or nil.
+func (r *Ref) Segment() *shm.Segment { return r.seg }
+
+// Find returns a new count on the zctipc memory that holds the n bytes at
+// addr, and the offset of addr in it, when this process maps it.
+func Find(addr uintptr, n uint64) (*Ref, uint64, bool, error) {
+	if s, off, ok := pool.Find(addr, n); ok {
+		return recorded(&Ref{slot: s}), off, true, nil
+	}
+	seg, off, ok := shm.Find(addr, n)
+	if !ok {
+		return nil, 0, false, nil
+	}
+	if _, err := seg.AddRef(); err != nil {
+		return nil, 0, false, errors.Join(err, seg.Close())
+	}
+	return recorded(&Ref{seg: seg, extra: true}), off, true, nil
+}
+
+// Holds reports whether the n bytes at addr are zctipc memory that Find
+// would return, without taking a count.
+func Holds(addr uintptr, n uint64) bool { return pool.Holds(addr, n) || shm.Holds(addr, n) }
+
+// Holders returns how many counts the ref's memory has, in every process:
+// the slot's count, or the segment's.
+func (r *Ref) Holders() (int64, error) {
+	if r.seg == nil {
+		return r.slot.Holders(), nil
+	}
+	return r.seg.Refcount()
+}
+
+// Release gives up the ref's count (and the ticket of its descriptions,
+// which were not sent).
+func (r *Ref) Release() error {
+	var terr error
+	if r.ticket != nil {
+		terr = r.ticket.Cancel()
+		r.ticket = nil
+	}
+	r.unrecord()
+	if r.seg == nil {
+		return errors.Join(terr, r.slot.Release())
+	}
+	var err error
+	if r.extra {
+		_, err = r.seg.DropRef()
+	}
+	return errors.Join(terr, err, r.seg.Close())
+}
+
+// Describe returns a descriptor of the array laid over the ref's region at
+// offset, which carries the ref's count once Send has sent it, with the
+// ticket that its receiver takes once (Note [a count is taken once] in
+// package pool; one ticket per ref, whatever the number of descriptions).
+// Until Send, the descriptor carries no count: Attach takes it, and Adopt
+// and Drop refuse it with ErrTaken, since its ticket is not armed.
+//
+// Threat model: a descriptor that carries no count (zct_ref_describe's,
+// Ray's) goes to other processes and may be handed to a receiver that
+// takes counts (zct_ref_decode, a queue record). What must never happen is
+// such a receiver becoming a second owner of the count the describer still
+// holds: only Send arms the ticket.
+func (r *Ref) Describe(offset uint64, dt dtype.DType, shape, strides []int64, flags uint8) (message.Descriptor, error) {
+	d := message.Descriptor{Kind: r.Kind(), Flags: flags, DType: dt, Shape: shape, Strides: strides, Offset: offset}
+	region := uint64(len(r.Data()))
+	if offset > region {
+		return d, fmt.Errorf("offset %d is past the %d-byte region: %w", offset, region, unix.EINVAL)
+	}
+	extent, ok := header.Extent(shape, strides, dt.Size())
+	if !ok || offset+extent > region {
+		return d, fmt.Errorf("an array of shape %v and strides %v at offset %d does not fit in %d bytes: %w",
+			shape, strides, offset, region, unix.EINVAL)
+	}
+	d.NBytes = extent
+	if r.seg != nil {
+		// A receiver finds the segment by its name: one that lost it
+		// (Unlink) is refused here rather than lost in transit.
+		if err := r.seg.CheckNamed(); err != nil {
+			return d, err
+		}
+		d.Name = r.seg.Name()
+	} else {
+		d.Name = r.slot.Arena().Name()
+		d.Slot, d.Generation = r.slot.Index, r.slot.Generation
+	}
+	if r.ticket == nil {
+		t, err := pool.NewTicket()
+		if err != nil {
+			return d, err
+		}
+		r.ticket = &t
+	}
+	d.Ticket = message.Ticket{Arena: r.ticket.Slot.Arena().Name(), Slot: r.ticket.Slot.Index,
+		Generation: r.ticket.Slot.Generation, Nonce: r.ticket.Nonce}
+	return d, d.Check()
+}
+
+// Send hands the counts of refs over to a message that publish makes
+// public (a queue put, descriptor bytes written for another process): the
+// one protocol of a count on its way out.
+//
+// The ledger's record of each count is cleared just before publish, since
+// from then on the message holds it (a process killed after publish must
+// not have it given up for it). When publish fails, the counts are recorded
+// again and stay the refs', which the caller still releases, and Send
+// returns false with publish's error. When it succeeds, the refs are spent:
+// they close (the error is of closing), and must not be released.
+func Send(refs []*Ref, publish func() error) (bool, error) {
+	for _, r := range refs {
+		r.unrecord()
+		if r.ticket != nil {
+			r.ticket.Arm() // from now on, its receiver may take it
+		}
+	}
+	if err := publish(); err != nil {
+		var errs []error
+		for _, r := range refs {
+			if r.ticket != nil {
+				if derr := r.ticket.Disarm(); derr != nil {
+					// Taken though publish failed: the count went with it.
+					errs = append(errs, derr)
+					continue
+				}
+			}
+			recorded(r)
+		}
+		return false, errors.Join(append([]error{err}, errs...)...)
+	}
+	var errs []error
+	for _, r := range refs {
+		r.ticket = nil // the message's now: its receiver takes it
+		if r.seg != nil {
+			errs = append(errs, r.seg.Close())
+		}
+	}
+	return true, errors.Join(errs...)
+}
+
+// Adopt turns a received descriptor into a Ref that owns the count it
+// carried, and returns the array's bytes (from its offset). It takes the
+// descriptor's ticket first: a descriptor taken before (replayed bytes)
+// fails with an error wrapping ErrTaken and takes nothing.
+func Adopt(d *message.Descriptor) (*Ref, []byte, error) {
+	if err := take(d); err != nil {
+		return nil, nil, err
+	}
+	return open(d, false)
+}
+
+// take takes the ticket of descriptor d, which carries a count, once.
+func take(d *message.Descriptor) error {
+	if err := d.Check(); err != nil {
+		return err
+	}
+	t := d.Ticket
+	if t.Arena == "" {
+		return fmt.Errorf("%w: a descriptor that carries a count has no ticket", message.ErrMalformed)
+	}
+	if err := pool.TakeTicket(t.Arena, t.Slot, t.Generation, t.Nonce); err != nil {
+		if errors.Is(err, unix.ENOENT) && gone(d.Name) {
+			// The ticket's arena and the memory are both gone: the sender
+			// died and what it had sent was collected (zctipc gc, the
+			// daemon), which is what to say, rather than that someone
+			// took it.
+			return fmt.Errorf("descriptor of %q: the memory it names is gone (its sender exited and it was "+
+				"collected, or every holder let go), and so is its ticket arena %q: %w", d.Name, t.Arena, unix.ENOENT)
+		}
+		return fmt.Errorf("descriptor of %q: %w", d.Name, err)
+	}
+	return nil
+}
+
+// gone reports whether segment name (a tensor segment or an arena) is no
+// longer there to be opened.
+func gone(name string) bool {
+	_, err := shm.Stat(name)
+	return errors.Is(err, unix.ENOENT)
+}
+
+// Attach turns a descriptor that someone still holds (one made by
+// Describe and not sent: its count stays with whoever described it) into a
+// Ref with a count of this process's own, and returns the array's bytes
+// (from its offset). The count is added only while the memory still has
+// one (a segment's refcount, or the slot's, above zero, and the slot still
+// of the descriptor's generation): memory let go of is never revived, and
+// attaching it fails with an error that is unix.ENOENT.
+func Attach(d *message.Descriptor) (*Ref, []byte, error) { return open(d, true) }
+
+// open makes the Ref of descriptor d: one that takes over the count d
+// carried, or with attach one with a count added for this process.
+func open(d *message.Descriptor, attach bool) (*Ref, []byte, error) {
+	if err := d.Check(); err != nil {
+		return nil, nil, err
+	}
+	var r *Ref
+	switch d.Kind {
+	case message.RefSegment:
+		var seg *shm.Segment
+		var err error
+		if attach {
+			seg, err = shm.Attach(d.Name, header.KindTensor, false)
+		} else {
+			seg, err = shm.Adopt(d.Name, header.KindTensor)
+		}
+		if err != nil {
+			return nil, nil, err
+		}
+		r = &Ref{seg: seg, entry: shm.NoEntry}
+	default:
+		s, err := pool.Adopt(d.Name, d.Slot, d.Generation)
+		if attach {
+			if err == nil {
+				s, err = s.AddRef()
+			}
+			if errors.Is(err, pool.ErrStale) || errors.Is(err, unix.ENOENT) {
+				return nil, nil, fmt.Errorf("%w: the buffer was let go of by every holder (%v)", unix.ENOENT, err)
+			}
+		}
+		if err != nil {
+			return nil, nil, err
+		}
+		r = recorded(&Ref{slot: s})
+	}
+	data, err := r.bytesOf(d)
+	if err != nil {
+		return nil, nil, err
+	}
+	return r, data, nil
+}
+
+// bytesOf returns the bytes of r's region that d describes; when they do
+// not lie in it, r is released and the error says so.
+func (r *Ref) bytesOf(d *message.Descriptor) ([]byte, error) {
+	data := r.Data()
+	if d.Offset+d.NBytes > uint64(len(data)) {
+		return nil, errors.Join(fmt.Errorf("descriptor reaches past its %d-byte region: %w", len(data), message.ErrMalformed), r.Release())
+	}
+	return data[d.Offset : d.Offset+d.NBytes : d.Offset+d.NBytes], nil
+}
+
+// Drop gives up the count a received descriptor carried, for a message
+// whose buffers are not wanted. It maps nothing for long and takes no lock
+// of package shm, so a segment finalizer may call it.
+func Drop(d *message.Descriptor) error {
+	if err := take(d); err != nil {
+		return err
+	}
+	if d.Kind == message.RefSegment {
+		return shm.DropRef(d.Name, header.KindTensor)
+	}
+	s, err := pool.Adopt(d.Name, d.Slot, d.Generation)
+	if err != nil {
+		return err
+	}
+	return s.Release()
+}

@@ -1,0 +1,77 @@
+package buffer_test
+
+import (
+	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/stretchr/testify/require"
+	"github.com/zctipc/zctipc/go/internal/buffer"
+	"github.com/zctipc/zctipc/go/internal/dtype"
+	"github.com/zctipc/zctipc/go/internal/header"
+	"github.com/zctipc/zctipc/go/internal/pool"
+	"github.com/zctipc/zctipc/go/internal/shm"
+	"golang.org/x/sys/unix"
+)
+
+// A described buffer is attached with a count of its own each time, while
+// whoever described it holds it; once every holder let go, attaching it
+// fails with ENOENT and revives nothing.
+func TestAttachDescribedSlot(t *testing.T) {
+	p := pool.New(64 << 20)
+	defer p.Close()
+	s, err := p.Alloc(4096, time.Time{})
+	require.NoError(t, err)
+	copy(s.Data(), "described")
+	ref := buffer.NewSlotRef(s)
+	d, err := ref.Describe(0, dtype.Uint8, []int64{9}, []int64{1}, 0)
+	require.NoError(t, err)
+
+	a, data, err := buffer.Attach(&d)
+	require.NoError(t, err)
+	require.Equal(t, "described", string(data))
+	b, _, err := buffer.Attach(&d)
+	require.NoError(t, err)
+	n, err := ref.Holders()
+	require.NoError(t, err)
+	require.EqualValues(t, 3, n, "the describer's count and one per attach")
+
+	require.NoError(t, a.Release())
+	require.NoError(t, ref.Release())
+	c, data, err := buffer.Attach(&d)
+	require.NoError(t, err, "b still holds it")
+	require.Equal(t, "described", string(data))
+	require.NoError(t, b.Release())
+	n, err = c.Holders()
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n)
+	require.NoError(t, c.Release())
+	_, _, err = buffer.Attach(&d)
+	require.ErrorIs(t, err, unix.ENOENT)
+}
+
+func TestAttachDescribedSegment(t *testing.T) {
+	seg, err := shm.Create("", header.KindTensor, dtype.Uint8, []int64{64})
+	require.NoError(t, err)
+	copy(seg.Data(), "segment")
+	ref, off, ok, err := buffer.Find(uintptr(unsafe.Pointer(&seg.Data()[0])), 64)
+	require.NoError(t, err)
+	require.True(t, ok)
+	d, err := ref.Describe(off, dtype.Uint8, []int64{7}, []int64{1}, 0)
+	require.NoError(t, err)
+	require.NoError(t, ref.Release())
+
+	a, data, err := buffer.Attach(&d)
+	require.NoError(t, err)
+	require.Equal(t, "segment", string(data))
+	require.NoError(t, a.Release())
+	name := seg.Name()
+	require.NoError(t, seg.Close()) // the last holder: the file goes
+	_, _, err = buffer.Attach(&d)
+	require.ErrorIs(t, err, unix.ENOENT, "segment %s", name)
+
+	bad := d
+	bad.Offset = 1 << 20
+	_, _, err = buffer.Attach(&bad)
+	require.Error(t, err)
+}

@@ -1,0 +1,309 @@
+// Package ledger keeps, in shared memory, the list of counts a process
+// holds on segments and pool slots, so that the cleanup daemon can give them
+// up when the process dies without doing so itself (SIGKILL, the OOM
+// killer).
+//
+// A ledger is a segment of kind ledger, created by its owner: a file in the
+// segment directory under the file_system strategy, so that a daemon started
+// after a crash finds it, or a memfd sent to the daemon under the
+// file_descriptor strategy, so that nothing is ever left in a file system.
+// Its header's creator fields say whose it is. Entries are written with
+// plain stores, state last: recording and clearing a count costs no system
+// call. The ledger is sparse: its pages are reserved as entries are needed,
+// and readers read only the entries reserved so far.
+//
+// Note [never give up what was not taken]: a count is taken before its entry
+// is written, and its entry is cleared before the count is given up or
+// handed on, so a process killed in between leaks one count rather than
+// making the daemon give up a count that was never there, which could remove
+// memory still in use. (The daemon's orphan collection reclaims what leaks.)
+// The daemon clears an entry, with a compare-and-swap, before it acts on it,
+// so two sweepers never give up one count twice.
+package ledger
+
+import (
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"unsafe"
+
+	"github.com/zctipc/zctipc/go/internal/header"
+	"github.com/zctipc/zctipc/go/internal/proc"
+	"github.com/zctipc/zctipc/go/internal/shm"
+	"golang.org/x/sys/unix"
+)
+
+// Entry states.
+const (
+	Free     = 0
+	Creating = 1 // a segment file being made under temporary name Name, to be renamed Final
+	Segment  = 2 // one count on segment Name
+	Slot     = 3 // one count on slot Index (of Generation) of arena Name
+)
+
+// Layout of a ledger's data region.
+const (
+	offCapacity    = 0  // u32 entries reserved so far
+	offSweeperPID  = 8  // u32 the process sweeping the ledger, 0 until one does
+	offSweeperTime = 16 // u64 its start time
+	entriesAt      = 64
+	entrySize      = 512
+	nameCap        = 240
+	firstEntries   = 64      // reserved when the ledger is made
+	MaxEntries     = 1 << 16 // the most counts one ledger records
+	// Size is the size of a ledger's data region.
+	Size = entriesAt + MaxEntries*entrySize
+)
+
+// Entry field offsets.
+const (
+	eState   = 0  // u32
+	eIndex   = 4  // u32 slot index
+	eGen     = 8  // u32 slot generation
+	eNameLen = 12 // u8
+	eFinLen  = 13 // u8
+	eDev     = 16 // u64 device of a Creating entry's temporary file, once made
+	eIno     = 24 // u64 its inode, 0 until made
+	eName    = 32
+	eFinal   = eName + nameCap
+)
+
+// Ledger is a process's own ledger. It is safe for concurrent use: a mutex
+// guards its free entries, and entries are written with atomic stores for
+// the daemon that reads them meanwhile.
+type Ledger struct {
+	mu       sync.Mutex
+	seg      *shm.Segment
+	fd       int
+	data     []byte
+	capacity int   // entries reserved
+	free     []int // free entry numbers
+}
+
+var current atomic.Pointer[Ledger]
+
+// Current returns the process's ledger, or nil when its counts are not
+// recorded.
+func Current() *Ledger { return current.Load() }
+
+// Enable makes the process's ledger, under the strategy in force, and has
+// package shm record in it the counts this process takes from now on. It
+// returns the existing ledger when there is one.
+func Enable() (*Ledger, error) {
+	if l := current.Load(); l != nil {
+		return l, nil
+	}
+	seg, fd, err := shm.CreateSparse(header.KindLedger, Size, entriesAt+firstEntries*entrySize)
+	if err != nil {
+		return nil, fmt.Errorf("create the ledger of this process: %w", err)
+	}
+	l := &Ledger{seg: seg, fd: fd, data: seg.Data()}
+	l.setCapacity(firstEntries)
+	if !current.CompareAndSwap(nil, l) {
+		return current.Load(), l.remove()
+	}
+	shm.SetTracker(tracker{l})
+	return l, nil
+}
+
+func (l *Ledger) setCapacity(n int) {
+	for i := n - 1; i >= l.capacity; i-- {
+		l.free = append(l.free, i)
+	}
+	l.capacity = n
+	atomic.StoreUint32(u32(l.data, offCapacity), uint32(n))
+}
+
+// Name returns the name of the ledger's segment.
+func (l *Ledger) Name() string { return l.seg.Name() }
+
+// FD returns the ledger's file descriptor (a memfd's is sent to the daemon).
+func (l *Ledger) FD() int { return l.fd }
+
+// Close stops recording and removes the ledger; the process gave up its
+// counts first (it is about to exit).
+func (l *Ledger) Close() error {
+	if !current.CompareAndSwap(l, nil) {
+		return nil
+	}
+	shm.SetTracker(nil)
+	return l.remove()
+}
+
+func (l *Ledger) remove() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var err error
+	if !shm.IsFDName(l.seg.Name()) {
+		err = shm.Unlink(l.seg.Name())
+	}
+	unix.Close(l.fd)
+	l.fd = -1
+	// The mapping stays: a release racing with Close may still write an
+	// entry, and the memory goes with the process.
+	return err
+}
+
+func u32(d []byte, off int) *uint32 { return (*uint32)(unsafe.Pointer(&d[off])) }
+func u64(d []byte, off int) *uint64 { return (*uint64)(unsafe.Pointer(&d[off])) }
+
+func entry(d []byte, n int) []byte {
+	at := entriesAt + n*entrySize
+	return d[at : at+entrySize : at+entrySize]
+}
+
+// record writes an entry, state last, and returns its number, or
+// shm.NoEntry when the ledger is full or the name does not fit.
+func (l *Ledger) record(state uint32, name, final string, index, gen uint32) int {
+	if l == nil || len(name) > nameCap || len(final) > nameCap {
+		return shm.NoEntry
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.free) == 0 && !l.grow() {
+		return shm.NoEntry
+	}
+	n := l.free[len(l.free)-1]
+	l.free = l.free[:len(l.free)-1]
+	e := entry(l.data, n)
+	*u32(e, eIndex) = index
+	*u32(e, eGen) = gen
+	*u64(e, eDev) = 0
+	*u64(e, eIno) = 0
+	e[eNameLen] = uint8(len(name))
+	e[eFinLen] = uint8(len(final))
+	copy(e[eName:eName+nameCap], name)
+	copy(e[eFinal:eFinal+nameCap], final)
+	atomic.StoreUint32(u32(e, eState), state)
+	return n
+}
+
+// grow reserves twice the entries. The caller holds l.mu.
+func (l *Ledger) grow() bool {
+	if l.fd < 0 || l.capacity >= MaxEntries {
+		return false
+	}
+	n := min(2*l.capacity, MaxEntries)
+	if l.seg.Reserve(l.fd, uint64(entriesAt+n*entrySize)) != nil {
+		return false // out of shared memory: the count goes unrecorded
+	}
+	l.setCapacity(n)
+	return true
+}
+
+// HoldSegment records one count on segment name.
+func (l *Ledger) HoldSegment(name string) int { return l.record(Segment, name, "", 0, 0) }
+
+// HoldSlot records one count on a slot.
+func (l *Ledger) HoldSlot(arena string, index, gen uint32) int {
+	return l.record(Slot, arena, "", index, gen)
+}
+
+// Drop clears entry n, before its count is given up or handed on.
+func (l *Ledger) Drop(n int) {
+	if l == nil || n == shm.NoEntry {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	atomic.StoreUint32(u32(entry(l.data, n), eState), Free)
+	l.free = append(l.free, n)
+}
+
+// tracker makes a ledger package shm's Tracker.
+type tracker struct{ l *Ledger }
+
+func (t tracker) Creating(tmp, final string) int { return t.l.record(Creating, tmp, final, 0, 0) }
+func (t tracker) Holding(name string) int        { return t.l.HoldSegment(name) }
+func (t tracker) Dropped(n int)                  { t.l.Drop(n) }
+
+func (t tracker) Opened(n int, dev, ino uint64) {
+	if n == shm.NoEntry {
+		return
+	}
+	t.l.mu.Lock()
+	defer t.l.mu.Unlock()
+	e := entry(t.l.data, n)
+	atomic.StoreUint64(u64(e, eDev), dev)
+	atomic.StoreUint64(u64(e, eIno), ino)
+}
+
+func (t tracker) Created(n int) {
+	if n == shm.NoEntry {
+		return
+	}
+	t.l.mu.Lock()
+	defer t.l.mu.Unlock()
+	e := entry(t.l.data, n)
+	// The final name becomes the name, then the state says so: a reader
+	// that sees Segment sees the name.
+	e[eNameLen] = e[eFinLen]
+	copy(e[eName:eName+nameCap], e[eFinal:eFinal+nameCap])
+	atomic.StoreUint32(u32(e, eState), Segment)
+}
+
+// Entry is one record of a ledger, as another process reads it.
+type Entry struct {
+	Number     int
+	State      uint32
+	Name       string // the segment, the arena, or the temporary file
+	Final      string // Creating: the name the file was to get
+	Index, Gen uint32 // Slot
+	Dev, Ino   uint64 // Creating: the temporary file, Ino 0 until made
+}
+
+// Entries returns the entries of the ledger whose data region is d that are
+// not free. The owner may change them while they are read: a reader that
+// must be sure of an entry claims it with Take.
+func Entries(d []byte) []Entry {
+	if len(d) < entriesAt {
+		return nil
+	}
+	n := min(int(atomic.LoadUint32(u32(d, offCapacity))), (len(d)-entriesAt)/entrySize)
+	var out []Entry
+	for i := range n {
+		e := entry(d, i)
+		state := atomic.LoadUint32(u32(e, eState))
+		if state == Free || state > Slot {
+			continue
+		}
+		out = append(out, Entry{
+			Number: i,
+			State:  state,
+			Name:   string(e[eName : eName+min(int(e[eNameLen]), nameCap)]),
+			Final:  string(e[eFinal : eFinal+min(int(e[eFinLen]), nameCap)]),
+			Index:  atomic.LoadUint32(u32(e, eIndex)),
+			Gen:    atomic.LoadUint32(u32(e, eGen)),
+			Dev:    atomic.LoadUint64(u64(e, eDev)),
+			Ino:    atomic.LoadUint64(u64(e, eIno)),
+		})
+	}
+	return out
+}
+
+// Take clears entry e of the ledger whose data region is d, if it is still
+// in the state e was read in, and reports whether this caller did: only the
+// one that takes an entry acts on it.
+func Take(d []byte, e Entry) bool {
+	return atomic.CompareAndSwapUint32(u32(entry(d, e.Number), eState), e.State, Free)
+}
+
+// Claim makes self the sweeper of the ledger whose data region is d, unless
+// a live process other than self is: two sweepers never sweep one ledger at
+// once (and Take keeps them from giving up a count twice even so).
+func Claim(d []byte, self proc.Identity) bool {
+	pid := u32(d, offSweeperPID)
+	for {
+		cur := atomic.LoadUint32(pid)
+		if cur != 0 && int64(cur) != self.PID {
+			other := proc.Identity{PID: int64(cur), StartTime: atomic.LoadUint64(u64(d, offSweeperTime))}
+			if !proc.Dead(other) { // alive, or /proc cannot tell
+				return false
+			}
+		}
+		if atomic.CompareAndSwapUint32(pid, cur, uint32(self.PID)) {
+			atomic.StoreUint64(u64(d, offSweeperTime), self.StartTime)
+			return true
+		}
+	}
+}

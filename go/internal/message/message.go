@@ -1,0 +1,370 @@
+// Package message encodes and decodes the records of a zctipc queue and the
+// buffer descriptors they carry (docs/format.md, "Queue messages").
+//
+// A descriptor names memory in another segment (a tensor segment of its own,
+// or a slot of a pool arena) and the array laid over it. It carries one count
+// on that memory: whoever takes the record from the queue owns the count.
+// Records are read from a ring that other processes write, so decoding works
+// on a private copy and checks every length and bound.
+package message
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math/bits"
+
+	"github.com/zctipc/zctipc/go/internal/dtype"
+	"github.com/zctipc/zctipc/go/internal/header"
+)
+
+// Record types.
+const (
+	TypePickle = 1 // a pickle (protocol 5) that refers to its descriptors by index
+	TypeTensor = 2 // one descriptor and no payload: a bare array
+	TypeBytes  = 3 // raw bytes and no descriptor
+	TypeInline = 4 // a small array copied into the payload (Inline), no descriptor
+)
+
+// Descriptor kinds: what the memory of a descriptor is.
+const (
+	RefSegment = 1 // the data region of a tensor segment
+	RefSlot    = 2 // a slot of a pool arena
+)
+
+// Layout constants.
+const (
+	RecordHeaderSize = 16
+	descriptorBase   = 32
+	// MaxDescriptors bounds the descriptors of one record.
+	MaxDescriptors = 0xFFFF
+	maxNameLen     = 255
+)
+
+// ErrMalformed is wrapped by every decoding error.
+var ErrMalformed = errors.New("malformed message")
+
+var le = binary.LittleEndian
+
+// Descriptor is one buffer of a record.
+type Descriptor struct {
+	Kind       uint8
+	Flags      uint8 // bits 0-1: the Python type to rebuild (0 NumPy, 1 torch, 2 SharedTensor); bit 2: read-only
+	DType      dtype.DType
+	Shape      []int64
+	Strides    []int64 // bytes
+	Name       string  // the segment, or the arena of the slot
+	Offset     uint64  // where the array starts in the segment's data region
+	NBytes     uint64  // bytes from Offset that the array may touch
+	Slot       uint32  // the slot index (RefSlot)
+	Generation uint32  // the slot's generation when it was handed out (RefSlot)
+	Ticket     Ticket  // the claim on the count it carries, for a descriptor that carries one
+}
+
+// Ticket names the ticket of a descriptor that carries a count: the slot
+// of a ticket arena whose first word holds Nonce until the count is taken
+// (Note [a count is taken once] in package pool). Its zero value is no
+// ticket.
+type Ticket struct {
+	Arena      string
+	Slot       uint32
+	Generation uint32
+	Nonce      uint64
+}
+
+// flagTicket marks, in an encoded descriptor's flags, the ticket block that
+// follows its name.
+const flagTicket = 8
+
+// ticketBase is the size of a ticket block before its arena's name.
+const ticketBase = 24
+
+// Size returns the encoded size of d, a multiple of 8.
+func (d *Descriptor) Size() int {
+	n := align8(descriptorBase + 16*len(d.Shape) + len(d.Name))
+	if d.Ticket.Arena != "" {
+		n += align8(ticketBase + len(d.Ticket.Arena))
+	}
+	return n
+}
+
+// Check validates d's fields: its kind, type, dimensions, name length, and
+// that the array fits in NBytes.
+func (d *Descriptor) Check() error {
+	switch {
+	case d.Kind != RefSegment && d.Kind != RefSlot:
+		return fmt.Errorf("%w: descriptor kind %d", ErrMalformed, d.Kind)
+	case d.Flags&^7 != 0:
+		return fmt.Errorf("%w: descriptor flags %#x", ErrMalformed, d.Flags)
+	case len(d.Shape) > header.MaxNDim || len(d.Strides) != len(d.Shape):
+		return fmt.Errorf("%w: descriptor ndim %d", ErrMalformed, len(d.Shape))
+	case len(d.Name) == 0 || len(d.Name) > maxNameLen:
+		return fmt.Errorf("%w: descriptor name of %d bytes", ErrMalformed, len(d.Name))
+	case len(d.Ticket.Arena) > maxNameLen || d.Ticket.Arena != "" && d.Ticket.Nonce == 0:
+		return fmt.Errorf("%w: descriptor ticket of a %d-byte name and nonce %#x", ErrMalformed, len(d.Ticket.Arena), d.Ticket.Nonce)
+	}
+	if err := d.DType.Check(); err != nil {
+		return fmt.Errorf("%w: %w", ErrMalformed, err)
+	}
+	for i := range d.Shape {
+		if d.Shape[i] < 0 || d.Strides[i] < 0 {
+			return fmt.Errorf("%w: negative shape or stride in descriptor", ErrMalformed)
+		}
+	}
+	if _, ok := header.ByteCount(d.Shape, d.DType.Size()); !ok {
+		return fmt.Errorf("%w: descriptor shape %v overflows", ErrMalformed, d.Shape)
+	}
+	extent, ok := header.Extent(d.Shape, d.Strides, d.DType.Size())
+	if _, carry := bits.Add64(d.Offset, d.NBytes, 0); !ok || extent > d.NBytes || carry != 0 {
+		return fmt.Errorf("%w: descriptor array reaches past its %d bytes", ErrMalformed, d.NBytes)
+	}
+	return nil
+}
+
+// Encode writes d into dst, which holds at least d.Size() bytes, and returns
+// the bytes written.
+func (d *Descriptor) Encode(dst []byte) int {
+	n := d.Size()
+	ndim := len(d.Shape)
+	clear(dst[:n])
+	le.PutUint16(dst[0:], uint16(n))
+	dst[2] = d.Kind
+	dst[3] = d.Flags
+	if d.Ticket.Arena != "" {
+		dst[3] |= flagTicket
+	}
+	le.PutUint16(dst[4:], uint16(d.DType))
+	dst[6] = uint8(ndim)
+	dst[7] = uint8(len(d.Name))
+	le.PutUint64(dst[8:], d.Offset)
+	le.PutUint64(dst[16:], d.NBytes)
+	le.PutUint32(dst[24:], d.Slot)
+	le.PutUint32(dst[28:], d.Generation)
+	for i := range ndim {
+		le.PutUint64(dst[descriptorBase+8*i:], uint64(d.Shape[i]))
+		le.PutUint64(dst[descriptorBase+8*(ndim+i):], uint64(d.Strides[i]))
+	}
+	copy(dst[descriptorBase+16*ndim:], d.Name)
+	if d.Ticket.Arena != "" {
+		at := align8(descriptorBase + 16*ndim + len(d.Name))
+		le.PutUint64(dst[at:], d.Ticket.Nonce)
+		le.PutUint32(dst[at+8:], d.Ticket.Slot)
+		le.PutUint32(dst[at+12:], d.Ticket.Generation)
+		dst[at+16] = uint8(len(d.Ticket.Arena))
+		copy(dst[at+ticketBase:], d.Ticket.Arena)
+	}
+	return n
+}
+
+// DecodeDescriptor decodes and checks the descriptor at the start of src and
+// returns it with its encoded size.
+func DecodeDescriptor(src []byte) (Descriptor, int, error) {
+	if len(src) < descriptorBase {
+		return Descriptor{}, 0, fmt.Errorf("%w: descriptor truncated", ErrMalformed)
+	}
+	n := int(le.Uint16(src))
+	ndim := int(src[6])
+	nameLen := int(src[7])
+	base := align8(descriptorBase + 16*ndim + nameLen)
+	var ticket Ticket
+	if src[3]&flagTicket != 0 {
+		if base+ticketBase > min(n, len(src)) {
+			return Descriptor{}, 0, fmt.Errorf("%w: descriptor of %d bytes truncates its ticket", ErrMalformed, n)
+		}
+		ticket = Ticket{Nonce: le.Uint64(src[base:]), Slot: le.Uint32(src[base+8:]), Generation: le.Uint32(src[base+12:])}
+		tlen := int(src[base+16])
+		if tlen == 0 || n != base+align8(ticketBase+tlen) || n > len(src) {
+			return Descriptor{}, 0, fmt.Errorf("%w: descriptor of %d bytes with a %d-byte ticket name", ErrMalformed, n, tlen)
+		}
+		ticket.Arena = string(src[base+ticketBase : base+ticketBase+tlen])
+		base = n
+	}
+	if ndim > header.MaxNDim || n != base || n > len(src) {
+		return Descriptor{}, 0, fmt.Errorf("%w: descriptor of %d bytes with ndim %d and a %d-byte name", ErrMalformed, n, ndim, nameLen)
+	}
+	d := Descriptor{
+		Kind:       src[2],
+		Flags:      src[3] &^ flagTicket,
+		Ticket:     ticket,
+		DType:      dtype.DType(le.Uint16(src[4:])),
+		Shape:      make([]int64, ndim),
+		Strides:    make([]int64, ndim),
+		Offset:     le.Uint64(src[8:]),
+		NBytes:     le.Uint64(src[16:]),
+		Slot:       le.Uint32(src[24:]),
+		Generation: le.Uint32(src[28:]),
+	}
+	for i := range ndim {
+		d.Shape[i] = int64(le.Uint64(src[descriptorBase+8*i:]))
+		d.Strides[i] = int64(le.Uint64(src[descriptorBase+8*(ndim+i):]))
+	}
+	d.Name = string(src[descriptorBase+16*ndim : descriptorBase+16*ndim+nameLen])
+	if err := d.Check(); err != nil {
+		return Descriptor{}, 0, err
+	}
+	return d, n, nil
+}
+
+// Record is one message of a queue.
+type Record struct {
+	Type        uint8
+	Descriptors []Descriptor
+	Payload     []byte
+}
+
+// Size returns the encoded size of r, a multiple of 8.
+func (r *Record) Size() int {
+	n := RecordHeaderSize + len(r.Payload)
+	for i := range r.Descriptors {
+		n += r.Descriptors[i].Size()
+	}
+	return align8(n)
+}
+
+// Check validates r's type against its descriptors and payload.
+func (r *Record) Check() error {
+	switch {
+	case len(r.Descriptors) > MaxDescriptors:
+		return fmt.Errorf("%w: %d descriptors", ErrMalformed, len(r.Descriptors))
+	case r.Type == TypeTensor && (len(r.Descriptors) != 1 || len(r.Payload) != 0):
+		return fmt.Errorf("%w: a tensor record holds one descriptor and no payload", ErrMalformed)
+	case (r.Type == TypeBytes || r.Type == TypeInline) && len(r.Descriptors) != 0:
+		return fmt.Errorf("%w: a bytes or inline record holds no descriptor", ErrMalformed)
+	case r.Type < TypePickle || r.Type > TypeInline:
+		return fmt.Errorf("%w: record type %d", ErrMalformed, r.Type)
+	}
+	if r.Type == TypeInline {
+		if _, err := DecodeInline(r.Payload); err != nil {
+			return err
+		}
+	}
+	for i := range r.Descriptors {
+		if err := r.Descriptors[i].Check(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Encode writes r into dst, which holds at least r.Size() bytes.
+func (r *Record) Encode(dst []byte) {
+	size := r.Size()
+	le.PutUint32(dst[0:], uint32(size))
+	dst[4] = r.Type
+	dst[5] = 0
+	le.PutUint16(dst[6:], uint16(len(r.Descriptors)))
+	le.PutUint32(dst[8:], uint32(len(r.Payload)))
+	le.PutUint32(dst[12:], 0)
+	at := RecordHeaderSize
+	for i := range r.Descriptors {
+		at += r.Descriptors[i].Encode(dst[at:])
+	}
+	at += copy(dst[at:], r.Payload)
+	clear(dst[at:size])
+}
+
+// DecodeRecord decodes and checks the record that is exactly src (a private
+// copy). The payload aliases src.
+func DecodeRecord(src []byte) (Record, error) {
+	if len(src) < RecordHeaderSize || len(src)%8 != 0 || int(le.Uint32(src)) != len(src) {
+		return Record{}, fmt.Errorf("%w: record of %d bytes", ErrMalformed, len(src))
+	}
+	r := Record{Type: src[4], Descriptors: make([]Descriptor, le.Uint16(src[6:]))}
+	payload := int(le.Uint32(src[8:]))
+	at := RecordHeaderSize
+	for i := range r.Descriptors {
+		d, n, err := DecodeDescriptor(src[at:])
+		if err != nil {
+			return Record{}, err
+		}
+		r.Descriptors[i] = d
+		at += n
+	}
+	if payload > len(src)-at || align8(at+payload) != len(src) {
+		return Record{}, fmt.Errorf("%w: payload of %d bytes in a %d-byte record", ErrMalformed, payload, len(src))
+	}
+	r.Payload = src[at : at+payload]
+	return r, r.Check()
+}
+
+// NextRecord decodes the record at the start of src, a run of records laid
+// one after another (as a queue's GetMany fills a buffer), and returns it
+// with its size. A record that fails to decode is reported with its size,
+// so that a walk goes on past it; one whose size cannot be read, with 0.
+func NextRecord(src []byte) (Record, int, error) {
+	if len(src) < RecordHeaderSize {
+		return Record{}, 0, fmt.Errorf("%w: %d bytes left for a record", ErrMalformed, len(src))
+	}
+	size := int(le.Uint32(src))
+	if size < RecordHeaderSize || size%8 != 0 || size > len(src) {
+		return Record{}, 0, fmt.Errorf("%w: a record of %d bytes with %d left", ErrMalformed, size, len(src))
+	}
+	r, err := DecodeRecord(src[:size])
+	return r, size, err
+}
+
+func align8(n int) int { return (n + 7) &^ 7 }
+
+// InlineHeaderSize is the fixed part of an inline array's header; its shape
+// follows.
+const InlineHeaderSize = 8
+
+// Inline is a small array that travels inside its record (TypeInline): its
+// elements, in C order, follow its header in the payload.
+//
+//	+0  u16  dtype code
+//	+2  u8   flags, as a descriptor's: bits 0-1 the Python type to rebuild,
+//	         bit 2 read-only
+//	+3  u8   ndim, 0 to 32
+//	+4  u32  zero
+//	+8  i64  shape, ndim of them, not negative
+//	...      the elements: exactly the bytes the shape and dtype make
+type Inline struct {
+	DType dtype.DType
+	Flags uint8
+	Shape []int64
+	Data  []byte // the elements, in the payload
+}
+
+// EncodeInline writes the header of an inline array into dst (at least
+// InlineHeaderSize + 8*len(shape) bytes) and returns where its elements go.
+func EncodeInline(dst []byte, dt dtype.DType, flags uint8, shape []int64) int {
+	le.PutUint16(dst[0:], uint16(dt))
+	dst[2] = flags
+	dst[3] = uint8(len(shape))
+	le.PutUint32(dst[4:], 0)
+	for i, d := range shape {
+		le.PutUint64(dst[InlineHeaderSize+8*i:], uint64(d))
+	}
+	return InlineHeaderSize + 8*len(shape)
+}
+
+// DecodeInline reads and checks the inline array a TypeInline payload
+// holds; Data aliases the payload.
+func DecodeInline(payload []byte) (Inline, error) {
+	if len(payload) < InlineHeaderSize {
+		return Inline{}, fmt.Errorf("%w: an inline array of %d bytes", ErrMalformed, len(payload))
+	}
+	in := Inline{DType: dtype.DType(le.Uint16(payload)), Flags: payload[2]}
+	ndim := int(payload[3])
+	if ndim > header.MaxNDim || payload[2]&^7 != 0 || le.Uint32(payload[4:]) != 0 || len(payload) < InlineHeaderSize+8*ndim {
+		return Inline{}, fmt.Errorf("%w: an inline array header (ndim %d, flags %#x)", ErrMalformed, ndim, payload[2])
+	}
+	if err := in.DType.Check(); err != nil {
+		return Inline{}, fmt.Errorf("%w: %w", ErrMalformed, err)
+	}
+	in.Shape = make([]int64, ndim)
+	for i := range in.Shape {
+		in.Shape[i] = int64(le.Uint64(payload[InlineHeaderSize+8*i:]))
+		if in.Shape[i] < 0 {
+			return Inline{}, fmt.Errorf("%w: negative shape in an inline array", ErrMalformed)
+		}
+	}
+	n, ok := header.ByteCount(in.Shape, in.DType.Size())
+	at := InlineHeaderSize + 8*ndim
+	if !ok || n != uint64(len(payload)-at) {
+		return Inline{}, fmt.Errorf("%w: an inline array of shape %v holds %d bytes of elements", ErrMalformed, in.Shape, len(payload)-at)
+	}
+	in.Data = payload[at:]
+	return in, nil
+}

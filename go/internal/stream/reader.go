@@ -1,0 +1,345 @@
+package stream
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/zctipc/zctipc/go/internal/futex"
+	"github.com/zctipc/zctipc/go/internal/proc"
+	"github.com/zctipc/zctipc/go/internal/shm"
+	"golang.org/x/sys/unix"
+)
+
+// ErrNoSlot means every reader slot of the stream is held by a live reader
+// (or the one asked for is).
+var ErrNoSlot = fmt.Errorf("no free reader slot: %w", unix.EBUSY)
+
+// slotJoining is the state of a slot while a reader sets it up; the writer
+// ignores it.
+const slotJoining = 3
+
+// Reader is one reader of a stream, in this process: one position in it.
+// It is safe for concurrent use: its calls are serialized, so goroutines
+// that share a Reader share its position (a frame one of them looked at is
+// released by the next Increment, whoever calls it). Close may be called
+// while another goroutine waits in Look, which then returns ErrClosed.
+type Reader struct {
+	calls   // serialized: they move pos and looking
+	s       *Stream
+	seg     *shm.Segment // the reader's own handle: the memory outlives the stream's
+	index   int
+	word    uint64 // the slot's word while this reader holds it
+	slot    []byte
+	pos     uint64 // the next frame to read
+	looking bool   // Look returned frame pos and Increment has not passed it
+	at      int    // the slot of frame pos while looking
+	self    proc.Identity
+	armed   futex.Armed // the host's sleeps outside Go (ArmWait)
+}
+
+// Reader joins the stream as the reader of slot index, or of the first free
+// slot when index is negative. A slot is free when no reader holds it, or
+// the process that held it is gone. The reader starts at the next frame
+// published.
+func (s *Stream) Reader(index int) (*Reader, error) {
+	if !s.guard.Enter() {
+		return nil, ErrClosed
+	}
+	defer s.guard.Leave()
+	self, err := proc.Self()
+	if err != nil {
+		return nil, err
+	}
+	if index >= s.cfg.Readers {
+		return nil, fmt.Errorf("reader slot %d: the stream has %d (0 to %d): %w",
+			index, s.cfg.Readers, s.cfg.Readers-1, unix.EINVAL)
+	}
+	seg, err := s.seg.Dup()
+	if err != nil {
+		return nil, err
+	}
+	r := &Reader{calls: calls{policy: futex.NewSleeping()}, s: s, seg: seg, self: self}
+	if index >= 0 {
+		if r.claim(index) {
+			return r, nil
+		}
+		err = fmt.Errorf("reader slot %d is held by pid %d: %w",
+			index, slotPID(atomic.LoadUint64(s.slotWord(index))), ErrNoSlot)
+	} else {
+		for i := range s.cfg.Readers {
+			if r.claim(i) {
+				return r, nil
+			}
+		}
+		err = fmt.Errorf("all %d reader slots of the stream are held by live readers "+
+			"(make it with more readers): %w", s.cfg.Readers, ErrNoSlot)
+	}
+	return nil, errors.Join(err, seg.Close())
+}
+
+// claim takes slot i if it is free, and reports whether it did.
+func (r *Reader) claim(i int) bool {
+	slot := r.s.slot(i)
+	word := u64(slot, rWord)
+	for {
+		w := atomic.LoadUint64(word)
+		switch state(w) {
+		case slotActive, slotJoining, slotEvicted:
+			// Evicted readers may come back: only their death frees the slot.
+			if !readerGone(slot, w) {
+				return false
+			}
+		}
+		joining := slotWord(r.self.PID, generation(w)+1, slotJoining)
+		if atomic.CompareAndSwapUint64(word, w, joining) {
+			r.index, r.slot = i, slot
+			atomic.StoreUint64(u64(slot, rDropped), 0)
+			atomic.StoreUint64(u64(slot, rReceived), 0)
+			r.activate(joining)
+			return true
+		}
+	}
+}
+
+// activate makes the slot, which this reader holds in state joining or
+// evicted, active again, at the next frame published.
+func (r *Reader) activate(held uint64) {
+	slot := r.slot
+	atomic.StoreUint64(u64(slot, rStart), r.self.StartTime)
+	atomic.StoreUint64(u64(slot, rPID), uint64(r.self.PID))
+	atomic.StoreInt64((*int64)(ptr(slot, rSeen)), nowNS())
+	published := atomic.LoadUint64(u64(r.s.data, offPublished))
+	atomic.StoreUint64(u64(slot, rPosition), published)
+	r.word = slotWord(r.self.PID, generation(held), slotActive)
+	atomic.StoreUint64(u64(slot, rWord), r.word)
+	// Read the position again now that the writer sees this reader: a
+	// writer that read the readers before could claim frames up to a ring
+	// past the position it saw, but not past this one.
+	r.pos = atomic.LoadUint64(u64(r.s.data, offPublished))
+	atomic.StoreUint64(u64(slot, rPosition), r.pos)
+}
+
+// Index returns the reader's slot.
+func (r *Reader) Index() int { return r.index }
+
+// ReaderStats are a reader's counts.
+type ReaderStats struct {
+	Position uint64 // the next frame this reader reads
+	Received uint64 // frames it took whole
+	Dropped  uint64 // frames it lost
+}
+
+// Stats returns the reader's counts (ErrClosed once it is closed).
+func (r *Reader) Stats() (ReaderStats, error) {
+	if err := r.enter(); err != nil {
+		return ReaderStats{}, err
+	}
+	defer r.leave()
+	return ReaderStats{
+		Position: r.pos,
+		Received: atomic.LoadUint64(u64(r.slot, rReceived)),
+		Dropped:  atomic.LoadUint64(u64(r.slot, rDropped)),
+	}, nil
+}
+
+// Look returns the slot of the next frame, waiting for the writer to
+// publish it until deadline (none when zero; a past deadline does not wait).
+// It returns ErrEmpty when the deadline passed, ErrEnded when the stream
+// ended and every frame was read. Looking again before Increment returns the
+// same slot.
+func (r *Reader) Look(deadline time.Time) (int, error) {
+	return r.wait(context.Background(), r.s, deadline, r.look, ErrEmpty)
+}
+
+// LookContext is Look, waiting until ctx is done: its deadline (ErrEmpty),
+// or its cancellation, which wakes the wait at once (ErrEmpty and
+// ctx.Err()).
+func (r *Reader) LookContext(ctx context.Context) (int, error) {
+	return r.wait(ctx, r.s, time.Time{}, r.look, ErrEmpty)
+}
+
+func (r *Reader) look(u futex.Until) (int, error) {
+	s := r.s
+	frames := uint64(s.cfg.Frames)
+	if r.looking {
+		return r.at, nil
+	}
+	data := s.dataSeq()
+	for {
+		if err := r.rejoinIfEvicted(); err != nil {
+			return 0, err
+		}
+		// Frames older than a ring behind the writer's claim are gone.
+		if claim := atomic.LoadUint64(u64(s.data, offClaim)); claim > r.pos+frames {
+			r.drop(claim - frames - r.pos)
+			r.pos = claim - frames
+			atomic.StoreUint64(u64(r.slot, rPosition), r.pos)
+		}
+		seen := data.Load()
+		if r.pos < atomic.LoadUint64(u64(s.data, offPublished)) {
+			at, err := s.slotOf(r.pos)
+			if err != nil {
+				return 0, err
+			}
+			r.at, r.looking = at, true
+			r.seen() // it holds this frame from now: a wait before does not count
+			return at, nil
+		}
+		if s.ended() {
+			// The writer may have published its last frames and ended
+			// between the load of published above and this one: End
+			// comes after every publish, so a load now sees them.
+			if r.pos < atomic.LoadUint64(u64(s.data, offPublished)) {
+				continue
+			}
+			return 0, ErrEnded
+		}
+		if !u.Deadline.IsZero() && !time.Now().Before(u.Deadline) {
+			return 0, ErrEmpty
+		}
+		if r.guard.Closed() {
+			return 0, ErrClosed
+		}
+		if err := s.sleep(data, seen, r.policy, u, ErrEmpty); err != nil {
+			return 0, err
+		}
+	}
+}
+
+// Increment releases the frame Look returned, and reports whether it was
+// whole: false when the writer claimed its slot again while the reader
+// looked (it lapped the reader under Overwrite, or evicted it), in which
+// case the frame counts as dropped.
+func (r *Reader) Increment() (bool, error) {
+	if err := r.enter(); err != nil {
+		return false, err
+	}
+	defer r.leave()
+	return r.increment()
+}
+
+func (r *Reader) increment() (bool, error) {
+	if !r.looking {
+		return false, ErrNoFrame
+	}
+	s := r.s
+	r.looking = false
+	// Under Block the writer takes a frame's slot again only once every
+	// live reader passed it, or, evicting this reader, to claim the frame a
+	// ring ahead: either way the claim says so.
+	whole := atomic.LoadUint64(u64(s.data, offClaim)) <= r.pos+uint64(s.cfg.Frames)
+	if whole {
+		atomic.AddUint64(u64(r.slot, rReceived), 1)
+	} else {
+		r.drop(1)
+	}
+	r.pos++
+	atomic.StoreUint64(u64(r.slot, rPosition), r.pos)
+	r.seen()
+	if wanted := atomic.LoadUint64(u64(s.data, offWanted)); wanted != 0 && r.pos >= wanted {
+		return whole, s.spaceSeq().Signal(1)
+	}
+	return whole, nil
+}
+
+// Next releases the frame looked at, if any, and looks at the next one: one
+// call per frame for a reader that goes through them in order. whole is
+// what Increment said of the frame released (true when none was).
+func (r *Reader) Next(deadline time.Time) (slot int, whole bool, err error) {
+	if err := r.enter(); err != nil {
+		return 0, false, err
+	}
+	defer r.leave()
+	whole = true
+	if r.looking {
+		if whole, err = r.increment(); err != nil {
+			return 0, whole, err
+		}
+	}
+	slot, err = r.look(futex.Until{Deadline: deadline})
+	return slot, whole, err
+}
+
+func (r *Reader) drop(n uint64) {
+	atomic.AddUint64(u64(r.slot, rDropped), n)
+	atomic.AddUint64(u64(r.s.data, offDropped), n)
+}
+
+func (r *Reader) seen() {
+	atomic.StoreInt64((*int64)(ptr(r.slot, rSeen)), nowNS())
+}
+
+// rejoinIfEvicted takes the slot back when the writer evicted this reader,
+// counting the frames it skips as dropped.
+func (r *Reader) rejoinIfEvicted() error {
+	word := u64(r.slot, rWord)
+	w := atomic.LoadUint64(word)
+	if w == r.word {
+		return nil
+	}
+	if w != slotWord(r.self.PID, generation(r.word), slotEvicted) {
+		return fmt.Errorf("reader slot %d was taken over (pid %d): %w", r.index, slotPID(w), ErrNoSlot)
+	}
+	joining := slotWord(r.self.PID, generation(w)+1, slotJoining)
+	if !atomic.CompareAndSwapUint64(word, w, joining) {
+		return fmt.Errorf("reader slot %d changed while rejoining: %w", r.index, ErrNoSlot)
+	}
+	from := r.pos
+	r.activate(joining)
+	if r.pos > from {
+		r.drop(r.pos - from)
+	}
+	return nil
+}
+
+// ArmWait counts the calling host thread among the sleepers on the
+// stream's data word, and returns the word and the value to sleep on, for
+// a sleep outside Go (Note [sleeping outside Go] in package futex): the
+// host looks again (a Look that does not wait) and sleeps only if it still
+// must, then calls DisarmWait. A sleep on the word after Close fails or
+// ends, and never faults.
+func (r *Reader) ArmWait() (*uint32, uint32, error) {
+	if !r.guard.Enter() {
+		return nil, 0, ErrClosed
+	}
+	defer r.guard.Leave()
+	s := r.s.dataSeq()
+	return s.Word, r.armed.Arm(0, s), nil
+}
+
+// DisarmWait takes back an ArmWait; one with no ArmWait before it is
+// refused.
+func (r *Reader) DisarmWait() error {
+	if !r.guard.Enter() {
+		return ErrClosed
+	}
+	defer r.guard.Leave()
+	if !r.armed.Disarm(0, r.s.dataSeq()) {
+		return fmt.Errorf("the reader's wait word was not armed: %w", unix.EINVAL)
+	}
+	return nil
+}
+
+// Close leaves the stream: the slot is free for another reader, and the
+// writer no longer waits for this one. A Look waiting in another goroutine
+// returns ErrClosed, and a host thread asleep outside Go (ArmWait) wakes;
+// closing twice returns ErrClosed.
+func (r *Reader) Close() error {
+	if !r.guard.Close(r.s.wakeAll) {
+		return ErrClosed
+	}
+	r.armed.Release(0, r.s.dataSeq())
+	word := u64(r.slot, rWord)
+	w := atomic.LoadUint64(word)
+	if slotPID(w) == r.self.PID && (w == r.word || state(w) == slotEvicted) {
+		atomic.CompareAndSwapUint64(word, w, slotWord(0, generation(w), slotFree))
+	}
+	var err error
+	if atomic.LoadUint64(u64(r.s.data, offWanted)) != 0 {
+		err = r.s.spaceSeq().Signal(1)
+	}
+	return errors.Join(err, r.seg.Close())
+}

@@ -67,6 +67,16 @@ gounit:
 pytest: install $(VENV)/.deps
 	ZCTIPC_SOAK_SECONDS=$${ZCTIPC_SOAK_SECONDS:-10} $(PY) -m pytest -q -rs --timeout=300 tests/python
 
+# The one-minute loop, before each commit (CONTRIBUTING.md): vet, the
+# lints, Go's unit tests (gounit) and the Python tests not marked slow, the
+# two side by side. make test runs everything, as CI does.
+.PHONY: check pyfast
+check: install $(VENV)/.deps vet lint
+	$(MAKE) --no-print-directory -j2 gounit pyfast
+
+pyfast: install $(VENV)/.deps
+	$(PY) -m pytest -q -x -m "not slow" --timeout=120 -p no:cacheprovider tests/python
+
 # The Go tests run beside the wheel's: both mostly wait (for processes they
 # start and kill, for pip), and the Go tests keep their segments in a
 # directory of their own.

@@ -99,6 +99,7 @@ def test_record_batches_and_dataframes_are_shared_too():
         zctipc.share_table({"a": [1]})
 
 
+@pytest.mark.slow
 def test_through_a_queue_in_another_process(ctx):
     t = awkward_table(500)
     df = pd.DataFrame({"x": np.arange(5.0), "y": ["a", "b", None, "d", "e"]})

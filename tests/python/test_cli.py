@@ -54,6 +54,7 @@ os._exit(0)
 """
 
 
+@pytest.mark.slow
 def test_ls_shows_each_segment_and_who_holds_it(isolated):
     holder = start(isolated, HOLD_A_TENSOR)
     try:
@@ -143,6 +144,7 @@ def test_python_dash_m_is_the_same_command(isolated):
     assert out.stdout.strip() == f"no zctipc segments in {isolated['ZCTIPC_SHM_DIR']}"
 
 
+@pytest.mark.slow
 def test_doctor_reports_the_machine(isolated):
     text = zctipc(isolated, "doctor")
     fields = dict(ln.split(":", 1) for ln in text.splitlines() if not ln.startswith("WARNING"))

@@ -167,6 +167,7 @@ def test_a_killed_daemon_is_replaced_and_recovers(isolated):
     assert wait_empty(isolated) == []
 
 
+@pytest.mark.slow
 def test_two_daemons_started_at_once_one_wins(isolated):
     daemon = os.path.join(os.path.dirname(zctipc.__file__), "zctipcd")
     args = [daemon, "-dir", isolated["ZCTIPC_RUNTIME_DIR"], "-shm-dir", isolated["ZCTIPC_SHM_DIR"], "-idle", "500ms"]
@@ -176,6 +177,7 @@ def test_two_daemons_started_at_once_one_wins(isolated):
     assert sum("another zctipcd serves this directory" in e for e in errs) == 1, errs
 
 
+@pytest.mark.slow
 def test_the_file_descriptor_strategy_leaves_nothing_whatever_dies(isolated):
     env = dict(isolated, ZCTIPC_SHARING_STRATEGY="file_descriptor")
     report = run_scenario(env, "fd_scenario")
@@ -196,6 +198,7 @@ def test_sharing_strategies():
     assert zctipc.get_sharing_strategy() == "file_system"
 
 
+@pytest.mark.slow
 def test_queues_and_pickling_work_under_the_file_descriptor_strategy(monkeypatch):
     import _workers
 

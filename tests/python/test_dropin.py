@@ -115,6 +115,7 @@ def test_a_program_that_chose_fork_gets_forked_process_error_in_the_child(tmp_pa
 # -- 2. unbounded means unbounded --------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_fill_the_task_queue_then_start_the_workers():
     """The issue's case: 400 tasks of 100 KB (40 MB, more than a bounded
     ring's 16 MiB) put with no consumer yet, then the workers start."""
@@ -206,6 +207,7 @@ def test_a_child_killed_before_it_attached_its_queue_leaves_nothing():
     assert not os.path.exists(os.path.join(SHM, name)), "nothing holds the queue once the parent let go"
 
 
+@pytest.mark.slow
 def test_connection_wait_on_queues_among_other_things():
     ctx = zctipc.get_context()
     a, b = zctipc.Queue(), zctipc.SimpleQueue()
@@ -335,6 +337,7 @@ def test_every_name_of_multiprocessing_is_there():
     zctipc.set_executable(sys.executable)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", METHODS)
 def test_a_context_keeps_its_identity(method):
     ctx = zctipc.get_context(method)
@@ -370,6 +373,7 @@ def test_put_of_an_unpicklable_object_raises_in_the_caller():
 # -- 8. a manager hands out copies --------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("child", ["zctipc", "multiprocessing"])
 @pytest.mark.parametrize("nbytes", [0, 8, 2 << 20])
 def test_a_managers_values_are_copies(child, nbytes):

@@ -45,6 +45,7 @@ def test_a_go_tensor_is_attached_in_python_by_its_ref(go_bin):
     assert p.wait(60) == 0
 
 
+@pytest.mark.slow
 def test_a_python_tensor_is_attached_in_go_by_its_ref(go_bin):
     t = zctipc.create_shared_tensor(data=np.arange(1000, dtype=np.float32) / 2)
     assert run(go_bin, "consumer", "tensor", json.dumps(t.ref())) == "sum 249750"

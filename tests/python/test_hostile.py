@@ -109,6 +109,7 @@ CREATOR = """
 """
 
 
+@pytest.mark.slow
 def test_a_shrunk_segment_is_an_error_not_a_crash(isolated):
     creator = start(CREATOR, isolated)
     tensor, queue_name = creator.stdout.readline().split()

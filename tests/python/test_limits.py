@@ -44,6 +44,7 @@ def test_a_buffer_larger_than_the_pool_limit_raises_at_once(small_pool):
     q.close()
 
 
+@pytest.mark.slow
 def test_a_full_pool_waits_as_block_and_timeout_say(small_pool):
     q = zctipc.Queue()
     held = []
@@ -206,6 +207,7 @@ def test_a_buffer_larger_than_a_small_shm_names_its_free_space(tmp_path):
         subprocess.run(["umount", str(mount)], check=True)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("value", ["", " "])
 def test_an_empty_pool_limit_variable_is_unset(value):
     """ZCTIPC_POOL_LIMIT= (empty, as ``ZCTIPC_POOL_LIMIT=$UNSET cmd`` leaves

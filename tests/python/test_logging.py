@@ -15,6 +15,8 @@ import uuid
 import pytest
 from conftest import daemon_pid, with_pythonpath
 
+pytestmark = pytest.mark.slow
+
 
 def run(env, tmp_path, program, **extra):
     path = tmp_path / "program.py"

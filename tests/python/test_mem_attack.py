@@ -114,6 +114,7 @@ print(json.dumps(loads))
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["exited", "killed", "killed-and-collected"])
 def test_a_pickle_loaded_after_its_sender_is_gone(isolated, how):
     """A pickle outlives its sender: loaded once after the sender exited or
@@ -326,6 +327,7 @@ time.sleep(600)
 """
 
 
+@pytest.mark.slow
 def test_gc_dry_run_names_what_the_real_run_removes(isolated):
     """A killed process's queue holds messages (and their tickets) on its
     own arenas and tensors, beside a foreign file with the library's prefix

@@ -47,6 +47,7 @@ def test_one_gib_tensor_is_shared_not_copied(ctx, segname):
     assert not segment_exists(segname)
 
 
+@pytest.mark.slow
 def test_hand_on_after_the_creator_exits(ctx, segname):
     """A creates and shares with B; A exits; B hands it to C, who reads A's data."""
     ready, release = ctx.Event(), ctx.Event()

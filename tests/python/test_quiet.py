@@ -19,6 +19,8 @@ import pytest
 
 from zctipc import cli
 
+pytestmark = pytest.mark.slow
+
 WARNING = "zctipc made 'forkserver' multiprocessing's default start method"
 
 # Python 3.14 starts with forkserver: zctipc switches nothing there.

@@ -66,6 +66,7 @@ def test_the_changelog_keeps_a_changelog():
         ("## [99.0.0] - 2026-12-01", f"v{VERSION}", ["newest release is 99.0.0"]),
     ],
 )
+@pytest.mark.slow
 def test_a_tag_releases_the_version_whose_section_is_dated(tmp_path, heading, tag, wrong):
     changelog = tmp_path / "CHANGELOG.md"
     changelog.write_text(f"# Changelog\n\n## [Unreleased]\n\n### Added\n\n- more\n\n{heading}\n\n### Added\n\n- all\n")

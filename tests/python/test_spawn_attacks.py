@@ -225,6 +225,7 @@ def test_join_from_two_threads_raises_the_failure_in_both(leaves_nothing):
         assert results[0] is results[1]
 
 
+@pytest.mark.slow
 def test_a_rank_stopped_then_killed_is_reported_as_killed(leaves_nothing):
     ready, forever = mp.Queue(), mp.Queue()
     ctx = mp.start_processes(w.say_and_block, args=(ready, forever), nprocs=2, join=False, start_method="forkserver")
@@ -240,6 +241,7 @@ def test_a_rank_stopped_then_killed_is_reported_as_killed(leaves_nothing):
     assert all(gone(pid) for pid in pids.values())
 
 
+@pytest.mark.slow
 def test_a_stopped_rank_is_killed_after_the_grace_period(leaves_nothing):
     """A stopped rank cannot act on SIGTERM: SIGKILL ends it."""
     ready, forever = mp.Queue(), mp.Queue()
@@ -307,6 +309,7 @@ def test_a_join_interrupted_while_it_ends_the_ranks_kills_them_and_raises_later(
             p.join()
 
 
+@pytest.mark.slow
 def test_an_interrupted_spawn_ends_its_ranks(leaves_nothing):
     """KeyboardInterrupt in the parent while spawn waits (as when only the
     parent gets SIGINT): the ranks are given time to end, and a second
@@ -341,6 +344,7 @@ def test_an_interrupted_spawn_ends_its_ranks(leaves_nothing):
 # -- parents that die -----------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["spawn", "forkserver"])
 def test_ranks_that_find_their_parent_gone_as_they_start_end_quietly(method, tmp_path, leaves_nothing):
     """The parent dies before its ranks run: each sees it gone at once and
@@ -353,6 +357,7 @@ def test_ranks_that_find_their_parent_gone_as_they_start_end_quietly(method, tmp
         kill_all(pids)
 
 
+@pytest.mark.slow
 def test_ranks_of_a_rank_end_when_the_outer_parent_dies(tmp_path, leaves_nothing):
     """The rank in the middle gets KeyboardInterrupt in its own spawn,
     which ends the inner ranks (else it would wait for them at exit, and
@@ -365,6 +370,7 @@ def test_ranks_of_a_rank_end_when_the_outer_parent_dies(tmp_path, leaves_nothing
         kill_all(pids)
 
 
+@pytest.mark.slow
 def test_an_orphaned_rank_that_raises_leaves_no_traceback_file(tmp_path, leaves_nothing):
     """A rank whose parent died turns its KeyboardInterrupt into another
     error: nobody will read its traceback, so none is written."""
@@ -380,6 +386,7 @@ def test_an_orphaned_rank_that_raises_leaves_no_traceback_file(tmp_path, leaves_
                 os.unlink(name)
 
 
+@pytest.mark.slow
 def test_ranks_holding_zctipc_memory_when_killed_leave_nothing(leaves_nothing):
     ready, barrier, forever = mp.Queue(), mp.get_context("forkserver").Barrier(2), mp.Queue()
     with pytest.raises(mp.ProcessRaisedException, match="rank 1 fails while rank 0 holds zctipc memory"):
@@ -418,6 +425,7 @@ def test_a_rank_can_spawn_ranks_of_its_own(leaves_nothing):
         "import zctipc; from zctipc import *",
     ],
 )
+@pytest.mark.slow
 def test_zctipc_spawn_is_the_function_in_any_import_order(imports):
     check = "import types; assert type(zctipc.spawn) is types.FunctionType and zctipc.spawn is zctipc.spawning.spawn"
     subprocess.run([sys.executable, "-c", f"{imports}; {check}"], env=ENV, check=True, timeout=HANG)
@@ -430,6 +438,7 @@ def test_zctipc_spawn_is_the_function_in_a_rank(method, leaves_nothing):
     assert queue.get(timeout=HANG) == ("function", "zctipc.spawning", "module")
 
 
+@pytest.mark.slow
 def test_forkserver_ranks_see_the_environment_of_the_call(monkeypatch, leaves_nothing):
     """As spawn's do (and torch's spawn, which always spawns): not the
     environment the fork server started with."""

@@ -91,6 +91,7 @@ def test_a_late_reader_starts_at_the_next_frame():
     w.close()
 
 
+@pytest.mark.slow
 def test_a_killed_reader_does_not_stop_the_others():
     ctx = zctipc.get_context()
     s = zctipc.Stream.create(shape=(256,), dtype=np.int64, frames=4, readers=3)
@@ -266,6 +267,7 @@ def test_event_across_processes():
     assert zctipc.Event is zctipc.get_context().Event().__class__
 
 
+@pytest.mark.slow
 def test_pipeline_of_three_stages():
     results = zctipc.Queue()
     p = zctipc.Pipeline()
@@ -280,6 +282,7 @@ def test_pipeline_of_three_stages():
     assert not names & {s.name for s in zctipc.list_segments()}, "the streams are gone"
 
 
+@pytest.mark.slow
 def test_a_crashing_task_stops_the_pipeline_with_its_traceback():
     p = zctipc.Pipeline()
     p.add_stream("a", shape=16, dtype=np.int64)

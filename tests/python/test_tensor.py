@@ -79,6 +79,7 @@ def test_torch_view_shares_memory_with_numpy_view():
         assert a.ctypes.data == b.data_ptr()
 
 
+@pytest.mark.slow
 def test_views_outlive_their_shared_tensor(segname):
     t = zctipc.create_shared_tensor(segname, data=np.arange(10, dtype=np.int64))
     view, tview = t.numpy(), t.torch()

@@ -97,6 +97,7 @@ def test_close_wakes_a_thread_blocked_in_get():
         q.qsize()
 
 
+@pytest.mark.slow
 def test_close_wakes_threads_blocked_on_a_stream():
     s = zctipc.Stream.create(shape=4, dtype="int64", frames=2, readers=2)
     w = s.writer()
@@ -122,6 +123,7 @@ def test_close_wakes_threads_blocked_on_a_stream():
     s.close()
 
 
+@pytest.mark.slow
 def test_stream_endpoints_shared_by_threads(switchy):
     # Two threads write through one writer and three read through one
     # reader: each frame is written whole, published once and read once.

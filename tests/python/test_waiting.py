@@ -293,6 +293,7 @@ def test_gets_with_an_infinite_timeout_all_return_under_load():
             q.close()
 
 
+@pytest.mark.slow
 def test_an_infinite_timeout_waits_in_one_slice_after_another():
     q = zctipc.Queue()
     try:

@@ -352,12 +352,16 @@ func TestCudaShareServerRefusesForgedRequests(t *testing.T) {
 	devnull, err := os.Open(os.DevNull)
 	require.NoError(t, err)
 	defer devnull.Close()
+	forged := name[:len(name)-1] + "0" // the real name with its last digit changed
+	if strings.HasSuffix(name, "0") {
+		forged = name[:len(name)-1] + "1"
+	}
 	for _, tc := range []struct {
 		req  []byte
 		fds  []int
 		want string
 	}{
-		{[]byte(name[:len(name)-1] + "0"), nil, "no such shared CUDA allocation"},
+		{[]byte(forged), nil, "no such shared CUDA allocation"},
 		{[]byte("garbage"), nil, "no such shared CUDA allocation"},
 		{make([]byte, 4096), nil, "malformed file-descriptor message"},
 		{[]byte(name), []int{int(devnull.Fd())}, "malformed file-descriptor message"},

@@ -1,6 +1,6 @@
 """Element types: the header's dtype codes and their NumPy and torch faces.
 
-The codes are those of ``go/dtype`` and ``docs/format.md``. NumPy has no
+The codes are those of ``go/internal/dtype`` and ``docs/format.md``. NumPy has no
 bfloat16: such segments have torch views, and NumPy views only when the
 ``ml_dtypes`` package is installed.
 """

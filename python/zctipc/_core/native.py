@@ -167,7 +167,7 @@ def library_path() -> str:
 
 
 def package_version() -> str:
-    """The installed package's version (set from go/version at build time),
+    """The installed package's version (set from go/internal/version at build time),
     or "0+unknown" in a source tree that was never installed."""
     from importlib.metadata import PackageNotFoundError, version
 

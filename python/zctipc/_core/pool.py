@@ -109,7 +109,7 @@ def alloc_leaving(nbytes: int, leave: int, ms: int = 0) -> tuple[int, Any] | int
     """A buffer of at least nbytes, (ref, address) as alloc gives one, that
     takes new pages of the shared-memory file system only while leave
     bytes stay free there besides them (Note [leaving room] in
-    go/pool/pool.go), waiting up to ms for one; without one, the status
+    go/internal/pool/pool.go), waiting up to ms for one; without one, the status
     that says why: native.E_FULL when a buffer of its size class is in
     use (it comes back), native.E_NO_SPACE when waiting cannot help."""
     global _out

@@ -250,7 +250,7 @@ def create(
     this process let go, faster than from fresh ones; the segment gets its
     name only once fill returns, so no process attaches it before its
     contents are complete (Note [a name appears with its contents] in
-    go/shm/create.go). When fill raises, the segment is removed."""
+    go/internal/shm/create.go). When fill raises, the segment is removed."""
     ffi, lib = native.ffi(), native.lib()
     handle = ffi.new("zct_handle *")
     info = ffi.new("zct_info *")

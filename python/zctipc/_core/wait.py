@@ -9,7 +9,7 @@ second. So a call whose wait can be armed (sleep_outside) waits inside the
 library only briefly (the paced spin and a short sleep, which catch what
 comes soon), then arms the wait, looks once more, and sleeps in zct_sleep
 (plain C) slice after slice, calling the library again only once woken.
-The Go side is Note [sleeping outside Go] in go/futex."""
+The Go side is Note [sleeping outside Go] in go/internal/futex."""
 
 from __future__ import annotations
 

@@ -103,7 +103,7 @@ def release_all(held: Iterable[Export]) -> None:
 # Such a sender takes new pages only while room for the same bytes twice
 # more (one message each way: a Pool's task and a result) and 8 MiB (the
 # rings' warm windows, 2 MiB each) stays free (Note [leaving room] in
-# go/pool/pool.go): buffers kept by a receiver never fill the file system
+# go/internal/pool/pool.go): buffers kept by a receiver never fill the file system
 # so far that the message carrying the next array in band finds none.
 # The first array a process sends in band warns, once, naming the
 # directory; the "zctipc" log says, at DEBUG, each time arrays start going

@@ -9,7 +9,7 @@ storage arrive over one storage, shared with the sender
 Note [counts in flight]: a descriptor carries one count on its memory,
 added when it is made. Whoever unpickles it first takes that count over;
 unpickling the same bytes again raises DescriptorTaken and takes nothing
-(Note [a count is taken once] in go/pool/ticket.go); a descriptor that is
+(Note [a count is taken once] in go/internal/pool/ticket.go); a descriptor that is
 never unpickled keeps its memory until the cleanup of its segment (the
 queue's last holder drains unread messages).
 """

@@ -52,7 +52,7 @@ put (10 ms), the copy itself is 4.5 ms and the rest about 20 us a storage
 (two lookups, a pool buffer, a storage over it, the swap). What could go
 was taken away: the fresh pages of new arenas (a first put reserved 102 MB
 for the dict's 38 MB of buffers, 38 ms of its 54; now only what it uses,
-Note [slots reserved when first used] in go/pool/pool.go), and a lookup
+Note [slots reserved when first used] in go/internal/pool/pool.go), and a lookup
 per storage. The move itself stays on the caller's thread:
 - put promises that the message is in the queue when it returns, in
   order with the caller's other puts, and that an object that cannot be

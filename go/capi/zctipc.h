@@ -32,7 +32,7 @@ extern "C" {
 
 /* BEGIN CDEF (python/zctipc/_ffi_build.py feeds from here to END CDEF to cffi) */
 
-#define ZCT_ABI_VERSION 13
+#define ZCT_ABI_VERSION 14
 #define ZCT_MAX_NDIM 32
 #define ZCT_NAME_CAP 256
 
@@ -611,6 +611,47 @@ int zct_cuda_vmm_close(const zct_cuda_vmm *vmm);
    A mapping stays while a user holds it, and the 8 most recently idle stay
    after; zct_cuda_ipc_trim unmaps idle ones. */
 int zct_cuda_vmm_imports(int64_t *count);
+
+/* Observing without taking (zctipc top and tail): these calls read queues,
+   streams and pool arenas that other processes use, and take nothing from
+   them: no message, no frame, no lock, no reader slot, no wake-up. */
+
+/* Cursors of zct_queue_peek besides one it returned, and the frame of
+   zct_stream_peek that was published last. */
+#define ZCT_PEEK_OLDEST 0xFFFFFFFFFFFFFFFF  /* the oldest message in the queue */
+#define ZCT_PEEK_NEWEST 0xFFFFFFFFFFFFFFFE  /* the next message put */
+#define ZCT_PEEK_LATEST 0xFFFFFFFFFFFFFFFF  /* the frame published last */
+/* Copy the record at *cursor into buf without taking it, as zct_queue_get
+   says it (type, payload, views), and move *cursor past it. A record a
+   consumer took before it could be copied is skipped: *missed receives how
+   many were. Each view holds a new ref of this process's own (never the
+   count the record carries, which stays its taker's); a view whose memory
+   every holder let go meanwhile has ref 0 and data NULL. ZCT_E_EMPTY when
+   no record is there yet (or consumers took every one before it could be
+   copied, many times over: ask again later), ZCT_E_RANGE when it does not
+   fit (the sizes as zct_queue_get writes them); both write *cursor (to ask
+   again) and *missed. With buf NULL and cap 0, the record is passed over without a
+   copy: *cursor moves past it, *type receives 0, and *payload_len and
+   *nviews its sizes. A record that does not decode, or whose memory cannot
+   be attached, fails (ZCT_E_CORRUPT, say) with *cursor past it, so that the
+   next call goes on. The copy is checked to be the record (a consumer may
+   take it, and a producer write over it, meanwhile): docs/format.md,
+   "Peeking". */
+int zct_queue_peek(zct_handle queue, uint64_t *cursor, void *buf, uint64_t cap, int32_t *type,
+                   uint64_t *payload_offset, uint64_t *payload_len, zct_view *views, int32_t views_cap,
+                   int32_t *nviews, uint64_t *missed);
+/* Copy frame *position (ZCT_PEEK_LATEST: the frame published last) into
+   buf (frame_bytes at least) without joining as a reader, and write the
+   position of the frame copied: *position, or a later one when the writer
+   overwrote it first. ZCT_E_EMPTY when it is not published yet (or the
+   writer overwrote every frame before it could be copied, many times over),
+   ZCT_E_ENDED when the stream ended before it; both write *position (to ask
+   again). */
+int zct_stream_peek(zct_handle stream, uint64_t *position, void *buf, uint64_t cap);
+/* Report, as JSON written into buf as zct_census writes, the state of the
+   segment name (a queue, stream or pool arena: its counts, positions, lock
+   and role holders, reader slots), mapped without a count for the call. */
+int zct_segment_observe(const char *name, char *buf, uint64_t cap, uint64_t *len);
 
 /* END CDEF */
 

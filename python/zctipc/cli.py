@@ -1,5 +1,6 @@
-"""The command line: ``zctipc ls``, ``zctipc gc`` and ``zctipc doctor``
-(also ``python -m zctipc ...``)."""
+"""The command line: ``zctipc ls``, ``zctipc gc``, ``zctipc doctor``, and
+``zctipc top`` and ``zctipc tail`` (zctipc.observe) (also ``python -m
+zctipc ...``)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import resource
 import sys
 import time
 
-from . import strategy, tensor
+from . import observe, strategy, tensor
 from ._core import native as _native
 
 TYPE_CHECKING = False  # Note [types without typing] in zctipc._core.native
@@ -34,13 +35,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     doctor = sub.add_parser("doctor", help="check this machine's setup for zctipc (exit status 1 when it warns)")
     doctor.add_argument("--json", action="store_true", help="print JSON")
     sub.add_parser("bench", help="run every benchmark against its peers (zctipc bench --help)", add_help=False)
+    watching = observe.register(sub)
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["bench"]:
         return _bench(argv[1:])
     args = parser.parse_args(argv)
     # Looking must not start the daemon whose state it reports.
     _native.auto_cleanup = False
-    return {"ls": _ls, "gc": _gc, "doctor": _doctor}[args.command](args)
+    return {"ls": _ls, "gc": _gc, "doctor": _doctor, **watching}[args.command](args)
 
 
 def _resident(name: str) -> int | None:

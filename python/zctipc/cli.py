@@ -358,7 +358,10 @@ def _remove_ipc(root: str = "/", uid: int | None = None) -> dict[str, Any]:
             continue
         dropins.update({name: os.path.join(directory, name) for name in names if name.endswith(".conf")})
     files = [next((m for m in mains if os.path.isfile(m)), None)] + [dropins[n] for n in sorted(dropins)]
-    for path in filter(None, files):
+    # Only regular files are read, as logind reads them: a drop-in linked to
+    # /dev/null masks its name and sets nothing, and opening a FIFO would
+    # wait for a writer for ever.
+    for path in filter(os.path.isfile, filter(None, files)):
         found = _read_remove_ipc(path)
         if found is not None:
             value, source = found, path.removeprefix(root.rstrip("/")) if root != "/" else path
@@ -404,17 +407,21 @@ def _read_remove_ipc(path: str) -> bool | None:
 
 
 def _sys_uid_max(root: str) -> int:
-    """The highest uid of a system user: SYS_UID_MAX of login.defs, else
+    """The highest uid of a system user: the last SYS_UID_MAX of
+    login.defs that is a number, as systemd and shadow read it, else
     systemd's usual 999."""
+    uid_max, path = 999, os.path.join(root, "etc/login.defs")
+    if not os.path.isfile(path):  # a FIFO would wait for a writer for ever
+        return uid_max
     try:
-        with open(os.path.join(root, "etc/login.defs"), encoding="utf-8", errors="replace") as f:
+        with open(path, encoding="utf-8", errors="replace") as f:
             for line in f:
                 fields = line.split()
-                if len(fields) >= 2 and fields[0] == "SYS_UID_MAX" and fields[1].isdigit():
-                    return int(fields[1])
+                if len(fields) >= 2 and fields[0] == "SYS_UID_MAX" and fields[1].isascii() and fields[1].isdigit():
+                    uid_max = int(fields[1])
     except OSError:
         pass
-    return 999
+    return uid_max
 
 
 def _describe_remove_ipc(r: dict[str, Any]) -> str:

@@ -16,9 +16,14 @@ Note [the fork default]: on Pythons whose default start method is fork
 that cannot use zctipc. So when this process first loads zctipc's library
 and no start method was chosen, multiprocessing's *default* becomes
 forkserver (choose_start_method), quietly: a DEBUG record of the "zctipc"
-log says so. The method is not fixed: set_start_method("spawn") still
-works afterwards, and a program that chose fork keeps it (its children
-then raise ForkedProcessError).
+log says so. It becomes so as well when this process starts a process
+with one of zctipc's contexts before it loads the library: multiprocessing
+fixes the parent's start method as it starts a spawn or forkserver child,
+and tells the child that method (a zctipc.Process's child keeps it); fixed
+as fork, the parent would keep fork once it loads the library, and the
+child would fork children that cannot use zctipc. The method is not fixed:
+set_start_method("spawn") still works afterwards, and a program that chose
+fork keeps it (its children then raise ForkedProcessError).
 
 Note [the start method warning]: the switch is news only to a program that
 never chose a start method and starts a process it would have forked: one
@@ -177,12 +182,22 @@ def _watch_parent() -> None:
 
 
 class ForkServerProcess(_mpcontext.ForkServerProcess):
+    @staticmethod
+    def _Popen(process_obj: BaseProcess) -> Any:
+        choose_start_method()  # Note [the fork default]: before multiprocessing fixes it
+        return _mpcontext.ForkServerProcess._Popen(process_obj)
+
     def run(self) -> None:
         _run(self)
         super().run()
 
 
 class SpawnProcess(_mpcontext.SpawnProcess):
+    @staticmethod
+    def _Popen(process_obj: BaseProcess) -> Any:
+        choose_start_method()  # Note [the fork default]: before multiprocessing fixes it
+        return _mpcontext.SpawnProcess._Popen(process_obj)
+
     def run(self) -> None:
         _run(self)
         super().run()
@@ -298,7 +313,7 @@ def choose_start_method() -> None:
     """Note [the fork default]: make forkserver multiprocessing's default
     start method when its default is fork and no method was chosen, without
     a word but a DEBUG record. Called when this process first loads
-    zctipc's library."""
+    zctipc's library, and as it starts a process with a zctipc context."""
     default: Any = _mpcontext._default_context  # its private state, which typeshed does not describe
     if default._actual_context is None and default._default_context.get_start_method() == "fork":
         default._default_context = _ChosenForkServerContext()
@@ -308,8 +323,9 @@ def choose_start_method() -> None:
         )
 
 
-#: Set (to anything but 0) to silence the start method warning (Note [the
-#: start method warning]).
+#: Set (to anything but 0; empty is unset, as for zctipc's other
+#: variables) to silence the start method warning (Note [the start method
+#: warning]).
 NO_WARNING_ENV = "ZCTIPC_NO_START_METHOD_WARNING"
 
 START_METHOD_WARNING = (
@@ -347,7 +363,7 @@ def warn_start_method() -> None:
         if _warned:
             return
         _warned = True
-    if os.environ.get(NO_WARNING_ENV, "0") != "0" or multiprocessing.parent_process() is not None:
+    if os.environ.get(NO_WARNING_ENV, "0") not in ("", "0") or multiprocessing.parent_process() is not None:
         return
     warnings.warn(START_METHOD_WARNING, RuntimeWarning, stacklevel=_caller_level())
 

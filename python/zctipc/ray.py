@@ -555,8 +555,9 @@ def register() -> None:
             # A Ray worker loads the library now, and never warns that
             # zctipc chose its start method (Note [the start method
             # warning] in zctipc.context): that is news to the program that
-            # started Ray, not to each of its workers, nor to their children.
-            os.environ.setdefault("ZCTIPC_NO_START_METHOD_WARNING", "1")
+            # started Ray, not to each of its workers, nor to their children,
+            # whatever the environment Ray gave the worker says (0, say).
+            os.environ["ZCTIPC_NO_START_METHOD_WARNING"] = "1"
             native.lib()
         _registered = True
 

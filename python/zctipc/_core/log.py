@@ -15,7 +15,8 @@ logging.DEBUG)``, or a handler and level on ``logging.getLogger("zctipc")``).
 ``ZCTIPC_LOG=debug`` (or info, warning, error, a level number) gives the
 logger that level and a handler of its own on stderr, from the moment the
 package is imported, in every process whose environment has it (the
-children a program starts inherit it).
+children a program starts inherit it); a record that the program's own
+logging takes goes there instead (Note [each record once]).
 
 Note [a log that costs nothing unasked]: importing ``logging`` costs a few
 milliseconds, and ``import zctipc`` imports nothing it does not need (Note
@@ -79,33 +80,62 @@ _FORMAT = "zctipc[%(process)d] %(levelname)s: %(message)s"
 _stderr: "logging.Handler | None" = None
 
 
+# Note [a level that is no level]: ZCTIPC_LOG is read as zctipc is
+# imported, so a value that names no level is said in one line on stderr,
+# as the interpreter says of a -W option it cannot read, and not with a
+# warning: under ``python -W error`` a warning would be raised, and fail
+# the import of every program (and child) whose environment has it.
+
+
 def configure_from_environment() -> None:
     """Give the logger the level ZCTIPC_LOG names and a handler on stderr
-    at that level (once per process). A value that names no level warns,
-    and logs nothing."""
+    at that level (once per process). A value that names no level is said
+    on stderr (Note [a level that is no level]), and logs nothing."""
     global _stderr
     value = os.environ.get(LOG_ENV, "").strip()
     if not value or _stderr is not None:
         return
     level = _LEVELS.get(value.lower())
-    if level is None and value.isdigit():
+    if level is None and value.isascii() and value.isdigit():
         level = int(value)
     if level is None:
-        import warnings
-
-        warnings.warn(
-            f"{LOG_ENV}={value!r} names no level (debug, info, warning, error, critical, or a number): "
-            "zctipc logs nothing to stderr",
-            RuntimeWarning,
-            stacklevel=3,
-        )
+        if sys.stderr is not None:
+            print(
+                f"zctipc: {LOG_ENV}={value!r} names no level (debug, info, warning, error, critical, or a "
+                "number): zctipc logs nothing to stderr",
+                file=sys.stderr,
+            )
         return
     import logging
 
     handler = logging.StreamHandler(sys.stderr)
     handler.setLevel(level)
     handler.setFormatter(logging.Formatter(_FORMAT))
+    handler.addFilter(_unclaimed)
     log = logger()
     log.addHandler(handler)
     log.setLevel(level)
     _stderr = handler
+
+
+# Note [each record once]: ZCTIPC_LOG's handler is for a program that has
+# not configured logging. One that has (logging.basicConfig, or a handler
+# of its own on "zctipc", before or after the import) already takes the
+# records that propagate to its handlers, and would see each of them twice
+# on stderr, in two formats, were this handler to write them too. So it
+# writes only the records that no other handler takes: where the program's
+# logging goes (a file, say) zctipc's records go with it, once.
+
+
+def _unclaimed(record: "logging.LogRecord") -> bool:
+    """Whether no handler but ZCTIPC_LOG's takes record (Note [each record
+    once])."""
+    import logging
+
+    log: logging.Logger | None = active
+    while log is not None:
+        for h in log.handlers:
+            if h is not _stderr and not isinstance(h, logging.NullHandler) and record.levelno >= h.level:
+                return False
+        log = log.parent if log.propagate else None
+    return True

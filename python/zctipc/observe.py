@@ -41,7 +41,9 @@ imported, and no handle or CUDA memory is opened.
 from __future__ import annotations
 
 import argparse
+import collections
 import io
+import itertools
 import json
 import os
 import pickle
@@ -741,6 +743,7 @@ class _Unpickler(pickle.Unpickler):
     def __init__(self, file: io.BytesIO, built: list[Any]) -> None:
         super().__init__(file)
         self.built = built
+        self.budget = _BUDGET
 
     def _rebuild(self, index: int, requires_grad: bool = False) -> Any:
         return self.built[index]
@@ -749,7 +752,25 @@ class _Unpickler(pickle.Unpickler):
         obj = self.built[index]
         return obj if isinstance(obj, _Gone) else obj.untyped_storage()
 
+    def _bounded(self, make: Callable[..., Any]) -> Callable[..., Any]:
+        """make, charging the length of each argument (an int for bytes and
+        bytearray) to the message's budget (Note [a pickle's budget])."""
+
+        def bounded(*args: Any) -> Any:
+            for a in args:
+                n = a if isinstance(a, int) and make in (bytes, bytearray) else len(a) if hasattr(a, "__len__") else 0
+                self.budget -= max(n, 0)
+            if self.budget < 0:
+                raise pickle.UnpicklingError("a message that builds more than tail shows")
+            return make(*args)
+
+        return bounded
+
     def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in _BOUNDED:
+            return self._bounded(super().find_class(module, name))
+        if (module, name) == ("fractions", "Fraction"):
+            return _fraction
         if module == "zctipc._wire.pickler" and name == "_rebuild":
             return self._rebuild
         if module == "zctipc._wire.pickler" and name == "_rebuild_storage":
@@ -765,6 +786,33 @@ class _Unpickler(pickle.Unpickler):
             if isinstance(value, (torch.dtype, torch.layout, torch.memory_format)):
                 return value
         return _stand_in(module, name)
+
+
+# Note [a pickle's budget]: unpickling takes time and memory in proportion
+# to the pickle's bytes, but for the allowed callables that build from an
+# argument: list(range(10**12)), bytearray(1 << 40), or a million calls of
+# set(L) on one large list L (each a few bytes of pickle). Each such call
+# charges the length of its arguments to a budget of the message's, and
+# past it the message is not shown. Fraction takes only its own pickled
+# form, "n/d" (Fraction("1e999999999") computes 10**999999999).
+
+#: The elements the allowed callables of one message may build from their
+#: arguments.
+_BUDGET = 1 << 22
+
+_BOUNDED = {("builtins", name) for name in ("set", "frozenset", "bytearray", "bytes", "list", "dict", "tuple")} | {
+    ("collections", name) for name in ("OrderedDict", "deque", "defaultdict", "Counter")
+}
+
+
+def _fraction(*args: Any) -> Any:
+    """fractions.Fraction for its pickled form only (Note [a pickle's budget])."""
+    import fractions
+    import re
+
+    if not all(isinstance(a, int) or isinstance(a, str) and re.fullmatch(r"-?[0-9]+(/[0-9]+)?", a) for a in args):
+        raise pickle.UnpicklingError("a Fraction that is not pickled so")
+    return fractions.Fraction(*args)
 
 
 # The globals tail's unpickler finds as themselves: value types whose
@@ -868,6 +916,11 @@ def _describe(obj: Any, depth: int) -> str:
     if isinstance(obj, dict):
         items = [f"{_describe(k, depth + 1)}: {_describe(v, depth + 1)}" for k, v in list(obj.items())[:8]]
         return "{" + ", ".join(items) + (", ..." if len(obj) > 8 else "") + "}"
+    if isinstance(obj, slice):  # its parts may be anything (slice(L, L, L))
+        ends = [_describe(end, depth + 1) for end in (obj.start, obj.stop, obj.step)]
+        return f"slice({', '.join(ends)})"
+    if isinstance(obj, collections.deque):  # its repr has no bound (a deque of a memo bomb)
+        return f"deque({_describe(list(itertools.islice(obj, 9)), depth)})"
     if isinstance(obj, list | tuple | set | frozenset):
         items = [_describe(v, depth + 1) for v in list(obj)[:8]]
         more = ", ..." if len(obj) > 8 else ""

@@ -123,8 +123,11 @@ func (q *Queue) Peek(cursor uint64, buf []byte) (Peeked, error) {
 		// whether its record was taken.
 		taken := int32(gets-count) > 0
 		switch {
-		case !taken && count == gets && pos != head:
-			cursor = headWord // head crossed a skip record without taking a message
+		case !taken && count == gets && int32(head-pos) > 0:
+			// Head crossed a skip record without taking a message. (A cursor
+			// past head with head's count is past a skip record at head,
+			// which no consumer crossed yet: Peek crossed it.)
+			cursor = headWord
 			continue
 		case pos%8 != 0 || int32(count-puts) > 0:
 			return p, fmt.Errorf("queue %q: a cursor (%d, %d) that is not the queue's (head %d, tail %d): %w",
@@ -132,8 +135,13 @@ func (q *Queue) Peek(cursor uint64, buf []byte) (Peeked, error) {
 		case !q.sound(head, tail) || !taken && (pos-head > q.capacity || tail-pos > q.capacity):
 			// The words were read one after the other, while producers and
 			// consumers moved them: look again. Forged ones stay so.
-			if unsound++; unsound > peekUnsound {
+			if unsound++; unsound > peekUnsound && !q.sound(head, tail) {
 				return p, q.corrupt(head, tail)
+			} else if unsound > peekUnsound {
+				// Sound words, read as many times, with a position that is
+				// not among them: the cursor is not the queue's.
+				return p, fmt.Errorf("queue %q: a cursor (%d, %d) more than a ring from head %d and tail %d: %w",
+					q.seg.Name(), count, pos, head, tail, unix.EINVAL)
 			}
 			continue
 		case taken && (q.sparse || tries >= peekTries || uint64(puts-count)*uint64(q.capacity) >= 1<<32 || tail-pos > q.capacity):

@@ -92,11 +92,21 @@ type Peeked struct {
 // with a larger buf) and Next the one past it (to pass it over). The
 // copy is checked as a record was put: the caller decodes it
 // (message.DecodeRecord). It is safe for concurrent use.
-func (q *Queue) Peek(cursor uint64, buf []byte) (Peeked, error) {
+func (q *Queue) Peek(cursor uint64, buf []byte) (p Peeked, err error) {
 	if !q.guard.Enter() {
 		return Peeked{}, ErrClosed
 	}
 	defer q.guard.Leave()
+	// The words too are read under fault.Catch: a file shrunk below them
+	// faults (Note [truncated while observed] in package stream).
+	err = fault.Catch(func() (err error) {
+		p, err = q.peek(cursor, buf)
+		return err
+	})
+	return p, err
+}
+
+func (q *Queue) peek(cursor uint64, buf []byte) (Peeked, error) {
 	var p Peeked
 	tries, unsound := 0, 0
 	for attempt := 0; ; attempt++ {
@@ -227,8 +237,16 @@ func (s State) Bytes() uint64 { return uint64(s.Tail - s.Head) }
 // Observe reads the state of the queue whose data region is data (mapped,
 // with or without a count, from any process), without a lock and without
 // writing anything: each word as it is at the moment it is read. It checks
-// the layout and never reads out of data.
-func Observe(data []byte) (State, error) {
+// the layout and never reads out of data; a fault on data is an error.
+func Observe(data []byte) (st State, err error) {
+	err = fault.Catch(func() (err error) { // Note [truncated while observed] in package stream
+		st, err = observe(data)
+		return err
+	})
+	return st, err
+}
+
+func observe(data []byte) (State, error) {
 	if len(data) < ringAt {
 		return State{}, fmt.Errorf("%w: a queue of %d bytes", header.ErrCorrupt, len(data))
 	}

@@ -234,3 +234,34 @@ func TestPeekAttackSkipAtHead(t *testing.T) {
 	require.ErrorIs(t, err, queue.ErrEmpty)
 	require.Equal(t, 3, qlen(t, q))
 }
+
+// TestPeekAttackTruncatedWords: another process shrinks the queue's file to
+// nothing, below its words: Peek and Observe meet the fault as an error.
+func TestPeekAttackTruncatedWords(t *testing.T) {
+	for _, bounded := range []bool{true, false} {
+		t.Run(fmt.Sprintf("bounded=%v", bounded), func(t *testing.T) {
+			q := newPeekQueue(t, bounded, 0, 8192)
+			require.NoError(t, q.Put(patternedRecord(3), time.Time{}))
+			seg := q.Segment()
+			fd, err := unix.Open(filepath.Join(shm.Dir(), seg.Name()), unix.O_RDWR, 0)
+			require.NoError(t, err)
+			defer unix.Close(fd)
+			var st unix.Stat_t
+			require.NoError(t, unix.Fstat(fd, &st))
+			saved := make([]byte, st.Size)
+			_, err = unix.Pread(fd, saved, 0)
+			require.NoError(t, err)
+			require.NoError(t, unix.Ftruncate(fd, 0))
+			defer func() {
+				_, err := unix.Pwrite(fd, saved, 0) // as it was, for the cleanup
+				require.NoError(t, err)
+				require.Equal(t, 1, qlen(t, q))
+			}()
+			var perr, oerr error
+			noPanic(t, "Peek", func() { _, perr = q.Peek(queue.PeekOldest, make([]byte, 4096)) })
+			require.ErrorIs(t, perr, fault.ErrFault)
+			noPanic(t, "Observe", func() { _, oerr = queue.Observe(seg.Data()) })
+			require.ErrorIs(t, oerr, fault.ErrFault)
+		})
+	}
+}

@@ -59,11 +59,28 @@ const peekAttempts = 4096
 // every frame before it could be copied, many times over), ErrEnded when
 // the stream ended before it, each with the position to ask for again. It
 // is safe for concurrent use.
-func (s *Stream) Peek(pos uint64, buf []byte) (uint64, error) {
+func (s *Stream) Peek(pos uint64, buf []byte) (got uint64, err error) {
 	if !s.guard.Enter() {
 		return pos, ErrClosed
 	}
 	defer s.guard.Leave()
+	got = pos
+	// Every word is read under fault.Catch: a file shrunk below them
+	// faults (Note [truncated while observed]).
+	err = fault.Catch(func() (err error) {
+		got, err = s.peek(pos, buf)
+		return err
+	})
+	return got, err
+}
+
+// Note [truncated while observed]: another process of the user may shrink
+// a segment file in /dev/shm below the words an observer reads (package
+// fault), and the observer must say so rather than die: Peek and Observe
+// read every word of the segment under fault.Catch, not only the frames
+// (and zct_segment_observe maps and reads its header so too).
+
+func (s *Stream) peek(pos uint64, buf []byte) (uint64, error) {
 	if uint64(len(buf)) < s.frameBytes {
 		return pos, fmt.Errorf("a buffer of %d bytes for frames of %d: %w", len(buf), s.frameBytes, unix.EINVAL)
 	}
@@ -154,8 +171,17 @@ type State struct {
 
 // Observe reads the state of the stream whose data region is data (mapped,
 // with or without a count, from any process), without a lock and without
-// writing anything. It checks the layout and never reads out of data.
-func Observe(data []byte) (State, error) {
+// writing anything. It checks the layout and never reads out of data; a
+// fault on data is an error.
+func Observe(data []byte) (st State, err error) {
+	err = fault.Catch(func() (err error) { // Note [truncated while observed]
+		st, err = observe(data)
+		return err
+	})
+	return st, err
+}
+
+func observe(data []byte) (State, error) {
 	if len(data) < readersAt {
 		return State{}, fmt.Errorf("%w: a stream of %d bytes", header.ErrCorrupt, len(data))
 	}

@@ -40,6 +40,7 @@ imported, and no handle or CUDA memory is opened.
 
 from __future__ import annotations
 
+import _compat_pickle
 import argparse
 import collections
 import io
@@ -475,7 +476,15 @@ def tail(name: str, n: int | None = None, follow: bool = True, out: TextIO | Non
     lib = native.lib()
     ffi = native.ffi()
     info = ffi.new("zct_info *")
-    status = lib.zct_segment_stat(name.encode(), info)
+    # A NUL would end the name early in C (tail another segment), and a name
+    # that is not UTF-8 (argv's bytes) cannot be passed at all.
+    if "\x00" in name:
+        return _fail(f"no queue or stream named {name!r}: a name holds no NUL character")
+    try:
+        encoded = name.encode()
+    except UnicodeEncodeError:
+        return _fail(f"no queue or stream named {name!r}: a name is UTF-8 (zctipc ls lists them)")
+    status = lib.zct_segment_stat(encoded, info)
     if status != 0:
         return _fail(f"no queue or stream named {name!r}: {native.error(status)} (zctipc ls lists them)")
     full = ffi.string(info.name).decode()
@@ -767,10 +776,19 @@ class _Unpickler(pickle.Unpickler):
         return bounded
 
     def find_class(self, module: str, name: str) -> Any:
+        # Note [pickles of protocols 0 to 2]: they name Python 2's modules
+        # (__builtin__.set, copy_reg._reconstructor), which pickle's own
+        # find_class maps to Python 3's before it imports. So does tail,
+        # before its allowlist: a protocol 3 or later pickle never names a
+        # module that the mapping renames (none of them exists in Python 3).
+        module, name = _compat_pickle.NAME_MAPPING.get((module, name), (module, name))
+        module = _compat_pickle.IMPORT_MAPPING.get(module, module)
         if (module, name) in _BOUNDED:
             return self._bounded(super().find_class(module, name))
         if (module, name) == ("fractions", "Fraction"):
             return _fraction
+        if (module, name) == ("_codecs", "encode"):  # bytes in protocols 0 to 2
+            return self._bounded(_latin1)
         if module == "zctipc._wire.pickler" and name == "_rebuild":
             return self._rebuild
         if module == "zctipc._wire.pickler" and name == "_rebuild_storage":
@@ -813,6 +831,14 @@ def _fraction(*args: Any) -> Any:
     if not all(isinstance(a, int) or isinstance(a, str) and re.fullmatch(r"-?[0-9]+(/[0-9]+)?", a) for a in args):
         raise pickle.UnpicklingError("a Fraction that is not pickled so")
     return fractions.Fraction(*args)
+
+
+def _latin1(text: str, encoding: str) -> bytes:
+    """_codecs.encode as protocols 0 to 2 pickle bytes with it, and no
+    other codec (Note [pickles of protocols 0 to 2])."""
+    if not isinstance(text, str) or encoding not in ("latin1", "latin-1"):
+        raise pickle.UnpicklingError("a _codecs.encode that is not pickled bytes")
+    return text.encode("latin-1")
 
 
 # The globals tail's unpickler finds as themselves: value types whose

@@ -102,7 +102,7 @@ def test_legitimate_pickles_still_show():
         (bytearray(b"abc"), "bytearray[3]"),
         (collections.Counter("hello"), "'l': 2"),
     ):
-        for protocol in (3, 5):  # 0 to 2 name builtins __builtin__: stand-ins
+        for protocol in (0, 2, 3, 5):  # 0 to 2 name __builtin__ (Note [pickles of protocols 0 to 2])
             data = pickle.dumps(obj, protocol=protocol)
             assert want in observe.summarize(observe._Unpickler(io.BytesIO(data), []).load()), (obj, protocol)
 

@@ -190,4 +190,3 @@ func TestQueuePeekNeverShowsWhatNoRecordWas(t *testing.T) {
 		})
 	}
 }
-

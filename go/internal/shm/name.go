@@ -7,6 +7,7 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"unicode/utf8"
 
 	"golang.org/x/sys/unix"
 )
@@ -60,9 +61,13 @@ func FullName(name string) (string, error) {
 	case strings.Contains(base, ".."):
 		return "", fmt.Errorf("segment name %q contains \"..\": %w", name, unix.EINVAL)
 	}
-	for _, c := range []byte(base) {
+	for i, c := range []byte(base) {
 		if !nameByte(c) {
-			return "", fmt.Errorf("segment name %q contains %q; use letters, digits, '_', '-' and '.': %w", name, c, unix.EINVAL)
+			// The character as written (a whole UTF-8 sequence, or the byte
+			// where it is none), not its first byte read as Latin-1.
+			_, size := utf8.DecodeRuneInString(base[i:])
+			bad := base[i : i+size]
+			return "", fmt.Errorf("segment name %q contains %q; use letters, digits, '_', '-' and '.': %w", name, bad, unix.EINVAL)
 		}
 	}
 	return Prefix + base, nil

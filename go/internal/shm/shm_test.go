@@ -106,6 +106,12 @@ func TestSegmentNames(t *testing.T) {
 		_, err = shm.Attach(name, 0, false)
 		require.ErrorIs(t, err, unix.EINVAL, "Attach(%q)", name)
 	}
+	// The error names the character as written, a whole UTF-8 sequence or
+	// the byte that begins none.
+	for name, shown := range map[string]string{"ab名": `"名"`, "xé": `"é"`, "y\xff": `"\xff"`, "sp ace": `" "`} {
+		_, err := shm.Create(name, header.KindTensor, dtype.Uint8, []int64{1})
+		require.ErrorContains(t, err, "contains "+shown+";", "Create(%q)", name)
+	}
 	longest := strings.Repeat("n", shm.MaxNameLen-len(testenv.UniqueName(t))) + testenv.UniqueName(t)
 	seg := mustCreate(t, longest, dtype.Uint8, 1)
 	require.NoError(t, seg.Close())

@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"math/bits"
+	"slices"
 
 	"github.com/zctipc/zctipc/go/internal/dtype"
 	"github.com/zctipc/zctipc/go/internal/header"
@@ -210,19 +211,60 @@ type Record struct {
 	Type        uint8
 	Descriptors []Descriptor
 	Payload     []byte
+	// Inline is the array of an inline record: DecodeRecord sets it (its
+	// Data in the payload), and a sender may set it and leave Payload nil,
+	// for Encode to write the payload from it, with none of its own to copy.
+	Inline Inline
+}
+
+// fromInline reports whether r's payload is to be written from r.Inline.
+func (r *Record) fromInline() bool { return r.Type == TypeInline && r.Payload == nil }
+
+// payloadSize returns the bytes of r's payload: Payload's, or those
+// Inline encodes to.
+func (r *Record) payloadSize() int {
+	if r.fromInline() {
+		return r.Inline.Size()
+	}
+	return len(r.Payload)
 }
 
 // Size returns the encoded size of r, a multiple of 8.
 func (r *Record) Size() int {
-	n := RecordHeaderSize + len(r.Payload)
+	n := RecordHeaderSize + r.payloadSize()
 	for i := range r.Descriptors {
 		n += r.Descriptors[i].Size()
 	}
 	return align8(n)
 }
 
+// Views returns the views a taker of a record of type typ with
+// descriptors descriptors is given: one per descriptor, and for an inline
+// record one of its array, which lies in the record.
+func Views(typ uint8, descriptors int) int {
+	if typ == TypeInline {
+		return descriptors + 1
+	}
+	return descriptors
+}
+
 // Check validates r's type against its descriptors and payload.
 func (r *Record) Check() error {
+	if err := r.checkFraming(); err != nil {
+		return err
+	}
+	switch {
+	case r.fromInline():
+		return r.Inline.Check()
+	case r.Type == TypeInline:
+		_, err := DecodeInline(r.Payload)
+		return err
+	}
+	return nil
+}
+
+// checkFraming is Check but for an inline record's array.
+func (r *Record) checkFraming() error {
 	switch {
 	case len(r.Descriptors) > MaxDescriptors:
 		return fmt.Errorf("%w: %d descriptors", ErrMalformed, len(r.Descriptors))
@@ -232,11 +274,8 @@ func (r *Record) Check() error {
 		return fmt.Errorf("%w: a bytes or inline record holds no descriptor", ErrMalformed)
 	case r.Type < TypePickle || r.Type > TypeInline:
 		return fmt.Errorf("%w: record type %d", ErrMalformed, r.Type)
-	}
-	if r.Type == TypeInline {
-		if _, err := DecodeInline(r.Payload); err != nil {
-			return err
-		}
+	case r.Type != TypeInline && (r.Inline.Shape != nil || r.Inline.Data != nil):
+		return fmt.Errorf("%w: a record of type %d with an inline array", ErrMalformed, r.Type)
 	}
 	for i := range r.Descriptors {
 		if err := r.Descriptors[i].Check(); err != nil {
@@ -253,38 +292,63 @@ func (r *Record) Encode(dst []byte) {
 	dst[4] = r.Type
 	dst[5] = 0
 	le.PutUint16(dst[6:], uint16(len(r.Descriptors)))
-	le.PutUint32(dst[8:], uint32(len(r.Payload)))
+	le.PutUint32(dst[8:], uint32(r.payloadSize()))
 	le.PutUint32(dst[12:], 0)
 	at := RecordHeaderSize
 	for i := range r.Descriptors {
 		at += r.Descriptors[i].Encode(dst[at:])
 	}
-	at += copy(dst[at:], r.Payload)
+	if r.fromInline() {
+		at += r.Inline.Encode(dst[at:])
+	} else {
+		at += copy(dst[at:], r.Payload)
+	}
 	clear(dst[at:size])
 }
 
 // DecodeRecord decodes and checks the record that is exactly src (a private
-// copy). The payload aliases src.
+// copy). The payload, and an inline record's Inline, alias src.
 func DecodeRecord(src []byte) (Record, error) {
+	var r Record
+	err := r.Decode(src)
+	return r, err
+}
+
+// Decode is DecodeRecord into r, which it overwrites (with the zero
+// Record when src is no record).
+func (r *Record) Decode(src []byte) error {
+	*r = Record{}
 	if len(src) < RecordHeaderSize || len(src)%8 != 0 || int(le.Uint32(src)) != len(src) {
-		return Record{}, fmt.Errorf("%w: record of %d bytes", ErrMalformed, len(src))
+		return fmt.Errorf("%w: record of %d bytes", ErrMalformed, len(src))
 	}
-	r := Record{Type: src[4], Descriptors: make([]Descriptor, le.Uint16(src[6:]))}
+	r.Type = src[4]
+	if n := le.Uint16(src[6:]); n > 0 {
+		r.Descriptors = make([]Descriptor, n)
+	}
 	payload := int(le.Uint32(src[8:]))
 	at := RecordHeaderSize
 	for i := range r.Descriptors {
 		d, n, err := DecodeDescriptor(src[at:])
 		if err != nil {
-			return Record{}, err
+			*r = Record{}
+			return err
 		}
 		r.Descriptors[i] = d
 		at += n
 	}
 	if payload > len(src)-at || align8(at+payload) != len(src) {
-		return Record{}, fmt.Errorf("%w: payload of %d bytes in a %d-byte record", ErrMalformed, payload, len(src))
+		*r = Record{}
+		return fmt.Errorf("%w: payload of %d bytes in a %d-byte record", ErrMalformed, payload, len(src))
 	}
 	r.Payload = src[at : at+payload]
-	return r, r.Check()
+	err := r.checkFraming()
+	if err == nil && r.Type == TypeInline {
+		r.Inline, err = DecodeInline(r.Payload)
+	}
+	if err != nil {
+		*r = Record{}
+	}
+	return err
 }
 
 // NextRecord decodes the record at the start of src, a run of records laid
@@ -326,6 +390,54 @@ type Inline struct {
 	Data  []byte // the elements, in the payload
 }
 
+// Size returns the bytes of the payload that holds in: its header, its
+// shape and its elements.
+func (in *Inline) Size() int { return InlineHeaderSize + 8*len(in.Shape) + len(in.Data) }
+
+// Encode writes the payload that holds in into dst (at least in.Size()
+// bytes) and returns the bytes written.
+func (in *Inline) Encode(dst []byte) int {
+	at := EncodeInline(dst, in.DType, in.Flags, in.Shape)
+	return at + copy(dst[at:], in.Data)
+}
+
+// Check validates in's fields: its dtype, flags and dimensions, and that
+// Data holds exactly the elements its shape and dtype make.
+func (in *Inline) Check() error {
+	if len(in.Shape) > header.MaxNDim || in.Flags&^7 != 0 {
+		return fmt.Errorf("%w: an inline array header (ndim %d, flags %#x)", ErrMalformed, len(in.Shape), in.Flags)
+	}
+	if err := in.DType.Check(); err != nil {
+		return fmt.Errorf("%w: %w", ErrMalformed, err)
+	}
+	for _, d := range in.Shape {
+		if d < 0 {
+			return fmt.Errorf("%w: negative shape in an inline array", ErrMalformed)
+		}
+	}
+	n, ok := header.ByteCount(in.Shape, in.DType.Size())
+	if !ok || n != uint64(len(in.Data)) {
+		return fmt.Errorf("%w: an inline array of shape %v holds %d bytes of elements", ErrMalformed, slices.Clone(in.Shape), len(in.Data))
+	}
+	return nil
+}
+
+// Strides returns the byte strides of in's elements, which are in C order.
+func (in *Inline) Strides() []int64 {
+	strides := make([]int64, len(in.Shape))
+	in.CStrides(strides)
+	return strides
+}
+
+// CStrides writes Strides into strides, which holds len(in.Shape).
+func (in *Inline) CStrides(strides []int64) {
+	step := int64(in.DType.Size())
+	for i := len(in.Shape) - 1; i >= 0; i-- {
+		strides[i] = step
+		step *= max(in.Shape[i], 1)
+	}
+}
+
 // EncodeInline writes the header of an inline array into dst (at least
 // InlineHeaderSize + 8*len(shape) bytes) and returns where its elements go.
 func EncodeInline(dst []byte, dt dtype.DType, flags uint8, shape []int64) int {
@@ -347,24 +459,16 @@ func DecodeInline(payload []byte) (Inline, error) {
 	}
 	in := Inline{DType: dtype.DType(le.Uint16(payload)), Flags: payload[2]}
 	ndim := int(payload[3])
-	if ndim > header.MaxNDim || payload[2]&^7 != 0 || le.Uint32(payload[4:]) != 0 || len(payload) < InlineHeaderSize+8*ndim {
+	if ndim > header.MaxNDim || le.Uint32(payload[4:]) != 0 || len(payload) < InlineHeaderSize+8*ndim {
 		return Inline{}, fmt.Errorf("%w: an inline array header (ndim %d, flags %#x)", ErrMalformed, ndim, payload[2])
-	}
-	if err := in.DType.Check(); err != nil {
-		return Inline{}, fmt.Errorf("%w: %w", ErrMalformed, err)
 	}
 	in.Shape = make([]int64, ndim)
 	for i := range in.Shape {
 		in.Shape[i] = int64(le.Uint64(payload[InlineHeaderSize+8*i:]))
-		if in.Shape[i] < 0 {
-			return Inline{}, fmt.Errorf("%w: negative shape in an inline array", ErrMalformed)
-		}
 	}
-	n, ok := header.ByteCount(in.Shape, in.DType.Size())
-	at := InlineHeaderSize + 8*ndim
-	if !ok || n != uint64(len(payload)-at) {
-		return Inline{}, fmt.Errorf("%w: an inline array of shape %v holds %d bytes of elements", ErrMalformed, in.Shape, len(payload)-at)
+	in.Data = payload[InlineHeaderSize+8*ndim:]
+	if err := in.Check(); err != nil {
+		return Inline{}, err
 	}
-	in.Data = payload[at:]
 	return in, nil
 }

@@ -140,3 +140,41 @@ func TestInlineRefusesMalformedPayloads(t *testing.T) {
 	rec := message.Record{Type: message.TypeInline, Payload: good(), Descriptors: sampleRecord().Descriptors}
 	require.ErrorIs(t, rec.Check(), message.ErrMalformed, "an inline record holds no descriptor")
 }
+
+// A record whose Inline is set encodes to the bytes of the record whose
+// payload is that array encoded, and decodes back with Inline set (its
+// Data in the payload).
+func TestInlineRecordFromItsArray(t *testing.T) {
+	t.Parallel()
+	in := message.Inline{DType: dtype.Int16, Flags: 4, Shape: []int64{3}, Data: []byte{1, 0, 2, 0, 3, 0}}
+	payload := make([]byte, in.Size())
+	require.Equal(t, len(payload), in.Encode(payload))
+	byPayload := message.Record{Type: message.TypeInline, Payload: payload}
+	byArray := message.Record{Type: message.TypeInline, Inline: in}
+	require.NoError(t, byArray.Check())
+	require.Equal(t, byPayload.Size(), byArray.Size())
+	a, b := make([]byte, byArray.Size()), make([]byte, byPayload.Size())
+	byArray.Encode(a)
+	byPayload.Encode(b)
+	require.Equal(t, b, a)
+
+	back, err := message.DecodeRecord(a)
+	require.NoError(t, err)
+	require.Equal(t, in.Shape, back.Inline.Shape)
+	require.Equal(t, in.Data, back.Inline.Data)
+	require.Equal(t, []int64{2}, back.Inline.Strides())
+
+	wrong := message.Record{Type: message.TypeBytes, Inline: in}
+	require.ErrorIs(t, wrong.Check(), message.ErrMalformed, "only an inline record holds an array")
+	short := in
+	short.Data = short.Data[:4]
+	require.ErrorIs(t, (&message.Record{Type: message.TypeInline, Inline: short}).Check(), message.ErrMalformed)
+}
+
+func TestViewsOfARecord(t *testing.T) {
+	t.Parallel()
+	require.Equal(t, 0, message.Views(message.TypeBytes, 0))
+	require.Equal(t, 3, message.Views(message.TypePickle, 3))
+	require.Equal(t, 1, message.Views(message.TypeTensor, 1))
+	require.Equal(t, 1, message.Views(message.TypeInline, 0), "its array, which lies in the record")
+}

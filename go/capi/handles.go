@@ -48,6 +48,13 @@ func (t *table[T]) take(h uint64) (T, error) {
 	return v, nil
 }
 
+// restore puts v back under h, a handle take took it from.
+func (t *table[T]) restore(h uint64, v T) {
+	t.mu.Lock()
+	t.m[h] = v
+	t.mu.Unlock()
+}
+
 // find returns an object of the table that ok accepts.
 func (t *table[T]) find(ok func(T) bool) (T, bool) {
 	t.mu.RLock()

@@ -12,6 +12,7 @@ import (
 	"unsafe"
 
 	"github.com/zctipc/zctipc/go/internal/buffer"
+	"github.com/zctipc/zctipc/go/internal/handover"
 	"github.com/zctipc/zctipc/go/internal/header"
 	"github.com/zctipc/zctipc/go/internal/message"
 	"github.com/zctipc/zctipc/go/internal/pool"
@@ -52,7 +53,7 @@ func zct_queue_peek(h C.zct_handle, cursor *C.uint64_t, buf unsafe.Pointer, capa
 			*cursor, *missed = C.uint64_t(p.Next), C.uint64_t(p.Missed)
 		}
 		if errors.As(err, &re) {
-			*payloadLen, *nviews = C.uint64_t(re.Need), C.int32_t(re.Descriptors)
+			*payloadLen, *nviews = C.uint64_t(re.Need), C.int32_t(re.Views)
 			if buf == nil { // passed over, as asked
 				*typ = 0
 				return nil
@@ -63,27 +64,29 @@ func zct_queue_peek(h C.zct_handle, cursor *C.uint64_t, buf unsafe.Pointer, capa
 		if err != nil {
 			return err
 		}
-		rec, err := message.DecodeRecord(raw[:p.Size])
-		if err != nil {
+		var m handover.Message
+		if err := m.Decode(raw[:p.Size]); err != nil {
 			return err
 		}
-		if len(rec.Descriptors) > int(viewsCap) {
-			*payloadLen, *nviews = C.uint64_t(p.Size), C.int32_t(len(rec.Descriptors))
+		need := message.Views(m.Type, len(m.Descriptors)) // as a get gives them
+		if need > int(viewsCap) {
+			*payloadLen, *nviews = C.uint64_t(p.Size), C.int32_t(need)
 			*cursor = C.uint64_t(p.At) // asked again with room for them
-			return fmt.Errorf("%w: a record with %d descriptors", errRange, len(rec.Descriptors))
+			return fmt.Errorf("%w: a record with %d views", errRange, need)
 		}
 		// What fails from here is the record's (it was put so): the cursor
 		// stays past it.
-		if err := attachViews(rec.Descriptors, unsafe.Slice(views, len(rec.Descriptors))); err != nil {
+		out := unsafe.Slice(views, need)
+		if err := attachViews(m.Descriptors, out); err != nil {
 			return err
 		}
-		*typ = C.int32_t(rec.Type)
-		*payloadOffset = C.uint64_t(p.Size - len(rec.Payload))
-		if len(rec.Payload) > 0 {
-			*payloadOffset = C.uint64_t(uintptr(unsafe.Pointer(&rec.Payload[0])) - uintptr(buf))
+		if m.Type == message.TypeInline {
+			fillInline(&out[0], &m.Inline, m.InlineAt)
 		}
-		*payloadLen = C.uint64_t(len(rec.Payload))
-		*nviews = C.int32_t(len(rec.Descriptors))
+		*typ = C.int32_t(m.Type)
+		*payloadOffset = C.uint64_t(m.PayloadAt)
+		*payloadLen = C.uint64_t(len(m.Payload))
+		*nviews = C.int32_t(need)
 		return nil
 	})
 }
@@ -97,7 +100,8 @@ func attachViews(descs []message.Descriptor, views []C.zct_view) error {
 	for i := range descs {
 		r, data, err := buffer.Attach(&descs[i])
 		if errors.Is(err, unix.ENOENT) {
-			fillView(&views[i], 0, nil, &descs[i])
+			gone := handover.ViewOf(nil, nil, &descs[i])
+			fillView(&views[i], 0, &gone)
 			continue
 		}
 		if err != nil {
@@ -109,7 +113,8 @@ func attachViews(descs []message.Descriptor, views []C.zct_view) error {
 			}
 			return errors.Join(errs...)
 		}
-		fillView(&views[i], refs.put(r), data, &descs[i])
+		a := handover.ViewOf(r, data, &descs[i])
+		fillView(&views[i], refs.put(r), &a)
 	}
 	return nil
 }

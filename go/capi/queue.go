@@ -14,14 +14,26 @@ import (
 
 	"github.com/zctipc/zctipc/go/internal/buffer"
 	"github.com/zctipc/zctipc/go/internal/futex"
+	"github.com/zctipc/zctipc/go/internal/handover"
 	"github.com/zctipc/zctipc/go/internal/message"
 	"github.com/zctipc/zctipc/go/internal/queue"
 	"golang.org/x/sys/unix"
 )
 
-// The record types of zctipc.h are package message's: one number each,
-// checked when this package compiles (an index other than 0 fails it).
-var _ = [1][1][1][1]struct{}{}[message.TypePickle-C.ZCT_RECORD_PICKLE][message.TypeTensor-C.ZCT_RECORD_TENSOR][message.TypeBytes-C.ZCT_RECORD_BYTES][message.TypeInline-C.ZCT_RECORD_INLINE]
+// The framing facts of zctipc.h are package message's: the record types,
+// the size of a record's header, and what a view of an inline array is;
+// one number each, checked when this package compiles (an index other
+// than 0 fails it). The layout of zct_queue_take's result is zctipc.h's
+// alone: take packs it with the header's constants.
+var (
+	_ = [1][1][1][1]struct{}{}[message.TypePickle-C.ZCT_RECORD_PICKLE][message.TypeTensor-C.ZCT_RECORD_TENSOR][message.TypeBytes-C.ZCT_RECORD_BYTES][message.TypeInline-C.ZCT_RECORD_INLINE]
+	_ = [1][1][1]struct{}{}[message.RecordHeaderSize-C.ZCT_RECORD_HEADER][message.RefSegment-C.ZCT_REF_SEGMENT][message.RefSlot-C.ZCT_REF_SLOT]
+	// A payload's length and offset, below a record's largest size, fill
+	// their fields, and a record type leaves the result's sign bit clear.
+	_ = [1]struct{}{}[(queue.MaxCapacity-1)>>C.ZCT_TAKE_OFFSET_SHIFT]
+	_ = [1]struct{}{}[C.ZCT_TAKE_FIELD_MASK+1-(1<<C.ZCT_TAKE_OFFSET_SHIFT)]
+	_ = [1]struct{}{}[message.TypeInline>>(63-C.ZCT_TAKE_TYPE_SHIFT)]
+)
 
 var queues = newTable[*queue.Queue]()
 
@@ -34,17 +46,6 @@ func recordType(typ C.int32_t) (uint8, error) {
 		return 0, fmt.Errorf("record type %d: it must be from %d to %d: %w", typ, message.TypePickle, message.TypeInline, unix.EINVAL)
 	}
 	return uint8(typ), nil
-}
-
-// checkPut checks a record that a C caller is putting: one it made wrong
-// (an inline payload that is no array, a view in an inline record) is a bad
-// argument, ZCT_E_INVALID, not corrupt data (message.ErrMalformed, which
-// names what a get read).
-func checkPut(rec *message.Record) error {
-	if err := rec.Check(); err != nil {
-		return fmt.Errorf("%s: %w", err, unix.EINVAL)
-	}
-	return nil
 }
 
 // Note [the C contract of queue calls]: any C code in the process may call
@@ -91,14 +92,11 @@ func zct_queue_put_array(h C.zct_handle, typ C.int32_t, addr *C.zct_cvoid, exten
 			err = fmt.Errorf("an array of shape %v and strides %v needs %d bytes, past its extent of %d: %w",
 				d.Shape, d.Strides, d.NBytes, extent, unix.EINVAL)
 		}
-		rec := message.Record{Type: rtype, Descriptors: []message.Descriptor{d}}
-		if err == nil {
-			err = checkPut(&rec)
-		}
 		if err != nil {
 			return errors.Join(err, r.Release())
 		}
-		sent, err := buffer.Send([]*buffer.Ref{r}, func() error { return q.Put(&rec, deadline(timeoutMS)) })
+		rec := message.Record{Type: rtype, Descriptors: []message.Descriptor{d}}
+		sent, err := handover.Put(q, &rec, []*buffer.Ref{r}, deadline(timeoutMS))
 		if !sent {
 			return errors.Join(err, r.Release())
 		}
@@ -229,39 +227,37 @@ func zct_queue_put(h C.zct_handle, typ C.int32_t, payload *C.zct_cvoid, length C
 			rec.Payload = unsafe.Slice((*byte)(unsafe.Pointer(payload)), length)
 		}
 		if nviews == 0 { // no refs change hands
-			if err := checkPut(&rec); err != nil {
-				return err
-			}
-			return q.Put(&rec, deadline(timeoutMS))
+			_, err := handover.Put(q, &rec, nil, deadline(timeoutMS))
+			return err
 		}
-		rec.Descriptors = make([]message.Descriptor, nviews)
 		vs := unsafe.Slice((*C.zct_view)(unsafe.Pointer(views)), nviews)
-		sending := make([]*buffer.Ref, nviews)
+		handles := make([]uint64, nviews)
 		seen := make(map[C.zct_handle]bool, nviews)
 		for i := range vs {
 			if seen[vs[i].ref] {
 				return fmt.Errorf("ref %d appears twice in one message: %w", vs[i].ref, unix.EINVAL)
 			}
 			seen[vs[i].ref] = true
-			if rec.Descriptors[i], sending[i], err = describe(&vs[i]); err != nil {
+			handles[i] = uint64(vs[i].ref)
+		}
+		// The refs are the put's from here; on failure they are the
+		// caller's again, handles and all (Note [refs on their way out]).
+		sending, err := claim(handles)
+		if err != nil {
+			return err
+		}
+		rec.Descriptors = make([]message.Descriptor, nviews)
+		for i := range vs {
+			if rec.Descriptors[i], err = describe(sending[i], &vs[i]); err != nil {
+				restore(handles, sending)
 				return err
 			}
 		}
-		if err := checkPut(&rec); err != nil {
-			return err
-		}
-		// On failure the refs stay the caller's, handles and all.
-		sent, err := buffer.Send(sending, func() error { return q.Put(&rec, deadline(timeoutMS)) })
+		sent, err := handover.Put(q, &rec, sending, deadline(timeoutMS))
 		if !sent {
-			return err
+			restore(handles, sending)
 		}
-		errs := []error{err}
-		for i := range vs {
-			if _, err := refs.take(uint64(vs[i].ref)); err != nil {
-				errs = append(errs, err)
-			}
-		}
-		return errors.Join(errs...)
+		return err
 	})
 }
 
@@ -271,82 +267,77 @@ func zct_queue_get(h C.zct_handle, buf unsafe.Pointer, capacity C.uint64_t, time
 		if typ == nil || payloadOffset == nil || payloadLen == nil || nviews == nil {
 			return errNilArg
 		}
-		rec, err := take(h, buf, capacity, timeoutMS, views, viewsCap)
+		var m handover.Message
+		err := take(h, buf, capacity, timeoutMS, views, viewsCap, &m)
 		var re *queue.RangeError
 		if errors.As(err, &re) {
 			*payloadLen = C.uint64_t(re.Need)
-			*nviews = C.int32_t(re.Descriptors)
+			*nviews = C.int32_t(re.Views)
 		}
 		if err != nil {
 			return err
 		}
-		*typ = C.int32_t(rec.typ)
-		*payloadOffset = C.uint64_t(rec.offset)
-		*payloadLen = C.uint64_t(rec.length)
-		*nviews = C.int32_t(rec.views)
+		*typ = C.int32_t(m.Type)
+		*payloadOffset = C.uint64_t(m.PayloadAt)
+		*payloadLen = C.uint64_t(len(m.Payload))
+		*nviews = C.int32_t(m.NumViews())
 		return nil
 	})
 }
 
 //export zct_queue_take
-func zct_queue_take(h C.zct_handle, buf unsafe.Pointer, capacity C.uint64_t, timeoutMS C.int64_t, views *C.zct_view, viewsCap C.int32_t) C.int64_t {
-	var rec taken
+func zct_queue_take(h C.zct_handle, buf unsafe.Pointer, capacity C.uint64_t, timeoutMS C.int64_t, views *C.zct_view, viewsCap C.int32_t, nviews *C.int32_t) C.int64_t {
+	var m handover.Message
 	status := run(func() error {
-		var err error
-		rec, err = take(h, buf, capacity, timeoutMS, views, viewsCap)
+		if nviews == nil {
+			return errNilArg
+		}
+		err := take(h, buf, capacity, timeoutMS, views, viewsCap, &m)
+		if err == nil {
+			*nviews = C.int32_t(m.NumViews())
+		}
 		return err
 	})
 	if status != C.ZCT_OK {
 		return C.int64_t(status)
 	}
-	return C.int64_t(rec.length | rec.offset<<30 | uint64(rec.typ)<<60)
+	return C.int64_t(uint64(len(m.Payload)) | uint64(m.PayloadAt)<<C.ZCT_TAKE_OFFSET_SHIFT | uint64(m.Type)<<C.ZCT_TAKE_TYPE_SHIFT)
 }
 
-// taken says what take copied into the caller's buffer.
-type taken struct {
-	typ            uint8
-	offset, length uint64 // of the payload in the buffer
-	views          int
-}
-
-// take takes the next record of queue h into buf, whole, and fills a view
-// for each of its descriptors (zct_queue_get and zct_queue_take). A record
-// that does not fit is left in the queue: a *queue.RangeError, wrapped in
-// errRange.
-func take(h C.zct_handle, buf unsafe.Pointer, capacity C.uint64_t, timeoutMS C.int64_t, views *C.zct_view, viewsCap C.int32_t) (taken, error) {
+// take takes the next record of queue h into buf, whole, decodes it into
+// m, and fills a view for each of its arrays (zct_queue_get and
+// zct_queue_take), each descriptor's holding a new ref. A record that does
+// not fit is left in the queue: a *queue.RangeError, wrapped in errRange.
+func take(h C.zct_handle, buf unsafe.Pointer, capacity C.uint64_t, timeoutMS C.int64_t, views *C.zct_view, viewsCap C.int32_t, m *handover.Message) error {
 	if viewsCap < 0 {
-		return taken{}, badCount("views_cap", viewsCap, 0, math.MaxInt32)
+		return badCount("views_cap", viewsCap, 0, math.MaxInt32)
 	}
 	if buf == nil || viewsCap > 0 && views == nil {
-		return taken{}, errNilArg
+		return errNilArg
 	}
 	q, err := queues.get(uint64(h))
 	if err != nil {
-		return taken{}, err
+		return err
 	}
 	raw := unsafe.Slice((*byte)(buf), capacity)
 	n, err := q.Get(raw, int(viewsCap), deadline(timeoutMS))
 	var re *queue.RangeError
 	if errors.As(err, &re) {
-		return taken{}, fmt.Errorf("%w: %w", errRange, err)
+		return fmt.Errorf("%w: %w", errRange, err)
 	}
 	if err != nil {
-		return taken{}, err
+		return err
 	}
-	rec, err := message.DecodeRecord(raw[:n])
-	if err != nil {
-		return taken{}, err
+	if err := m.Decode(raw[:n]); err != nil {
+		return err
 	}
-	if len(rec.Descriptors) > 0 {
-		if err := adopt(rec.Descriptors, unsafe.Slice(views, len(rec.Descriptors))); err != nil {
-			return taken{}, err
-		}
+	if err := m.Adopt(); err != nil {
+		return err
 	}
-	t := taken{typ: rec.Type, offset: uint64(n - len(rec.Payload)), length: uint64(len(rec.Payload)), views: len(rec.Descriptors)}
-	if len(rec.Payload) > 0 {
-		t.offset = uint64(uintptr(unsafe.Pointer(&rec.Payload[0])) - uintptr(buf))
+	if err := fillViews(views, viewsCap, m.NumViews(), func(out []C.zct_view) { fillMessage(out, m, 0) }); err != nil {
+		return errors.Join(err, m.Release())
 	}
-	return t, nil
+	return nil
 }
 
 //export zct_queue_put_many
@@ -383,7 +374,7 @@ func zct_queue_put_many(h C.zct_handle, typ C.int32_t, data *C.zct_cvoid, ends *
 				return fmt.Errorf("payload ends out of order at %d: %w", i, unix.EINVAL)
 			}
 			recs[i] = message.Record{Type: rtype, Payload: payloads[at:end]}
-			if err := checkPut(&recs[i]); err != nil {
+			if err := handover.Check(&recs[i]); err != nil {
 				return err
 			}
 			ptrs[i] = &recs[i]
@@ -419,44 +410,55 @@ func zct_queue_get_many(h C.zct_handle, buf unsafe.Pointer, capacity C.uint64_t,
 		var re *queue.RangeError
 		if errors.As(err, &re) {
 			*filled = C.uint64_t(re.Need)
-			*nviews = C.int32_t(re.Descriptors)
+			*nviews = C.int32_t(re.Views)
 			return fmt.Errorf("%w: %w", errRange, err)
 		}
 		if err != nil && n == 0 {
 			return err
 		}
-		// Adopt every record's descriptors; a record that fails to decode has
-		// no views to give, and the error is reported after the others.
+		// Every record's counts are adopted, or none; a record that fails to
+		// decode has no views to give, and the error is reported after the
+		// others.
+		msgs, derr := handover.DecodeRun(raw[:size], n)
+		aerr := handover.AdoptAll(msgs)
 		out := unsafe.Slice(recs, n)
-		var descs []message.Descriptor
-		var errs []error
+		starts := make([]int, n)
+		total := 0
 		for i, at := 0, 0; i < n; i++ {
-			rec, rsize, derr := message.NextRecord(raw[at:size])
-			if rsize == 0 {
-				errs = append(errs, derr) // the rest cannot be read: n stays, with empty records
-				clear(out[i:])
-				break
+			m := &msgs[i]
+			out[i] = C.zct_record{}
+			if m.Bytes == 0 {
+				continue // the rest could not be read: empty records
 			}
-			errs = append(errs, derr)
-			out[i] = C.zct_record{_type: C.int32_t(rec.Type), nviews: C.int32_t(len(rec.Descriptors)),
-				payload_offset: C.uint64_t(at + rsize), payload_len: C.uint64_t(len(rec.Payload))}
-			if len(rec.Payload) > 0 {
-				out[i].payload_offset = C.uint64_t(uintptr(unsafe.Pointer(&rec.Payload[0])) - uintptr(buf))
+			starts[i] = at
+			nv := m.NumViews()
+			if aerr != nil {
+				nv = 0 // the call failed: no views, an inline array's neither
 			}
-			descs = append(descs, rec.Descriptors...)
-			at += rsize
+			out[i] = C.zct_record{_type: C.int32_t(m.Type), nviews: C.int32_t(nv),
+				payload_offset: C.uint64_t(at + m.PayloadAt), payload_len: C.uint64_t(len(m.Payload))}
+			total += nv
+			at += m.Bytes
 		}
-		if aerr := adopt(descs, unsafe.Slice(views, len(descs))); aerr != nil {
-			errs = append(errs, aerr)
-			descs = nil
-			for i := range out {
+		var ferr error
+		if aerr == nil {
+			ferr = fillViews(views, viewsCap, total, func(out []C.zct_view) {
+				for i := range msgs {
+					out = out[fillMessage(out, &msgs[i], starts[i]):]
+				}
+			})
+		}
+		if ferr != nil {
+			for i := range msgs {
+				ferr = errors.Join(ferr, msgs[i].Release())
 				out[i].nviews = 0
 			}
+			total = 0
 		}
 		*records = C.int32_t(n)
 		*filled = C.uint64_t(size)
-		*nviews = C.int32_t(len(descs))
-		return errors.Join(append(errs, err)...)
+		*nviews = C.int32_t(total)
+		return errors.Join(derr, aerr, ferr, err)
 	})
 }
 

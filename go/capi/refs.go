@@ -13,6 +13,7 @@ import (
 	"github.com/zctipc/zctipc/go/internal/buffer"
 	"github.com/zctipc/zctipc/go/internal/dtype"
 	"github.com/zctipc/zctipc/go/internal/fault"
+	"github.com/zctipc/zctipc/go/internal/handover"
 	"github.com/zctipc/zctipc/go/internal/header"
 	"github.com/zctipc/zctipc/go/internal/message"
 	"golang.org/x/sys/unix"
@@ -20,14 +21,39 @@ import (
 
 var refs = newTable[*buffer.Ref]()
 
-// describe makes the descriptor of a view that Python filled in.
-func describe(v *C.zct_view) (message.Descriptor, *buffer.Ref, error) {
-	r, err := refs.get(uint64(v.ref))
-	if err != nil {
-		return message.Descriptor{}, nil, err
+// Note [refs on their way out]: a ref handed to a put or an encode is the
+// call's from the moment it starts: its handle leaves the table (claim),
+// so that no other thread's call (a release, a second put of the same
+// handle) can give up or send again a count that is on its way into a
+// message. A put that fails hands the refs back under the handles they had
+// (restore): zctipc.h promises the caller still holds them.
+
+// claim takes the refs of handles out of the table for a send; on failure
+// none is taken.
+func claim(handles []uint64) ([]*buffer.Ref, error) {
+	rs := make([]*buffer.Ref, len(handles))
+	for i, h := range handles {
+		r, err := refs.take(h)
+		if err != nil {
+			restore(handles[:i], rs[:i])
+			return nil, err
+		}
+		rs[i] = r
 	}
-	d, err := describeArray(r, uint64(v.offset), v.dtype, v.ndim, &v.shape[0], &v.strides[0], v.flags)
-	return d, r, err
+	return rs, nil
+}
+
+// restore puts back the refs of a send that failed, under their handles.
+func restore(handles []uint64, rs []*buffer.Ref) {
+	for i, h := range handles {
+		refs.restore(h, rs[i])
+	}
+}
+
+// describe makes the descriptor of a view that the caller filled in, of
+// the memory of r (the ref it names).
+func describe(r *buffer.Ref, v *C.zct_view) (message.Descriptor, error) {
+	return describeArray(r, uint64(v.offset), v.dtype, v.ndim, &v.shape[0], &v.strides[0], v.flags)
 }
 
 // describeArray is the descriptor of the array of dtype dt, ndim
@@ -50,42 +76,67 @@ func describeArray(r *buffer.Ref, offset uint64, dt, ndim C.int32_t, shape, stri
 	return r.Describe(offset, dtype.DType(dt), sh, st, uint8(flags))
 }
 
-// fillView writes a received array into v, under the ref handle h.
-func fillView(v *C.zct_view, h uint64, data []byte, d *message.Descriptor) {
+// fillView writes an array a message brought into v, under the ref handle
+// h (0 for one without a count).
+func fillView(v *C.zct_view, h uint64, a *handover.View) {
 	*v = C.zct_view{}
 	v.ref = C.zct_handle(h)
-	v.data = unsafe.Pointer(unsafe.SliceData(data))
-	v.offset = C.uint64_t(d.Offset)
-	v.nbytes = C.uint64_t(d.NBytes)
-	for i := range d.Shape {
-		v.shape[i], v.strides[i] = C.int64_t(d.Shape[i]), C.int64_t(d.Strides[i])
+	v.data = unsafe.Pointer(unsafe.SliceData(a.Data))
+	v.offset = C.uint64_t(a.Offset)
+	v.nbytes = C.uint64_t(len(a.Data))
+	for i := range a.Shape {
+		v.shape[i], v.strides[i] = C.int64_t(a.Shape[i]), C.int64_t(a.Strides[i])
 	}
-	v.dtype = C.int32_t(d.DType)
-	v.ndim = C.int32_t(len(d.Shape))
-	v.kind = C.int32_t(d.Kind)
-	v.flags = C.int32_t(d.Flags)
+	v.dtype = C.int32_t(a.DType)
+	v.ndim = C.int32_t(len(a.Shape))
+	v.kind = C.int32_t(a.Kind)
+	v.flags = C.int32_t(a.Flags)
 }
 
-// adopt turns received descriptors into refs and fills views; on failure it
-// releases what it adopted and drops the counts of the rest.
-func adopt(descs []message.Descriptor, views []C.zct_view) error {
-	for i := range descs {
-		r, data, err := buffer.Adopt(&descs[i])
-		if err != nil {
-			errs := []error{err}
-			for j := range i {
-				if r, terr := refs.take(uint64(views[j].ref)); terr == nil {
-					errs = append(errs, r.Release())
-				}
-			}
-			for j := i + 1; j < len(descs); j++ {
-				errs = append(errs, buffer.Drop(&descs[j]))
-			}
-			return errors.Join(errs...)
-		}
-		fillView(&views[i], refs.put(r), data, &descs[i])
+// fillInline writes an inline record's array into v: a view with no ref
+// (ZCT_REF_INLINE), offset bytes from the start of the get's buffer.
+func fillInline(v *C.zct_view, in *message.Inline, offset int) {
+	*v = C.zct_view{}
+	v.data = unsafe.Pointer(unsafe.SliceData(in.Data))
+	v.offset = C.uint64_t(offset)
+	v.nbytes = C.uint64_t(len(in.Data))
+	var strides [header.MaxNDim]int64
+	in.CStrides(strides[:len(in.Shape)])
+	for i := range in.Shape {
+		v.shape[i], v.strides[i] = C.int64_t(in.Shape[i]), C.int64_t(strides[i])
+	}
+	v.dtype = C.int32_t(in.DType)
+	v.ndim = C.int32_t(len(in.Shape))
+	v.kind = C.ZCT_REF_INLINE
+	v.flags = C.int32_t(in.Flags)
+}
+
+// fillViews lets fill write total views into the views_cap views at
+// views, once it checked that they fit: the queue's gets count them
+// (message.Views), so a view that does not fit is a bug, which errRange
+// reports rather than write past the caller's views.
+func fillViews(views *C.zct_view, viewsCap C.int32_t, total int, fill func([]C.zct_view)) error {
+	if total > int(viewsCap) {
+		return fmt.Errorf("%d views for room for %d: %w", total, viewsCap, errRange)
+	}
+	if total > 0 {
+		fill(unsafe.Slice(views, total))
 	}
 	return nil
+}
+
+// fillMessage writes the views of m, adopted, into out (m.NumViews() of
+// them), each ref under a new handle; start is where m lies in the buffer
+// it was taken into, in which its inline array lies.
+func fillMessage(out []C.zct_view, m *handover.Message, start int) int {
+	if m.Type == message.TypeInline {
+		fillInline(&out[0], &m.Inline, start+m.InlineAt)
+		return 1
+	}
+	for j := range m.Views {
+		fillView(&out[j], refs.put(m.Views[j].Ref), &m.Views[j])
+	}
+	return len(m.Views)
 }
 
 //export zct_ref_find
@@ -173,6 +224,8 @@ func zct_ref_encode(view *C.zct_cview, buf unsafe.Pointer, capacity C.uint64_t, 
 		if err != nil {
 			return err
 		}
+		// The bytes can always be written: the ref is the encode's for good
+		// (Note [refs on their way out]).
 		if _, err := refs.take(uint64(view.ref)); err != nil {
 			return err
 		}
@@ -191,7 +244,11 @@ func describeInto(view *C.zct_cview, buf unsafe.Pointer, capacity C.uint64_t, le
 	if view == nil || length == nil || capacity > 0 && buf == nil {
 		return message.Descriptor{}, nil, errNilArg
 	}
-	d, r, err := describe((*C.zct_view)(unsafe.Pointer(view)))
+	r, err := refs.get(uint64(view.ref))
+	if err != nil {
+		return message.Descriptor{}, nil, err
+	}
+	d, err := describe(r, (*C.zct_view)(unsafe.Pointer(view)))
 	if err != nil {
 		return d, nil, err
 	}
@@ -212,8 +269,13 @@ func zct_ref_decode(buf *C.zct_cvoid, length C.uint64_t, view *C.zct_view) C.int
 		if err != nil {
 			return err
 		}
-		views := unsafe.Slice(view, 1)
-		return adopt([]message.Descriptor{d}, views)
+		r, data, err := buffer.Adopt(&d)
+		if err != nil {
+			return err
+		}
+		a := handover.ViewOf(r, data, &d)
+		fillView(view, refs.put(r), &a)
+		return nil
 	})
 }
 
@@ -242,7 +304,8 @@ func zct_ref_attach(buf *C.zct_cvoid, length C.uint64_t, view *C.zct_view) C.int
 		if err != nil {
 			return err
 		}
-		fillView(view, refs.put(r), data, &d)
+		a := handover.ViewOf(r, data, &d)
+		fillView(view, refs.put(r), &a)
 		return nil
 	})
 }

@@ -32,7 +32,7 @@ extern "C" {
 
 /* BEGIN CDEF (python/zctipc/_ffi_build.py feeds from here to END CDEF to cffi) */
 
-#define ZCT_ABI_VERSION 14
+#define ZCT_ABI_VERSION 15
 #define ZCT_MAX_NDIM 32
 #define ZCT_NAME_CAP 256
 
@@ -99,6 +99,8 @@ typedef enum zct_dtype {
 
 /* What a ref's memory is. */
 typedef enum zct_ref_kind {
+    ZCT_REF_INLINE = 0,      /* none: a view of an inline record's array, in the buffer a get took the
+                                record into (its ref is 0, its offset from the buffer's start) */
     ZCT_REF_SEGMENT = 1,     /* the data of a tensor segment */
     ZCT_REF_SLOT = 2         /* a slot of a pool arena */
 } zct_ref_kind;
@@ -113,13 +115,29 @@ typedef enum zct_view_flags {
     ZCT_VIEW_READONLY = 4
 } zct_view_flags;
 
-/* Queue record types. */
+/* Queue record types. A get gives a record's arrays as views: one per
+   descriptor, each holding a new ref, and for an inline record one of its
+   array, which lies in the get's buffer and holds no ref. */
 typedef enum zct_record_type {
     ZCT_RECORD_PICKLE = 1,   /* a pickle that refers to its views by index */
     ZCT_RECORD_TENSOR = 2,   /* one view and no payload */
     ZCT_RECORD_BYTES = 3,    /* raw bytes and no view */
-    ZCT_RECORD_INLINE = 4    /* no view; the payload is a small array copied in (format.md, "inline") */
+    ZCT_RECORD_INLINE = 4    /* a small array copied in: the payload holds it (format.md, "inline"), and a
+                                get gives it as one view (ZCT_REF_INLINE) */
 } zct_record_type;
+
+/* Bytes of a record's header: a record takes these, its views'
+   descriptors and its payload, rounded up to a multiple of 8 (format.md,
+   "Records"); a queue takes records up to its capacity. */
+#define ZCT_RECORD_HEADER 16
+
+/* What zct_queue_take packs into its result, when that is not negative
+   (a status): the payload's length is result & ZCT_TAKE_FIELD_MASK, its
+   offset in buf (result >> ZCT_TAKE_OFFSET_SHIFT) & ZCT_TAKE_FIELD_MASK,
+   and the record type result >> ZCT_TAKE_TYPE_SHIFT. The payload starts
+   at ZCT_RECORD_HEADER exactly when the record has no descriptor: then it
+   has no view but an inline record's array. */
+enum { ZCT_TAKE_FIELD_MASK = 0x3FFFFFFF, ZCT_TAKE_OFFSET_SHIFT = 30, ZCT_TAKE_TYPE_SHIFT = 60 };
 
 /* One record that zct_queue_get_many took, decoded: its zct_record_type,
    how many views are its own (they follow those of the records before it),
@@ -155,7 +173,8 @@ typedef struct zct_info {
 /* An array laid over a ref's memory. On put, ref, offset and the layout are
    read; on get, every field is written. */
 typedef struct zct_view {
-    zct_handle ref;                  /* the count that holds the memory */
+    zct_handle ref;                  /* the count that holds the memory; 0 for an inline array (kind
+                                        ZCT_REF_INLINE), which lies in a get's buffer */
     void *data;                      /* get: the array's first byte */
     uint64_t offset;                 /* bytes from the start of the ref's memory */
     uint64_t nbytes;                 /* get: bytes the array may touch */
@@ -366,21 +385,19 @@ int zct_queue_put_array(zct_handle queue, int32_t type, const void *addr, uint64
                         int32_t ndim, const int64_t *shape, const int64_t *strides, int32_t flags,
                         int64_t timeout_ms);
 /* Take the next record into buf: its type, where its payload lies in buf,
-   and its views, each holding a new ref. A record larger than cap or with
-   more than views_cap views stays in the queue: ZCT_E_RANGE, with the
-   needed sizes in *payload_len (record bytes) and *nviews. */
+   and its views (zct_record_type says which it has). A record larger than
+   cap or with more than views_cap views stays in the queue: ZCT_E_RANGE,
+   with the needed sizes in *payload_len (record bytes) and *nviews. */
 int zct_queue_get(zct_handle queue, void *buf, uint64_t cap, int64_t timeout_ms,
                   int32_t *type, uint64_t *payload_offset, uint64_t *payload_len,
                   zct_view *views, int32_t views_cap, int32_t *nviews);
 /* Take the next record as zct_queue_get does, in one call with few
-   arguments: the result, when it is not negative (a status), is the
-   payload's length | its offset in buf << 30 | the record type << 60. A
-   payload starts at offset 16 exactly when the record has no views;
-   otherwise the record's view count is in its header in buf (format.md).
-   A record that does not fit stays in the queue: ZCT_E_RANGE, and
-   zct_queue_get says what it needs. */
+   arguments: the result, when it is not negative (a status), packs the
+   payload's length, its offset in buf and the record type (ZCT_TAKE_*),
+   and *nviews receives the number of views. A record that does not fit
+   stays in the queue: ZCT_E_RANGE, and zct_queue_get says what it needs. */
 int64_t zct_queue_take(zct_handle queue, void *buf, uint64_t cap, int64_t timeout_ms,
-                       zct_view *views, int32_t views_cap);
+                       zct_view *views, int32_t views_cap, int32_t *nviews);
 /* Append count records of one type without views, their payloads laid end
    to end in data, payload i ending at ends[i]: the first when it fits
    (waiting as zct_queue_put does), then as many more as fit at once.
@@ -391,8 +408,8 @@ int zct_queue_put_many(zct_handle queue, int32_t type, const void *data, const u
    (waiting as zct_queue_get does), then those that follow while they fit in
    buf and their views in views. *records receives how many, recs (room for
    max_records) what each is and where its payload lies, views the views of
-   all their descriptors in order, each holding a new ref, and *filled the
-   bytes of buf used. A first record that does not fit: ZCT_E_RANGE, with
+   them all in order (as zct_queue_get gives them), and *filled the bytes
+   of buf used. A first record that does not fit: ZCT_E_RANGE, with
    *filled and *nviews what it needs, as for zct_queue_get. */
 int zct_queue_get_many(zct_handle queue, void *buf, uint64_t cap, int32_t max_records, int64_t timeout_ms,
                        int32_t *records, zct_record *recs, uint64_t *filled,
@@ -624,9 +641,10 @@ int zct_cuda_vmm_imports(int64_t *count);
 /* Copy the record at *cursor into buf without taking it, as zct_queue_get
    says it (type, payload, views), and move *cursor past it. A record a
    consumer took before it could be copied is skipped: *missed receives how
-   many were. Each view holds a new ref of this process's own (never the
-   count the record carries, which stays its taker's); a view whose memory
-   every holder let go meanwhile has ref 0 and data NULL. ZCT_E_EMPTY when
+   many were. Each view of a descriptor holds a new ref of this process's
+   own (never the count the record carries, which stays its taker's); a
+   view whose memory every holder let go meanwhile has ref 0 and data NULL
+   (an inline array's has ref 0 too, and lies in buf: ZCT_REF_INLINE). ZCT_E_EMPTY when
    no record is there yet (or consumers took every one before it could be
    copied, many times over: ask again later), ZCT_E_RANGE when it does not
    fit (the sizes as zct_queue_get writes them); both write *cursor (to ask

@@ -7,6 +7,7 @@ import (
 
 	"github.com/zctipc/zctipc/go/internal/buffer"
 	"github.com/zctipc/zctipc/go/internal/futex"
+	"github.com/zctipc/zctipc/go/internal/handover"
 	"github.com/zctipc/zctipc/go/internal/message"
 	"github.com/zctipc/zctipc/go/internal/queue"
 )
@@ -125,15 +126,20 @@ func (q *Queue) PutTensor(ctx context.Context, t *Tensor) error {
 		return err
 	}
 	defer t.guard.Leave()
-	if rec, ok := t.inlineRecord(); ok {
-		return q.q.PutContext(ctx, rec)
+	in, inline, err := t.inlineRecord()
+	if err != nil {
+		return err
+	}
+	if inline {
+		_, err := handover.PutContext(ctx, q.q, &in, nil)
+		return err
 	}
 	d, r, err := t.describe()
 	if err != nil {
 		return err
 	}
 	rec := &message.Record{Type: message.TypeTensor, Descriptors: []message.Descriptor{d}}
-	sent, err := buffer.Send([]*buffer.Ref{r}, func() error { return q.q.PutContext(ctx, rec) })
+	sent, err := handover.PutContext(ctx, q.q, rec, []*buffer.Ref{r})
 	if !sent {
 		return errors.Join(err, r.Release())
 	}
@@ -146,7 +152,8 @@ func (q *Queue) PutBytes(ctx context.Context, b []byte) error {
 	if err := q.check(); err != nil {
 		return err
 	}
-	return q.q.PutContext(ctx, &message.Record{Type: message.TypeBytes, Payload: b})
+	_, err := handover.PutContext(ctx, q.q, &message.Record{Type: message.TypeBytes, Payload: b}, nil)
+	return err
 }
 
 // Message is what Get takes: a tensor, raw bytes, or a Python pickle, which
@@ -193,26 +200,20 @@ func (q *Queue) Get(ctx context.Context) (Message, error) {
 // decode turns a record taken from the queue into a Message that owns what
 // it carries, copying the payload out of the receive buffer.
 func decode(raw []byte) (Message, error) {
-	rec, err := message.DecodeRecord(raw)
-	if err != nil {
+	var m handover.Message
+	if err := m.Decode(raw); err != nil {
 		return Message{}, err
 	}
-	switch rec.Type {
+	switch m.Type {
 	case message.TypeTensor:
-		t, err := received(&rec.Descriptors[0])
-		return Message{Tensor: t}, err
-	case message.TypeBytes:
-		return Message{Bytes: append([]byte{}, rec.Payload...)}, nil // empty, not nil: told from no bytes
-	case message.TypeInline:
-		in, err := message.DecodeInline(rec.Payload)
-		if err != nil {
+		if err := m.Adopt(); err != nil {
 			return Message{}, err
 		}
-		return Message{Tensor: inlineTensor(in)}, nil
+		return Message{Tensor: received(&m.Views[0])}, nil
+	case message.TypeBytes:
+		return Message{Bytes: append([]byte{}, m.Payload...)}, nil // empty, not nil: told from no bytes
+	case message.TypeInline:
+		return Message{Tensor: inlineTensor(&m.Inline)}, nil
 	}
-	var errs []error
-	for i := range rec.Descriptors {
-		errs = append(errs, buffer.Drop(&rec.Descriptors[i]))
-	}
-	return Message{Pickle: append([]byte{}, rec.Payload...)}, errors.Join(errs...)
+	return Message{Pickle: append([]byte{}, m.Payload...)}, m.Drop()
 }

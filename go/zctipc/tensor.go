@@ -11,6 +11,7 @@ import (
 	"github.com/zctipc/zctipc/go/internal/buffer"
 	"github.com/zctipc/zctipc/go/internal/dtype"
 	"github.com/zctipc/zctipc/go/internal/guard"
+	"github.com/zctipc/zctipc/go/internal/handover"
 	"github.com/zctipc/zctipc/go/internal/header"
 	"github.com/zctipc/zctipc/go/internal/message"
 	"github.com/zctipc/zctipc/go/internal/queue"
@@ -133,26 +134,17 @@ func segmentTensor(seg *shm.Segment) *Tensor {
 	return &Tensor{data: seg.Data(), dt: h.DType, shape: h.Shape, strides: h.Strides, name: seg.Name(), seg: seg}
 }
 
-// received makes a Tensor of memory a message brought, owning its count.
-func received(d *message.Descriptor) (*Tensor, error) {
-	r, data, err := buffer.Adopt(d)
-	if err != nil {
-		return nil, err
-	}
-	return &Tensor{data: data[:d.NBytes:d.NBytes], dt: d.DType, shape: d.Shape, strides: d.Strides, name: d.Name,
-		offset: d.Offset, ref: r, flags: d.Flags}, nil
+// received makes a Tensor of memory a message brought, owning its count
+// (a view that handover adopted).
+func received(v *handover.View) *Tensor {
+	return &Tensor{data: v.Data, dt: v.DType, shape: v.Shape, strides: v.Strides, name: v.Name, offset: v.Offset,
+		ref: v.Ref, flags: v.Flags}
 }
 
 // inlineTensor makes a Tensor of a small array that came inside its
 // message: a copy in this process's memory, which no other process holds.
-func inlineTensor(in message.Inline) *Tensor {
-	strides := make([]int64, len(in.Shape))
-	step := int64(in.DType.Size())
-	for i := len(in.Shape) - 1; i >= 0; i-- {
-		strides[i] = step
-		step *= max(in.Shape[i], 1)
-	}
-	return &Tensor{data: bytes.Clone(in.Data), dt: in.DType, shape: in.Shape, strides: strides, name: "(inline)", flags: in.Flags}
+func inlineTensor(in *message.Inline) *Tensor {
+	return &Tensor{data: bytes.Clone(in.Data), dt: in.DType, shape: in.Shape, strides: in.Strides(), name: "(inline)", flags: in.Flags}
 }
 
 // errZeroTensor is the error of a Tensor that no constructor made (every
@@ -390,16 +382,14 @@ func (t *Tensor) Ref() (TensorRef, error) {
 // inline array of no bytes, as Python sends an empty array), or when it
 // came inline (its memory is this process's own copy, which no other
 // process can map: it goes on as it came, a small array). The caller has
-// entered t.
-func (t *Tensor) inlineRecord() (*message.Record, bool) {
+// entered t, and puts the record before it leaves.
+func (t *Tensor) inlineRecord() (message.Record, bool, error) {
 	n, ok := header.ByteCount(t.shape, t.dt.Size())
 	if !ok || (n != 0 && (t.seg != nil || t.ref != nil)) || uint64(len(t.data)) < n {
-		return nil, false
+		return message.Record{}, false, nil
 	}
-	payload := make([]byte, message.InlineHeaderSize+8*len(t.shape)+int(n))
-	at := message.EncodeInline(payload, t.dt, t.flags, t.shape)
-	copy(payload[at:], t.data[:n]) // an inline tensor is C-contiguous
-	return &message.Record{Type: message.TypeInline, Payload: payload}, true
+	rec, err := handover.Inline(t.dt, t.flags, t.shape, t.data[:n]) // an inline tensor is C-contiguous
+	return rec, true, err
 }
 
 // describe returns the descriptor of t and the ref whose count it carries.

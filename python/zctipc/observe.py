@@ -608,6 +608,7 @@ class _QueueWatcher(_Watcher):
         self.buf = ffi.from_buffer(self.raw)
         self.vcap = vcap
         self.views = ffi.new("zct_view[]", vcap)
+        self.vbuf = ffi.buffer(self.views)  # the views as bytes, for an inline array's (exports.build_inline)
 
     def next(self) -> tuple[int, str | None, int]:
         ffi, lib = native.ffi(), native.lib()
@@ -662,9 +663,19 @@ class _QueueWatcher(_Watcher):
             return status, None, missed
         self.count += 1
         typ, off, plen, nviews = self.typ[0], self.off[0], self.plen[0], self.nviews[0]
-        kind = {1: "pickle", 2: "tensor", 3: "bytes", 4: "inline"}.get(typ, f"type {typ}")
+        kind = {
+            lib.ZCT_RECORD_PICKLE: "pickle",
+            lib.ZCT_RECORD_TENSOR: "tensor",
+            lib.ZCT_RECORD_BYTES: "bytes",
+            lib.ZCT_RECORD_INLINE: "inline",
+        }.get(typ, f"type {typ}")
         try:
-            text = summarize(_decode(memoryview(self.raw), typ, off, plen, _build_all(self.views, nviews)))
+            mem = memoryview(self.raw)
+            if typ == lib.ZCT_RECORD_INLINE:  # its array, as the library decoded it: no ref to build
+                obj = exports.build_inline(mem, self.vbuf, 0)
+            else:
+                obj = _decode(mem, typ, off, plen, _build_all(self.views, nviews))
+            text = summarize(obj)
         except Exception as exc:  # whatever the bytes hold, tail goes on
             text = f"(cannot be shown: {type(exc).__name__}: {exc})"
         return status, _cut(f"#{self.count} {kind}: {text}"), missed
@@ -709,12 +720,12 @@ class _StreamWatcher(_Watcher):
 
 def _decode(mem: memoryview, typ: int, off: int, plen: int, built: list[Any]) -> Any:
     """The object of a peeked record whose payload is mem[off:off+plen],
-    with its arrays built (_build_all)."""
-    if typ == 4:  # inline
-        return exports.build_inline(mem, off, plen)
-    if typ == 3:  # bytes
+    with its arrays built (_build_all): bytes, a tensor or a pickle (the
+    caller builds an inline array)."""
+    lib = native.lib()
+    if typ == lib.ZCT_RECORD_BYTES:
         return bytes(mem[off : off + plen])
-    if typ == 2:  # tensor
+    if typ == lib.ZCT_RECORD_TENSOR:
         return built[0]
     return _Unpickler(io.BytesIO(mem[off : off + plen]), built).load()
 

@@ -63,8 +63,31 @@ __all__ = ["Queue", "SimpleQueue", "JoinableQueue", "DEFAULT_MAX_BYTES", "INLINE
 #: unbounded.
 DEFAULT_MAX_BYTES = 16 << 20
 
-_HEADER = 16  # bytes of a record header; a descriptor is at most 32 + 16*32 + 256
-_PICKLE, _TENSOR, _BYTES, _INLINE = 1, 2, 3, 4  # record types (ZCT_RECORD_* of zctipc.h)
+# Note [framing from the library]: what Python needs of a record's framing
+# is zctipc.h's, read from the library once it is loaded (_read_framing,
+# before the first queue is set up) into these globals, which the hot paths
+# read as plain ints: the record types (ZCT_RECORD_*), the bytes of a
+# record's header (a descriptor adds at most 32 + 16*32 + 2*256 more, and a
+# payload right after it means no descriptor), and how zct_queue_take
+# packs what it took (ZCT_TAKE_*). What a record holds comes decoded
+# through the library: the number of its views, an inline record's array
+# as a view (Note [inline arrays] in zctipc._wire.exports).
+_PICKLE = _TENSOR = _BYTES = _INLINE = -1
+_HEADER = 0
+_FIELD_MASK = _OFFSET_SHIFT = _TYPE_SHIFT = 0
+
+
+def _read_framing() -> None:
+    """Read the framing facts of zctipc.h from the library (Note [framing
+    from the library])."""
+    global _PICKLE, _TENSOR, _BYTES, _INLINE, _HEADER, _FIELD_MASK, _OFFSET_SHIFT, _TYPE_SHIFT
+    lib = native.lib()
+    _PICKLE, _TENSOR = lib.ZCT_RECORD_PICKLE, lib.ZCT_RECORD_TENSOR
+    _BYTES, _INLINE = lib.ZCT_RECORD_BYTES, lib.ZCT_RECORD_INLINE
+    _HEADER = lib.ZCT_RECORD_HEADER
+    _FIELD_MASK, _OFFSET_SHIFT = lib.ZCT_TAKE_FIELD_MASK, lib.ZCT_TAKE_OFFSET_SHIFT
+    _TYPE_SHIFT = lib.ZCT_TAKE_TYPE_SHIFT
+
 
 #: The default of a queue's inline_bytes: NumPy arrays of this many bytes or
 #: fewer travel inside their message (Note [inline arrays] in
@@ -91,13 +114,6 @@ _LOOK_EVERY = 2
 RECORDS_PER_CALL = 256
 
 
-# What zct_queue_take returns for a record it took: the payload's length,
-# its offset in the buffer, and the record type (zctipc.h).
-_LENGTH_BITS = 30
-_LENGTH_MASK = (1 << _LENGTH_BITS) - 1
-_TYPE_SHIFT = 60
-
-
 class _Scratch:
     """Buffers for taking messages: a get takes one from its queue's free
     list and gives it back, so that threads never share one."""
@@ -117,9 +133,13 @@ class _Scratch:
         "filled",
         "recs",
         "put_view",
+        "vbuf",
+        "payload",
     )
 
     def __init__(self) -> None:
+        if _HEADER == 0:
+            _read_framing()
         ffi = native.ffi()
         self.typ = ffi.new("int32_t *")
         self.off = ffi.new("uint64_t *")
@@ -137,8 +157,10 @@ class _Scratch:
         # The record lands in a bytearray, which Python reads without cffi.
         self.raw = bytearray(cap)
         self.mem = memoryview(self.raw)
+        self.payload = self.mem[_HEADER:]  # where a record with no descriptor has its payload
         self.buf = ffi.from_buffer(self.raw)
         self.views = ffi.new("zct_view[]", vcap)
+        self.vbuf = ffi.buffer(self.views)  # the views as bytes (Note [reading a view at once] in exports)
 
     def get_args(self) -> tuple[Any, ...]:
         """zct_queue_get's arguments after the timeout."""
@@ -402,9 +424,12 @@ class Queue:
         capacity = ffi.new("uint64_t *")
         maxsize = ffi.new("uint64_t *")
         native.check(lib.zct_queue_describe(handle, name, 256, capacity, maxsize))
+        if _HEADER == 0:
+            _read_framing()
         self._handle = handle
         self._name: str = ffi.string(name).decode()
         self._capacity: int = capacity[0]
+        self._payload_room = self._capacity - _HEADER  # the largest payload of a record with no views
         self._inline_bytes = inline_bytes  # as given: children get the same
         if inline_bytes is None:
             inline_bytes = INLINE_BYTES
@@ -512,7 +537,7 @@ class Queue:
             payload, buffers = pickler.dumps(obj, block, timeout, self._inline, self._in_band)
             typ = _PICKLE
         self._sent = True
-        if not buffers and len(payload) <= self._capacity - _HEADER:
+        if not buffers and len(payload) <= self._payload_room:
             # Fast path: one try without waiting; _put waits.
             lib = native.lib()
             if lib.zct_queue_put(self._handle, typ, payload, len(payload), lib.NULL_VIEWS, 0, 0) == 0:
@@ -590,7 +615,7 @@ class Queue:
         objs = iter(objs)
         pending = None
         while True:
-            payloads, ends, single = p.dump_run(objs, self._capacity - _HEADER, block, timeout, pending, self._inline)
+            payloads, ends, single = p.dump_run(objs, self._payload_room, block, timeout, pending, self._inline)
             pending = None
             if ends:
                 self._put_batch(payloads, ends, block, deadline)
@@ -725,7 +750,7 @@ class Queue:
         s = free.pop() if free else _Scratch()
         try:
             # Fast path: one try without waiting.
-            r = native.lib().zct_queue_take(self._handle, s.buf, s.cap, 0, s.views, s.vcap)
+            r = native.lib().zct_queue_take(self._handle, s.buf, s.cap, 0, s.views, s.vcap, s.nviews)
             if r < 0:
                 try:
                     r = self._take(s, r, block, timeout)
@@ -735,13 +760,14 @@ class Queue:
                     raise
             if self._ready is not None:
                 self._ready.rearm(self._empty)
-            off, typ = (r >> _LENGTH_BITS) & _LENGTH_MASK, r >> _TYPE_SHIFT
-            if off == _HEADER:  # no views
+            off, typ = (r >> _OFFSET_SHIFT) & _FIELD_MASK, r >> _TYPE_SHIFT
+            if off == _HEADER:  # no descriptor, and so no view but an inline array's (zctipc.h)
                 if typ == _PICKLE:
-                    return _loads(s.mem[off:])  # a pickle ends at its STOP
-                return _decode(s.mem, typ, off, r & _LENGTH_MASK, s.views, 0)
-            nviews = int.from_bytes(s.mem[6:8], "little")  # the record header's view count (format.md)
-            return _decode(s.mem, typ, off, r & _LENGTH_MASK, s.views, nviews)
+                    return _loads(s.payload)  # a pickle ends at its STOP
+                if typ == _INLINE:
+                    return exports.build_inline(s.mem, s.vbuf, 0)
+                return _decode(s.mem, typ, off, r & _FIELD_MASK, s.views, 0)
+            return _decode(s.mem, typ, off, r & _FIELD_MASK, s.views, s.nviews[0])
         finally:
             free.append(s)
 
@@ -753,15 +779,15 @@ class Queue:
 
         def attempt(ms: int) -> int:
             while True:
-                r = take(self._handle, s.buf, s.cap, ms, s.views, s.vcap)
+                r = take(self._handle, s.buf, s.cap, ms, s.views, s.vcap, s.nviews)
                 if r != native.E_RANGE:
                     return r
                 # What it needs, said by zct_queue_get (which takes it).
                 status = lib.zct_queue_get(self._handle, s.buf, s.cap, 0, *s.get_args())
                 if status == native.E_RANGE:
                     s.resize(max(s.cap, s.plen[0]), max(s.vcap, s.nviews[0]))  # and take it at once
-                elif status == 0:
-                    return s.plen[0] | s.off[0] << _LENGTH_BITS | s.typ[0] << _TYPE_SHIFT
+                elif status == 0:  # packed as zct_queue_take packs it; s.nviews holds the views
+                    return s.plen[0] | s.off[0] << _OFFSET_SHIFT | s.typ[0] << _TYPE_SHIFT
                 else:
                     return status
 
@@ -873,7 +899,7 @@ class Queue:
         if self._ready is not None:
             self._ready.rearm(self._empty)
         out: list[Any] = []
-        append, mem, views = out.append, s.mem, s.views
+        append, mem, views, vbuf, size = out.append, s.mem, s.views, s.vbuf, native.ffi().sizeof("zct_view")
         # One unpickler reads every pickle in place: each stops at its STOP
         # opcode, and memo entries of one are never read by the next.
         stream = io.BytesIO(mem[: filled[0]])
@@ -885,6 +911,8 @@ class Queue:
             if typ == _PICKLE and nviews == 0:
                 seek(off)
                 append(load())
+            elif typ == _INLINE:
+                append(exports.build_inline(mem, vbuf, v * size))
             else:
                 append(_decode(mem, typ, off, r.payload_len, [views[v + k] for k in range(nviews)], nviews))
             v += nviews
@@ -1184,9 +1212,8 @@ class _InBandOnceEmpty(exports.InBand):
 
 def _decode(mem: memoryview, typ: int, off: int, plen: int, views: Any, nviews: int) -> Any:
     """The object of a record taken into mem whose payload is at off, plen
-    bytes, with nviews views (gets read a plain pickle themselves)."""
-    if typ == _INLINE:
-        return exports.build_inline(mem, off, plen)
+    bytes, with nviews views (gets read a plain pickle and an inline array
+    themselves)."""
     if typ == _BYTES:
         return bytes(mem[off : off + plen])
     if typ == _TENSOR:

@@ -159,6 +159,51 @@ def test_constants_match_the_library():
         assert getattr(_native, ours) == getattr(lib, theirs), ours
 
 
+def test_queue_framing_is_the_librarys():
+    """Note [framing from the library] in zctipc.queues: what Python knows
+    of a record's framing is zctipc.h's, read from the library, and it
+    unpacks what zct_queue_take packs."""
+    import numpy as np
+
+    from zctipc import queues
+
+    zctipc.Queue().close()  # the first queue reads the framing
+    lib = _native.lib()
+    read = {
+        "_PICKLE": "ZCT_RECORD_PICKLE",
+        "_TENSOR": "ZCT_RECORD_TENSOR",
+        "_BYTES": "ZCT_RECORD_BYTES",
+        "_INLINE": "ZCT_RECORD_INLINE",
+        "_HEADER": "ZCT_RECORD_HEADER",
+        "_FIELD_MASK": "ZCT_TAKE_FIELD_MASK",
+        "_OFFSET_SHIFT": "ZCT_TAKE_OFFSET_SHIFT",
+        "_TYPE_SHIFT": "ZCT_TAKE_TYPE_SHIFT",
+    }
+    for ours, theirs in read.items():
+        assert getattr(queues, ours) == getattr(lib, theirs), ours
+    ffi = _native.ffi()
+    types = {name for name in ffi.typeof("zct_record_type").elements.values()}
+    assert types == {n for n in read.values() if n.startswith("ZCT_RECORD_") and n != "ZCT_RECORD_HEADER"}
+    # A record of each type, taken with zct_queue_take, unpacks to its type,
+    # payload and views.
+    from zctipc._core import lazy
+
+    lazy.check()  # zctipc meets NumPy, imported above: a bare array goes inline
+    q = zctipc.Queue()
+    q.put(b"abc")
+    q.put(np.arange(3, dtype=np.int16))
+    s = queues._Scratch()
+    for typ, length, nviews in ((lib.ZCT_RECORD_BYTES, 3, 0), (lib.ZCT_RECORD_INLINE, 8 + 8 + 6, 1)):
+        r = lib.zct_queue_take(q._handle, s.buf, s.cap, 0, s.views, s.vcap, s.nviews)
+        assert r >= 0
+        assert (r >> queues._TYPE_SHIFT, r & queues._FIELD_MASK, s.nviews[0]) == (typ, length, nviews)
+        assert (r >> queues._OFFSET_SHIFT) & queues._FIELD_MASK == queues._HEADER
+    view = s.views[0]
+    assert (view.ref, view.kind, view.nbytes) == (0, lib.ZCT_REF_INLINE, 6)
+    assert bytes(s.mem[view.offset : view.offset + 6]) == np.arange(3, dtype=np.int16).tobytes()
+    q.close()
+
+
 def test_view_flags_and_dtype_codes_are_the_librarys():
     ffi = _native.ffi()
     flags = {name[len("ZCT_VIEW_") :]: value for value, name in ffi.typeof("zct_view_flags").elements.items()}

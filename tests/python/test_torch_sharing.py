@@ -531,13 +531,13 @@ from zctipc._wire import reducers
 q = zctipc.Queue()
 q.put(torch.ones(1024))
 s = queues._Scratch()
-r = native.lib().zct_queue_take(q._handle, s.buf, s.cap, 10000, s.views, s.vcap)
+lib = native.lib()
+r = lib.zct_queue_take(q._handle, s.buf, s.cap, 10000, s.views, s.vcap, s.nviews)
 assert r >= 0, r
-nviews = int.from_bytes(s.mem[6:8], "little")
-for i in range(nviews):
+for i in range(s.nviews[0]):
     memory.release_ref(s.views[i].ref)
 q.close()
-print(r >> queues._TYPE_SHIFT, ForkingPickler._extra_reducers.get(torch.Tensor) is reducers._reduce_tensor)
+print(r >> lib.ZCT_TAKE_TYPE_SHIFT, ForkingPickler._extra_reducers.get(torch.Tensor) is reducers._reduce_tensor)
 """
 
 

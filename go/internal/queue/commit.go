@@ -57,14 +57,14 @@ func (q *Queue) PutContext(ctx context.Context, rec *message.Record) error {
 // GetContext takes the next record into buf as Get does, waiting until ctx
 // is done: its deadline (ErrEmpty), or its cancellation, which wakes the
 // wait at once (ErrEmpty and ctx.Err()).
-func (q *Queue) GetContext(ctx context.Context, buf []byte, maxDescriptors int) (int, error) {
+func (q *Queue) GetContext(ctx context.Context, buf []byte, maxViews int) (int, error) {
 	if !q.guard.Enter() {
 		return 0, ErrClosed
 	}
 	defer q.guard.Leave()
 	u, stop := q.until(ctx, offDataSeq, offDataWaiters)
 	defer stop() // before Leave: Close waits for the wake
-	n, size, err := q.getMany(buf, 1, maxDescriptors, u)
+	n, size, err := q.getMany(buf, 1, maxViews, u)
 	if n == 0 {
 		if errors.Is(err, ErrEmpty) {
 			err = futex.Cause(ctx, err)
@@ -178,10 +178,10 @@ func (q *Queue) corrupt(head, tail uint32) error {
 
 // Get takes the next record into buf and returns its size, waiting until
 // deadline as Put does (ErrEmpty). A record larger than buf, or with more
-// than maxDescriptors descriptors, is left in the queue and reported as a
-// *RangeError.
-func (q *Queue) Get(buf []byte, maxDescriptors int, deadline time.Time) (int, error) {
-	n, size, err := q.GetMany(buf, 1, maxDescriptors, deadline)
+// than maxViews views (message.Views), is left in the queue and reported
+// as a *RangeError.
+func (q *Queue) Get(buf []byte, maxViews int, deadline time.Time) (int, error) {
+	n, size, err := q.GetMany(buf, 1, maxViews, deadline)
 	if n == 0 {
 		return 0, err
 	}
@@ -190,19 +190,20 @@ func (q *Queue) Get(buf []byte, maxDescriptors int, deadline time.Time) (int, er
 
 // GetMany takes records into buf, one after another: it waits, as Get does,
 // for the first, then takes up to maxRecords in all while they fit in buf
-// and hold maxDescriptors descriptors in all, and commits them with one
-// store. It returns how many records it took and the bytes they fill. A
-// first record that does not fit is left and reported as a *RangeError.
-func (q *Queue) GetMany(buf []byte, maxRecords, maxDescriptors int, deadline time.Time) (int, int, error) {
+// and make maxViews views in all (message.Views: a taker is given one per
+// descriptor, and one of an inline record's array), and commits them with
+// one store. It returns how many records it took and the bytes they fill.
+// A first record that does not fit is left and reported as a *RangeError.
+func (q *Queue) GetMany(buf []byte, maxRecords, maxViews int, deadline time.Time) (int, int, error) {
 	if !q.guard.Enter() {
 		return 0, 0, ErrClosed
 	}
 	defer q.guard.Leave()
-	return q.getMany(buf, maxRecords, maxDescriptors, futex.Until{Deadline: deadline})
+	return q.getMany(buf, maxRecords, maxViews, futex.Until{Deadline: deadline})
 }
 
 // getMany takes records, in a call that entered.
-func (q *Queue) getMany(buf []byte, maxRecords, maxDescriptors int, u futex.Until) (int, int, error) {
+func (q *Queue) getMany(buf []byte, maxRecords, maxViews int, u futex.Until) (int, int, error) {
 	if err := q.lock(q.getLock, u, ErrEmpty); err != nil {
 		return 0, 0, err
 	}
@@ -228,7 +229,7 @@ func (q *Queue) getMany(buf []byte, maxRecords, maxDescriptors int, u futex.Unti
 			return 0, 0, err
 		}
 	}
-	n, filled, descriptors := 0, 0, 0
+	n, filled, views := 0, 0, 0
 	skipped, crossed := uint32(0), false // the skip record this get crossed
 	for n < maxRecords && head != tail {
 		pos := head & q.mask
@@ -248,16 +249,16 @@ func (q *Queue) getMany(buf []byte, maxRecords, maxDescriptors int, u futex.Unti
 			atomic.StoreUint64(q.u64(offHead), uint64(gets+uint32(n))<<32|uint64(tail))
 			return n, filled, errors.Join(fmt.Errorf("queue %q: %w: a record of %d bytes", q.seg.Name(), header.ErrCorrupt, size), q.getLock.Unlock())
 		}
-		ndesc := int(*(*uint16)(unsafe.Pointer(&q.ring[pos+6])))
-		if filled+int(size) > len(buf) || descriptors+ndesc > maxDescriptors {
+		need := message.Views(q.ring[pos+4], int(*(*uint16)(unsafe.Pointer(&q.ring[pos+6]))))
+		if filled+int(size) > len(buf) || views+need > maxViews {
 			if n == 0 {
-				return 0, 0, errors.Join(&RangeError{Need: int(size), Descriptors: ndesc}, q.getLock.Unlock())
+				return 0, 0, errors.Join(&RangeError{Need: int(size), Views: need}, q.getLock.Unlock())
 			}
 			break
 		}
 		q.read(head, size, buf[filled:])
 		filled += int(size)
-		descriptors += ndesc
+		views += need
 		head += size
 		n++
 	}

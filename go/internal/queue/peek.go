@@ -206,7 +206,7 @@ func (q *Queue) peek(cursor uint64, buf []byte) (Peeked, error) {
 		case size >= message.RecordHeaderSize && size%8 == 0 && size <= tail-pos && typ != typeSkip:
 			p.Size, p.At = int(size), cursor
 			p.Next = uint64(count+1)<<32 | uint64(pos+size)
-			return p, &RangeError{Need: int(size), Descriptors: int(ndesc)}
+			return p, &RangeError{Need: int(size), Views: message.Views(typ, int(ndesc))}
 		}
 		return p, fmt.Errorf("queue %q: %w: a record of %d bytes (type %d) at %d", q.seg.Name(), header.ErrCorrupt, size, typ, pos)
 	}

@@ -36,11 +36,12 @@ var (
 )
 
 // RangeError says that a record did not fit the caller's buffer, or had
-// more descriptors than the caller takes; it was left in the queue.
-type RangeError struct{ Need, Descriptors int }
+// more views than the caller takes (message.Views: its descriptors, or an
+// inline record's array); it was left in the queue.
+type RangeError struct{ Need, Views int }
 
 func (e *RangeError) Error() string {
-	return fmt.Sprintf("the next message needs a %d-byte buffer and room for %d descriptors", e.Need, e.Descriptors)
+	return fmt.Sprintf("the next message needs a %d-byte buffer and room for %d views", e.Need, e.Views)
 }
 
 // Limits of the ring.

@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from types import FrameType
     from typing import Any
 
-ABI_VERSION = 14
+ABI_VERSION = 15
 LIBRARY_ENV = "ZCTIPC_LIBRARY"
 DAEMON_ENV = "ZCTIPC_DAEMON"
 CLEANUP_ENV = "ZCTIPC_CLEANUP"

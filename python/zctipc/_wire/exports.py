@@ -456,8 +456,10 @@ def export_shared_tensor(st: SharedTensor) -> Export:
 # count and mapping the receiver takes over: below some tens of KiB the
 # copies cost less than the pool's bookkeeping. The payload is a header
 # (dtype code u16, flags u8, ndim u8, zero u32, shape i64 x ndim; format.md)
-# and the elements in C order. The receiver gets a copy of its own, as a
-# pickled array would be. zctipc memory always goes by descriptor.
+# and the elements in C order; a get gives the array back as the library
+# decoded it, a view of its elements in the get's buffer (ZCT_REF_INLINE).
+# The receiver gets a copy of its own, as a pickled array would be. zctipc
+# memory always goes by descriptor.
 
 
 class _NoArray:
@@ -509,32 +511,81 @@ def in_zctipc_memory(arr: NDArray[Any]) -> bool:
     return memory.zctipc_memory(arr.__array_interface__["data"][0], extent)
 
 
-def build_inline(mem: memoryview | bytes, off: int, length: int) -> NDArray[Any] | torch.Tensor:
-    """A new NumPy array of the inline record payload at mem[off:off+length]
-    (the library checked it against its header), or the torch tensor its
-    flags ask for (a Go program passing on a torch tensor that came to it,
-    one of bfloat16 among them, which NumPy has no type for)."""
-    code, flags, ndim, _ = _INLINE_HEAD.unpack_from(mem, off)
-    shape = _SHAPES[ndim].unpack_from(mem, off + 8)
-    start = off + 8 + 8 * ndim
-    as_torch = flags & memory.TYPE_MASK == memory.TORCH
-    dt = dtypes.storage_dtype(code) if as_torch else dtypes.numpy_dtype(code)
-    end = off + length
-    if flags & memory.READONLY:
-        # The sender's was read-only: a copy over bytes, which stays so.
-        arr = np.frombuffer(bytes(mem[start:end]), dt, (end - start) // dt.itemsize)
-    elif start == end:
-        arr = np.empty(shape, dt)
+_TYPE_MASK, _TORCH, _READONLY = memory.TYPE_MASK, memory.TORCH, memory.READONLY
+
+# Note [reading a view at once]: a get gives an inline record's array as a
+# zct_view that the library decoded (Note [inline arrays]); reading its
+# fields one by one through cffi costs more than the copy of a small
+# array's elements. So the views a get fills are read as bytes, with one
+# struct unpack of the fields an inline array needs, at the offsets cffi
+# gives for zctipc.h's zct_view (read_view_layout, at the first inline
+# array, when the library has been loaded): no layout is Python's own.
+_VIEW_HEAD = struct.Struct("=0x")  # offset, nbytes, dtype, ndim, flags of a zct_view (read_view_layout)
+_VIEW_SHAPE = 0  # where a zct_view's shape starts
+_VIEW_SHAPES: list[struct.Struct] = []  # the shape of a view of ndim dimensions, by ndim
+
+
+def read_view_layout() -> None:
+    """Read where zct_view's fields lie from the library's bindings (Note
+    [reading a view at once])."""
+    global _VIEW_HEAD, _VIEW_SHAPE, _VIEW_SHAPES
+    ffi = native.ffi()
+    fmt, at = "=", 0
+    for name, code in (("offset", "Q"), ("nbytes", "Q"), ("dtype", "i"), ("ndim", "i"), ("flags", "i")):
+        field = ffi.offsetof("zct_view", name)
+        if field < at:
+            raise ImportError(f"zct_view.{name} is out of the order zctipc expects")
+        fmt += f"{field - at}x{code}"
+        at = field + struct.calcsize("=" + code)
+    _VIEW_HEAD = struct.Struct(fmt)
+    _VIEW_SHAPE = ffi.offsetof("zct_view", "shape")
+    _VIEW_SHAPES = [struct.Struct(f"={n}q") for n in range(native.MAX_NDIM + 1)]
+
+
+_NUMPY_DTYPES: dict[int, np.dtype[Any]] = {}  # code -> NumPy dtype, as met
+
+
+def build_inline(mem: memoryview, views: Any, at: int) -> NDArray[Any] | torch.Tensor:
+    """A new NumPy array of an inline record's array, which a get took into
+    mem and gave as the zct_view at byte at of views, the bytes of its
+    views (ZCT_REF_INLINE: the view's offset is in mem); or the torch tensor
+    its flags ask for (a Go program passing on a torch tensor that came to
+    it, one of bfloat16 among them, which NumPy has no type for)."""
+    if not _VIEW_SHAPES:
+        read_view_layout()
+    start, nbytes, code, ndim, flags = _VIEW_HEAD.unpack_from(views, at)
+    dt: np.dtype[Any] | None
+    if flags & _TYPE_MASK == _TORCH:
+        dt = dtypes.storage_dtype(code)
     else:
-        arr = np.frombuffer(mem, dt, (end - start) // dt.itemsize, start).copy()
-    arr = arr if ndim == 1 else arr.reshape(shape)
-    return memory.copy_tensor(arr, code, bool(flags & memory.READONLY)) if as_torch else arr
+        dt = _NUMPY_DTYPES.get(code)
+        if dt is None:
+            dt = _NUMPY_DTYPES[code] = dtypes.numpy_dtype(code)
+        if not flags:  # writable NumPy, the common case
+            arr = np.frombuffer(mem, dt, nbytes // dt.itemsize, start).copy() if nbytes else np.empty(0, dt)
+            return arr if ndim == 1 else arr.reshape(_VIEW_SHAPES[ndim].unpack_from(views, at + _VIEW_SHAPE))
+    if flags & _READONLY:
+        # The sender's was read-only: a copy over bytes, which stays so.
+        arr = np.frombuffer(bytes(mem[start : start + nbytes]), dt, nbytes // dt.itemsize)
+    else:
+        arr = np.frombuffer(mem, dt, nbytes // dt.itemsize, start).copy() if nbytes else np.empty(0, dt)
+    if ndim != 1:
+        arr = arr.reshape(_VIEW_SHAPES[ndim].unpack_from(views, at + _VIEW_SHAPE))
+    return memory.copy_tensor(arr, code, bool(flags & _READONLY)) if flags & _TYPE_MASK == _TORCH else arr
 
 
-def rebuild_inline(payload: bytes) -> NDArray[Any] | torch.Tensor:
+def rebuild_inline(payload: bytes) -> NDArray[Any]:
     """Unpickle a small array that a queue pickled in band, as its inline
     payload."""
-    return build_inline(payload, 0, len(payload))
+    code, flags, ndim, _ = _INLINE_HEAD.unpack_from(payload, 0)
+    shape = _SHAPES[ndim].unpack_from(payload, 8)
+    dt = dtypes.numpy_dtype(code)
+    data = payload[8 + 8 * ndim :]
+    if flags & memory.READONLY:
+        arr = np.frombuffer(data, dt, len(data) // dt.itemsize)
+    else:
+        arr = np.frombuffer(data, dt, len(data) // dt.itemsize).copy()
+    return arr if ndim == 1 else arr.reshape(shape)
 
 
 def build(view: Any) -> NDArray[Any] | torch.Tensor | SharedTensor:

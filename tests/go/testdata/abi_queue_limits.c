@@ -61,7 +61,7 @@ int main(int argc, char **argv) {
     CHECK(zct_queue_get(q, buf, sizeof buf, 0, &type, &off, &len, NULL, -1, &nviews) == ZCT_E_INVALID);
     CHECK(strstr(zct_last_error(), "NULL") == NULL);
     CHECK(strstr(zct_last_error(), "views_cap") != NULL);
-    CHECK(zct_queue_take(q, buf, sizeof buf, 0, NULL, -1) == ZCT_E_INVALID);
+    CHECK(zct_queue_take(q, buf, sizeof buf, 0, NULL, -1, &nviews) == ZCT_E_INVALID);
     CHECK(strstr(zct_last_error(), "views_cap") != NULL);
     CHECK(zct_queue_put(q, ZCT_RECORD_BYTES, "x", 1, NULL, INT32_MAX, 0) == ZCT_E_INVALID);
     CHECK(strstr(zct_last_error(), "nviews") != NULL);

@@ -13,8 +13,10 @@ import (
 	"unsafe"
 
 	"github.com/zctipc/zctipc/go/internal/buffer"
+	"github.com/zctipc/zctipc/go/internal/dtype"
 	"github.com/zctipc/zctipc/go/internal/futex"
 	"github.com/zctipc/zctipc/go/internal/handover"
+	"github.com/zctipc/zctipc/go/internal/header"
 	"github.com/zctipc/zctipc/go/internal/message"
 	"github.com/zctipc/zctipc/go/internal/queue"
 	"golang.org/x/sys/unix"
@@ -100,6 +102,49 @@ func zct_queue_put_array(h C.zct_handle, typ C.int32_t, addr *C.zct_cvoid, exten
 		if !sent {
 			return errors.Join(err, r.Release())
 		}
+		return err
+	})
+}
+
+// zct_queue_put_inline reads the array from the caller's memory once, as
+// Put writes the record into the ring (Note [one hand-over] in package
+// handover). nbytes is bounded before a slice is laid over data: no
+// inline record larger than a queue's largest is read at all.
+//
+//export zct_queue_put_inline
+func zct_queue_put_inline(h C.zct_handle, data *C.zct_cvoid, nbytes C.uint64_t, dt C.int32_t, ndim C.int32_t, shape *C.zct_cint64, flags C.int32_t, timeoutMS C.int64_t) C.int {
+	return run(func() error {
+		if ndim < 0 || ndim > header.MaxNDim {
+			return badCount("ndim", ndim, 0, header.MaxNDim)
+		}
+		if nbytes > 0 && data == nil || ndim > 0 && shape == nil {
+			return errNilArg
+		}
+		if flags < 0 || flags > 7 {
+			return fmt.Errorf("inline array flags %d: they must be from 0 to 7: %w", flags, unix.EINVAL)
+		}
+		q, err := queues.get(uint64(h))
+		if err != nil {
+			return err
+		}
+		if nbytes > queue.MaxCapacity {
+			return fmt.Errorf("an inline array of %d bytes: %w", nbytes, queue.ErrTooLarge)
+		}
+		sh := make([]int64, ndim)
+		if ndim > 0 {
+			for i, d := range unsafe.Slice((*C.int64_t)(unsafe.Pointer(shape)), ndim) {
+				sh[i] = int64(d)
+			}
+		}
+		var elements []byte
+		if nbytes > 0 {
+			elements = unsafe.Slice((*byte)(unsafe.Pointer(data)), nbytes)
+		}
+		rec, err := handover.Inline(dtype.DType(dt), uint8(flags), sh, elements)
+		if err != nil {
+			return err
+		}
+		_, err = handover.Put(q, &rec, nil, deadline(timeoutMS))
 		return err
 	})
 }

@@ -376,6 +376,18 @@ int zct_queue_close(zct_handle queue);
    ZCT_E_INVALID. A timeout_ms too large to add to the clock waits for ever. */
 int zct_queue_put(zct_handle queue, int32_t type, const void *payload, uint64_t len,
                   const zct_view *views, int32_t nviews, int64_t timeout_ms);
+/* Put an inline record (ZCT_RECORD_INLINE): a small array copied in, its
+   nbytes of elements in C order at data, of dtype, ndim dimensions of
+   shape and flags (zct_view_flags). The library writes the array's header,
+   shape and elements straight into the queue's ring (format.md, "inline"),
+   reading data once, while the call runs. ZCT_E_INVALID when ndim is
+   outside 0..ZCT_MAX_NDIM, flags outside 0..7, a dimension negative,
+   nbytes not the bytes that shape and dtype make, or the record larger
+   than the queue takes (zct_queue_describe's capacity); ZCT_E_DTYPE for
+   an unknown dtype; waiting, ZCT_E_FULL and ZCT_E_CLOSED as for
+   zct_queue_put. */
+int zct_queue_put_inline(zct_handle queue, const void *data, uint64_t nbytes, int32_t dtype, int32_t ndim,
+                         const int64_t *shape, int32_t flags, int64_t timeout_ms);
 /* zct_ref_find and zct_queue_put of one view in one call: put a record of
    type with no payload and one view, of the array of dtype, ndim, shape and
    byte strides whose extent bytes start at addr, when they are zctipc

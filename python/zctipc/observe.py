@@ -886,7 +886,7 @@ _ALLOWED: dict[str, tuple[str, ...]] = {
     "numpy.core.numeric": ("_frombuffer",),
     "numpy._core.numeric": ("_frombuffer",),
     "torch": ("Size", "device"),
-    "zctipc._wire.exports": ("rebuild_inline",),
+    "zctipc._wire.exports": ("rebuild_in_band",),
     "zctipc._wire.storages": ("rebuild_tensor", "rebuild_empty"),
     "zctipc._wire.pickler": ("_rebuild_sparse",),
     "zctipc._wire.tables": ("rebuild_table",),

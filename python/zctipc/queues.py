@@ -545,35 +545,55 @@ class Queue:
         self._put(typ, payload, buffers, block, timeout)
 
     def _bare(self, obj: Any, block: bool, timeout: float | None) -> Record | None:
-        """(payload, buffers, record type) of a bare array, tensor or
-        SharedTensor, or None to pickle it: a small array inline (Note
-        [inline arrays] in zctipc._wire.exports), others as a tensor record
-        whose one buffer is zctipc memory. _SENT when it is sent already:
-        a larger array that is zctipc memory, in one native call."""
+        """The record of a bare array, tensor or SharedTensor: (payload,
+        buffers, record type) of a tensor record whose one buffer is zctipc
+        memory; _SENT when it is sent already, each in one native call: a
+        small array inline (Note [inline arrays] in zctipc._wire.exports), a
+        larger array that is zctipc memory; None to pickle it."""
         if obj.__class__ is exports.ndarray:
             small = obj.nbytes <= self._inline
-            if small:
-                payload = exports.inline_payload(obj)
-                if payload is not None:
-                    return payload, (), _INLINE
+            if small and (found := exports.inline_array(obj)) is not None:
+                self._put_inline(found, block, timeout)
+                return _SENT
             sent = self._put_array(obj)  # zctipc memory (a small one did not go inline)
             if sent:
                 return _SENT
             if sent is not None and not small:
                 # Not zctipc memory: a copy, without asking again.
                 e = exports.export_array(obj, block, timeout, search=False, in_band=self._in_band)
-                return self._inline_record(obj) if e is None else (b"", [e], _TENSOR)
+                if e is None:
+                    return _SENT if self._in_band_inline(obj, block, timeout) else None
+                return b"", [e], _TENSOR
         e = exports.export_bare(obj, block, timeout, self._in_band)
-        return self._inline_record(obj) if e is None else (b"", [e], _TENSOR)
+        if e is None:
+            return _SENT if self._in_band_inline(obj, block, timeout) else None
+        return b"", [e], _TENSOR
 
-    def _inline_record(self, obj: Any) -> Record | None:
-        """An inline record of obj, a NumPy array that found no pool buffer
-        (Note [sending in band when shared memory is full] in
-        zctipc._wire.exports), or None to pickle it."""
+    def _in_band_inline(self, obj: Any, block: bool, timeout: float | None) -> bool:
+        """Put obj inline when it is a NumPy array that found no pool
+        buffer (Note [sending in band when shared memory is full] in
+        zctipc._wire.exports); False to pickle it."""
         if self._in_band is None or obj.__class__ is not exports.ndarray:
-            return None
-        payload = exports.inline_payload(obj)
-        return None if payload is None else (payload, (), _INLINE)
+            return False
+        found = exports.inline_array(obj)
+        if found is None:
+            return False
+        self._put_inline(found, block, timeout)
+        return True
+
+    def _put_inline(self, found: tuple[int, int, NDArray[Any]], block: bool, timeout: float | None) -> None:
+        """Put an array inline (Note [inline arrays] in
+        zctipc._wire.exports), as exports.inline_array found it, in one call
+        into the library, waiting for room as block and timeout say."""
+        code, flags, arr = found  # arr, C-contiguous, holds its elements' address until the put returned
+        address, put, handle = exports.elements(arr), native.lib().zct_queue_put_inline, self._handle
+        nbytes, shape = arr.nbytes, arr.shape
+        if put(handle, address, nbytes, code, len(shape), shape, flags, 0) != 0:  # fast path: one try, no wait
+
+            def call(ms: int) -> int:
+                return put(handle, address, nbytes, code, len(shape), shape, flags, ms)
+
+            self._send(call, nbytes, (), block, timeout)
 
     def _put_array(self, arr: NDArray[Any]) -> bool | None:  # type: ignore[return]  # check() raises for the rest
         """Put a C-contiguous NumPy array that is zctipc memory as a tensor
@@ -684,17 +704,24 @@ class Queue:
             views = ffi.new("zct_view[]", n)
             for i, e in enumerate(buffers):
                 e.fill(views[i])
-        put = lib.zct_queue_put
+        put, handle, size = lib.zct_queue_put, self._handle, len(payload)
+        self._send(lambda ms: put(handle, typ, payload, size, views, n, ms), size, buffers, block, timeout)
+
+    def _send(
+        self, put: Callable[[int], int], size: int, buffers: Sequence[Export], block: bool, timeout: float | None
+    ) -> None:
+        """Call put(ms), a native put that waits up to ms for room, until
+        the message went in, waiting for room as block and timeout say (a
+        SimpleQueue's for room in shared memory too); else raise, releasing
+        buffers, whose counts a failed put leaves. size: the message's
+        bytes, which the error of one that finds no room names."""
         if self._in_band is None:
-
-            def call(ms: int) -> int:
-                return put(self._handle, typ, payload, len(payload), views, n, ms)
-
+            call = put
         else:
             since: list[float] = []  # when the queue was first found empty without room
 
             def call(ms: int) -> int:
-                status = put(self._handle, typ, payload, len(payload), views, n, ms)
+                status = put(ms)
                 if status != native.E_NO_SPACE:
                     return status
                 # No room in /dev/shm for the record's pages. The pool's idle
@@ -704,7 +731,7 @@ class Queue:
                 # while on an empty one, while other queues' readers may
                 # (Note [sending in band when shared memory is full]).
                 pool.trim()
-                status = put(self._handle, typ, payload, len(payload), views, n, 0)
+                status = put(0)
                 if status != native.E_NO_SPACE:
                     return status
                 if self._holds():
@@ -718,7 +745,9 @@ class Queue:
         try:
             # A SimpleQueue's look checks more than the space word says: it looks every few slices.
             look_every = 0 if self._in_band is None else _LOOK_EVERY
-            status = self._wait_on(lib.ZCT_WAIT_SPACE, call, native.E_FULL, block, timeout, look_every=look_every)
+            status = self._wait_on(
+                native.lib().ZCT_WAIT_SPACE, call, native.E_FULL, block, timeout, look_every=look_every
+            )
         except BaseException:  # Ctrl-C between slices: the refs are still ours
             exports.release_all(buffers)
             raise
@@ -728,7 +757,7 @@ class Queue:
                 # A SimpleQueue's message that can never go in (its consumers
                 # took every message, and still there is no room): say what to do.
                 raise OutOfSharedMemory(
-                    f"a message of {len(payload) / (1 << 20):.1f} MiB (arrays that found no pool buffer go inside "
+                    f"a message of {size / (1 << 20):.1f} MiB (arrays that found no pool buffer go inside "
                     "it) finds no room in shared memory for the queue's ring, and the queue holds no message "
                     "whose get would make some: send less at once (multiprocessing.Pool: a smaller chunksize), "
                     f"or give shared memory more room: {native.error(status).args[0]}"

@@ -92,6 +92,16 @@ func TestCQueueContract(t *testing.T) {
 	runC(t, lib, "abi_queue_contract", uniqueName(t))
 }
 
+// TestCQueueInline: zct_queue_put_inline builds an inline record in one
+// call, a get gives its array as a view in the get's buffer, and bad
+// arguments (ndim out of range, nbytes that are not the shape's, a record
+// larger than the ring, an unknown dtype, NULL pointers, a closed or full
+// queue) are each refused with their status.
+func TestCQueueInline(t *testing.T) {
+	lib := buildLibrary(t)
+	runC(t, lib, "abi_queue_inline")
+}
+
 // TestCQueueLimits: the queue calls at the limits of their arguments (counts
 // of 0, -1 and INT32_MAX, types past a byte, a timeout past the clock's
 // range, inline records) and a queue closed while C threads wait in it.

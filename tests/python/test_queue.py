@@ -362,7 +362,82 @@ def test_small_arrays_travel_inline_as_private_copies(max_bytes):
     frozen.setflags(write=False)
     q.put(frozen)
     assert not q.get().flags.writeable, "read-only, as the sender's was"
+    q.put((frozen, np.arange(2)))
+    inside = q.get()
+    assert not inside[0].flags.writeable and inside[1].flags.writeable, "in band in a pickle, as they were"
     q.close()
+
+
+class _CountingLib:
+    """The library with its put calls counted."""
+
+    def __init__(self, lib):
+        self.lib, self.calls = lib, []
+
+    def __getattr__(self, name):
+        attr = getattr(self.lib, name)
+        if name.startswith("zct_queue_put"):
+
+            def counted(*args):
+                self.calls.append(name)
+                return attr(*args)
+
+            return counted
+        return attr
+
+
+def test_a_small_array_goes_inline_in_one_call(q, monkeypatch):
+    """The library writes an inline record from the array (Note [inline
+    arrays] in zctipc._wire.exports): one native call per put, none of
+    them a put of bytes Python framed."""
+    from zctipc._core import native
+
+    counting = _CountingLib(native.lib())
+    monkeypatch.setattr(native, "_lib", counting)
+    for a in INLINE_CASES:
+        counting.calls.clear()
+        q.put(a)
+        assert counting.calls == ["zct_queue_put_inline"], a
+    monkeypatch.undo()
+    for a in INLINE_CASES:
+        got = q.get()
+        assert got.dtype == a.dtype and got.shape == a.shape and np.array_equal(got, a)
+
+
+def test_put_inline_refuses_bad_arguments(q):
+    """zct_queue_put_inline's bad arguments, each its own exception; a
+    refused put puts nothing."""
+    from zctipc._core import native
+
+    ffi, lib = native.ffi(), native.lib()
+    data = np.arange(6, dtype=np.float32)
+    address = ffi.from_buffer(data)
+    f32 = lib.ZCT_FLOAT32
+
+    def put(nbytes=24, code=f32, ndim=2, shape=(2, 3), flags=0, handle=q._handle, address=address):
+        native.check(lib.zct_queue_put_inline(handle, address, nbytes, code, ndim, shape, flags, 0))
+
+    for ndim in (-1, native.MAX_NDIM + 1):
+        with pytest.raises(zctipc.InvalidArgument, match="ndim"):
+            put(ndim=ndim, shape=(1,) * max(ndim, 0))
+    with pytest.raises(zctipc.InvalidArgument, match="24 bytes, not 20"):
+        put(nbytes=20)
+    with pytest.raises(zctipc.InvalidArgument, match="negative|shape"):
+        put(nbytes=0, ndim=1, shape=(-1,))
+    with pytest.raises(zctipc.UnsupportedDtype):
+        put(code=99)
+    with pytest.raises(zctipc.InvalidArgument, match="flags"):
+        put(flags=8)
+    small = zctipc.Queue(max_bytes=4096)
+    big = np.zeros(4096, np.uint8)
+    with pytest.raises(zctipc.InvalidArgument, match="larger than the queue"):
+        put(nbytes=4096, code=lib.ZCT_UINT8, ndim=1, shape=(4096,), handle=small._handle, address=ffi.from_buffer(big))
+    assert q.qsize() == 0 and small.qsize() == 0
+    small.close()
+    with pytest.raises(zctipc.HandleClosed):
+        put(handle=small._handle)
+    put()
+    assert np.array_equal(q.get(), data.reshape(2, 3))
 
 
 def test_inline_bytes_sets_the_bound_and_zctipc_memory_never_goes_inline():

@@ -256,7 +256,7 @@ def contiguous_address(arr: NDArray[Any]) -> Any:
     if not arr.flags.c_contiguous or not arr.nbytes:
         return None
     try:
-        return native.ffi().from_buffer(arr, require_writable=False)
+        return native.ffi().from_buffer(arr)  # read-only too: cffi's default, and a keyword costs 0.2 us
     except (TypeError, ValueError, BufferError):
         return None
 
@@ -451,15 +451,17 @@ def export_shared_tensor(st: SharedTensor) -> Export:
 
 
 # Note [inline arrays]: a NumPy array of a queue's inline_bytes or fewer
-# that is not zctipc memory travels inside its record (type 4, "inline"),
+# that is not zctipc memory travels inside its record (ZCT_RECORD_INLINE),
 # copied into the ring and out of it, instead of into a pool buffer whose
 # count and mapping the receiver takes over: below some tens of KiB the
-# copies cost less than the pool's bookkeeping. The payload is a header
-# (dtype code u16, flags u8, ndim u8, zero u32, shape i64 x ndim; format.md)
-# and the elements in C order; a get gives the array back as the library
-# decoded it, a view of its elements in the get's buffer (ZCT_REF_INLINE).
-# The receiver gets a copy of its own, as a pickled array would be. zctipc
-# memory always goes by descriptor.
+# copies cost less than the pool's bookkeeping. The library writes the
+# record, header, shape and elements, straight from the array's memory
+# (zct_queue_put_inline), and a get gives the array back as a view of its
+# elements in the get's buffer (ZCT_REF_INLINE): the record's framing
+# (format.md) is the library's alone. The receiver gets a copy of its own,
+# as a pickled array would be. Inside a pickle, such an array goes in band
+# as its dtype code, shape and bytes (rebuild_in_band). zctipc memory
+# always goes by descriptor.
 
 
 class _NoArray:
@@ -476,27 +478,39 @@ def _numpy_met() -> None:
 
 
 lazy.when_numpy_is_met(_numpy_met)
-_INLINE_HEAD = struct.Struct("<HBBI")
-_SHAPES = [struct.Struct(f"<{n}q") for n in range(native.MAX_NDIM + 1)]
 
 
-def inline_payload(arr: NDArray[Any]) -> bytes | None:
-    """The payload of an inline record of the NumPy array arr, or None
-    when it must go otherwise: it is zctipc memory (by descriptor), or of
-    a dtype or rank a descriptor cannot hold (pickled)."""
-    ndim = arr.ndim
-    if ndim > native.MAX_NDIM:
-        return None
-    code = code_of(arr.dtype)
+_NUMPY, _TORCH, _TYPE_MASK, _READONLY = memory.NUMPY, memory.TORCH, memory.TYPE_MASK, memory.READONLY
+_MAX_NDIM = native.MAX_NDIM
+
+
+def inline_array(arr: NDArray[Any]) -> tuple[int, int, NDArray[Any]] | None:
+    """(dtype code, descriptor flags, the array in C order) of the NumPy
+    array arr, whose bytes are to be copied into a message (Note [inline
+    arrays]); or None when it must go otherwise: it is zctipc memory (by
+    descriptor), or of a dtype or rank a descriptor cannot hold (pickled)."""
+    code = _CODES.get(arr.dtype, -1)
+    if code == -1:
+        code = code_of(arr.dtype)
     aflags = arr.flags
     # A buffer NumPy allocated itself (owndata) is not zctipc memory: only
     # an array over someone else's memory needs the library to say.
-    if code is None or not aflags.owndata and in_zctipc_memory(arr):
+    if code is None or arr.ndim > _MAX_NDIM or not aflags.owndata and in_zctipc_memory(arr):
         return None
-    flags = _numpy_flags(aflags)
-    if not aflags.c_contiguous:
-        arr = np.ascontiguousarray(arr)
-    return b"".join((_INLINE_HEAD.pack(code, flags, ndim, 0), _SHAPES[ndim].pack(*arr.shape), arr.data))
+    flags = _NUMPY if aflags.writeable else _NUMPY | _READONLY  # as _numpy_flags says, written out
+    return code, flags, arr if aflags.c_contiguous else np.ascontiguousarray(arr)
+
+
+def elements(arr: NDArray[Any]) -> Any:
+    """A cffi pointer to the elements of arr, a C-contiguous array (NULL
+    when it has none), valid while arr lives."""
+    ffi = native.ffi()
+    if not arr.nbytes:
+        return ffi.NULL
+    try:
+        return ffi.from_buffer(arr)  # read-only too (cffi's default)
+    except (TypeError, ValueError, BufferError):  # a dtype the buffer protocol cannot say
+        return ffi.cast("void *", arr.__array_interface__["data"][0])
 
 
 def in_zctipc_memory(arr: NDArray[Any]) -> bool:
@@ -510,8 +524,6 @@ def in_zctipc_memory(arr: NDArray[Any]) -> bool:
     extent = layout.extent(arr.shape, arr.strides, arr.itemsize)
     return memory.zctipc_memory(arr.__array_interface__["data"][0], extent)
 
-
-_TYPE_MASK, _TORCH, _READONLY = memory.TYPE_MASK, memory.TORCH, memory.READONLY
 
 # Note [reading a view at once]: a get gives an inline record's array as a
 # zct_view that the library decoded (Note [inline arrays]); reading its
@@ -574,18 +586,24 @@ def build_inline(mem: memoryview, views: Any, at: int) -> NDArray[Any] | torch.T
     return memory.copy_tensor(arr, code, bool(flags & _READONLY)) if flags & _TYPE_MASK == _TORCH else arr
 
 
-def rebuild_inline(payload: bytes) -> NDArray[Any]:
-    """Unpickle a small array that a queue pickled in band, as its inline
-    payload."""
-    code, flags, ndim, _ = _INLINE_HEAD.unpack_from(payload, 0)
-    shape = _SHAPES[ndim].unpack_from(payload, 8)
-    dt = dtypes.numpy_dtype(code)
-    data = payload[8 + 8 * ndim :]
-    if flags & memory.READONLY:
-        arr = np.frombuffer(data, dt, len(data) // dt.itemsize)
-    else:
-        arr = np.frombuffer(data, dt, len(data) // dt.itemsize).copy()
-    return arr if ndim == 1 else arr.reshape(shape)
+def in_band_args(arr: NDArray[Any]) -> tuple[int, tuple[int, ...], bytes | bytearray] | None:
+    """rebuild_in_band's arguments for the NumPy array arr, to pickle it in
+    band (Note [inline arrays]), or None when it must go otherwise (as
+    inline_array says): its bytes are a bytearray, which unpickles as one
+    and makes a writable array without a copy, or bytes for an array that
+    was read-only."""
+    found = inline_array(arr)
+    if found is None:
+        return None
+    code, flags, arr = found
+    raw = arr.reshape(-1).view(np.uint8)  # C-contiguous: no copy
+    return code, arr.shape, raw.tobytes() if flags & _READONLY else bytearray(raw)
+
+
+def rebuild_in_band(code: int, shape: tuple[int, ...], data: bytes | bytearray) -> NDArray[Any]:
+    """Unpickle a small array that a pickle carried in band (in_band_args)."""
+    arr = np.frombuffer(data, dtypes.numpy_dtype(code))
+    return arr if len(shape) == 1 else arr.reshape(shape)
 
 
 def build(view: Any) -> NDArray[Any] | torch.Tensor | SharedTensor:

@@ -267,14 +267,14 @@ class QueuePickler:
         return _OutOfBand(len(self.exports) - 1)
 
     def _reduce_array(self, arr: NDArray[Any]) -> Reduction:
-        if arr.nbytes <= self.inline and (payload := exports.inline_payload(arr)) is not None:
-            return exports.rebuild_inline, (payload,)  # in band
+        if arr.nbytes <= self.inline and (args := exports.in_band_args(arr)) is not None:
+            return exports.rebuild_in_band, args
         if self.in_band is None:
             return self._export(arr, exports.export_array)
         e = exports.export_array(arr, self.block, self.timeout, in_band=self.in_band)
-        if e is None and (payload := exports.inline_payload(arr)) is not None:
+        if e is None and (args := exports.in_band_args(arr)) is not None:
             # No pool buffer: in band (Note [sending in band when shared memory is full] in exports).
-            return exports.rebuild_inline, (payload,)
+            return exports.rebuild_in_band, args
         return self._export(arr, lambda *_: e)
 
     def _reduce_tensor(self, t: torch.Tensor) -> Reduction:

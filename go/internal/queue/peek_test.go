@@ -121,10 +121,14 @@ func TestQueuePeekNeverShowsWhatNoRecordWas(t *testing.T) {
 			const total = 20000
 			var taken atomic.Int64
 			var wg sync.WaitGroup
+			// The consumers start once the peeker has seen a record, so that
+			// a loaded machine cannot let them take every record first.
+			firstSeen := make(chan struct{})
 			for range 2 {
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
+					<-firstSeen
 					buf := make([]byte, 4096)
 					for n := 0; ; n++ {
 						if n%64 == 0 {
@@ -179,6 +183,9 @@ func TestQueuePeekNeverShowsWhatNoRecordWas(t *testing.T) {
 				require.NoError(t, err)
 				for _, c := range rec.Payload {
 					require.Equal(t, rec.Payload[0], c, "a record peeked whole")
+				}
+				if seen == 0 {
+					close(firstSeen)
 				}
 				seen++
 			}

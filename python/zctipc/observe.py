@@ -888,7 +888,7 @@ _ALLOWED: dict[str, tuple[str, ...]] = {
     "torch": ("Size", "device"),
     "zctipc._wire.exports": ("rebuild_in_band",),
     "zctipc._wire.storages": ("rebuild_tensor", "rebuild_empty"),
-    "zctipc._wire.pickler": ("_rebuild_sparse",),
+    "zctipc._wire.reductions": ("rebuild_sparse",),
     "zctipc._wire.tables": ("rebuild_table",),
 }
 

@@ -34,6 +34,7 @@ Nothing here speaks to the network: across nodes Ray moves the bytes.
 
 from __future__ import annotations
 
+import collections
 import functools
 import io
 import os
@@ -57,7 +58,7 @@ except ImportError as exc:  # pragma: no cover - the extra is missing
 
 from . import errors
 from ._core import lazy, native
-from ._wire import exports
+from ._wire import exports, reductions
 
 TYPE_CHECKING = False  # Note [types without typing] in zctipc._core.native
 if TYPE_CHECKING:
@@ -200,17 +201,10 @@ def _check(t: Any) -> None:
             f"the zctipc Ray transport sends CPU tensors; this one is on {t.device}: use Ray's own "
             'CUDA transport for it (tensor_transport="cuda_ipc" on one node, "nccl" or "nixl" across nodes)'
         )
-    if t.device.type != "cpu":
-        raise errors.InvalidArgument(f"the zctipc Ray transport sends CPU tensors; this one is on {t.device}")
-    if t.layout != torch.strided:
-        raise errors.InvalidArgument(f"the zctipc Ray transport sends dense tensors, not {t.layout} ones")
-    if exports.code_of(t.dtype) is None:
-        raise errors.UnsupportedDtype(f"the zctipc Ray transport cannot share a tensor of dtype {t.dtype}")
-    if t.is_conj() or t.is_neg():
-        raise errors.InvalidArgument(
-            "the zctipc Ray transport sends tensors as their memory holds them; this one is a lazy "
-            "conjugate or negative view: send t.resolve_conj().resolve_neg()"
-        )
+    found = exports.torch_layout(t)  # what zctipc sends of a tensor, the same rule for every channel
+    if not isinstance(found, tuple):
+        found.args = (f"the zctipc Ray transport: {found}",)
+        raise found
     if t.dim() > native.MAX_NDIM:
         raise errors.InvalidArgument(
             f"the zctipc Ray transport sends tensors of up to {native.MAX_NDIM} dimensions, not {t.dim()}"
@@ -399,6 +393,48 @@ def _as_tensor(arr: Any) -> Any:
             return None
 
 
+class _Taking(reductions.Channel):
+    """Ray's channel (Note [one table of reducers] in
+    zctipc._wire.reductions): the table's tensors and arrays that the
+    transport takes go whole to a list beside the pickle; everything else
+    pickles as Ray pickles it."""
+
+    def __init__(self, packed: _Packed) -> None:
+        self.packed = packed
+
+    def whole(self, obj: Any) -> reductions.Reduction:
+        packed = self.packed
+        if isinstance(obj, torch.Tensor):
+            if not _sendable(obj):
+                return self._ray_way(obj)
+            t = obj
+        elif type(obj) is np.ndarray and exports.code_of(obj.dtype) is not None:
+            t = _as_tensor(obj)
+            if t is None:
+                return self._ray_way(obj)
+            packed.arrays.append(len(packed.tensors))
+        else:
+            return self._ray_way(obj)
+        packed.tensors.append(t)
+        return _taken, (len(packed.tensors) - 1,)
+
+    @staticmethod
+    def _ray_way(obj: Any) -> reductions.Reduction:
+        from ray import cloudpickle
+
+        reducer = cloudpickle.CloudPickler.dispatch_table.get(type(obj))
+        reduced: reductions.Reduction = obj.__reduce_ex__(pickle.HIGHEST_PROTOCOL) if reducer is None else reducer(obj)
+        return reduced
+
+
+_unpacking = threading.local()
+
+
+def _taken(index: int) -> Any:
+    """The tensor or array at index of the object being unpacked."""
+    return _unpacking.items[index]
+
+
 def _pack(obj: Any) -> _Packed:
     """obj taken apart: what the transport sends whole goes to the tensors,
     everything else into the pickle, as Ray would pickle it."""
@@ -407,23 +443,16 @@ def _pack(obj: Any) -> _Packed:
     packed = _Packed(b"", [], [], [])
 
     class Pickler(cloudpickle.CloudPickler):
+        # A class attribute: the C pickler reads its table when it is made.
+        dispatch_table = collections.ChainMap(
+            reductions.bound(_Taking(packed)), cloudpickle.CloudPickler.dispatch_table
+        )
+
         def persistent_id(self, obj: Any) -> tuple[str, int] | None:
             if isinstance(obj, ray.ObjectRef):
                 packed.refs.append(obj)
                 return "ref", len(packed.refs) - 1
-            if isinstance(obj, torch.Tensor):
-                if not _sendable(obj):
-                    return None  # pickled with the rest
-                packed.tensors.append(obj)
-            elif type(obj) is np.ndarray and exports.code_of(obj.dtype) is not None:
-                t = _as_tensor(obj)
-                if t is None:
-                    return None
-                packed.arrays.append(len(packed.tensors))
-                packed.tensors.append(t)
-            else:
-                return None
-            return "tensor", len(packed.tensors) - 1
+            return None
 
     out = io.BytesIO()
     Pickler(out, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)  # type: ignore[no-untyped-call]  # cloudpickle
@@ -438,10 +467,14 @@ def _unpack(data: bytes, tensors: list[Any], arrays: list[int], refs: list[Any])
 
     class Unpickler(pickle.Unpickler):
         def persistent_load(self, pid: Any) -> Any:
-            kind, i = pid
-            return refs[i] if kind == "ref" else items[i]
+            return refs[pid[1]]
 
-    return Unpickler(io.BytesIO(data)).load()
+    saved = getattr(_unpacking, "items", None)
+    _unpacking.items = items
+    try:
+        return Unpickler(io.BytesIO(data)).load()
+    finally:
+        _unpacking.items = saved
 
 
 class _Parcel:

@@ -156,10 +156,10 @@ class FakeCudaTensor:
 def send_fake_cuda_tensors():
     """Make the zctipc pickler of this thread send FakeCudaTensor as it sends
     torch CUDA tensors."""
-    from zctipc._wire import gpu, pickler
+    from zctipc._wire import gpu, pickler, reductions
 
     pk = pickler.pickler()
-    pk.pickler.dispatch_table[FakeCudaTensor] = lambda t: gpu.reduce_cuda(t, None, pk._carry)
+    pk.pickler.dispatch_table[FakeCudaTensor] = lambda t: gpu.reduce_cuda(t, None, lambda e: reductions.carry(pk, e))
 
 
 def vmm_tensor_child(q, back, n):

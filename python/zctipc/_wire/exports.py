@@ -19,7 +19,7 @@ import warnings
 
 from .._core import dtypes, layout, lazy, log, memory, native, pool
 from .._core.segments import SharedTensor
-from ..errors import UnsupportedDtype
+from ..errors import InvalidArgument, UnsupportedDtype, ZctipcError
 from . import storages
 
 TYPE_CHECKING = False  # Note [types without typing] in zctipc._core.native
@@ -323,19 +323,43 @@ def code_of(dtype: np.dtype[Any] | torch.dtype) -> int | None:
 _COMPLEX = {dtypes.CODES["complex64"], dtypes.CODES["complex128"]}
 
 
-def _torch_layout(t: torch.Tensor) -> Layout | None:
-    """(type code, shape, byte strides) of a CPU strided tensor whose memory
-    holds its elements as they read, or None: the pickled route sends the
-    others (conjugate and negative views, nested tensors) as they are."""
+def torch_layout(t: torch.Tensor) -> Layout | ZctipcError:
+    """(type code, shape, byte strides) of a torch tensor whose memory zctipc
+    sends as it is: on the CPU, strided, of a dtype zctipc shares, its
+    memory holding its elements as they read. Else the error that says why
+    not (not raised: the pickled route sends such tensors as they are;
+    zctipc.ray refuses them)."""
     if not storages.shareable(t) or t.is_neg():
-        return None
+        return _refusal(t)
     code = code_of(t.dtype)
-    if code is None:
-        return None
-    if code in _COMPLEX and t.is_conj():
-        return None
+    if code is None or code in _COMPLEX and t.is_conj():
+        return _refusal(t)
     size = dtypes.ITEMSIZE[code]
     return code, tuple(t.shape), tuple(s * size for s in t.stride())
+
+
+def _refusal(t: torch.Tensor) -> ZctipcError:
+    """Why zctipc does not send tensor t's memory as it is."""
+    if not t.is_cpu:
+        return InvalidArgument(f"zctipc shares CPU tensors; this one is on {t.device}")
+    if t.is_nested:
+        return InvalidArgument("zctipc shares dense tensors, not nested ones")
+    if t.layout is not _strided():
+        return InvalidArgument(f"zctipc shares dense tensors, not {t.layout} ones")
+    if t.is_quantized:
+        return InvalidArgument("zctipc shares plain tensors, not quantized ones")
+    if code_of(t.dtype) is None:
+        return UnsupportedDtype(f"zctipc cannot share a tensor of dtype {t.dtype}")
+    return InvalidArgument(
+        "zctipc sends tensors as their memory holds them; this one is a lazy conjugate or negative view: "
+        "send t.resolve_conj().resolve_neg()"
+    )
+
+
+def _strided() -> Any:
+    import torch
+
+    return torch.strided
 
 
 def check_grad(t: torch.Tensor) -> None:
@@ -353,8 +377,8 @@ def export_tensor(
 ) -> Export | None:
     """An Export for a torch tensor, as export_array does for arrays: the
     tensor's own elements, or (with copy) a copy of them."""
-    found = _torch_layout(t)
-    if found is None:
+    found = torch_layout(t)
+    if not isinstance(found, tuple):
         return None
     return _export_tensor(t, found, block, timeout, copy)
 
@@ -388,8 +412,8 @@ def export_bare(
     if t is SharedTensor:
         return None if obj.closed else export_shared_tensor(obj)
     if not obj.requires_grad:  # a plain torch.Tensor: BARE holds no other type
-        found = _torch_layout(obj)
-        if found is None:
+        found = torch_layout(obj)
+        if not isinstance(found, tuple):
             return None
         e = _export_tensor(obj, found, block, timeout, False)  # zctipc memory: itself
         return _share_tensor(obj, found, block, timeout) if e is None else e

@@ -21,18 +21,15 @@ import pickle
 import sys
 import threading
 
-from .._core import lazy, memory
-from .._core.segments import SharedTensor
-from . import exports, gpu, reducers, storages, tables
+from .._core import memory
+from . import exports, reductions
 
 TYPE_CHECKING = False  # Note [types without typing] in zctipc._core.native
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Iterator
     from typing import Any, TypeAlias
 
-    import numpy as np
     import torch
-    from numpy.typing import NDArray
 
     from .exports import Export
 
@@ -40,8 +37,6 @@ if TYPE_CHECKING:
     Reduction: TypeAlias = tuple[Any, ...] | str
     #: What dump_run says of the object that ended a run, if one did.
     Single: TypeAlias = tuple[object, bytes | None, list[Export]] | None
-else:
-    np = lazy.numpy(__name__)
 
 
 class Oversized:
@@ -78,19 +73,6 @@ def _rebuild(index: int, requires_grad: bool = False) -> Any:
     return obj
 
 
-class _OutOfBand:
-    """Pickles as the buffer at index of the message (what _rebuild makes
-    of it)."""
-
-    __slots__ = ("index",)
-
-    def __init__(self, index: int) -> None:
-        self.index = index
-
-    def __reduce__(self) -> Reduction:
-        return _rebuild, (self.index,)
-
-
 def _rebuild_storage(index: int) -> torch.UntypedStorage:
     """Unpickle the torch storage at index of the message being received
     (the pickle's memo gives every tensor of it the same one)."""
@@ -106,10 +88,12 @@ def _rebuild_storage(index: int) -> torch.UntypedStorage:
 # there, and no message's objects outlive its put.
 
 
-class QueuePickler:
+class QueuePickler(reductions.Channel):
     """Pickles objects for a queue, with their arrays, tensors and
-    SharedTensors out of band; kept between messages, since making a pickler
-    costs more than pickling a small object."""
+    SharedTensors out of band, by the table of reducers (Note [one table of
+    reducers] in zctipc._wire.reductions), as the channel whose buffers go
+    beside the pickle; kept between messages, since making a pickler costs
+    more than pickling a small object."""
 
     def __init__(self) -> None:
         # The pickler hands what it wrote to its file's write() at the end of
@@ -117,19 +101,9 @@ class QueuePickler:
         self.chunks: list[bytes] = []
         self.pickler = pickle.Pickler(_Sink(self.chunks.append), pickle.HIGHEST_PROTOCOL)
         table: dict[type[Any], Callable[[Any], Reduction]] = dict(copyreg.dispatch_table)
-        if "numpy" in sys.modules:
-            lazy.check()
-            table[np.ndarray] = self._reduce_array
-        table[SharedTensor] = self._reduce_shared
-        torch = sys.modules.get("torch")
-        if torch is not None:
-            table[torch.Tensor] = self._reduce_tensor
-            table[torch.UntypedStorage] = self._reduce_storage
-            table.update(storages.typed_reducers())  # as their untyped storage
-        for t in tables.table_types():
-            table[t] = tables.reduce_table
+        table.update(reductions.bound(self))
         self.pickler.dispatch_table = table
-        self.modules = _modules()
+        self.modules = reductions.modules()
         self.nmodules = len(sys.modules)
         self.busy = False
         self.exports: list[Export] = []
@@ -143,7 +117,7 @@ class QueuePickler:
         (torch, pyarrow, pandas, polars) imported since. Looked at only when
         the number of modules changed."""
         if self.nmodules != len(sys.modules):
-            if self.modules != _modules():
+            if self.modules != reductions.modules():
                 return False
             self.nmodules = len(sys.modules)
         return True
@@ -252,108 +226,15 @@ class QueuePickler:
             self.chunks.clear()
             self.busy = False
 
-    def _export(self, obj: Any, export: Callable[[Any, bool, float | None], Export | None]) -> Reduction:
-        e = export(obj, self.block, self.timeout)
-        if e is None:
-            return obj.__reduce_ex__(pickle.HIGHEST_PROTOCOL)
+    def send(self, e: Export, obj: Any) -> Reduction:
+        """e goes beside the pickle, which refers to it by its index; it is
+        released with the others if the message is not sent."""
         self.exports.append(e)
         return _rebuild, (len(self.exports) - 1,)
 
-    def _carry(self, e: Export) -> _OutOfBand:
-        """Send e as one of this message's buffers, from inside another
-        object's reduction: released with the others if the message is not
-        sent."""
+    def send_storage(self, e: Export) -> Reduction:
         self.exports.append(e)
-        return _OutOfBand(len(self.exports) - 1)
-
-    def _reduce_array(self, arr: NDArray[Any]) -> Reduction:
-        if arr.nbytes <= self.inline and (args := exports.in_band_args(arr)) is not None:
-            return exports.rebuild_in_band, args
-        if self.in_band is None:
-            return self._export(arr, exports.export_array)
-        e = exports.export_array(arr, self.block, self.timeout, in_band=self.in_band)
-        if e is None and (args := exports.in_band_args(arr)) is not None:
-            # No pool buffer: in band (Note [sending in band when shared memory is full] in exports).
-            return exports.rebuild_in_band, args
-        return self._export(arr, lambda *_: e)
-
-    def _reduce_tensor(self, t: torch.Tensor) -> Reduction:
-        exports.check_grad(t)
-        if storages.shareable(t):
-            return storages.reduce_tensor(t)  # its storage comes to _reduce_storage
-        if t.is_cuda:
-            return gpu.reduce_cuda(t, reducers.torch_fallback(), self._carry)
-        if t.layout in _sparse_layouts():
-            return _reduce_sparse(t)
-        return t.__reduce_ex__(pickle.HIGHEST_PROTOCOL)
-
-    def _reduce_storage(self, s: torch.UntypedStorage) -> Reduction:
-        if not storages.is_cpu(s):
-            return s.__reduce_ex__(pickle.HIGHEST_PROTOCOL)
-        if s.nbytes() == 0:
-            return storages.rebuild_empty, ()
-        self.exports.append(exports.export_storage(s, self.block, self.timeout))
         return _rebuild_storage, (len(self.exports) - 1,)
-
-    def _reduce_shared(self, st: SharedTensor) -> Reduction:
-        return self._export(st, lambda st, block, timeout: exports.export_shared_tensor(st))
-
-
-# Note [sparse tensors]: torch pickles a sparse tensor as its parts (indices
-# and values), and its rebuild function appends every tensor it makes to a
-# list that only torch.load drains, to validate them later. Unpickled by a
-# queue, they would stay in that list, and the pool buffers under their
-# parts with them, for the life of the process. zctipc pickles the parts
-# itself (out of band, as any tensor) and rebuilds the sparse tensor from
-# them without that list: dropping it frees its buffers.
-
-_SPARSE: dict[torch.layout, str] = {}  # torch layout -> its name, once torch is met
-
-
-def _sparse_layouts() -> dict[torch.layout, str]:
-    if not _SPARSE:
-        import torch
-
-        for name in ("coo", "csr", "csc", "bsr", "bsc"):
-            _SPARSE[getattr(torch, "sparse_" + name)] = name
-    return _SPARSE
-
-
-def _reduce_sparse(t: torch.Tensor) -> Reduction:
-    """A sparse tensor as its parts (see Note [sparse tensors])."""
-    layout = _SPARSE[t.layout]
-    requires_grad, t = t.requires_grad, t.detach()  # a part of a leaf that requires grad is not a leaf
-    parts: tuple[Any, ...]
-    if layout == "coo":
-        parts = (t._indices(), t._values(), tuple(t.shape), t.is_coalesced())
-    elif layout in ("csr", "bsr"):
-        parts = (t.crow_indices(), t.col_indices(), t.values(), tuple(t.shape))
-    else:
-        parts = (t.ccol_indices(), t.row_indices(), t.values(), tuple(t.shape))
-    return _rebuild_sparse, (layout, parts, requires_grad)
-
-
-def _rebuild_sparse(layout: str, parts: tuple[Any, ...], requires_grad: bool = False) -> torch.Tensor:
-    import torch
-
-    if layout == "coo":
-        indices, values, size, coalesced = parts
-        t = torch.sparse_coo_tensor(indices, values, size, is_coalesced=coalesced, check_invariants=False)
-    else:
-        compressed, plain, values, size = parts
-        t = torch.sparse_compressed_tensor(
-            compressed, plain, values, size, layout=getattr(torch, "sparse_" + layout), check_invariants=False
-        )
-    return t.requires_grad_() if requires_grad else t
-
-
-_KNOWN_MODULES = ("numpy", "torch", "pyarrow", "pandas", "polars")
-
-
-def _modules() -> tuple[bool, ...]:
-    """Which of the modules whose types zctipc sends its own way are
-    imported."""
-    return tuple(m in sys.modules for m in _KNOWN_MODULES)
 
 
 def _chain(first: object, rest: Iterable[object]) -> Iterator[object]:

@@ -18,14 +18,13 @@ import sys
 import threading
 from multiprocessing.reduction import ForkingPickler
 
-from .._core import layout, lazy, native
+from .._core import layout, lazy
 from .._core.segments import SharedTensor
 from ..errors import OutOfSharedMemory
-from . import exports, gpu, storages, tables
+from . import exports, reductions, storages
 
 TYPE_CHECKING = False  # Note [types without typing] in zctipc._core.native
 if TYPE_CHECKING:
-    from collections.abc import Callable
     from typing import Any, TypeAlias
 
     import numpy as np
@@ -36,16 +35,6 @@ if TYPE_CHECKING:
     Reduction: TypeAlias = tuple[Any, ...] | str
 else:
     np = lazy.numpy(__name__)
-
-_torch_fallback: Callable[[torch.Tensor], Any] | None = None  # the torch tensor reducer registered before zctipc's
-_torch_storage_fallback: Callable[[torch.UntypedStorage], Any] | None = None  # and the torch storage reducer
-
-
-def torch_fallback() -> Callable[[torch.Tensor], Any] | None:
-    """The reducer torch tensors had before zctipc's (torch.multiprocessing's,
-    when imported), for what zctipc does not send itself; or None."""
-    return _torch_fallback
-
 
 #: A NumPy array of this many bytes or more that is not zctipc memory is
 #: copied once into the pool and sent as a descriptor (cheaper than pickling
@@ -116,58 +105,41 @@ def dump(self: ForkingPickler, obj: object) -> None:
 # and only zctipc's own objects (a SharedTensor) raise ForkedProcessError.
 
 
-def _reduce_array(arr: NDArray[Any]) -> Reduction:
-    if native.forked():  # Note [reducing in a forked child]
-        return arr.__reduce__()
-    # Copied into the pool only when a buffer is there at once, else pickled
-    # in band (Note [sending in band when shared memory is full] in exports).
-    e = exports.export_array(arr, copy=arr.nbytes >= COPY_BYTES, in_band=exports.IN_BAND)
-    if e is None:
-        return arr.__reduce__()
-    try:
-        return exports.decode, (carry(e),)
-    except OutOfSharedMemory:  # no room for the descriptor's ticket either; e was given back
-        exports.warn_in_band(arr.nbytes)
-        return arr.__reduce__()
+class Forking(reductions.Channel):
+    """multiprocessing's channels (Note [one table of reducers] in
+    zctipc._wire.reductions): a descriptor goes inside the pickle, its
+    count given back if the dump fails; an array is copied into the pool
+    from COPY_BYTES, into a buffer that is there at once, else pickled as
+    NumPy pickles it; what zctipc does not send itself goes torch's way."""
 
+    copy_bytes = COPY_BYTES
+    in_band = exports.IN_BAND
+    shared_with_torch = True
+    protocol = pickle.DEFAULT_PROTOCOL
 
-def _reduce_shared(st: SharedTensor) -> Reduction:
-    if st.closed:
-        return st.__reduce__()  # raises HandleClosed
-    return exports.decode, (carry(exports.export_shared_tensor(st)),)
+    def send(self, e: exports.Export, obj: Any) -> Reduction:
+        try:
+            return exports.decode, (carry(e),)
+        except OutOfSharedMemory:  # no room for the descriptor's ticket; e was given back
+            if not isinstance(obj, exports.ndarray):
+                raise
+            exports.warn_in_band(obj.nbytes)  # an array's bytes can go in band still
+            return self.small(obj)
 
+    def send_storage(self, e: exports.Export) -> Reduction:
+        return _rebuild_storage, (carry(e),)
 
-def _reduce_tensor(t: torch.Tensor) -> Reduction:
-    exports.check_grad(t)
-    if storages.shareable(t) and not native.forked():  # Note [reducing in a forked child]
-        return storages.reduce_tensor(t)  # its storage comes to _reduce_storage
-    if t.is_cuda:
-        return gpu.reduce_cuda(t, _torch_fallback)
-    if _torch_fallback is not None:
-        return _torch_fallback(t)
-    return t.__reduce_ex__(pickle.DEFAULT_PROTOCOL)
-
-
-def _reduce_storage(s: torch.UntypedStorage) -> Reduction:
-    if storages.is_cpu(s) and not storages.is_torch_shared(s) and not native.forked():
-        if s.nbytes() == 0:
-            return storages.rebuild_empty, ()
-        return _rebuild_storage, (carry(exports.export_storage(s)),)
-    # In torch's shared memory, or on a device: torch's way, in torch's channels.
-    if _torch_storage_fallback is not None:
-        return _torch_storage_fallback(s)
-    return s.__reduce_ex__(pickle.DEFAULT_PROTOCOL)
-
-
-def _reduce_table(obj: Any) -> Reduction:
-    if native.forked():  # Note [reducing in a forked child]
-        return obj.__reduce_ex__(pickle.DEFAULT_PROTOCOL)
-    return tables.reduce_table(obj)
+    def small(self, arr: NDArray[Any]) -> Reduction:
+        return arr.__reduce__()  # a receiver need not import zctipc
 
 
 def _rebuild_storage(data: bytes) -> torch.UntypedStorage:
-    """The torch storage a descriptor (made by _reduce_storage) stands for."""
+    """The torch storage a descriptor (made by Forking.send_storage) stands for."""
     return exports.decode(data).untyped_storage()
+
+
+#: The channel of ForkingPickler's registered reducers.
+FORKING = Forking()
 
 
 def init_reductions() -> None:
@@ -189,14 +161,14 @@ def init_reductions() -> None:
     zctipc context, or this call)."""
     lazy.check()  # registers NumPy's (_init_numpy_reductions) if it is imported
     ForkingPickler.dump = dump  # type: ignore[method-assign,assignment]  # Note [counts of a failed dump]
-    ForkingPickler.register(SharedTensor, _reduce_shared)
     init_torch_reductions()
-    for t in tables.table_types():
-        ForkingPickler.register(t, _reduce_table)
+    for t, reducer in reductions.bound(FORKING).items():
+        if t.__module__.partition(".")[0] != "torch":  # init_torch_reductions registers torch's
+            ForkingPickler.register(t, reducer)
 
 
 def _init_numpy_reductions() -> None:
-    ForkingPickler.register(np.ndarray, _reduce_array)
+    ForkingPickler.register(np.ndarray, reductions.bound(FORKING)[np.ndarray])
 
 
 lazy.when_numpy_is_met(_init_numpy_reductions)
@@ -207,22 +179,20 @@ def init_torch_reductions() -> None:
     and the registered ones are not zctipc's, over torch.multiprocessing's
     (imported here first, so that importing it later keeps zctipc's), and
     make torch's is_shared() and share_memory_() know zctipc memory."""
-    global _torch_fallback, _torch_storage_fallback
     torch = sys.modules.get("torch")
     if torch is not None:
         import torch.multiprocessing  # noqa: F401  (registers torch's reducers, once)
 
         storages.patch_torch()
         exports.BARE.add(torch.Tensor)
-        reducers = ForkingPickler._extra_reducers  # type: ignore[attr-defined]  # private, not in typeshed
-        current = reducers.get(torch.Tensor)
-        if current is not _reduce_tensor:
-            _torch_fallback = current
-            ForkingPickler.register(torch.Tensor, _reduce_tensor)
-        current = reducers.get(torch.UntypedStorage)
-        if current is not _reduce_storage:
-            _torch_storage_fallback = current
-            ForkingPickler.register(torch.UntypedStorage, _reduce_storage)
+        registered = ForkingPickler._extra_reducers  # type: ignore[attr-defined]  # private, not in typeshed
+        ours = reductions.bound(FORKING)
+        for kind, t in (("tensor", torch.Tensor), ("storage", torch.UntypedStorage)):
+            current = registered.get(t)
+            if not getattr(current, reductions.ZCTIPC_REDUCER, False):
+                if current is not None:
+                    reductions.torch_reducers[kind] = current
+                ForkingPickler.register(t, ours[t])
 
 
 def is_shared(obj: object) -> bool:

@@ -26,15 +26,14 @@ import sys
 from multiprocessing import connection, managers
 from multiprocessing.reduction import ForkingPickler
 
-from .._core import lazy, memory
-from . import exports, reducers
+from .._core import lazy
+from . import reducers, reductions
 
 TYPE_CHECKING = False  # Note [types without typing] in zctipc._core.native
 if TYPE_CHECKING:
     from typing import Any
 
     import numpy as np
-    from numpy.typing import NDArray
 else:
     np = lazy.numpy(__name__)
 
@@ -58,16 +57,15 @@ def _serializer() -> str:
 SERIALIZER = _Serializer("zctipc")
 
 
-def _reduce_array_copy(arr: NDArray[Any]) -> Any:
-    """A NumPy array as a copy of its own: in band when small, else copied
-    once into a fresh pool buffer and sent by descriptor."""
-    if arr.nbytes < reducers.COPY_BYTES:
-        return arr.__reduce__()
-    e = exports.export_array(arr, search=False)
-    if e is None:
-        return arr.__reduce__()
-    e.flags &= ~memory.READONLY  # the receiver's own, writable as a pickled array is
-    return exports.decode, (reducers.carry(e),)
+class _Values(reducers.Forking):
+    """A manager's channel: multiprocessing's, an array of COPY_BYTES or
+    more always copied once into a fresh pool buffer, whatever memory it
+    lies in, and writable there (Note [managers hand out copies])."""
+
+    copies = True
+
+
+_VALUES = _Values()
 
 
 class _ValuePickler(ForkingPickler):
@@ -81,7 +79,7 @@ class _ValuePickler(ForkingPickler):
         super().__init__(*args)
         lazy.check()
         if "numpy" in sys.modules:
-            self.dispatch_table[np.ndarray] = _reduce_array_copy
+            self.dispatch_table[np.ndarray] = reductions.bound(_VALUES)[np.ndarray]
 
 
 class _ValueConnection:

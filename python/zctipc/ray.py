@@ -261,10 +261,8 @@ class ZctipcTransport(TensorTransportManager):
         held, descriptors = [], []
         try:
             for t in rdt_object:
-                e = exports.export_bare(t.detach(), timeout=POOL_WAIT) or exports.export_tensor(
-                    t.detach(), timeout=POOL_WAIT
-                )
-                if e is None:  # not expected after _check
+                e = exports.export_bare(t.detach(), timeout=POOL_WAIT)
+                if e is None:  # not expected after _check: the same rule (exports.torch_layout)
                     raise errors.InvalidArgument(f"the zctipc Ray transport cannot send {t!r}")
                 held.append(e)
                 descriptors.append(exports.describe(e))

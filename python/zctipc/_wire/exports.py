@@ -372,17 +372,6 @@ def check_grad(t: torch.Tensor) -> None:
         )
 
 
-def export_tensor(
-    t: torch.Tensor, block: bool = True, timeout: float | None = None, copy: bool = True
-) -> Export | None:
-    """An Export for a torch tensor, as export_array does for arrays: the
-    tensor's own elements, or (with copy) a copy of them."""
-    found = torch_layout(t)
-    if not isinstance(found, tuple):
-        return None
-    return _export_tensor(t, found, block, timeout, copy)
-
-
 def _export_tensor(t: torch.Tensor, found: Layout, block: bool, timeout: float | None, copy: bool) -> Export | None:
     code, shape, strides = found
 

@@ -58,8 +58,9 @@ gotest:
 	@$(GO) test -count=1 -v -run Cuda ./go/internal/cuda | grep -E "no GPU|CUDA unavailable" || true
 
 # The unit tests alone, beside the code under go/, in seconds: -short skips
-# the tests that cross processes, run the cleanup daemon or run for seconds
-# (testenv.SkipShort); gotest runs them all.
+# the tests that cross processes, run the cleanup daemon, build the library
+# (the C ABI's, go/capi/abitest) or run for seconds (testenv.SkipShort);
+# gotest runs them all.
 .PHONY: gounit
 gounit:
 	$(GO) test -count=1 -short ./go/...

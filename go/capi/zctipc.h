@@ -1,10 +1,10 @@
 /*
  * zctipc.h: the C ABI of libzctipc.so, zero-copy tensor IPC.
  *
- * Hand-written and checked in. A Go test (tests/go/capi_test.go) checks that
- * every function declared here is exported by the built library, and the
- * export layer (go/capi) includes this file, so the compiler checks every
- * signature against its Go implementation.
+ * Hand-written and checked in. A Go test (go/capi/abitest/abi_test.go)
+ * checks that every function declared here is exported by the built
+ * library, and the export layer (go/capi) includes this file, so the
+ * compiler checks every signature against its Go implementation.
  *
  * Rules:
  *   - Every function but zct_abi_version, zct_version, zct_last_error and

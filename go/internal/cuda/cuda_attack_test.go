@@ -2,8 +2,6 @@ package cuda_test
 
 import (
 	"fmt"
-	"net"
-	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -14,22 +12,7 @@ import (
 	"github.com/zctipc/zctipc/go/internal/cudatest"
 	"github.com/zctipc/zctipc/go/internal/fdpass"
 	"github.com/zctipc/zctipc/go/internal/testenv"
-	"github.com/zctipc/zctipc/go/internal/usersock"
 )
-
-// fetchAsync runs cuda.Fetch(name) in a goroutine; the channel gets its
-// error.
-func fetchAsync(name string) <-chan error {
-	done := make(chan error, 1)
-	go func() {
-		fd, _, _, err := cuda.Fetch(name)
-		if err == nil {
-			syscall.Close(fd)
-		}
-		done <- err
-	}()
-	return done
-}
 
 // A producer killed (SIGKILL) while a consumer's fetch waits on it, at
 // whichever step of the exchange, means the allocation is no longer
@@ -37,11 +20,7 @@ func fetchAsync(name string) <-chan error {
 // reply was malformed, and does not wait for its deadline.
 func TestCudaFetchFromAProducerKilledMidExchangeSaysItIsGone(t *testing.T) {
 	testenv.SkipShort(t, "crosses processes")
-	producer := cudatest.StartMockHelper(t, "mock-vmm-producer", "")
-	name, _, _ := strings.Cut(producer.ReadLine(t), " ")
-	pid := producer.Cmd.Process.Pid
-	require.NoError(t, producer.Cmd.Process.Signal(syscall.SIGSTOP))
-	testenv.WaitStopped(t, pid)
+	producer, name, pid := startStoppedProducer(t)
 	var pending []<-chan error
 	for range 8 { // connected (in the backlog), or about to
 		pending = append(pending, fetchAsync(name))
@@ -63,12 +42,9 @@ func TestCudaFetchFromAProducerKilledMidExchangeSaysItIsGone(t *testing.T) {
 // died between the two) leaves Fetch with ErrNotShared.
 func TestCudaFetchFromAServerThatHangsUpSaysItIsGone(t *testing.T) {
 	const pid = 1<<22 + 4322
-	name := fmt.Sprintf("%d-%032x", pid, 9)
-	sock := filepath.Join(usersock.RuntimeDir(), fmt.Sprintf("cuda-%d.sock", pid))
-	require.NoError(t, usersock.EnsureDir(usersock.RuntimeDir()))
+	name, listen := forgedServer(t, pid, 9)
 	for _, step := range []string{"accepted", "read"} {
-		ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: sock, Net: "unixpacket"})
-		require.NoError(t, err)
+		ln := listen()
 		go func() {
 			c, err := ln.AcceptUnix()
 			if err != nil {
@@ -79,7 +55,7 @@ func TestCudaFetchFromAServerThatHangsUpSaysItIsGone(t *testing.T) {
 			}
 			c.Close()
 		}()
-		err = fetchWithin(t, name)
+		err := fetchWithin(t, name)
 		require.ErrorIs(t, err, cuda.ErrNotShared, step)
 		require.ErrorContains(t, err, fmt.Sprintf("process %d", pid), step)
 		ln.Close()
@@ -91,27 +67,7 @@ func init() {
 	// at "stop" it stops sharing and prints "stopped"; at the next line it
 	// frees the allocation.
 	testenv.Helpers["mock-vmm-producer-stopping"] = func(args []string) error {
-		a, err := cuda.Alloc(0, 64<<10)
-		if err != nil {
-			return err
-		}
-		name, err := a.Share()
-		if err != nil {
-			return err
-		}
-		fmt.Println(name)
-		if _, err := testenv.StdinLine(); err != nil {
-			return err
-		}
-		if err := cuda.StopSharing(); err != nil {
-			return err
-		}
-		fmt.Println("stopped")
-		if _, err := testenv.StdinLine(); err != nil {
-			return err
-		}
-		cuda.Unshare(name)
-		return a.Free()
+		return shareUntilTold(func() error { return nil }, cuda.StopSharing, "stopped")
 	}
 }
 
@@ -123,7 +79,7 @@ func TestCudaShareServerHalfClosedConsumersAndStopSharing(t *testing.T) {
 	testenv.SkipShort(t, "crosses processes")
 	producer := cudatest.StartMockHelper(t, "mock-vmm-producer-stopping")
 	name := producer.ReadLine(t)
-	sock := filepath.Join(usersock.RuntimeDir(), fmt.Sprintf("cuda-%d.sock", producer.Cmd.Process.Pid))
+	sock := shareSocket(producer.Cmd.Process.Pid)
 	buf := make([]byte, 1024)
 
 	asked := testenv.Flood(t, sock, 1)[0]

@@ -96,16 +96,45 @@ func init() {
 // producer's memory, reads what it wrote, and writes back.
 func TestCudaVMMSharingWithTheStandInDriver(t *testing.T) {
 	testenv.SkipShort(t, "crosses processes")
-	producer := cudatest.StartMockHelper(t, "mock-vmm-producer")
-	line := producer.ReadLine(t)
-	name, sizeText, _ := strings.Cut(line, " ")
-	require.Equal(t, strconv.Itoa(2*64<<10), sizeText, "100 KiB rounded up to the granularity")
+	producer, name, size := startProducer(t, "")
+	require.Equal(t, strconv.Itoa(2*64<<10), size, "100 KiB rounded up to the granularity")
+	consumeAndWriteBack(t, producer, name)
+}
+
+// startProducer starts the helper mock-vmm-producer with arg and returns it,
+// the name of the allocation it shares, and its size.
+func startProducer(t *testing.T, arg string) (*testenv.Helper, string, string) {
+	t.Helper()
+	producer := cudatest.StartMockHelper(t, "mock-vmm-producer", arg)
+	name, size, _ := strings.Cut(producer.ReadLine(t), " ")
+	return producer, name, size
+}
+
+// consumeAndWriteBack runs a consumer of producer's allocation name, which
+// reads what the producer wrote and writes into its first byte, and
+// requires that the producer sees that byte; the producer then exits.
+func consumeAndWriteBack(t *testing.T, producer *testenv.Helper, name string) {
+	t.Helper()
 	consumer := cudatest.StartMockHelper(t, "mock-vmm-consumer", name)
 	require.Equal(t, "sum 5050", consumer.ReadLine(t))
 	consumer.Wait(t)
 	producer.Send(t, "check")
 	require.Equal(t, "first 42", producer.ReadLine(t), "the consumer wrote into the producer's memory")
 	producer.Wait(t)
+}
+
+// finishUntouched requires that no consumer wrote into producer's
+// allocation, whose first byte is still 1; the producer then exits.
+func finishUntouched(t *testing.T, producer *testenv.Helper) {
+	t.Helper()
+	producer.Send(t, "check")
+	require.Equal(t, "first 1", producer.ReadLine(t))
+	producer.Wait(t)
+}
+
+// shareSocket is the socket of the CUDA share server of process pid.
+func shareSocket(pid int) string {
+	return filepath.Join(usersock.RuntimeDir(), fmt.Sprintf("cuda-%d.sock", pid))
 }
 
 // Legacy IPC: the consumer opens the producer's allocation once however
@@ -216,10 +245,9 @@ func init() {
 	}
 }
 
-// fetchWithin runs cuda.Fetch(name) and fails the test when it does not
-// return within a minute (it has a deadline of its own, much shorter).
-func fetchWithin(t *testing.T, name string) error {
-	t.Helper()
+// fetchAsync runs cuda.Fetch(name) in a goroutine; the channel gets its
+// error.
+func fetchAsync(name string) <-chan error {
 	done := make(chan error, 1)
 	go func() {
 		fd, _, _, err := cuda.Fetch(name)
@@ -228,8 +256,15 @@ func fetchWithin(t *testing.T, name string) error {
 		}
 		done <- err
 	}()
+	return done
+}
+
+// fetchWithin runs cuda.Fetch(name) and fails the test when it does not
+// return within a minute (it has a deadline of its own, much shorter).
+func fetchWithin(t *testing.T, name string) error {
+	t.Helper()
 	select {
-	case err := <-done:
+	case err := <-fetchAsync(name):
 		return err
 	case <-time.After(time.Minute):
 		t.Fatalf("Fetch(%s) did not return", name)
@@ -243,10 +278,9 @@ func fetchWithin(t *testing.T, name string) error {
 // silent period, and a consumer then maps the allocation.
 func TestCudaShareServerOutlivesAFlood(t *testing.T) {
 	testenv.SkipShort(t, "crosses processes")
-	producer := cudatest.StartMockHelper(t, "mock-vmm-producer", "low-limit")
-	name, _, _ := strings.Cut(producer.ReadLine(t), " ")
+	producer, name, _ := startProducer(t, "low-limit")
 	pid := producer.Cmd.Process.Pid
-	sock := filepath.Join(usersock.RuntimeDir(), fmt.Sprintf("cuda-%d.sock", pid))
+	sock := shareSocket(pid)
 	testenv.Flood(t, sock, 200)
 
 	err := fetchWithin(t, name)
@@ -255,31 +289,32 @@ func TestCudaShareServerOutlivesAFlood(t *testing.T) {
 
 	require.Eventually(t, func() bool { return fetchWithin(t, name) == nil }, time.Minute, 100*time.Millisecond,
 		"the silent connections were closed")
-	consumer := cudatest.StartMockHelper(t, "mock-vmm-consumer", name)
-	require.Equal(t, "sum 5050", consumer.ReadLine(t))
-	consumer.Wait(t)
-	producer.Send(t, "check")
-	require.Equal(t, "first 42", producer.ReadLine(t))
-	producer.Wait(t)
+	consumeAndWriteBack(t, producer, name)
 }
 
 // A consumer's fetch from a stopped producer fails, naming the producer,
 // instead of blocking for ever; once the producer goes on, it succeeds.
 func TestCudaFetchFromAStoppedProducerFails(t *testing.T) {
 	testenv.SkipShort(t, "crosses processes")
-	producer := cudatest.StartMockHelper(t, "mock-vmm-producer", "")
-	name, _, _ := strings.Cut(producer.ReadLine(t), " ")
-	pid := producer.Cmd.Process.Pid
-	require.NoError(t, producer.Cmd.Process.Signal(syscall.SIGSTOP))
-	testenv.WaitStopped(t, pid)
+	producer, name, pid := startStoppedProducer(t)
 	err := fetchWithin(t, name)
 	require.ErrorIs(t, err, unix.ETIMEDOUT)
 	require.ErrorContains(t, err, fmt.Sprintf("the process %d that shares it did not answer", pid))
 	require.NoError(t, producer.Cmd.Process.Signal(syscall.SIGCONT))
 	require.NoError(t, fetchWithin(t, name))
-	producer.Send(t, "check")
-	require.Equal(t, "first 1", producer.ReadLine(t))
-	producer.Wait(t)
+	finishUntouched(t, producer)
+}
+
+// startStoppedProducer starts the helper mock-vmm-producer and stops it
+// (SIGSTOP) once it shares its allocation; it returns the helper, the
+// allocation's name and the helper's pid.
+func startStoppedProducer(t *testing.T) (*testenv.Helper, string, int) {
+	t.Helper()
+	producer, name, _ := startProducer(t, "")
+	pid := producer.Cmd.Process.Pid
+	require.NoError(t, producer.Cmd.Process.Signal(syscall.SIGSTOP))
+	testenv.WaitStopped(t, pid)
+	return producer, name, pid
 }
 
 func init() {
@@ -288,39 +323,58 @@ func init() {
 	// at "free" it closes them and prints "freed", and at the next line
 	// it frees the allocation.
 	testenv.Helpers["mock-vmm-producer-exhausted"] = func(args []string) error {
-		a, err := cuda.Alloc(0, 64<<10)
-		if err != nil {
-			return err
-		}
-		name, err := a.Share()
-		if err != nil {
-			return err
-		}
 		var held []int
-		for {
-			fd, err := unix.Open("/dev/null", unix.O_RDONLY|unix.O_CLOEXEC, 0)
-			if errors.Is(err, unix.EMFILE) {
-				break
+		exhaust := func() error {
+			for {
+				fd, err := unix.Open("/dev/null", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+				if errors.Is(err, unix.EMFILE) {
+					return nil
+				}
+				if err != nil {
+					return err
+				}
+				held = append(held, fd)
 			}
-			if err != nil {
-				return err
+		}
+		free := func() error {
+			for _, fd := range held {
+				unix.Close(fd)
 			}
-			held = append(held, fd)
+			return nil
 		}
-		fmt.Println(name)
-		if _, err := testenv.StdinLine(); err != nil {
-			return err
-		}
-		for _, fd := range held {
-			unix.Close(fd)
-		}
-		fmt.Println("freed")
-		if _, err := testenv.StdinLine(); err != nil {
-			return err
-		}
-		cuda.Unshare(name)
-		return a.Free()
+		return shareUntilTold(exhaust, free, "freed")
 	}
+}
+
+// shareUntilTold, in a helper process, shares an allocation of 64 KiB, runs
+// prepare and prints the share name; at a line on stdin it runs then and
+// prints done; at the next line it stops sharing the allocation and frees
+// it.
+func shareUntilTold(prepare, then func() error, done string) error {
+	a, err := cuda.Alloc(0, 64<<10)
+	if err != nil {
+		return err
+	}
+	name, err := a.Share()
+	if err != nil {
+		return err
+	}
+	if err := prepare(); err != nil {
+		return err
+	}
+	fmt.Println(name)
+	if _, err := testenv.StdinLine(); err != nil {
+		return err
+	}
+	if err := then(); err != nil {
+		return err
+	}
+	fmt.Println(done)
+	if _, err := testenv.StdinLine(); err != nil {
+		return err
+	}
+	cuda.Unshare(name)
+	return a.Free()
 }
 
 // A producer with no descriptor left refuses a consumer with the reason
@@ -346,9 +400,8 @@ func TestCudaShareServerOutlivesRunningOutOfDescriptors(t *testing.T) {
 // sent with a request are closed.
 func TestCudaShareServerRefusesForgedRequests(t *testing.T) {
 	testenv.SkipShort(t, "crosses processes")
-	producer := cudatest.StartMockHelper(t, "mock-vmm-producer", "")
-	name, _, _ := strings.Cut(producer.ReadLine(t), " ")
-	sock := filepath.Join(usersock.RuntimeDir(), fmt.Sprintf("cuda-%d.sock", producer.Cmd.Process.Pid))
+	producer, name, _ := startProducer(t, "")
+	sock := shareSocket(producer.Cmd.Process.Pid)
 	devnull, err := os.Open(os.DevNull)
 	require.NoError(t, err)
 	defer devnull.Close()
@@ -376,9 +429,7 @@ func TestCudaShareServerRefusesForgedRequests(t *testing.T) {
 		require.Contains(t, string(buf[:n]), tc.want)
 	}
 	require.NoError(t, fetchWithin(t, name), "the server goes on")
-	producer.Send(t, "check")
-	require.Equal(t, "first 1", producer.ReadLine(t))
-	producer.Wait(t)
+	finishUntouched(t, producer)
 }
 
 // A forged server (any process of the user can listen on a socket named
@@ -386,13 +437,9 @@ func TestCudaShareServerRefusesForgedRequests(t *testing.T) {
 // Fetch hang, or leak the descriptors it sends.
 func TestCudaFetchRefusesForgedReplies(t *testing.T) {
 	testenv.SkipShort(t, "runs for seconds")
-	const pid = 1<<22 + 4321
-	name := fmt.Sprintf("%d-%032x", pid, 7)
-	sock := filepath.Join(usersock.RuntimeDir(), fmt.Sprintf("cuda-%d.sock", pid))
-	require.NoError(t, usersock.EnsureDir(usersock.RuntimeDir()))
+	name, listen := forgedServer(t, 1<<22+4321, 7)
 	for _, reply := range []string{"ok twelve", "ok 4096 0", "hello", ""} {
-		ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: sock, Net: "unixpacket"})
-		require.NoError(t, err)
+		ln := listen()
 		sent := make(chan struct{})
 		go func() {
 			defer close(sent)
@@ -411,7 +458,7 @@ func TestCudaFetchRefusesForgedReplies(t *testing.T) {
 			time.Sleep(time.Minute) // "": never answers
 		}()
 		before := openOnDevNull(t)
-		err = fetchWithin(t, name)
+		err := fetchWithin(t, name)
 		require.Error(t, err, "reply %q", reply)
 		if reply == "" {
 			require.ErrorIs(t, err, unix.ETIMEDOUT)
@@ -421,6 +468,20 @@ func TestCudaFetchRefusesForgedReplies(t *testing.T) {
 		require.Equal(t, before, openOnDevNull(t), "every descriptor that came was closed")
 		ln.Close()
 	}
+}
+
+// forgedServer returns the name of an allocation (serial) that process pid,
+// which is not there, would share, and listen, which listens on that
+// process's share socket as a forged server of the user's could.
+func forgedServer(t *testing.T, pid, serial int) (string, func() *net.UnixListener) {
+	t.Helper()
+	require.NoError(t, usersock.EnsureDir(usersock.RuntimeDir()))
+	listen := func() *net.UnixListener {
+		ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: shareSocket(pid), Net: "unixpacket"})
+		require.NoError(t, err)
+		return ln
+	}
+	return fmt.Sprintf("%d-%032x", pid, serial), listen
 }
 
 // openOnDevNull counts this process's descriptors open on /dev/null.

@@ -24,6 +24,22 @@ func mustCreate(t *testing.T, name string, dt dtype.DType, shape ...int64) *shm.
 	return seg
 }
 
+// mustAttach attaches tensor segment name, read-only or not.
+func mustAttach(t *testing.T, name string, readOnly bool) *shm.Segment {
+	t.Helper()
+	seg, err := shm.Attach(name, header.KindTensor, readOnly)
+	require.NoError(t, err, "Attach")
+	return seg
+}
+
+// requireEmptyDir requires that directory dir holds nothing.
+func requireEmptyDir(t *testing.T, dir string) {
+	t.Helper()
+	left, err := os.ReadDir(dir)
+	require.NoError(t, err)
+	require.Empty(t, left)
+}
+
 func TestCreateAttachClose(t *testing.T) {
 	t.Parallel()
 	name := testenv.UniqueName(t)
@@ -35,8 +51,7 @@ func TestCreateAttachClose(t *testing.T) {
 	require.NoError(t, err)
 	require.EqualValues(t, 1, rc)
 
-	again, err := shm.Attach(name, header.KindTensor, false)
-	require.NoError(t, err, "Attach")
+	again := mustAttach(t, name, false)
 	require.Equal(t, seg.Data(), again.Data())
 	rc, err = again.Refcount()
 	require.NoError(t, err)
@@ -125,8 +140,7 @@ func TestZeroSizeAndScalarSegments(t *testing.T) {
 	for _, shape := range [][]int64{{}, {0}, {5, 0}} {
 		name := testenv.UniqueName(t)
 		seg := mustCreate(t, name, dtype.Float64, shape...)
-		att, err := shm.Attach(name, header.KindTensor, true)
-		require.NoError(t, err)
+		att := mustAttach(t, name, true)
 		require.Equal(t, shape, att.Header().Shape)
 		want := 8
 		if len(shape) > 0 {
@@ -254,9 +268,7 @@ func TestOutOfSharedMemory(t *testing.T) {
 		require.ErrorIs(t, err, shm.ErrOutOfSharedMemory)
 		require.Contains(t, err.Error(), dir)
 		require.NoError(t, fits.Close())
-		left, err := os.ReadDir(dir)
-		require.NoError(t, err)
-		require.Empty(t, left)
+		requireEmptyDir(t, dir)
 	})
 }
 
@@ -265,13 +277,11 @@ func TestReadOnlyAndReadWriteHandlesShareOneCount(t *testing.T) {
 	name := testenv.UniqueName(t)
 	seg := mustCreate(t, name, dtype.Int32, 10)
 	testenv.Fill(seg.Data())
-	ro, err := shm.Attach(name, header.KindTensor, true)
-	require.NoError(t, err)
+	ro := mustAttach(t, name, true)
 	require.True(t, ro.ReadOnly())
 	require.Equal(t, seg.Data(), ro.Data())
 	require.NoError(t, seg.Close())
-	rw, err := shm.Attach(name, header.KindTensor, false)
-	require.NoError(t, err)
+	rw := mustAttach(t, name, false)
 	require.False(t, rw.ReadOnly())
 	rw.Data()[0] = 200
 	require.EqualValues(t, 200, ro.Data()[0], "both mappings are the same memory")
@@ -454,8 +464,7 @@ func TestHandOnAfterCreatorExits(t *testing.T) {
 	testenv.SkipShort(t, "crosses processes")
 	name := testenv.UniqueName(t)
 	a := startOwner(t, name)
-	b, err := shm.Attach(name, header.KindTensor, false)
-	require.NoError(t, err)
+	b := mustAttach(t, name, false)
 	want := testenv.Digest(b.Data())
 	a.Exit(t)
 	require.True(t, testenv.Exists(name), "B still holds it after its creator A exited")
@@ -474,8 +483,7 @@ func TestAttachOfAMappedNameChecksItStillNamesTheSameFile(t *testing.T) {
 	defer old.Close()
 	require.NoError(t, shm.Unlink(name))
 	other := startOwner(t, name) // a new file under the same name
-	seg, err := shm.Attach(name, header.KindTensor, false)
-	require.NoError(t, err)
+	seg := mustAttach(t, name, false)
 	require.EqualValues(t, 1, seg.Data()[1], "the new file's data, not the old mapping's")
 	rc, err := seg.Refcount()
 	require.NoError(t, err)
@@ -496,8 +504,7 @@ func TestMapCacheReusesTheMappingOfALiveSegment(t *testing.T) {
 	name := testenv.UniqueName(t)
 	owner := startOwner(t, name)
 
-	first, err := shm.Attach(name, header.KindTensor, false)
-	require.NoError(t, err)
+	first := mustAttach(t, name, false)
 	addr := &first.Data()[0]
 	require.NoError(t, first.Close())
 	rc, err := shm.Stat(name)
@@ -505,8 +512,7 @@ func TestMapCacheReusesTheMappingOfALiveSegment(t *testing.T) {
 	require.EqualValues(t, 1, rc.Header.Refcount, "a cached mapping holds no count")
 	require.True(t, testenv.Mapped(t, name), "the mapping waits in the cache")
 
-	again, err := shm.Attach(name, header.KindTensor, false)
-	require.NoError(t, err)
+	again := mustAttach(t, name, false)
 	require.Same(t, addr, &again.Data()[0], "the cached mapping is reused")
 	n, err := again.Refcount()
 	require.NoError(t, err)
@@ -529,8 +535,7 @@ func TestMapCacheOff(t *testing.T) {
 	defer shm.SetMapCache(was)
 	name := testenv.UniqueName(t)
 	owner := startOwner(t, name)
-	seg, err := shm.Attach(name, header.KindTensor, true)
-	require.NoError(t, err)
+	seg := mustAttach(t, name, true)
 	require.NoError(t, seg.Close())
 	require.False(t, testenv.Mapped(t, name), "without the cache the last close unmaps")
 	owner.Exit(t)
@@ -540,15 +545,13 @@ func TestMapCacheNeverServesAReplacedFile(t *testing.T) {
 	testenv.SkipShort(t, "crosses processes")
 	name := testenv.UniqueName(t)
 	a := startOwner(t, name)
-	seg, err := shm.Attach(name, header.KindTensor, false)
-	require.NoError(t, err)
+	seg := mustAttach(t, name, false)
 	seg.Data()[0] = 99
 	require.NoError(t, seg.Close()) // cached, holding no count
 	a.Exit(t)
 
 	b := startOwner(t, name) // a new file, same name
-	seg, err = shm.Attach(name, header.KindTensor, false)
-	require.NoError(t, err)
+	seg = mustAttach(t, name, false)
 	require.EqualValues(t, 0, seg.Data()[0], "the new file, not the cached old one")
 	require.NoError(t, seg.Close())
 	b.Exit(t)
@@ -584,7 +587,5 @@ func TestLargeSegmentsAskForHugePages(t *testing.T) {
 	require.GreaterOrEqual(t, pmd, int64(4<<20), "the large segment is mapped with 2 MiB pages")
 	require.NoError(t, small.Close())
 	require.NoError(t, big.Close())
-	left, err := os.ReadDir(dir)
-	require.NoError(t, err)
-	require.Empty(t, left)
+	requireEmptyDir(t, dir)
 }

@@ -10,7 +10,6 @@ import (
 	"github.com/zctipc/zctipc/go/internal/dtype"
 	"github.com/zctipc/zctipc/go/internal/header"
 	"github.com/zctipc/zctipc/go/internal/shm"
-	"github.com/zctipc/zctipc/go/internal/testenv"
 	"golang.org/x/sys/unix"
 )
 
@@ -61,18 +60,13 @@ func TestTamperedSparesAreNotReused(t *testing.T) {
 // tamperedSpare makes a spare, tampers with it, and makes the next segment
 // (zeroed, or with uninit one for data that Publish names).
 func tamperedSpare(t *testing.T, name string, tamper func(t *testing.T, path string), uninit bool) {
-	const size = 4 << 20
+	const size = 4 << 20 // the size of makeSpare's spare
 	defer func() {
 		for _, extra := range []string{"a-second-name", "moved-away"} {
 			os.Remove(filepath.Join(shm.Dir(), extra))
 		}
 	}()
-	a := mustCreate(t, "", dtype.Uint8, size)
-	testenv.Fill(a.Data())
-	require.NoError(t, a.Close())
-	spares := tmpFiles(t)
-	require.Len(t, spares, 1)
-	tamper(t, filepath.Join(shm.Dir(), spares[0]))
+	tamper(t, filepath.Join(shm.Dir(), makeSpare(t)))
 
 	var b *shm.Segment
 	var err error
@@ -83,11 +77,7 @@ func tamperedSpare(t *testing.T, name string, tamper func(t *testing.T, path str
 	} else {
 		b, err = shm.Create("", header.KindTensor, dtype.Uint8, []int64{size})
 		require.NoError(t, err, "a tampered spare is dropped, not an error")
-		for i, v := range b.Data() {
-			if v != 0 {
-				t.Fatalf("byte %d of a new segment is %d", i, v)
-			}
-		}
+		requireZeros(t, b.Data())
 	}
 	var st unix.Stat_t
 	require.NoError(t, unix.Lstat(filepath.Join(shm.Dir(), b.Name()), &st))

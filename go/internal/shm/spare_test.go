@@ -87,6 +87,41 @@ func tmpFiles(t *testing.T) []string {
 	return out
 }
 
+// makeSpare makes a large tensor and lets it go, which makes it a spare,
+// and returns the spare's name.
+func makeSpare(t *testing.T) string {
+	t.Helper()
+	a := mustCreate(t, "", dtype.Uint8, 4<<20)
+	testenv.Fill(a.Data())
+	require.NoError(t, a.Close())
+	spares := tmpFiles(t)
+	require.Len(t, spares, 1)
+	return spares[0]
+}
+
+// requireZeros requires that every byte of a new segment's data is zero.
+func requireZeros(t *testing.T, data []byte) {
+	t.Helper()
+	for i, v := range data {
+		if v != 0 {
+			t.Fatalf("byte %d of a new segment is %d: Create zeroes what a spare held", i, v)
+		}
+	}
+}
+
+// startTrackedSpare starts a client of the cleanup daemon that keeps a
+// spare ("tracked-spare"), and returns it, its ledger's name and the
+// spare's.
+func startTrackedSpare(t *testing.T) (*testenv.Helper, string, string) {
+	t.Helper()
+	daemontest.WithRuntimeDir(t)
+	h := daemontest.StartClient(t, "tracked-spare", nil)
+	fields := strings.Fields(h.ReadLine(t))
+	require.Len(t, fields, 2)
+	require.True(t, strings.HasPrefix(fields[1], shm.TmpPrefix), fields)
+	return h, fields[0], fields[1]
+}
+
 func inode(t *testing.T, name string) uint64 {
 	t.Helper()
 	var st unix.Stat_t
@@ -125,11 +160,7 @@ func TestSpareFilesAreReused(t *testing.T) {
 
 	c := mustCreate(t, "", dtype.Uint8, 2<<20)
 	require.Equal(t, ino, inode(t, c.Name()), "made from the spare")
-	for i, v := range c.Data() {
-		if v != 0 {
-			t.Fatalf("byte %d of a new segment is %d: Create zeroes what a spare held", i, v)
-		}
-	}
+	requireZeros(t, c.Data())
 	require.NoError(t, c.Close())
 	require.Equal(t, 1, shm.DropSpares())
 	require.Empty(t, tmpFiles(t))
@@ -190,9 +221,7 @@ func TestOutOfMemoryDropsSpares(t *testing.T) {
 	require.NoError(t, b.Close())
 	require.NoError(t, c.Close())
 	shm.DropSpares()
-	left, err := os.ReadDir(dir)
-	require.NoError(t, err)
-	require.Empty(t, left)
+	requireEmptyDir(t, dir)
 }
 
 // Another process that attached a segment and keeps its mapping cached
@@ -228,14 +257,10 @@ func TestSpareReusedUnderTheSameNameIsNotServedStale(t *testing.T) {
 // the spare as a file being made.
 func TestDaemonRemovesTheSparesOfAKilledProcess(t *testing.T) {
 	testenv.SkipShort(t, "runs the cleanup daemon")
-	daemontest.WithRuntimeDir(t)
-	h := daemontest.StartClient(t, "tracked-spare", nil)
-	fields := strings.Fields(h.ReadLine(t))
-	require.Len(t, fields, 2)
-	require.True(t, strings.HasPrefix(fields[1], shm.TmpPrefix), fields)
-	require.FileExists(t, filepath.Join(shm.Dir(), fields[1]))
+	h, ledger, spare := startTrackedSpare(t)
+	require.FileExists(t, filepath.Join(shm.Dir(), spare))
 	testenv.Kill(t, h)
-	daemontest.WaitGone(t, fields[0], fields[1])
+	daemontest.WaitGone(t, ledger, spare)
 }
 
 // A process attaching a segment while its creator lets it go and makes it
@@ -275,19 +300,9 @@ func init() {
 	// (or zeros), until a line on stdin; then it prints ok and how many it attached.
 	testenv.Helpers["attach-until-told"] = func(args []string) error {
 		shm.SetMapCache(false)
-		stop := make(chan struct{})
-		go func() {
-			_, _ = testenv.StdinLine()
-			close(stop)
-		}()
+		stop := toldToStop()
 		n := 0
-		for {
-			select {
-			case <-stop:
-				fmt.Println("ok", n)
-				return nil
-			default:
-			}
+		for !isClosed(stop) {
 			seg, err := shm.Attach(args[0], header.KindTensor, true)
 			if errors.Is(err, unix.ENOENT) {
 				continue
@@ -309,6 +324,8 @@ func init() {
 				return err
 			}
 		}
+		fmt.Println("ok", n)
+		return nil
 	}
 	// attach-cache-then-digest attaches segment args[0], prints the digest
 	// of its data once it has closed it (its mapping stays cached) and, after a line
@@ -375,10 +392,7 @@ func TestUninitializedSegmentIsNamedOnlyWhenPublished(t *testing.T) {
 		t.Run(fmt.Sprintf("spare=%v", spare), func(t *testing.T) {
 			name := fmt.Sprintf("publish_%d_%v", os.Getpid(), spare)
 			if spare {
-				a := mustCreate(t, "", dtype.Uint8, 4<<20)
-				testenv.Fill(a.Data())
-				require.NoError(t, a.Close())
-				require.Len(t, tmpFiles(t), 1)
+				makeSpare(t)
 			}
 			s, err := shm.CreateUninitialized(name, header.KindTensor, dtype.Uint8, []int64{2 << 20})
 			require.NoError(t, err)
@@ -389,8 +403,7 @@ func TestUninitializedSegmentIsNamedOnlyWhenPublished(t *testing.T) {
 			}
 			require.NoError(t, s.Publish())
 			require.NoError(t, s.Publish(), "publishing twice does nothing")
-			other, err := shm.Attach(name, header.KindTensor, true)
-			require.NoError(t, err)
+			other := mustAttach(t, name, true)
 			require.EqualValues(t, 9, other.Data()[0])
 			require.EqualValues(t, 9, other.Data()[len(other.Data())-1])
 			require.NoError(t, other.Close())
@@ -415,22 +428,14 @@ func TestTruncatedSpareFallsBackToAFreshFile(t *testing.T) {
 	for _, c := range []struct{ cut, make int64 }{{0, 2 << 20}, {4096, 2 << 20}, {1 << 20, 2 << 20}, {0, 4 << 20}, {4096, 4 << 20}} {
 		size := c.cut
 		t.Run(fmt.Sprint(c.cut, "_", c.make), func(t *testing.T) {
-			a := mustCreate(t, "", dtype.Uint8, 4<<20)
-			testenv.Fill(a.Data())
-			require.NoError(t, a.Close())
-			spares := tmpFiles(t)
-			require.Len(t, spares, 1)
-			ino := inode(t, spares[0])
-			require.NoError(t, os.Truncate(filepath.Join(shm.Dir(), spares[0]), size))
+			spare := makeSpare(t)
+			ino := inode(t, spare)
+			require.NoError(t, os.Truncate(filepath.Join(shm.Dir(), spare), size))
 
 			b, err := shm.Create("", header.KindTensor, dtype.Uint8, []int64{c.make})
 			require.NoError(t, err, "a tampered spare is dropped, not an error")
 			require.NotEqual(t, ino, inode(t, b.Name()), "a fresh file")
-			for i, v := range b.Data() {
-				if v != 0 {
-					t.Fatalf("byte %d of a new segment is %d", i, v)
-				}
-			}
+			requireZeros(t, b.Data())
 			require.NoError(t, b.Close())
 			shm.DropSpares()
 			require.Empty(t, tmpFiles(t), "the tampered spare is removed")
@@ -445,20 +450,16 @@ func TestRenamedSpareIsRemoved(t *testing.T) {
 	testenv.SkipShort(t, "runs the cleanup daemon")
 	for _, how := range []string{"drop", "kill"} {
 		t.Run(how, func(t *testing.T) {
-			daemontest.WithRuntimeDir(t)
-			h := daemontest.StartClient(t, "tracked-spare", nil)
-			fields := strings.Fields(h.ReadLine(t))
-			require.Len(t, fields, 2)
-			require.True(t, strings.HasPrefix(fields[1], shm.TmpPrefix), fields)
+			h, ledger, spare := startTrackedSpare(t)
 			moved := fmt.Sprintf("renamed-spare-%d-%s", os.Getpid(), how)
-			require.NoError(t, os.Rename(filepath.Join(shm.Dir(), fields[1]), filepath.Join(shm.Dir(), moved)))
+			require.NoError(t, os.Rename(filepath.Join(shm.Dir(), spare), filepath.Join(shm.Dir(), moved)))
 			if how == "kill" {
 				testenv.Kill(t, h)
 			} else {
 				h.Send(t, "drop")
 				h.Wait(t)
 			}
-			daemontest.WaitGone(t, fields[0], moved)
+			daemontest.WaitGone(t, ledger, moved)
 		})
 	}
 }
@@ -524,19 +525,9 @@ func init() {
 	// good attaches, and the first wrong one when there is one; at the end
 	// ok and how many it attached.
 	testenv.Helpers["attach-names-check-fill"] = func(args []string) error {
-		stop := make(chan struct{})
-		go func() {
-			_, _ = testenv.StdinLine()
-			close(stop)
-		}()
+		stop := toldToStop()
 		n := 0
-		for {
-			select {
-			case <-stop:
-				fmt.Println("ok", n)
-				return nil
-			default:
-			}
+		for !isClosed(stop) {
 			for i, name := range args {
 				seg, err := shm.Attach(name, header.KindTensor, true)
 				if errors.Is(err, unix.ENOENT) {
@@ -563,5 +554,28 @@ func init() {
 				}
 			}
 		}
+		fmt.Println("ok", n)
+		return nil
+	}
+}
+
+// toldToStop returns a channel that is closed when a line comes on stdin:
+// the helpers that attach until told stop then.
+func toldToStop() <-chan struct{} {
+	stop := make(chan struct{})
+	go func() {
+		_, _ = testenv.StdinLine()
+		close(stop)
+	}()
+	return stop
+}
+
+// isClosed reports whether stop is closed.
+func isClosed(stop <-chan struct{}) bool {
+	select {
+	case <-stop:
+		return true
+	default:
+		return false
 	}
 }

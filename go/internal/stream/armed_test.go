@@ -21,11 +21,9 @@ func TestStreamWriterSleepOutsideGo(t *testing.T) {
 	s, err := stream.Create("", stream.Config{DType: dtype.Uint64, Shape: []int64{8}, Frames: 2, Readers: 1, Policy: stream.Block})
 	require.NoError(t, err)
 	defer s.Close()
-	r, err := s.Reader(-1)
-	require.NoError(t, err)
+	r := mustReader(t, s, -1)
 	defer r.Close()
-	w, err := s.Writer()
-	require.NoError(t, err)
+	w := mustWriter(t, s)
 	for range 2 {
 		_, err = w.Look(time.Time{})
 		require.NoError(t, err)

@@ -37,6 +37,32 @@ func publish(t *testing.T, s *stream.Stream, w *stream.Writer, from, to uint64) 
 	}
 }
 
+// publishThenEnd writes frames 0 to total-1 (each word of frame seq holds
+// seq), each within 30 seconds, ends the stream and closes w. It runs
+// beside the test goroutine, so it reports with t.Errorf.
+func publishThenEnd(t *testing.T, s *stream.Stream, w *stream.Writer, total uint64) {
+	defer func() {
+		if err := w.Close(); err != nil {
+			t.Errorf("writer Close: %v", err)
+		}
+	}()
+	for i := range total {
+		slot, err := w.Look(time.Now().Add(30 * time.Second))
+		if err != nil {
+			t.Errorf("Look %d: %v", i, err)
+			return
+		}
+		fillFrame(s.Frame(slot), i)
+		if err := w.Increment(); err != nil {
+			t.Errorf("Increment: %v", err)
+			return
+		}
+	}
+	if err := s.End(); err != nil {
+		t.Errorf("End: %v", err)
+	}
+}
+
 // TestStreamPeekAttackForgedPositions: positions a peeker may pass that are
 // not a frame's: ahead of the writer, far behind it, a wrap of 32 bits past
 // a published frame (whose table entry is the same), and the largest ones.
@@ -46,8 +72,7 @@ func TestStreamPeekAttackForgedPositions(t *testing.T) {
 	for _, policy := range []stream.Policy{stream.Block, stream.Overwrite} {
 		t.Run(policy.String(), func(t *testing.T) {
 			s := mustStream(t, frameConfig(4, 1, policy))
-			w, err := s.Writer()
-			require.NoError(t, err)
+			w := mustWriter(t, s)
 			defer func() { require.NoError(t, w.Close()) }()
 			publish(t, s, w, 0, 10)
 			buf := make([]byte, s.FrameBytes())
@@ -93,10 +118,8 @@ func TestStreamPeekAttackLappedDuringCopy(t *testing.T) {
 			cfg := frameConfig(2, 1, policy)
 			cfg.Shape = []int64{16384}
 			s := mustStream(t, cfg)
-			r, err := s.Reader(-1)
-			require.NoError(t, err)
-			w, err := s.Writer()
-			require.NoError(t, err)
+			r := mustReader(t, s, -1)
+			w := mustWriter(t, s)
 			const total = 20000
 			var wg sync.WaitGroup
 			var read []uint64
@@ -104,26 +127,7 @@ func TestStreamPeekAttackLappedDuringCopy(t *testing.T) {
 			wg.Add(2)
 			go func() {
 				defer wg.Done()
-				defer func() {
-					if err := w.Close(); err != nil {
-						t.Errorf("writer Close: %v", err)
-					}
-				}()
-				for i := range uint64(total) {
-					slot, err := w.Look(time.Now().Add(30 * time.Second))
-					if err != nil {
-						t.Errorf("Look %d: %v", i, err)
-						return
-					}
-					fillFrame(s.Frame(slot), i)
-					if err := w.Increment(); err != nil {
-						t.Errorf("Increment: %v", err)
-						return
-					}
-				}
-				if err := s.End(); err != nil {
-					t.Errorf("End: %v", err)
-				}
+				publishThenEnd(t, s, w, total)
 			}()
 			go func() {
 				defer wg.Done()
@@ -190,8 +194,7 @@ func TestStreamPeekAttackLappedDuringCopy(t *testing.T) {
 // writer publishes at once however busy peekers are.
 func TestStreamPeekAttackNeverHoldsTheWriter(t *testing.T) {
 	s := mustStream(t, frameConfig(2, 1, stream.Block))
-	w, err := s.Writer()
-	require.NoError(t, err)
+	w := mustWriter(t, s)
 	defer func() { require.NoError(t, w.Close()) }()
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
@@ -232,8 +235,7 @@ func TestStreamPeekAttackTruncated(t *testing.T) {
 	for _, keep := range []string{"header", "nothing", "words"} {
 		t.Run(keep, func(t *testing.T) {
 			s := mustStream(t, frameConfig(4, 1, stream.Overwrite))
-			w, err := s.Writer()
-			require.NoError(t, err)
+			w := mustWriter(t, s)
 			publish(t, s, w, 0, 3)
 			seg := s.Segment()
 			fd, err := unix.Open(filepath.Join(shm.Dir(), seg.Name()), unix.O_RDWR, 0)

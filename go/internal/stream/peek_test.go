@@ -4,7 +4,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/require"
 	"github.com/zctipc/zctipc/go/internal/stream"
@@ -19,31 +18,9 @@ func TestStreamPeekNeverShowsATornFrame(t *testing.T) {
 			cfg := frameConfig(3, 1, policy)
 			cfg.Shape = []int64{8192}
 			s := mustStream(t, cfg)
-			w, err := s.Writer()
-			require.NoError(t, err)
+			w := mustWriter(t, s)
 			const total = 50000
-			go func() {
-				defer func() {
-					if err := w.Close(); err != nil {
-						t.Errorf("Close: %v", err)
-					}
-				}()
-				for i := range total {
-					slot, err := w.Look(time.Time{})
-					if err != nil {
-						t.Errorf("Look: %v", err)
-						return
-					}
-					fillFrame(s.Frame(slot), uint64(i))
-					if err := w.Increment(); err != nil {
-						t.Errorf("Increment: %v", err)
-						return
-					}
-				}
-				if err := s.End(); err != nil {
-					t.Errorf("End: %v", err)
-				}
-			}()
+			go publishThenEnd(t, s, w, total)
 			buf := make([]byte, s.FrameBytes())
 			pos, seen := stream.PeekLatest, 0
 			for {

@@ -6,7 +6,6 @@ import (
 	"math/rand"
 	"strconv"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -26,6 +25,22 @@ func mustStream(t *testing.T, cfg stream.Config) *stream.Stream {
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, s.Close()) })
 	return s
+}
+
+// mustReader joins s as reader index (-1: the first free slot).
+func mustReader(t *testing.T, s *stream.Stream, index int) *stream.Reader {
+	t.Helper()
+	r, err := s.Reader(index)
+	require.NoError(t, err)
+	return r
+}
+
+// mustWriter takes the writer role of s.
+func mustWriter(t *testing.T, s *stream.Stream) *stream.Writer {
+	t.Helper()
+	w, err := s.Writer()
+	require.NoError(t, err)
+	return w
 }
 
 func frameConfig(frames, readers int, policy stream.Policy) stream.Config {
@@ -93,9 +108,7 @@ func TestStreamEveryReaderSeesEveryFrameInOrder(t *testing.T) {
 			const frames = 3000
 			rs := make([]*stream.Reader, readers)
 			for i := range rs {
-				var err error
-				rs[i], err = s.Reader(-1)
-				require.NoError(t, err)
+				rs[i] = mustReader(t, s, -1)
 				require.Equal(t, i, rs[i].Index())
 			}
 			got := make([][]uint64, readers)
@@ -108,8 +121,7 @@ func TestStreamEveryReaderSeesEveryFrameInOrder(t *testing.T) {
 					got[i], errs[i] = readAll(s, r)
 				}()
 			}
-			w, err := s.Writer()
-			require.NoError(t, err)
+			w := mustWriter(t, s)
 			for seq := range uint64(frames) {
 				write(t, w, s, seq, time.Time{})
 			}
@@ -133,12 +145,9 @@ func TestStreamEveryReaderSeesEveryFrameInOrder(t *testing.T) {
 
 func TestStreamOverwriteCountsWhatASlowReaderLoses(t *testing.T) {
 	s := mustStream(t, frameConfig(4, 2, stream.Overwrite))
-	slow, err := s.Reader(-1)
-	require.NoError(t, err)
-	fast, err := s.Reader(-1)
-	require.NoError(t, err)
-	w, err := s.Writer()
-	require.NoError(t, err)
+	slow := mustReader(t, s, -1)
+	fast := mustReader(t, s, -1)
+	w := mustWriter(t, s)
 	const frames = 2000
 	var wg sync.WaitGroup
 	var slowGot, fastGot []uint64
@@ -199,36 +208,26 @@ func TestStreamOverwriteCountsWhatASlowReaderLoses(t *testing.T) {
 
 func TestStreamLateReaderStartsAtTheNextFrame(t *testing.T) {
 	s := mustStream(t, frameConfig(4, 2, stream.Block))
-	w, err := s.Writer()
-	require.NoError(t, err)
+	w := mustWriter(t, s)
 	for seq := range uint64(10) {
 		write(t, w, s, seq, time.Now()) // no reader yet: nothing holds the writer back
 	}
-	r, err := s.Reader(1)
-	require.NoError(t, err)
-	_, err = r.Look(time.Now())
+	r := mustReader(t, s, 1)
+	_, err := r.Look(time.Now())
 	require.ErrorIs(t, err, stream.ErrEmpty)
 	write(t, w, s, 10, time.Now())
-	slot, err := r.Look(time.Now())
-	require.NoError(t, err)
-	seq, err := frameSeq(s.Frame(slot))
-	require.NoError(t, err)
+	seq, _ := readOne(t, s, r)
 	require.EqualValues(t, 10, seq)
-	whole, err := r.Increment()
-	require.NoError(t, err)
-	require.True(t, whole)
 	require.NoError(t, r.Close())
 	require.NoError(t, w.Close())
 }
 
 func TestStreamBackpressureAndTimeouts(t *testing.T) {
 	s := mustStream(t, frameConfig(4, 1, stream.Block))
-	r, err := s.Reader(0)
-	require.NoError(t, err)
-	w, err := s.Writer()
-	require.NoError(t, err)
+	r := mustReader(t, s, 0)
+	w := mustWriter(t, s)
 	start := time.Now()
-	_, err = r.Look(time.Now().Add(30 * time.Millisecond))
+	_, err := r.Look(time.Now().Add(30 * time.Millisecond))
 	require.ErrorIs(t, err, stream.ErrEmpty)
 	require.GreaterOrEqual(t, time.Since(start), 30*time.Millisecond)
 	for seq := range uint64(4) {
@@ -275,10 +274,8 @@ func TestStreamBackpressureAndTimeouts(t *testing.T) {
 
 func TestStreamEndWakesEveryone(t *testing.T) {
 	s := mustStream(t, frameConfig(2, 1, stream.Block))
-	r, err := s.Reader(0)
-	require.NoError(t, err)
-	w, err := s.Writer()
-	require.NoError(t, err)
+	r := mustReader(t, s, 0)
+	w := mustWriter(t, s)
 	write(t, w, s, 0, time.Now())
 	write(t, w, s, 1, time.Now())
 	blocked := make(chan error)
@@ -298,13 +295,11 @@ func TestStreamEndWakesEveryone(t *testing.T) {
 
 func TestStreamReaderSlotsAndWriterRole(t *testing.T) {
 	s := mustStream(t, frameConfig(4, 2, stream.Block))
-	a, err := s.Reader(-1)
-	require.NoError(t, err)
-	_, err = s.Reader(0)
+	a := mustReader(t, s, -1)
+	_, err := s.Reader(0)
 	require.ErrorIs(t, err, stream.ErrNoSlot)
 	require.ErrorContains(t, err, "reader slot 0 is held by pid")
-	b, err := s.Reader(-1)
-	require.NoError(t, err)
+	b := mustReader(t, s, -1)
 	require.Equal(t, 1, b.Index())
 	_, err = s.Reader(-1)
 	require.ErrorIs(t, err, stream.ErrNoSlot)
@@ -317,8 +312,7 @@ func TestStreamReaderSlotsAndWriterRole(t *testing.T) {
 	require.NoError(t, err, "a reader that left frees its slot")
 	require.Equal(t, 0, c.Index())
 
-	w, err := s.Writer()
-	require.NoError(t, err)
+	w := mustWriter(t, s)
 	_, err = s.Writer()
 	require.ErrorIs(t, err, stream.ErrWriterBusy)
 	require.NoError(t, w.Close())
@@ -369,14 +363,12 @@ func TestStreamAttachSeesTheSameRing(t *testing.T) {
 func TestStreamKilledReaderDoesNotStallTheWriter(t *testing.T) {
 	testenv.SkipShort(t, "crosses processes")
 	s := mustStream(t, frameConfig(4, 2, stream.Block))
-	w, err := s.Writer()
-	require.NoError(t, err)
+	w := mustWriter(t, s)
 	h := testenv.StartHelper(t, "stream-reader", s.Segment().Name())
 	require.Equal(t, "joined", h.ReadLine(t))
 	write(t, w, s, 0, time.Now())
 	require.Equal(t, "looking", h.ReadLine(t))
-	require.NoError(t, h.Cmd.Process.Signal(syscall.SIGKILL))
-	_ = h.Cmd.Wait()
+	testenv.Kill(t, h)
 	start := time.Now()
 	for seq := range uint64(20) {
 		write(t, w, s, seq+1, time.Now().Add(5*time.Second))
@@ -395,11 +387,9 @@ func TestStreamReaderTimeout(t *testing.T) {
 	cfg := frameConfig(4, 1, stream.Block)
 	cfg.ReaderTimeout = 100 * time.Millisecond
 	s := mustStream(t, cfg)
-	r, err := s.Reader(0)
-	require.NoError(t, err)
-	w, err := s.Writer()
-	require.NoError(t, err)
-	_, err = r.Look(time.Now()) // seen now, and then not again
+	r := mustReader(t, s, 0)
+	w := mustWriter(t, s)
+	_, err := r.Look(time.Now()) // seen now, and then not again
 	require.ErrorIs(t, err, stream.ErrEmpty)
 	start := time.Now()
 	for seq := range uint64(10) {
@@ -410,10 +400,7 @@ func TestStreamReaderTimeout(t *testing.T) {
 	require.ErrorIs(t, err, stream.ErrEmpty, "the evicted reader rejoins at the next frame")
 	require.EqualValues(t, 10, rstats(t, r).Dropped, "having missed every frame written without it")
 	write(t, w, s, 10, time.Now())
-	slot, err := r.Look(time.Now())
-	require.NoError(t, err)
-	seq, err := frameSeq(s.Frame(slot))
-	require.NoError(t, err)
+	seq, _ := lookSeq(t, s, r)
 	require.EqualValues(t, 10, seq)
 	require.NoError(t, r.Close())
 	require.NoError(t, w.Close())
@@ -424,12 +411,10 @@ func TestStreamReaderTimeout(t *testing.T) {
 func TestStreamWriterKilledMidFrame(t *testing.T) {
 	testenv.SkipShort(t, "crosses processes")
 	s := mustStream(t, frameConfig(4, 1, stream.Overwrite))
-	r, err := s.Reader(0)
-	require.NoError(t, err)
+	r := mustReader(t, s, 0)
 	h := testenv.StartHelper(t, "stream-writer", s.Segment().Name())
 	require.Equal(t, "half-written", h.ReadLine(t))
-	require.NoError(t, h.Cmd.Process.Signal(syscall.SIGKILL))
-	_ = h.Cmd.Wait()
+	testenv.Kill(t, h)
 	require.EqualValues(t, 1, stats(t, s).Published, "the frame being written was not published")
 	w, err := s.Writer()
 	require.NoError(t, err, "the dead writer's role is taken over")
@@ -491,21 +476,32 @@ func init() {
 	}
 }
 
+// TestStreamAttachRefusesACorruptLayout: a layout word of a stream of 4
+// frames and 2 readers changed is refused as corrupt; set back, the stream
+// attaches.
 func TestStreamAttachRefusesACorruptLayout(t *testing.T) {
 	t.Parallel()
-	s := mustStream(t, frameConfig(4, 2, stream.Block))
-	d := s.Segment().Data()
-	binary.LittleEndian.PutUint32(d[16:], 1000) // frames: more than the segment holds
-	_, err := stream.Attach(s.Segment().Name())
-	require.ErrorIs(t, err, header.ErrCorrupt)
-	binary.LittleEndian.PutUint32(d[16:], 4)
-	binary.LittleEndian.PutUint32(d[20:], 0) // no reader slots
-	_, err = stream.Attach(s.Segment().Name())
-	require.ErrorIs(t, err, header.ErrCorrupt)
-	binary.LittleEndian.PutUint32(d[20:], 2)
-	other, err := stream.Attach(s.Segment().Name())
-	require.NoError(t, err, "repaired, it attaches")
-	require.NoError(t, other.Close())
+	for _, c := range []struct {
+		name      string
+		at        int // the word's offset in the data
+		bad, good uint32
+	}{
+		{"frames more than the segment holds", 16, 1000, 4},
+		{"no reader slots", 20, 0, 2},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			s := mustStream(t, frameConfig(4, 2, stream.Block))
+			d := s.Segment().Data()
+			binary.LittleEndian.PutUint32(d[c.at:], c.bad)
+			_, err := stream.Attach(s.Segment().Name())
+			require.ErrorIs(t, err, header.ErrCorrupt)
+			binary.LittleEndian.PutUint32(d[c.at:], c.good)
+			other, err := stream.Attach(s.Segment().Name())
+			require.NoError(t, err, "repaired, it attaches")
+			require.NoError(t, other.Close())
+		})
+	}
 }
 
 func stats(t *testing.T, s *stream.Stream) stream.Stats {
@@ -525,10 +521,8 @@ func rstats(t *testing.T, r *stream.Reader) stream.ReaderStats {
 func TestStreamCloseWakesBlockedCalls(t *testing.T) {
 	s, err := stream.Create("", frameConfig(2, 1, stream.Block))
 	require.NoError(t, err)
-	w, err := s.Writer()
-	require.NoError(t, err)
-	r, err := s.Reader(-1)
-	require.NoError(t, err)
+	w := mustWriter(t, s)
+	r := mustReader(t, s, -1)
 	e, err := event.Create("")
 	require.NoError(t, err)
 
@@ -549,8 +543,7 @@ func TestStreamCloseWakesBlockedCalls(t *testing.T) {
 	}
 
 	// A writer waiting for room, with a reader that never reads.
-	slow, err := s.Reader(-1)
-	require.NoError(t, err)
+	slow := mustReader(t, s, -1)
 	write(t, w, s, 1, time.Time{})
 	write(t, w, s, 2, time.Time{})
 	go func() { _, err := w.Look(time.Time{}); results <- err }()
@@ -579,10 +572,7 @@ func TestStreamCloseWakesBlockedCalls(t *testing.T) {
 	require.ErrorIs(t, err, event.ErrClosed)
 
 	// The reader outlives the stream handle it came from.
-	slot, err := slow.Look(time.Now())
-	require.NoError(t, err)
-	seq, err := frameSeq(s.Frame(slot))
-	require.NoError(t, err)
+	seq, _ := lookSeq(t, s, slow)
 	require.EqualValues(t, 1, seq)
 	require.NoError(t, slow.Close())
 }
@@ -591,10 +581,8 @@ func TestStreamEndpointsSharedByGoroutines(t *testing.T) {
 	// Goroutines that share a writer and a reader: the calls are serialized,
 	// every frame is published once and read once, and -race sees no race.
 	s := mustStream(t, frameConfig(8, 1, stream.Block))
-	w, err := s.Writer()
-	require.NoError(t, err)
-	r, err := s.Reader(-1)
-	require.NoError(t, err)
+	w := mustWriter(t, s)
+	r := mustReader(t, s, -1)
 	const perWriter, writers = 500, 4
 	var wg sync.WaitGroup
 	var mu sync.Mutex
@@ -653,14 +641,22 @@ func bigFrames(t *testing.T, frames int) *stream.Stream {
 	return mustStream(t, stream.Config{DType: dtype.Uint64, Shape: []int64{1 << 17}, Frames: frames, Readers: 1})
 }
 
-// readOne reads the next frame whole and returns its sequence number and
-// slot.
-func readOne(t *testing.T, s *stream.Stream, r *stream.Reader) (uint64, int) {
+// lookSeq looks at the next frame, which must be there and whole, and
+// returns its sequence number and slot.
+func lookSeq(t *testing.T, s *stream.Stream, r *stream.Reader) (uint64, int) {
 	t.Helper()
 	slot, err := r.Look(time.Now())
 	require.NoError(t, err)
 	seq, err := frameSeq(s.Frame(slot))
 	require.NoError(t, err)
+	return seq, slot
+}
+
+// readOne reads the next frame whole and returns its sequence number and
+// slot.
+func readOne(t *testing.T, s *stream.Stream, r *stream.Reader) (uint64, int) {
+	t.Helper()
+	seq, slot := lookSeq(t, s, r)
 	whole, err := r.Increment()
 	require.NoError(t, err)
 	require.True(t, whole)
@@ -672,10 +668,8 @@ func readOne(t *testing.T, s *stream.Stream, r *stream.Reader) (uint64, int) {
 // no frame in flight ever shares a slot.
 func TestStreamWriterKeepsSlotsWarm(t *testing.T) {
 	s := bigFrames(t, 16)
-	r, err := s.Reader(0)
-	require.NoError(t, err)
-	w, err := s.Writer()
-	require.NoError(t, err)
+	r := mustReader(t, s, 0)
+	w := mustWriter(t, s)
 	used := map[int]bool{}
 	seq := uint64(0)
 	for range 40 {
@@ -711,10 +705,8 @@ func TestStreamWriterKeepsSlotsWarm(t *testing.T) {
 // unread from the slot table and never writes over them.
 func TestStreamNewWriterKeepsUnreadFrames(t *testing.T) {
 	s := bigFrames(t, 8)
-	r, err := s.Reader(0)
-	require.NoError(t, err)
-	w, err := s.Writer()
-	require.NoError(t, err)
+	r := mustReader(t, s, 0)
+	w := mustWriter(t, s)
 	for seq := range uint64(10) { // frames 0 to 9 through the warm slots
 		write(t, w, s, seq, time.Now())
 		if seq < 5 {
@@ -723,12 +715,11 @@ func TestStreamNewWriterKeepsUnreadFrames(t *testing.T) {
 		}
 	}
 	require.NoError(t, w.Close())
-	w, err = s.Writer()
-	require.NoError(t, err)
+	w = mustWriter(t, s)
 	for seq := uint64(10); seq < 13; seq++ { // 5 unread and 3 more fill the ring
 		write(t, w, s, seq, time.Now())
 	}
-	_, err = w.Look(time.Now())
+	_, err := w.Look(time.Now())
 	require.ErrorIs(t, err, stream.ErrFull)
 	for want := uint64(5); want < 13; want++ {
 		got, _ := readOne(t, s, r)
@@ -747,10 +738,8 @@ func TestStreamAttachRefusesAnotherLayoutVersion(t *testing.T) {
 	require.ErrorIs(t, err, header.ErrVersion)
 	require.ErrorIs(t, err, stream.ErrLayoutVersion)
 	binary.LittleEndian.PutUint32(d[48:], stream.LayoutVersion)
-	w, err := s.Writer()
-	require.NoError(t, err)
-	r, err := s.Reader(0)
-	require.NoError(t, err)
+	w := mustWriter(t, s)
+	r := mustReader(t, s, 0)
 	write(t, w, s, 0, time.Now())
 	require.NoError(t, w.Close())
 	table := 576 + 64                           // the slot table, after one reader slot
@@ -775,11 +764,9 @@ func TestStreamWaitingReaderIsNotEvicted(t *testing.T) {
 	cfg := frameConfig(2, 1, stream.Block)
 	cfg.ReaderTimeout = 100 * time.Millisecond
 	s := mustStream(t, cfg)
-	r, err := s.Reader(0)
-	require.NoError(t, err)
-	w, err := s.Writer()
-	require.NoError(t, err)
-	_, err = r.Look(time.Now().Add(3 * cfg.ReaderTimeout)) // waits, seen at its start only
+	r := mustReader(t, s, 0)
+	w := mustWriter(t, s)
+	_, err := r.Look(time.Now().Add(3 * cfg.ReaderTimeout)) // waits, seen at its start only
 	require.ErrorIs(t, err, stream.ErrEmpty)
 	write(t, w, s, 0, time.Now())
 	write(t, w, s, 1, time.Now())
@@ -790,14 +777,8 @@ func TestStreamWaitingReaderIsNotEvicted(t *testing.T) {
 	require.Zero(t, rstats(t, r).Dropped)
 	// The reader takes a frame: the writer waits for the next position
 	// afresh, and the reader goes on whole.
-	slot, err := r.Look(time.Now())
-	require.NoError(t, err)
-	seq, err := frameSeq(s.Frame(slot))
-	require.NoError(t, err)
+	seq, _ := readOne(t, s, r)
 	require.EqualValues(t, 0, seq)
-	whole, err := r.Increment()
-	require.NoError(t, err)
-	require.True(t, whole)
 	write(t, w, s, 2, time.Now())
 	// Now it stops: a whole timeout later the writer evicts it.
 	write(t, w, s, 3, time.Now().Add(10*time.Second))
@@ -820,12 +801,10 @@ func TestStreamBlockModel(t *testing.T) {
 		cfg := frameConfig(2+rng.Intn(4), 2, stream.Block)
 		cfg.ReaderTimeout = time.Hour
 		s := mustStream(t, cfg)
-		w, err := s.Writer()
-		require.NoError(t, err)
+		w := mustWriter(t, s)
 		readers := make([]*stream.Reader, 2)
 		for i := range readers {
-			readers[i], err = s.Reader(i)
-			require.NoError(t, err)
+			readers[i] = mustReader(t, s, i)
 		}
 		var published uint64
 		next := []uint64{0, 0} // the model's reader positions

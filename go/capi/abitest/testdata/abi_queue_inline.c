@@ -9,15 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "zctipc.h"
-
-#define CHECK(cond)                                                        \
-    do {                                                                   \
-        if (!(cond)) {                                                     \
-            fprintf(stderr, "%s:%d: check failed: %s (last error: %s)\n", \
-                    __FILE__, __LINE__, #cond, zct_last_error());          \
-            exit(1);                                                       \
-        }                                                                  \
-    } while (0)
+#include "check.h"
 
 static int64_t items(zct_handle q) {
     int64_t n = -1, unfinished = -1;

@@ -5,15 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "zctipc.h"
-
-#define CHECK(cond)                                                        \
-    do {                                                                   \
-        if (!(cond)) {                                                     \
-            fprintf(stderr, "%s:%d: check failed: %s (last error: %s)\n", \
-                    __FILE__, __LINE__, #cond, zct_last_error());          \
-            exit(1);                                                       \
-        }                                                                  \
-    } while (0)
+#include "check.h"
 
 static void *fail_in_thread(void *name) {
     zct_handle h = 0;

@@ -11,15 +11,7 @@
 #include <string.h>
 #include <unistd.h>
 #include "zctipc.h"
-
-#define CHECK(cond)                                                        \
-    do {                                                                   \
-        if (!(cond)) {                                                     \
-            fprintf(stderr, "%s:%d: check failed: %s (last error: %s)\n", \
-                    __FILE__, __LINE__, #cond, zct_last_error());          \
-            exit(1);                                                       \
-        }                                                                  \
-    } while (0)
+#include "check.h"
 
 static zct_handle shared;
 

@@ -12,8 +12,9 @@ int main(void) {
         puts("a truncated header was not reported as corrupt");
         return 1;
     }
-    /* A valid header, decoded into a pointer no one may write through. */
-    FILE *f = fopen("../golden/float32_2x3.bin", "rb");
+    /* A valid header, decoded into a pointer no one may write through (the
+       tests run the program in the module's root). */
+    FILE *f = fopen("tests/golden/float32_2x3.bin", "rb");
     if (f == NULL) {
         puts("cannot open golden vector");
         return 1;

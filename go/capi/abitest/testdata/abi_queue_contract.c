@@ -6,15 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "zctipc.h"
-
-#define CHECK(cond)                                                        \
-    do {                                                                   \
-        if (!(cond)) {                                                     \
-            fprintf(stderr, "%s:%d: check failed: %s (last error: %s)\n", \
-                    __FILE__, __LINE__, #cond, zct_last_error());          \
-            exit(1);                                                       \
-        }                                                                  \
-    } while (0)
+#include "check.h"
 
 int main(int argc, char **argv) {
     CHECK(argc == 2);

@@ -1,4 +1,4 @@
-package gotests
+package abitest
 
 import (
 	"debug/elf"
@@ -11,19 +11,21 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+	"github.com/zctipc/zctipc/go/internal/testenv"
 )
 
-const headerPath = "../../go/capi/zctipc.h"
+const headerPath = "../zctipc.h"
 
 // buildLibrary builds libzctipc.so the way setup.py does, into a temporary
-// directory, and returns its path.
+// directory, and returns its path; under -short it skips the test.
 func buildLibrary(t *testing.T) string {
 	t.Helper()
+	testenv.SkipShort(t, "builds libzctipc.so")
 	dir := t.TempDir()
 	lib := filepath.Join(dir, "libzctipc.so")
 	cmd := exec.Command("go", "build", "-buildmode=c-shared", "-trimpath",
 		"-ldflags=-s -w -extldflags=-Wl,-soname,libzctipc.so", "-o", lib, "./go/capi")
-	cmd.Dir = "../.."
+	cmd.Dir = testenv.ModuleRoot()
 	out, err := cmd.CombinedOutput()
 	require.NoError(t, err, "go build -buildmode=c-shared: %s", out)
 	return lib
@@ -67,45 +69,63 @@ func TestHeaderMatchesExports(t *testing.T) {
 }
 
 // runC compiles testdata/program.c against zctipc.h and lib, runs it with
-// args, and requires that it prints "ok".
+// args in the module's root, and requires that it prints "ok".
 func runC(t *testing.T, lib, program string, args ...string) {
 	t.Helper()
 	bin := filepath.Join(t.TempDir(), program)
 	out, err := exec.Command("gcc", "-std=c11", "-Wall", "-Werror", "-pthread", "-I", filepath.Dir(headerPath),
 		"testdata/"+program+".c", "-o", bin, "-L", filepath.Dir(lib), "-lzctipc", "-Wl,-rpath,"+filepath.Dir(lib)).CombinedOutput()
 	require.NoError(t, err, "gcc: %s", out)
-	out, err = exec.Command(bin, args...).Output()
+	cmd := exec.Command(bin, args...)
+	cmd.Dir = testenv.ModuleRoot()
+	out, err = cmd.Output()
 	require.NoError(t, err, "%s: %s", program, out)
 	require.Equal(t, "ok\n", string(out))
 }
 
-func TestCProgramUsesTheABI(t *testing.T) {
-	lib := buildLibrary(t)
-	runC(t, lib, "abi_smoke", uniqueName(t))
-	runC(t, lib, "abi_poison")
+// program is a C program of testdata and whether it takes a segment name
+// as its argument.
+type program struct {
+	file  string
+	named bool
 }
 
-// TestCQueueContract: NULL out-parameters, bad counts and short extents
-// are refused through the C ABI as zctipc.h's status table says.
-func TestCQueueContract(t *testing.T) {
+// TestCPrograms runs the C programs of testdata against one build of the
+// library, in subtests of their own.
+func TestCPrograms(t *testing.T) {
 	lib := buildLibrary(t)
-	runC(t, lib, "abi_queue_contract", uniqueName(t))
-}
-
-// TestCQueueInline: zct_queue_put_inline builds an inline record in one
-// call, a get gives its array as a view in the get's buffer, and bad
-// arguments (ndim out of range, nbytes that are not the shape's, a record
-// larger than the ring, an unknown dtype, NULL pointers, a closed or full
-// queue) are each refused with their status.
-func TestCQueueInline(t *testing.T) {
-	lib := buildLibrary(t)
-	runC(t, lib, "abi_queue_inline")
-}
-
-// TestCQueueLimits: the queue calls at the limits of their arguments (counts
-// of 0, -1 and INT32_MAX, types past a byte, a timeout past the clock's
-// range, inline records) and a queue closed while C threads wait in it.
-func TestCQueueLimits(t *testing.T) {
-	lib := buildLibrary(t)
-	runC(t, lib, "abi_queue_limits", uniqueName(t))
+	for _, c := range []struct {
+		name     string
+		programs []program // run in order
+	}{
+		// CProgramUsesTheABI: the ABI through zctipc.h only, as any binding
+		// uses it; and a bad out-pointer, which poisons the library so that
+		// every later call fails cleanly.
+		{"CProgramUsesTheABI", []program{{"abi_smoke", true}, {"abi_poison", false}}},
+		// CQueueContract: NULL out-parameters, bad counts and short extents
+		// are refused through the C ABI as zctipc.h's status table says.
+		{"CQueueContract", []program{{"abi_queue_contract", true}}},
+		// CQueueInline: zct_queue_put_inline builds an inline record in one
+		// call, a get gives its array as a view in the get's buffer, and bad
+		// arguments (ndim out of range, nbytes that are not the shape's, a
+		// record larger than the ring, an unknown dtype, NULL pointers, a
+		// closed or full queue) are each refused with their status.
+		{"CQueueInline", []program{{"abi_queue_inline", false}}},
+		// CQueueLimits: the queue calls at the limits of their arguments
+		// (counts of 0, -1 and INT32_MAX, types past a byte, a timeout past
+		// the clock's range, inline records) and a queue closed while C
+		// threads wait in it.
+		{"CQueueLimits", []program{{"abi_queue_limits", true}}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			for _, p := range c.programs {
+				var args []string
+				if p.named {
+					args = append(args, testenv.UniqueName(t))
+				}
+				runC(t, lib, p.file, args...)
+			}
+		})
+	}
 }

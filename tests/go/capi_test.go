@@ -109,3 +109,13 @@ func TestCQueueLimits(t *testing.T) {
 	lib := buildLibrary(t)
 	runC(t, lib, "abi_queue_limits", uniqueName(t))
 }
+
+// TestCHandoverAttacks: records a writer who lies puts in the ring
+// (inline headers that say what their bytes are not, a replayed
+// descriptor, a header claiming every descriptor), read by get, get_many
+// and peek: each is refused alone, the good records beside them are given
+// whole, and no count is left taken.
+func TestCHandoverAttacks(t *testing.T) {
+	lib := buildLibrary(t)
+	runC(t, lib, "abi_handover_attacks")
+}

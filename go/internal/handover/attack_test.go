@@ -6,6 +6,7 @@ package handover_test
 // among good ones.
 
 import (
+	"context"
 	"encoding/binary"
 	"math"
 	"testing"
@@ -369,4 +370,26 @@ func TestARunWithBadRecordsAmongGoodOnes(t *testing.T) {
 		require.NoError(t, msgs[i].Release())
 	}
 	require.EqualValues(t, 0, p.Stats().SlotsInUse)
+}
+
+// A PutContext whose context ends while it waits for room on a full queue
+// puts nothing, and leaves the counts the caller's.
+func TestAPutContextCancelledWhileItWaitsLeavesTheCounts(t *testing.T) {
+	p := mustPool(t)
+	q := mustQueue(t, 4096, 1)
+	bytesRecord(t, q, "full")
+	rec, r := tensor(t, p, 1)
+	ctx, cancel := context.WithCancel(context.Background())
+	time.AfterFunc(20*time.Millisecond, cancel)
+	sent, err := handover.PutContext(ctx, q, rec, []*buffer.Ref{r})
+	require.False(t, sent)
+	require.ErrorIs(t, err, context.Canceled)
+	n, err := r.Holders()
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n)
+	require.NoError(t, r.Release())
+	require.EqualValues(t, 0, p.Stats().SlotsInUse)
+	items, err := q.Len()
+	require.NoError(t, err)
+	require.Equal(t, 1, items)
 }

@@ -106,7 +106,7 @@ bench: install $(VENV)/.deps
 # Run every fuzz target for FUZZTIME each (go test fuzzes one at a time),
 # beside its decoder (package:target, under go/internal), seeded from the
 # package's testdata/fuzz and the golden vectors.
-FUZZ_TARGETS := header:FuzzHeaderDecode message:FuzzInlineDecode message:FuzzRecordDecode handover:FuzzDecode queue:FuzzQueueRing queue:FuzzRing
+FUZZ_TARGETS := header:FuzzHeaderDecode message:FuzzInlineDecode message:FuzzRecordDecode handover:FuzzDecode handover:FuzzDecodeRun queue:FuzzQueueRing queue:FuzzRing
 fuzz:
 	set -e; for target in $(FUZZ_TARGETS); do \
 		$(GO) test ./go/internal/$${target%%:*} -run '^$$' -fuzz "^$${target#*:}$$" -fuzztime $(FUZZTIME); \

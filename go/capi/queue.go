@@ -446,6 +446,7 @@ func zct_queue_get_many(h C.zct_handle, buf unsafe.Pointer, capacity C.uint64_t,
 		if buf == nil || records == nil || recs == nil || filled == nil || nviews == nil || viewsCap > 0 && views == nil {
 			return errNilArg
 		}
+		*records = 0 // until records are taken: zctipc.h
 		q, err := queues.get(uint64(h))
 		if err != nil {
 			return err
@@ -461,9 +462,9 @@ func zct_queue_get_many(h C.zct_handle, buf unsafe.Pointer, capacity C.uint64_t,
 		if err != nil && n == 0 {
 			return err
 		}
-		// Every record's counts are adopted, or none; a record that fails to
-		// decode has no views to give, and the error is reported after the
-		// others.
+		// A record that fails to decode, or whose counts cannot be taken,
+		// is given with type 0 and no views; the others are given whole,
+		// and the error is reported after them (Note [one hand-over]).
 		msgs, derr := handover.DecodeRun(raw[:size], n)
 		aerr := handover.AdoptAll(msgs)
 		out := unsafe.Slice(recs, n)
@@ -477,22 +478,16 @@ func zct_queue_get_many(h C.zct_handle, buf unsafe.Pointer, capacity C.uint64_t,
 			}
 			starts[i] = at
 			nv := m.NumViews()
-			if aerr != nil {
-				nv = 0 // the call failed: no views, an inline array's neither
-			}
 			out[i] = C.zct_record{_type: C.int32_t(m.Type), nviews: C.int32_t(nv),
 				payload_offset: C.uint64_t(at + m.PayloadAt), payload_len: C.uint64_t(len(m.Payload))}
 			total += nv
 			at += m.Bytes
 		}
-		var ferr error
-		if aerr == nil {
-			ferr = fillViews(views, viewsCap, total, func(out []C.zct_view) {
-				for i := range msgs {
-					out = out[fillMessage(out, &msgs[i], starts[i]):]
-				}
-			})
-		}
+		ferr := fillViews(views, viewsCap, total, func(out []C.zct_view) {
+			for i := range msgs {
+				out = out[fillMessage(out, &msgs[i], starts[i]):]
+			}
+		})
 		if ferr != nil {
 			for i := range msgs {
 				ferr = errors.Join(ferr, msgs[i].Release())

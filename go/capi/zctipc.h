@@ -422,7 +422,14 @@ int zct_queue_put_many(zct_handle queue, int32_t type, const void *data, const u
    max_records) what each is and where its payload lies, views the views of
    them all in order (as zct_queue_get gives them), and *filled the bytes
    of buf used. A first record that does not fit: ZCT_E_RANGE, with
-   *filled and *nviews what it needs, as for zct_queue_get. */
+   *filled and *nviews what it needs, as for zct_queue_get. A record that
+   cannot be given (it does not decode, or a count its descriptors carry
+   cannot be taken: a descriptor replayed, memory gone) costs only itself:
+   its recs entry has type 0 and no views (none of its counts is left
+   taken), the others are given whole, and the call returns its error
+   (ZCT_E_CORRUPT, ZCT_E_TAKEN, ...) with *records, recs, views and
+   *filled written; the views' refs are the caller's, as on success. A
+   call that fails before it took a record sets *records to 0. */
 int zct_queue_get_many(zct_handle queue, void *buf, uint64_t cap, int32_t max_records, int64_t timeout_ms,
                        int32_t *records, zct_record *recs, uint64_t *filled,
                        zct_view *views, int32_t views_cap, int32_t *nviews);

@@ -184,7 +184,9 @@ func (q *Queue) Get(ctx context.Context) (Message, error) {
 		}
 	}()
 	for {
-		n, err := q.q.GetContext(ctx, *bp, message.MaxDescriptors)
+		// Room for every view a record's header can ask: a record that
+		// asked more than the room given could never be taken.
+		n, err := q.q.GetContext(ctx, *bp, message.MaxViews)
 		var re *queue.RangeError
 		if errors.As(err, &re) {
 			*bp = make([]byte, re.Need) // and take it at once

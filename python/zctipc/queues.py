@@ -38,7 +38,7 @@ import weakref
 from multiprocessing import context as _mpcontext
 from multiprocessing import queues as _mpqueues
 
-from ._core import args, log, native, pool, wait
+from ._core import args, log, memory, native, pool, wait
 from ._wire import exports, pickler
 from .errors import HandleClosed, OutOfSharedMemory, ZctipcOSError
 
@@ -329,6 +329,29 @@ def _close_pipe(lock: threading.Lock, opened: list[bool], read_fd: int, write_fd
 # block for ever. So _Reader.poll takes the message it sees into the queue
 # object (its stash), and the next get, recv or get_many returns it first;
 # qsize() and empty() count it.
+
+
+# Note [a bad message among good ones]: get_many takes many messages in one
+# call, and one of them may be bad: the library refused its record (it did
+# not decode, or a count it carried could not be taken: a descriptor
+# replayed, memory gone), or it cannot be built here (a pickle of a class
+# this process lacks). It costs only itself, as gets one by one would have
+# it: get_many returns the messages before it; the next get or get_many
+# raises its error; the messages after it follow (they wait in the stash:
+# Note [polling a reader]). When it comes first, get_many raises at once.
+# No count is left behind: each good message holds its own, and a bad one
+# kept none (the library gave them up; a builder that failed released its
+# views).
+
+
+class _Failed:
+    """A message that get_many took but could not give: the error that the
+    get that comes to it raises (Note [a bad message among good ones])."""
+
+    __slots__ = ("exc",)
+
+    def __init__(self, exc: Exception) -> None:
+        self.exc = exc
 
 
 class _Reader:
@@ -774,6 +797,8 @@ class Queue:
         if timeout is not None:
             timeout = args.timeout(timeout)
         if self._stash:
+            if self._stash[0].__class__ is _Failed:
+                raise self._stash.pop(0).exc
             return self._stash.pop(0)
         free = self._scratches
         s = free.pop() if free else _Scratch()
@@ -887,13 +912,15 @@ class Queue:
     ) -> list[Any]:
         """Return a list of up to max_items objects (and at most
         RECORDS_PER_CALL), taken in one call into the library: the first
-        waited for as get does, then those already behind it."""
+        waited for as get does, then those already behind it. A message
+        among them that cannot be read raises as get would, once the
+        messages before it were returned (Note [a bad message among good
+        ones])."""
         if self._closed:
             self._check_open()
         max_items = args.integer("max_items", max_items, 1)
         if self._stash:
-            out, self._stash = self._stash[:max_items], self._stash[max_items:]
-            return out
+            return self._unstash(max_items)
         free = self._scratches
         s = free.pop() if free else _Scratch()
         try:
@@ -924,7 +951,13 @@ class Queue:
                     return status
                 s.resize(max(s.cap, filled[0]), max(s.vcap, s.nviews[0]))  # and take it at once
 
-        native.check(self._wait_for_data(attempt, timeout) if block else attempt(0))
+        status = self._wait_for_data(attempt, timeout) if block else attempt(0)
+        taken = records[0]  # 0 when the call failed before it took a message (zctipc.h)
+        refused: Exception | None = None
+        if status != 0:
+            if not taken:
+                native.check(status)
+            refused = native.error(status)  # read now: the message is this thread's last error
         if self._ready is not None:
             self._ready.rearm(self._empty)
         out: list[Any] = []
@@ -933,18 +966,67 @@ class Queue:
         # opcode, and memo entries of one are never read by the next.
         stream = io.BytesIO(mem[: filled[0]])
         seek, load = stream.seek, pickle.Unpickler(stream).load
-        v = 0
-        for i in range(records[0]):
-            r = recs[i]
-            typ, nviews, off = r.type, r.nviews, r.payload_offset
-            if typ == _PICKLE and nviews == 0:
-                seek(off)
-                append(load())
-            elif typ == _INLINE:
-                append(exports.build_inline(mem, vbuf, v * size))
-            else:
-                append(_decode(mem, typ, off, r.payload_len, [views[v + k] for k in range(nviews)], nviews))
-            v += nviews
+        v = given = 0  # views read, and views handed to what builds their message
+        failed = False
+        try:
+            for i in range(taken):
+                r = recs[i]
+                typ, nviews, off = r.type, r.nviews, r.payload_offset
+                given = v + nviews
+                try:
+                    if typ == _PICKLE and nviews == 0:
+                        seek(off)
+                        append(load())
+                    elif typ == _INLINE:
+                        append(exports.build_inline(mem, vbuf, v * size))
+                    elif typ == 0:  # refused by the library, which kept none of its counts (zctipc.h)
+                        append(_Failed(refused))  # type: ignore[arg-type]  # a record is refused only with a status
+                        failed = True
+                    else:
+                        append(_decode(mem, typ, off, r.payload_len, [views[v + k] for k in range(nviews)], nviews))
+                except Exception as exc:  # this message's alone (Note [a bad message among good ones])
+                    # Its traceback from the builder on: this frame, which
+                    # holds the messages, would make a cycle through it.
+                    append(_Failed(exc.with_traceback(exc.__traceback__.tb_next if exc.__traceback__ else None)))
+                    failed = True
+                    load = pickle.Unpickler(stream).load  # one that failed midway keeps its stack
+                v = given
+        except BaseException:  # Ctrl-C: the counts of the messages not built yet go
+            for k in range(given, s.nviews[0]):
+                if views[k].ref:
+                    memory.release_ref(views[k].ref)
+            raise
+        if refused is not None and not failed:  # the ring's error, after the messages it gave
+            append(_Failed(refused))
+            failed = True
+        return self._deliver(out) if failed else out
+
+    def _deliver(self, out: list[Any]) -> list[Any]:
+        """What get_many returns of out, the messages it took, some of them
+        _Failed (Note [a bad message among good ones]): those before the
+        first that failed; it and the rest wait in the stash. When it is
+        the first, its error is raised now. (No frame that an error's
+        traceback holds keeps a reference to the error: a cycle would keep
+        the messages, and their counts, until the collector ran.)"""
+        k = next(i for i, obj in enumerate(out) if obj.__class__ is _Failed)
+        rest = out[k:]
+        del out[k:]
+        if k:
+            self._stash[0:0] = rest
+            return out
+        self._stash[0:0] = rest[1:]
+        raise rest.pop(0).exc
+
+    def _unstash(self, max_items: int) -> list[Any]:
+        """get_many from the stash: up to max_items messages before the
+        first that failed, or that one's error when it is first."""
+        stash = self._stash
+        k = 0
+        while k < max_items and k < len(stash) and stash[k].__class__ is not _Failed:
+            k += 1
+        if not k:
+            raise stash.pop(0).exc
+        out, self._stash = stash[:k], stash[k:]
         return out
 
     # -- state ------------------------------------------------------------------

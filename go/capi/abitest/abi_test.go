@@ -116,6 +116,12 @@ func TestCPrograms(t *testing.T) {
 		// the clock's range, inline records) and a queue closed while C
 		// threads wait in it.
 		{"CQueueLimits", []program{{"abi_queue_limits", true}}},
+		// CHandoverAttacks: records a writer who lies puts in the ring
+		// (inline headers that say what their bytes are not, a replayed
+		// descriptor, a header claiming every descriptor), read by get,
+		// get_many and peek: each is refused alone, the good records beside
+		// them are given whole, and no count is left taken.
+		{"CHandoverAttacks", []program{{"abi_handover_attacks", false}}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()

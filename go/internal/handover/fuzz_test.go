@@ -41,3 +41,49 @@ func FuzzDecode(f *testing.F) {
 		}
 	})
 }
+
+// FuzzDecodeRun feeds DecodeRun hostile runs of records: it never panics,
+// every record it reads is located one after the other, a record it
+// refused has no type and no view, and one it gave decodes alone as it
+// did in the run.
+func FuzzDecodeRun(f *testing.F) {
+	in, err := handover.Inline(dtype.Uint8, 0, []int64{3}, []byte{1, 2, 3})
+	require.NoError(f, err)
+	run := make([]byte, in.Size())
+	in.Encode(run)
+	b := message.Record{Type: message.TypeBytes, Payload: []byte("x")}
+	raw := make([]byte, b.Size())
+	b.Encode(raw)
+	run = append(run, raw...)
+	f.Add(run, uint8(2))
+	f.Add(run, uint8(5))
+	f.Fuzz(func(t *testing.T, raw []byte, n uint8) {
+		msgs, err := handover.DecodeRun(raw, int(n%16))
+		at := 0
+		for i := range msgs {
+			m := &msgs[i]
+			if m.Bytes == 0 {
+				require.Error(t, err)
+				for _, rest := range msgs[i:] {
+					require.Zero(t, rest.Bytes)
+				}
+				break
+			}
+			require.LessOrEqual(t, at+m.Bytes, len(raw))
+			var alone handover.Message
+			derr := alone.Decode(raw[at : at+m.Bytes])
+			if m.Type == 0 {
+				require.ErrorIs(t, derr, message.ErrMalformed)
+				require.ErrorIs(t, err, message.ErrMalformed)
+				require.Zero(t, m.NumViews())
+				require.Equal(t, m.Bytes, m.PayloadAt)
+			} else {
+				require.NoError(t, derr)
+				require.Equal(t, alone.Record, m.Record)
+				require.Equal(t, alone.PayloadAt, m.PayloadAt)
+				require.Equal(t, alone.InlineAt, m.InlineAt)
+			}
+			at += m.Bytes
+		}
+	})
+}

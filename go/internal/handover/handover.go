@@ -17,9 +17,15 @@
 //     ring, header, shape and elements, with no payload of its own between
 //     (Inline);
 //   - a get decodes the record whole before it takes any count, then takes
-//     the count of every descriptor of the messages it took, or of none:
-//     when one fails, those taken are released and the rest given up, so
-//     that a count is never left behind unowned (Message.Decode, Adopt);
+//     the count of every descriptor of the record, or of none: when one
+//     fails, those taken are released and the rest given up, so that a
+//     count is never left behind unowned, and the record is refused as one
+//     that does not decode is (Message.Decode, Adopt);
+//   - a bad record in a run that one get took (it does not decode, or a
+//     count of its cannot be taken: a descriptor replayed, memory gone)
+//     costs only itself: the others are given whole, views, counts and
+//     all, as gets of them one by one would give them, and the error says
+//     why the bad one was refused (DecodeRun, AdoptAll);
 //   - a taker is given one view per descriptor, in order, and for an
 //     inline record one view of its array, which lies in the buffer the
 //     record was taken into and holds no count (NumViews; message.Views,
@@ -194,56 +200,43 @@ func (m *Message) located(size int) {
 }
 
 // Adopt takes the counts that the descriptors of m carry, making a View
-// of each, as AdoptAll does.
+// of each, all of them or none: when one cannot be taken (a descriptor
+// replayed, its count taken before; memory gone), those taken are
+// released and the rest given up, m is left as a record that failed to
+// decode is (its Bytes alone: no type, payload or views), and the error
+// says why.
 func (m *Message) Adopt() error {
 	if len(m.Descriptors) == 0 {
 		return nil
 	}
-	one := []Message{*m}
-	err := AdoptAll(one)
-	*m = one[0]
-	return err
-}
-
-// AdoptAll takes the counts that the descriptors of msgs carry, all of
-// them or none: when one fails, those taken are released and the rest
-// given up, every message is left with no views of descriptors, and the
-// error says why.
-func AdoptAll(msgs []Message) error {
-	for i := range msgs {
-		m := &msgs[i]
-		if len(m.Descriptors) == 0 {
-			continue
-		}
-		m.Views = make([]View, len(m.Descriptors))
-		for j := range m.Descriptors {
-			d := &m.Descriptors[j]
-			r, data, err := buffer.Adopt(d)
-			if err != nil {
-				m.Views = m.Views[:j]
-				return errors.Join(err, undo(msgs, i, j))
+	m.Views = make([]View, len(m.Descriptors))
+	for j := range m.Descriptors {
+		d := &m.Descriptors[j]
+		r, data, err := buffer.Adopt(d)
+		if err != nil {
+			m.Views = m.Views[:j]
+			errs := []error{err, m.Release()}
+			for l := j + 1; l < len(m.Descriptors); l++ {
+				errs = append(errs, buffer.Drop(&m.Descriptors[l]))
 			}
-			m.Views[j] = ViewOf(r, data, d)
+			size := m.Bytes
+			*m = Message{}
+			m.located(size)
+			return errors.Join(errs...)
 		}
+		m.Views[j] = ViewOf(r, data, d)
 	}
 	return nil
 }
 
-// undo releases the views adopted before descriptor j of message i,
-// which failed, and gives up the counts of the descriptors after it.
-func undo(msgs []Message, i, j int) error {
+// AdoptAll adopts each of msgs, a run that one get took (Adopt): a
+// message whose counts cannot all be taken is refused alone, its error
+// joined into the one returned, and the others keep their views (Note
+// [one hand-over]).
+func AdoptAll(msgs []Message) error {
 	var errs []error
-	for k := range msgs[:i+1] {
-		errs = append(errs, msgs[k].Release())
-	}
-	for k := i; k < len(msgs); k++ {
-		from := 0
-		if k == i {
-			from = j + 1
-		}
-		for l := from; l < len(msgs[k].Descriptors); l++ {
-			errs = append(errs, buffer.Drop(&msgs[k].Descriptors[l]))
-		}
+	for i := range msgs {
+		errs = append(errs, msgs[i].Adopt())
 	}
 	return errors.Join(errs...)
 }

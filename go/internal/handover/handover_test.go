@@ -215,10 +215,10 @@ func TestARecordLargerThanTheQueueIsRefused(t *testing.T) {
 	require.ErrorIs(t, err, queue.ErrTooLarge)
 }
 
-// AdoptAll takes every count of the messages a get took, or none: a
-// replayed descriptor (its count taken before) fails the batch, and the
-// counts of those before it are given back up.
-func TestAdoptAllIsAllOrNone(t *testing.T) {
+// AdoptAll takes every count of each message a get took, or none of
+// that message's: a replayed descriptor (its count taken before) fails
+// its message alone, and the message before it keeps its view.
+func TestAdoptAllIsAllOrNoneForEachMessage(t *testing.T) {
 	p := mustPool(t)
 	q := mustQueue(t, 4096, 0)
 	for i := range 2 {
@@ -233,13 +233,15 @@ func TestAdoptAllIsAllOrNone(t *testing.T) {
 	msgs, err := handover.DecodeRun(buf[:size], n)
 	require.NoError(t, err)
 	second := msgs[1]
-	require.NoError(t, second.Adopt()) // taken first, elsewhere: a replay for the batch
+	require.NoError(t, second.Adopt()) // taken first, elsewhere: a replay for the run
 	err = handover.AdoptAll(msgs)
 	require.ErrorIs(t, err, pool.ErrTaken)
-	require.Empty(t, msgs[0].Views)
+	require.Len(t, msgs[0].Views, 1)
 	require.Empty(t, msgs[1].Views)
-	require.EqualValues(t, 1, p.Stats().SlotsInUse, "the first message's count was given up")
+	require.Zero(t, msgs[1].Type, "refused as a record that does not decode")
+	require.EqualValues(t, 2, p.Stats().SlotsInUse)
 	require.NoError(t, second.Release())
+	require.NoError(t, msgs[0].Release())
 	require.EqualValues(t, 0, p.Stats().SlotsInUse)
 }
 

@@ -39,7 +39,12 @@ const (
 	descriptorBase   = 32
 	// MaxDescriptors bounds the descriptors of one record.
 	MaxDescriptors = 0xFFFF
-	maxNameLen     = 255
+	// MaxViews is the most views a record's header can ask a get for
+	// (Views): an inline record that claims MaxDescriptors descriptors
+	// asks one more than any record that decodes, and a get that gives
+	// room for fewer could never take it.
+	MaxViews   = MaxDescriptors + 1
+	maxNameLen = 255
 )
 
 // ErrMalformed is wrapped by every decoding error.

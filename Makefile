@@ -66,7 +66,7 @@ gounit:
 	$(GO) test -count=1 -short ./go/...
 
 pytest: install $(VENV)/.deps
-	ZCTIPC_SOAK_SECONDS=$${ZCTIPC_SOAK_SECONDS:-10} $(PY) -m pytest -q -rs --timeout=300 tests/python
+	ZCTIPC_SOAK_SECONDS=$${ZCTIPC_SOAK_SECONDS:-10} $(PY) -m pytest -q -rs --durations=30 --timeout=300 tests/python
 
 # The one-minute loop, before each commit (CONTRIBUTING.md): vet, the
 # lints, Go's unit tests (gounit) and the Python tests not marked slow, the

@@ -23,6 +23,7 @@ import threading
 import weakref
 
 from ._core import native
+from .errors import HandleClosed
 
 TYPE_CHECKING = False  # Note [types without typing] in zctipc._core.native
 if TYPE_CHECKING:
@@ -198,52 +199,72 @@ def _close_pipe(lock: threading.Lock, opened: list[bool], read_fd: int, write_fd
 # qsize() and empty() count it.
 
 
-class Reader:
+# Note [an end holds its queue weakly]: a queue holds its ends, which the
+# standard library reads as its attributes _reader and _writer, so an end
+# holds its queue by a weak reference. Held strongly, each queue would be a
+# reference cycle, let go only when the cycle collector ran (perhaps only at
+# exit): its handle, its segment in /dev/shm and its readiness thread would
+# outlive the last reference to it. The standard library holds a queue
+# wherever it holds one of its ends (a Pool, a ProcessPoolExecutor's
+# manager thread); an end used after its queue was collected raises
+# HandleClosed, as a closed connection raises, and says it is closed.
+
+
+class _End:
+    """What a queue's two ends share: their queue, held weakly."""
+
+    __slots__ = ("_queue", "_name")
+
+    def __init__(self, q: _Queue, name: str) -> None:
+        self._queue = weakref.ref(q)
+        self._name = name
+
+    def _live(self) -> _Queue:
+        """The queue; HandleClosed once it was collected (Note [an end holds
+        its queue weakly])."""
+        q = self._queue()
+        if q is None:
+            raise HandleClosed(f"Queue {self._name!r} of this end was collected: hold the queue, not only its end")
+        return q
+
+    @property
+    def closed(self) -> bool:
+        q = self._queue()
+        return q is None or q._closed
+
+
+class Reader(_End):
     """The receiving end of a queue as multiprocessing's Connection shows it
     to the standard library's pools and to multiprocessing.connection.wait."""
 
-    __slots__ = ("_queue",)
-
-    def __init__(self, q: _Queue) -> None:
-        self._queue = q
+    __slots__ = ()
 
     def fileno(self) -> int:
         """A descriptor readable while the queue holds a message."""
-        return self._queue._readiness().read_fd
+        return self._live()._readiness().read_fd
 
     def recv(self) -> Any:
-        return self._queue.get()
+        return self._live().get()
 
     def poll(self, timeout: float | None = 0.0) -> bool:
         """Whether recv() would return at once, waiting up to timeout
         seconds (None: for ever): a message there is taken into this
         process (Note [polling a reader]), so that another consumer cannot
         take it between poll() and recv()."""
-        return self._queue._poll_take(timeout)
+        return self._live()._poll_take(timeout)
 
     def close(self) -> None:
         """Nothing to close: the queue stays open (multiprocessing's pool
         workers close the ends they do not use)."""
 
-    @property
-    def closed(self) -> bool:
-        return self._queue._closed
 
-
-class Writer:
+class Writer(_End):
     """The sending end of a queue as multiprocessing's Connection shows it."""
 
-    __slots__ = ("_queue",)
-
-    def __init__(self, q: _Queue) -> None:
-        self._queue = q
+    __slots__ = ()
 
     def send(self, obj: object) -> None:
-        self._queue.put(obj)
+        self._live().put(obj)
 
     def close(self) -> None:
         """Nothing to close: the queue stays open."""
-
-    @property
-    def closed(self) -> bool:
-        return self._queue._closed

@@ -167,7 +167,9 @@ class Queue:
         self._stash: list[Any] = []  # Note [polling a reader] in zctipc._pipes
         self._ready: Readiness | None = None
         self._async_waiting: dict[Any, set[Any]] = {}  # event loop: futures awaiting readiness (get_async)
-        self._reader, self._writer = Reader(self), Writer(self)
+        # The ends the standard library waits on, which hold this queue weakly
+        # (Note [an end holds its queue weakly] in zctipc._pipes).
+        self._reader, self._writer = Reader(self, self._name), Writer(self, self._name)
         # What multiprocessing's queues lock around their pipe ends (its
         # pool's shutdown takes _rlock); the ring needs neither.
         self._rlock, self._wlock = threading.Lock(), threading.Lock()

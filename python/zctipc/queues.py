@@ -12,24 +12,16 @@ cancel_join_thread have nothing to wait for), and an object that cannot be
 pickled raises in the caller of put() (multiprocessing's feeder thread
 prints the error and drops the object).
 
-Note [waiting on a queue among other things]: a queue has no pipe, so the
-attributes through which the standard library waits on queues
-(``_reader.fileno()`` for multiprocessing.connection.wait, selectors and
-asyncio; ``_reader.recv``, ``_reader.poll``, ``_writer.send``, ``_poll``)
-are made over the ring: the first ``fileno()`` starts a thread (_Readiness)
-that keeps a pipe readable while the queue holds a message, and unreadable
-once it is empty again, whoever took the message: it sleeps, costing
-nothing, until a put or a get changes that. So the descriptor is readable
-while this process may find a message, like a pipe's; like a pipe shared
-by readers, another process may take that message first. Closing the
-queue leaves the descriptor readable, and a get then raises HandleClosed.
+The standard library waits on a queue through the pipe ends that
+multiprocessing's queues have (``_reader``, ``_writer``), which
+zctipc._pipes makes over the ring (Note [waiting on a queue among other
+things] there).
 """
 
 from __future__ import annotations
 
 import errno
 import io
-import os
 import pickle
 import queue as _queue
 import threading
@@ -39,7 +31,9 @@ from multiprocessing import context as _mpcontext
 from multiprocessing import queues as _mpqueues
 
 from ._core import args, log, memory, native, pool, wait
-from ._wire import exports, pickler
+from ._pipes import Reader, Readiness, Writer
+from ._wire import exports, pickler, records
+from ._wire.records import RECORDS_PER_CALL
 from .errors import HandleClosed, OutOfSharedMemory, ZctipcOSError
 
 TYPE_CHECKING = False  # Note [types without typing] in zctipc._core.native
@@ -63,30 +57,22 @@ __all__ = ["Queue", "SimpleQueue", "JoinableQueue", "DEFAULT_MAX_BYTES", "INLINE
 #: unbounded.
 DEFAULT_MAX_BYTES = 16 << 20
 
-# Note [framing from the library]: what Python needs of a record's framing
-# is zctipc.h's, read from the library once it is loaded (_read_framing,
-# before the first queue is set up) into these globals, which the hot paths
-# read as plain ints: the record types (ZCT_RECORD_*), the bytes of a
-# record's header (a descriptor adds at most 32 + 16*32 + 2*256 more, and a
-# payload right after it means no descriptor), and how zct_queue_take
-# packs what it took (ZCT_TAKE_*). What a record holds comes decoded
-# through the library: the number of its views, an inline record's array
-# as a view (Note [inline arrays] in zctipc._wire.exports).
+# The framing facts that put and get read (Note [framing from the library]
+# in zctipc._wire.records), bound as this module's globals when the first
+# queue is set up: a global is read faster than another module's attribute,
+# which a put and a get would read half a dozen times.
 _PICKLE = _TENSOR = _BYTES = _INLINE = -1
 _HEADER = 0
 _FIELD_MASK = _OFFSET_SHIFT = _TYPE_SHIFT = 0
 
 
 def _read_framing() -> None:
-    """Read the framing facts of zctipc.h from the library (Note [framing
-    from the library])."""
+    """Read the framing facts from the library, and bind them here."""
     global _PICKLE, _TENSOR, _BYTES, _INLINE, _HEADER, _FIELD_MASK, _OFFSET_SHIFT, _TYPE_SHIFT
-    lib = native.lib()
-    _PICKLE, _TENSOR = lib.ZCT_RECORD_PICKLE, lib.ZCT_RECORD_TENSOR
-    _BYTES, _INLINE = lib.ZCT_RECORD_BYTES, lib.ZCT_RECORD_INLINE
-    _HEADER = lib.ZCT_RECORD_HEADER
-    _FIELD_MASK, _OFFSET_SHIFT = lib.ZCT_TAKE_FIELD_MASK, lib.ZCT_TAKE_OFFSET_SHIFT
-    _TYPE_SHIFT = lib.ZCT_TAKE_TYPE_SHIFT
+    records.read_framing()
+    _PICKLE, _TENSOR, _BYTES, _INLINE = records.PICKLE, records.TENSOR, records.BYTES, records.INLINE
+    _HEADER = records.HEADER
+    _FIELD_MASK, _OFFSET_SHIFT, _TYPE_SHIFT = records.FIELD_MASK, records.OFFSET_SHIFT, records.TYPE_SHIFT
 
 
 #: The default of a queue's inline_bytes: NumPy arrays of this many bytes or
@@ -110,62 +96,6 @@ _ROOM_WAIT = 5.0
 #: that wake it (buffers freed, other queues read).
 _LOOK_EVERY = 2
 
-#: The most messages get_many takes in one call into the library.
-RECORDS_PER_CALL = 256
-
-
-class _Scratch:
-    """Buffers for taking messages: a get takes one from its queue's free
-    list and gives it back, so that threads never share one."""
-
-    __slots__ = (
-        "cap",
-        "vcap",
-        "raw",
-        "mem",
-        "buf",
-        "views",
-        "typ",
-        "off",
-        "plen",
-        "nviews",
-        "records",
-        "filled",
-        "recs",
-        "put_view",
-        "vbuf",
-        "payload",
-    )
-
-    def __init__(self) -> None:
-        if _HEADER == 0:
-            _read_framing()
-        ffi = native.ffi()
-        self.typ = ffi.new("int32_t *")
-        self.off = ffi.new("uint64_t *")
-        self.plen = ffi.new("uint64_t *")
-        self.nviews = ffi.new("int32_t *")
-        self.put_view = ffi.new("zct_view *")
-        self.records = ffi.new("int32_t *")
-        self.filled = ffi.new("uint64_t *")
-        self.recs = ffi.new("zct_record[]", RECORDS_PER_CALL)
-        self.resize(64 << 10, 16)
-
-    def resize(self, cap: int, vcap: int) -> None:
-        ffi = native.ffi()
-        self.cap, self.vcap = cap, vcap
-        # The record lands in a bytearray, which Python reads without cffi.
-        self.raw = bytearray(cap)
-        self.mem = memoryview(self.raw)
-        self.payload = self.mem[_HEADER:]  # where a record with no descriptor has its payload
-        self.buf = ffi.from_buffer(self.raw)
-        self.views = ffi.new("zct_view[]", vcap)
-        self.vbuf = ffi.buffer(self.views)  # the views as bytes (Note [reading a view at once] in exports)
-
-    def get_args(self) -> tuple[Any, ...]:
-        """zct_queue_get's arguments after the timeout."""
-        return self.typ, self.off, self.plen, self.views, self.vcap, self.nviews
-
 
 class _Armed(threading.local):
     """Per-thread out-parameters of zct_queue_arm and zct_stream_reader_arm."""
@@ -174,161 +104,6 @@ class _Armed(threading.local):
         ffi = native.ffi()
         self.word = ffi.new("uint32_t **")
         self.seen = ffi.new("uint32_t *")
-
-
-#: How long the readiness thread sleeps before it looks whether its queue
-#: object was closed, in case a close let the word it sleeps on go before
-#: the sleep began (Note [a sleep across a close] in zctipc._core.wait); a
-#: close wakes it at once otherwise.
-_WATCH_SLICE_MS = 10_000
-
-
-# Note [showing after arming]: the readiness thread shows the queue's state
-# in its pipe only after it armed its wait and looked again, never before.
-# A get through the queue object drains the pipe when it finds the queue
-# empty (rearm). Had the thread shown "readable" before arming, a get could
-# empty the queue and drain the pipe after that show, a put could then
-# bring a message before the thread armed, and the thread, finding the
-# message, would sleep on the space word with the pipe unreadable: no get
-# comes to wake it, and a ProcessPoolExecutor waiting on the pipe waited
-# for ever with its results in the queue. Shown after the look that follows
-# arming, the pipe can be made wrong only by a put or a get after that
-# look, and either moves the word the thread sleeps on.
-
-
-class _Readiness:
-    """A pipe readable while a queue holds a message (Note [waiting on a
-    queue among other things]), and the thread that keeps it so. The
-    thread holds the queue's handle, not the queue: it ends when the handle
-    is closed, and leaves the pipe readable, as a pipe whose writer closed
-    is; the pipe's descriptors close when this object goes.
-
-    The thread sleeps outside the library (Note [sleeping outside Go] in
-    zctipc._core.wait), so that a waiting queue costs nothing: on the data
-    word, which every put bumps, while the queue is empty, and on the space
-    word, which every get bumps (in any process), while it holds messages;
-    woken, it looks at the queue and makes the pipe say what it found. A
-    get through this queue object that finds the queue empty drains the
-    pipe at once (rearm).
-
-    Threat model: only this process's threads use it; the queue's words
-    are written by any process that holds the queue, and a word that moves
-    for no reason only makes the thread look again."""
-
-    def __init__(self, handle: int, name: str) -> None:
-        self.handle = handle
-        self.read_fd, self.write_fd = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-        self.lock = threading.Lock()  # over readable, the pipe's contents, and open
-        self.readable = False
-        self.stopped = False
-        # The pipe closes with this object, or at exit while the thread may
-        # still run (a daemon thread): under the lock, after which show and
-        # rearm leave it alone, so that they never write to or drain a
-        # descriptor number that another open file has taken meanwhile.
-        self.open = [True]
-        weakref.finalize(self, _close_pipe, self.lock, self.open, self.read_fd, self.write_fd)
-        self.thread = threading.Thread(target=self._run, name=f"zctipc readiness of {name}", daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        ffi, lib = native.ffi(), native.lib()
-        handle = self.handle
-        items = ffi.new("int64_t[2]")  # messages, and unfinished ones (not read)
-        word, seen = ffi.new("uint32_t **"), ffi.new("uint32_t *")
-        data, space = lib.ZCT_WAIT_DATA, lib.ZCT_WAIT_SPACE
-
-        def look() -> bool:
-            # False once the handle was closed; any other failure is a bug
-            # that must not pass for a close: it is raised (and shown by
-            # threading.excepthook) after the pipe was left readable.
-            status = lib.zct_queue_len(handle, items, items + 1)
-            if status == native.E_CLOSED:
-                return False
-            native.check(status)
-            return True
-
-        try:
-            while not self.stopped:
-                if not look():
-                    return
-                holds = items[0] > 0
-                which = space if holds else data
-                status = lib.zct_queue_arm(handle, which, word, seen)
-                if status == native.E_CLOSED:
-                    return
-                native.check(status)
-                woken = False
-                try:
-                    # Look again now that a change wakes this thread, and
-                    # only then show what it found (Note [showing after
-                    # arming]).
-                    if not look():
-                        return
-                    if (items[0] > 0) != holds:
-                        continue
-                    self.show(holds)
-                    slept = native.E_EMPTY
-                    while slept == native.E_EMPTY and not self.stopped:
-                        # In long slices, each ended by a look at stopped
-                        # (Note [a sleep across a close] in zctipc._core.wait).
-                        slept = lib.zct_sleep(word[0], seen[0], _WATCH_SLICE_MS)
-                    woken = slept == native.OK
-                finally:
-                    # Woken on the data word, it takes nothing: a consumer
-                    # is woken in its place when a message is there.
-                    lib.zct_queue_disarm(handle, which, woken and which == data)
-        finally:
-            self.stopped = True
-            self.show(True)  # as a pipe whose writer closed: readers look, and find the queue closed
-
-    def show(self, readable: bool) -> None:
-        """Make the pipe readable or not."""
-        with self.lock:
-            if not self.open[0]:
-                return
-            if readable and not self.readable:
-                os.write(self.write_fd, b"\0")
-                self.readable = True
-            elif not readable and self.readable and not self.stopped:
-                _drain(self.read_fd)
-                self.readable = False
-
-    def rearm(self, empty: Callable[[], bool]) -> None:
-        """After a get through this queue object: when the queue is now
-        empty (empty() says), make the pipe unreadable at once."""
-        with self.lock:
-            if self.open[0] and self.readable and not self.stopped and empty():
-                _drain(self.read_fd)
-                self.readable = False
-
-    def stop(self) -> None:
-        """Let the thread end (closing the queue's handle wakes it)."""
-        self.stopped = True
-
-
-def _drain(fd: int) -> None:
-    try:
-        while os.read(fd, 64):
-            pass
-    except BlockingIOError:
-        pass
-
-
-def _close_pipe(lock: threading.Lock, opened: list[bool], read_fd: int, write_fd: int) -> None:
-    with lock:
-        opened[0] = False
-        os.close(read_fd)
-        os.close(write_fd)
-
-
-# Note [polling a reader]: the standard library polls a pipe end and then
-# reads it (Pool's shutdown drains its task queue so: while poll(): recv()),
-# relying on a lock that its readers hold across process boundaries while
-# they read. A queue's consumers take no such lock, so a message that poll()
-# saw could be taken by another process before recv(), which would then
-# block for ever. So _Reader.poll takes the message it sees into the queue
-# object (its stash), and the next get, recv or get_many returns it first;
-# qsize() and empty() count it.
 
 
 # Note [a bad message among good ones]: get_many takes many messages in one
@@ -352,57 +127,6 @@ class _Failed:
 
     def __init__(self, exc: Exception) -> None:
         self.exc = exc
-
-
-class _Reader:
-    """The receiving end of a queue as multiprocessing's Connection shows it
-    to the standard library's pools and to multiprocessing.connection.wait."""
-
-    __slots__ = ("_queue",)
-
-    def __init__(self, q: Queue) -> None:
-        self._queue = q
-
-    def fileno(self) -> int:
-        """A descriptor readable while the queue holds a message."""
-        return self._queue._readiness().read_fd
-
-    def recv(self) -> Any:
-        return self._queue.get()
-
-    def poll(self, timeout: float | None = 0.0) -> bool:
-        """Whether recv() would return at once, waiting up to timeout
-        seconds (None: for ever): a message there is taken into this
-        process (Note [polling a reader]), so that another consumer cannot
-        take it between poll() and recv()."""
-        return self._queue._poll_take(timeout)
-
-    def close(self) -> None:
-        """Nothing to close: the queue stays open (multiprocessing's pool
-        workers close the ends they do not use)."""
-
-    @property
-    def closed(self) -> bool:
-        return self._queue._closed
-
-
-class _Writer:
-    """The sending end of a queue as multiprocessing's Connection shows it."""
-
-    __slots__ = ("_queue",)
-
-    def __init__(self, q: Queue) -> None:
-        self._queue = q
-
-    def send(self, obj: object) -> None:
-        self._queue.put(obj)
-
-    def close(self) -> None:
-        """Nothing to close: the queue stays open."""
-
-    @property
-    def closed(self) -> bool:
-        return self._queue._closed
 
 
 class Queue:
@@ -462,11 +186,13 @@ class Queue:
         self._maxsize: int = maxsize[0]
         self._closed = False
         self._sent = False  # this process put something (Note [closed and never used])
-        self._scratches = [_Scratch()]  # free ones (see _Scratch)
-        self._stash: list[Any] = []  # Note [polling a reader]
-        self._ready: _Readiness | None = None
+        self._scratches = [records.Scratch()]  # free ones (see zctipc._wire.records.Scratch)
+        self._stash: list[Any] = []  # Note [polling a reader] in zctipc._pipes
+        self._ready: Readiness | None = None
         self._async_waiting: dict[Any, set[Any]] = {}  # event loop: futures awaiting readiness (get_async)
-        self._reader, self._writer = _Reader(self), _Writer(self)
+        # The ends the standard library waits on, which hold this queue weakly
+        # (Note [an end holds its queue weakly] in zctipc._pipes).
+        self._reader, self._writer = Reader(self, self._name), Writer(self, self._name)
         # What multiprocessing's queues lock around their pipe ends (its
         # pool's shutdown takes _rlock); the ring needs neither.
         self._rlock, self._wlock = threading.Lock(), threading.Lock()
@@ -709,7 +435,7 @@ class Queue:
         if n == 1 and len(payload) + _HEADER + 1024 <= self._capacity:
             # Fast path for one buffer (a bare array): one try without waiting.
             free = self._scratches
-            s = free.pop() if free else _Scratch()
+            s = free.pop() if free else records.Scratch()
             try:
                 buffers[0].fill(s.put_view)
                 if lib.zct_queue_put(self._handle, typ, payload, len(payload), s.put_view, 1, 0) == 0:
@@ -801,7 +527,7 @@ class Queue:
                 raise self._stash.pop(0).exc
             return self._stash.pop(0)
         free = self._scratches
-        s = free.pop() if free else _Scratch()
+        s = free.pop() if free else records.Scratch()
         try:
             # Fast path: one try without waiting.
             r = native.lib().zct_queue_take(self._handle, s.buf, s.cap, 0, s.views, s.vcap, s.nviews)
@@ -820,12 +546,12 @@ class Queue:
                     return _loads(s.payload)  # a pickle ends at its STOP
                 if typ == _INLINE:
                     return exports.build_inline(s.mem, s.vbuf, 0)
-                return _decode(s.mem, typ, off, r & _FIELD_MASK, s.views, 0)
-            return _decode(s.mem, typ, off, r & _FIELD_MASK, s.views, s.nviews[0])
+                return records.decode(s.mem, typ, off, r & _FIELD_MASK, s.views, 0)
+            return records.decode(s.mem, typ, off, r & _FIELD_MASK, s.views, s.nviews[0])
         finally:
             free.append(s)
 
-    def _take(self, s: _Scratch, status: int, block: bool, timeout: float | None) -> int:
+    def _take(self, s: records.Scratch, status: int, block: bool, timeout: float | None) -> int:
         """Take a record into s after a first try found none (status), as
         block and timeout say; what zct_queue_take returns."""
         lib = native.lib()
@@ -922,15 +648,15 @@ class Queue:
         if self._stash:
             return self._unstash(max_items)
         free = self._scratches
-        s = free.pop() if free else _Scratch()
+        s = free.pop() if free else records.Scratch()
         try:
             return self._get_many(s, max_items, block, timeout)
         finally:
             free.append(s)
 
-    def _get_many(self, s: _Scratch, max_items: int, block: bool, timeout: float | None) -> list[Any]:
+    def _get_many(self, s: records.Scratch, max_items: int, block: bool, timeout: float | None) -> list[Any]:
         lib = native.lib()
-        records, filled, recs = s.records, s.filled, s.recs
+        took, filled, recs = s.records, s.filled, s.recs
 
         def attempt(ms: int) -> int:
             while True:
@@ -940,7 +666,7 @@ class Queue:
                     s.cap,
                     min(max_items, RECORDS_PER_CALL),
                     ms,
-                    records,
+                    took,
                     recs,
                     filled,
                     s.views,
@@ -952,7 +678,7 @@ class Queue:
                 s.resize(max(s.cap, filled[0]), max(s.vcap, s.nviews[0]))  # and take it at once
 
         status = self._wait_for_data(attempt, timeout) if block else attempt(0)
-        taken = records[0]  # 0 when the call failed before it took a message (zctipc.h)
+        taken = took[0]  # 0 when the call failed before it took a message (zctipc.h)
         refused: Exception | None = None
         if status != 0:
             if not taken:
@@ -983,7 +709,8 @@ class Queue:
                         append(_Failed(refused))  # type: ignore[arg-type]  # a record is refused only with a status
                         failed = True
                     else:
-                        append(_decode(mem, typ, off, r.payload_len, [views[v + k] for k in range(nviews)], nviews))
+                        parts = [views[v + k] for k in range(nviews)]
+                        append(records.decode(mem, typ, off, r.payload_len, parts, nviews))
                 except Exception as exc:  # this message's alone (Note [a bad message among good ones])
                     # Its traceback from the builder on: this frame, which
                     # holds the messages, would make a cycle through it.
@@ -1064,19 +791,19 @@ class Queue:
         return self._qsize() == 0
 
     # -- waiting among other things (Note [waiting on a queue among other
-    # things]) -------------------------------------------------------------
+    # things] in zctipc._pipes) ---------------------------------------------
 
-    def _readiness(self) -> _Readiness:
+    def _readiness(self) -> Readiness:
         self._check_open()
         if self._ready is None:
             with self._rlock:
                 if self._ready is None:
-                    self._ready = _Readiness(self._handle, self._name)
+                    self._ready = Readiness(self._handle, self._name)
                     weakref.finalize(self, self._ready.stop)  # a queue collected unclosed
         return self._ready
 
     def _poll_take(self, timeout: float | None = 0.0) -> bool:
-        """_Reader.poll (Note [polling a reader])."""
+        """Reader.poll (Note [polling a reader] in zctipc._pipes)."""
         if self._stash:
             return True
         try:
@@ -1319,17 +1046,6 @@ class _InBandOnceEmpty(exports.InBand):
             return got
         exports.warn_in_band(nbytes)
         return None
-
-
-def _decode(mem: memoryview, typ: int, off: int, plen: int, views: Any, nviews: int) -> Any:
-    """The object of a record taken into mem whose payload is at off, plen
-    bytes, with nviews views (gets read a plain pickle and an inline array
-    themselves)."""
-    if typ == _BYTES:
-        return bytes(mem[off : off + plen])
-    if typ == _TENSOR:
-        return exports.build(views[0])
-    return pickler.loads(mem[off : off + plen], views, nviews)
 
 
 def _inline_bytes(value: SupportsIndex | None) -> int | None:

@@ -160,27 +160,29 @@ def test_constants_match_the_library():
 
 
 def test_queue_framing_is_the_librarys():
-    """Note [framing from the library] in zctipc.queues: what Python knows
+    """Note [framing from the library] in zctipc._wire.records: what Python knows
     of a record's framing is zctipc.h's, read from the library, and it
     unpacks what zct_queue_take packs."""
     import numpy as np
 
     from zctipc import queues
+    from zctipc._wire import records
 
     zctipc.Queue().close()  # the first queue reads the framing
     lib = _native.lib()
     read = {
-        "_PICKLE": "ZCT_RECORD_PICKLE",
-        "_TENSOR": "ZCT_RECORD_TENSOR",
-        "_BYTES": "ZCT_RECORD_BYTES",
-        "_INLINE": "ZCT_RECORD_INLINE",
-        "_HEADER": "ZCT_RECORD_HEADER",
-        "_FIELD_MASK": "ZCT_TAKE_FIELD_MASK",
-        "_OFFSET_SHIFT": "ZCT_TAKE_OFFSET_SHIFT",
-        "_TYPE_SHIFT": "ZCT_TAKE_TYPE_SHIFT",
+        "PICKLE": "ZCT_RECORD_PICKLE",
+        "TENSOR": "ZCT_RECORD_TENSOR",
+        "BYTES": "ZCT_RECORD_BYTES",
+        "INLINE": "ZCT_RECORD_INLINE",
+        "HEADER": "ZCT_RECORD_HEADER",
+        "FIELD_MASK": "ZCT_TAKE_FIELD_MASK",
+        "OFFSET_SHIFT": "ZCT_TAKE_OFFSET_SHIFT",
+        "TYPE_SHIFT": "ZCT_TAKE_TYPE_SHIFT",
     }
     for ours, theirs in read.items():
-        assert getattr(queues, ours) == getattr(lib, theirs), ours
+        assert getattr(records, ours) == getattr(lib, theirs), ours
+        assert getattr(queues, "_" + ours) == getattr(lib, theirs), f"zctipc.queues' copy of {ours}"
     ffi = _native.ffi()
     types = {name for name in ffi.typeof("zct_record_type").elements.values()}
     assert types == {n for n in read.values() if n.startswith("ZCT_RECORD_") and n != "ZCT_RECORD_HEADER"}
@@ -192,12 +194,12 @@ def test_queue_framing_is_the_librarys():
     q = zctipc.Queue()
     q.put(b"abc")
     q.put(np.arange(3, dtype=np.int16))
-    s = queues._Scratch()
+    s = records.Scratch()
     for typ, length, nviews in ((lib.ZCT_RECORD_BYTES, 3, 0), (lib.ZCT_RECORD_INLINE, 8 + 8 + 6, 1)):
         r = lib.zct_queue_take(q._handle, s.buf, s.cap, 0, s.views, s.vcap, s.nviews)
         assert r >= 0
-        assert (r >> queues._TYPE_SHIFT, r & queues._FIELD_MASK, s.nviews[0]) == (typ, length, nviews)
-        assert (r >> queues._OFFSET_SHIFT) & queues._FIELD_MASK == queues._HEADER
+        assert (r >> records.TYPE_SHIFT, r & records.FIELD_MASK, s.nviews[0]) == (typ, length, nviews)
+        assert (r >> records.OFFSET_SHIFT) & records.FIELD_MASK == records.HEADER
     view = s.views[0]
     assert (view.ref, view.kind, view.nbytes) == (0, lib.ZCT_REF_INLINE, 6)
     assert bytes(s.mem[view.offset : view.offset + 6]) == np.arange(3, dtype=np.int16).tobytes()

@@ -356,7 +356,7 @@ def test_readiness_while_producers_wait_for_room_on_the_same_queue():
     readiness thread sleeps on while the queue holds messages; a consumer
     that waits only on multiprocessing.connection.wait gets every message,
     and never finds the descriptor unreadable while the queue holds one
-    (Note [showing after arming] in zctipc.queues)."""
+    (Note [showing after arming] in zctipc._pipes)."""
     import multiprocessing.connection
     import queue
     import threading

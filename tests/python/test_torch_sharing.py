@@ -524,13 +524,12 @@ for step in sys.argv[1].split(","):
 import torch
 import zctipc
 from multiprocessing.reduction import ForkingPickler
-from zctipc import queues
 from zctipc._core import memory, native
-from zctipc._wire import reducers
+from zctipc._wire import records, reducers
 
 q = zctipc.Queue()
 q.put(torch.ones(1024))
-s = queues._Scratch()
+s = records.Scratch()
 lib = native.lib()
 r = lib.zct_queue_take(q._handle, s.buf, s.cap, 10000, s.views, s.vcap, s.nviews)
 assert r >= 0, r

@@ -129,12 +129,13 @@ def test_readiness_shows_a_message_put_after_a_get_emptied_the_queue(monkeypatch
     """The readiness thread shows the queue's state; meanwhile a get takes
     the last message (and drains the descriptor) and a put brings another.
     The descriptor must become readable: a ProcessPoolExecutor waiting on
-    it hung with its results in the queue (Note [showing after arming])."""
-    from zctipc import queues
+    it hung with its results in the queue (Note [showing after arming] in
+    zctipc._pipes)."""
+    from zctipc import _pipes
 
     q = zctipc.SimpleQueue()
     taken = []
-    show = queues._Readiness.show
+    show = _pipes.Readiness.show
 
     def show_then_race(self, readable):
         show(self, readable)
@@ -142,7 +143,7 @@ def test_readiness_shows_a_message_put_after_a_get_emptied_the_queue(monkeypatch
             taken.append(q.get())  # empties the queue: the descriptor is drained
             q.put("b")
 
-    monkeypatch.setattr(queues._Readiness, "show", show_then_race)
+    monkeypatch.setattr(_pipes.Readiness, "show", show_then_race)
     try:
         q.put("a")
         q._reader.fileno()  # the thread starts
@@ -164,7 +165,7 @@ def test_readiness_shows_a_put_that_follows_a_get_which_emptied_the_queue():
     just after a get emptied the queue, the get's rearm drain the pipe, and
     a put come before the thread looked again: it slept with the pipe
     drained and messages in the queue, and the consumer waited for ever;
-    Note [showing after arming] in zctipc.queues.)"""
+    Note [showing after arming] in zctipc._pipes.)"""
     q = zctipc.SimpleQueue()
     stop = threading.Event()
 

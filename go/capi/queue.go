@@ -13,7 +13,6 @@ import (
 	"unsafe"
 
 	"github.com/zctipc/zctipc/go/internal/buffer"
-	"github.com/zctipc/zctipc/go/internal/dtype"
 	"github.com/zctipc/zctipc/go/internal/futex"
 	"github.com/zctipc/zctipc/go/internal/handover"
 	"github.com/zctipc/zctipc/go/internal/header"
@@ -140,7 +139,11 @@ func zct_queue_put_inline(h C.zct_handle, data *C.zct_cvoid, nbytes C.uint64_t, 
 		if nbytes > 0 {
 			elements = unsafe.Slice((*byte)(unsafe.Pointer(data)), nbytes)
 		}
-		rec, err := handover.Inline(dtype.DType(dt), uint8(flags), sh, elements)
+		d, err := dtypeOf(dt)
+		if err != nil {
+			return err
+		}
+		rec, err := handover.Inline(d, uint8(flags), sh, elements)
 		if err != nil {
 			return err
 		}

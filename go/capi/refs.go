@@ -11,7 +11,6 @@ import (
 	"unsafe"
 
 	"github.com/zctipc/zctipc/go/internal/buffer"
-	"github.com/zctipc/zctipc/go/internal/dtype"
 	"github.com/zctipc/zctipc/go/internal/fault"
 	"github.com/zctipc/zctipc/go/internal/handover"
 	"github.com/zctipc/zctipc/go/internal/header"
@@ -73,7 +72,11 @@ func describeArray(r *buffer.Ref, offset uint64, dt, ndim C.int32_t, shape, stri
 			}
 		}
 	}
-	return r.Describe(offset, dtype.DType(dt), sh, st, uint8(flags))
+	d, err := dtypeOf(dt)
+	if err != nil {
+		return message.Descriptor{}, err
+	}
+	return r.Describe(offset, d, sh, st, uint8(flags))
 }
 
 // fillView writes an array a message brought into v, under the ref handle

@@ -23,7 +23,11 @@ var segments = newTable[*shm.Segment]()
 //export zct_segment_create
 func zct_segment_create(name *C.zct_cchar, dt C.int32_t, ndim C.int32_t, shape *C.zct_cint64, out *C.zct_handle, info *C.zct_info) C.int {
 	return createShaped(ndim, shape, out, info, func(dims []int64) (*shm.Segment, error) {
-		return shm.Create(goString(name), header.KindTensor, dtype.DType(dt), dims)
+		d, err := dtypeOf(dt)
+		if err != nil {
+			return nil, err
+		}
+		return shm.Create(goString(name), header.KindTensor, d, dims)
 	})
 }
 
@@ -44,7 +48,11 @@ func zct_table_create(name *C.zct_cchar, nbytes C.uint64_t, out *C.zct_handle, i
 //export zct_segment_create_uninit
 func zct_segment_create_uninit(name *C.zct_cchar, kind C.int32_t, dt C.int32_t, ndim C.int32_t, shape *C.zct_cint64, out *C.zct_handle, info *C.zct_info) C.int {
 	return createShaped(ndim, shape, out, info, func(dims []int64) (*shm.Segment, error) {
-		return shm.CreateUninitialized(goString(name), header.Kind(kind), dtype.DType(dt), dims)
+		d, err := dtypeOf(dt)
+		if err != nil {
+			return nil, err
+		}
+		return shm.CreateUninitialized(goString(name), header.Kind(kind), d, dims)
 	})
 }
 

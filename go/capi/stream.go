@@ -10,7 +10,6 @@ import (
 	"time"
 	"unsafe"
 
-	"github.com/zctipc/zctipc/go/internal/dtype"
 	"github.com/zctipc/zctipc/go/internal/stream"
 	"golang.org/x/sys/unix"
 )
@@ -56,8 +55,12 @@ func zct_stream_create(name *C.zct_cchar, dt C.int32_t, ndim C.int32_t, shape *C
 		if err != nil {
 			return err
 		}
+		d, err := dtypeOf(dt)
+		if err != nil {
+			return err
+		}
 		s, err := stream.Create(goString(name), stream.Config{
-			DType: dtype.DType(dt), Shape: dims, Frames: int(frames), Readers: int(nreaders),
+			DType: d, Shape: dims, Frames: int(frames), Readers: int(nreaders),
 			Policy: stream.Policy(policy), ReaderTimeout: time.Duration(readerTimeoutMS) * time.Millisecond,
 		})
 		if err != nil {

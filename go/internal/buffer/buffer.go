@@ -142,6 +142,9 @@ func (r *Ref) Release() error {
 // holds: only Send arms the ticket.
 func (r *Ref) Describe(offset uint64, dt dtype.DType, shape, strides []int64, flags uint8) (message.Descriptor, error) {
 	d := message.Descriptor{Kind: r.Kind(), Flags: flags, DType: dt, Shape: shape, Strides: strides, Offset: offset}
+	if err := dt.Check(); err != nil {
+		return d, fmt.Errorf("an array: %w", err)
+	}
 	region := uint64(len(r.Data()))
 	if offset > region {
 		return d, fmt.Errorf("offset %d is past the %d-byte region: %w", offset, region, unix.EINVAL)

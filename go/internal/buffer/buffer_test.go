@@ -75,3 +75,16 @@ func TestAttachDescribedSegment(t *testing.T) {
 	_, _, err = buffer.Attach(&bad)
 	require.Error(t, err)
 }
+
+// An array of a dtype zctipc does not know is refused as such when it is
+// described (dtype.ErrUnsupported, the C ABI's ZCT_E_DTYPE), never sent.
+func TestDescribeRefusesAnUnknownDType(t *testing.T) {
+	p := pool.New(64 << 20)
+	defer p.Close()
+	s, err := p.Alloc(4096, time.Time{})
+	require.NoError(t, err)
+	ref := buffer.NewSlotRef(s)
+	defer func() { require.NoError(t, ref.Release()) }()
+	_, err = ref.Describe(0, dtype.DType(999), []int64{4}, []int64{1}, 0)
+	require.ErrorIs(t, err, dtype.ErrUnsupported)
+}

@@ -55,6 +55,21 @@ int main(int argc, char **argv) {
     CHECK(strstr(zct_last_error(), "extent") != NULL);
     CHECK(zct_queue_len(q, &items, &unfinished) == ZCT_OK && items == 0);
     CHECK(zct_segment_refcount(seg, &count) == ZCT_OK && count == 1);
+    /* An unknown dtype is ZCT_E_DTYPE, a code past 16 bits among them
+       (never wrapped onto a known one), and no count is left taken. */
+    CHECK(zct_queue_put_array(q, ZCT_RECORD_TENSOR, info.data, 256, 999, 1, ashape, astrides, 0, 0) ==
+          ZCT_E_DTYPE);
+    CHECK(zct_queue_put_array(q, ZCT_RECORD_TENSOR, info.data, 256, 65536 + ZCT_FLOAT32, 1, ashape, astrides, 0, 0) ==
+          ZCT_E_DTYPE);
+    CHECK(zct_queue_put_array(q, ZCT_RECORD_TENSOR, info.data, 256, -1, 1, ashape, astrides, 0, 0) == ZCT_E_DTYPE);
+    int64_t ishape[1] = {4};
+    float ielems[4] = {0};
+    CHECK(zct_queue_put_inline(q, ielems, sizeof ielems, 65536 + ZCT_FLOAT32, 1, ishape, 0, 0) == ZCT_E_DTYPE);
+    zct_handle bad;
+    zct_info binfo;
+    CHECK(zct_segment_create(NULL, 65536 + ZCT_FLOAT32, 1, ishape, &bad, &binfo) == ZCT_E_DTYPE);
+    CHECK(zct_queue_len(q, &items, &unfinished) == ZCT_OK && items == 0);
+    CHECK(zct_segment_refcount(seg, &count) == ZCT_OK && count == 1);
     CHECK(zct_queue_put_array(q, ZCT_RECORD_TENSOR, info.data, 256, ZCT_FLOAT32, 1, ashape, astrides, 0, 0) ==
           ZCT_OK);
     CHECK(zct_queue_len(q, &items, &unfinished) == ZCT_OK && items == 1);

@@ -37,6 +37,20 @@ PRINTS = {
 }
 
 
+def unprinted(lang, code, stdout):
+    """What a block says it prints (a comment after a print) that its
+    output does not hold as a line of its own, as many times as it says
+    it: "# 45" is not "145", nor is "# True" twice one True."""
+    lines = [line.strip() for line in stdout.splitlines()]
+    missing = []
+    for printed in PRINTS[lang].findall(code) if lang in PRINTS else []:
+        if printed.strip() in lines:
+            lines.remove(printed.strip())
+        else:
+            missing.append(printed.strip())
+    return missing
+
+
 class Block(NamedTuple):
     where: str  # path:line of the opening fence
     lang: str  # the first word of the info string
@@ -102,8 +116,8 @@ def parse(text, where="<page>"):
     i = 0
     while i < len(lines):
         line = lines[i]
-        m = _OPEN.match(line)
-        if m and not (m["fence"][0] == "`" and "`" in m["info"]):  # ```a``` on a line is inline code
+        if _opens(line):
+            m = _OPEN.match(line)
             fence, indent = m["fence"], len(m["indent"].expandtabs(4))
             close = re.compile(rf"^[ \t]*{re.escape(fence[0])}{{{len(fence)},}}[ \t]*$")
             j = i + 1
@@ -137,6 +151,7 @@ def parse(text, where="<page>"):
 
 
 def _opens(line):
+    """Whether a line opens a fence (```a``` on a line is inline code)."""
     m = _OPEN.match(line)
     return bool(m) and not (m["fence"][0] == "`" and "`" in m["info"])
 
@@ -196,12 +211,22 @@ def check(blocks):
             problems.append(
                 f"{b.where}: unknown marker <!-- {b.marker} -->: a block is marked <!-- skip: why --> or <!-- gpu -->"
             )
+        if b.lang in TEXT and re.search(r"^\s*(?:import|from) \w", b.code, re.M) and _compiles(b.code):
+            problems.append(f"{b.where}: a text block that is a Python program: say python, or skip it saying why")
         if b.lang == "sh" and re.search(r"&&", b.code):
             problems.append(
                 f"{b.where}: a shell block chains commands with &&, whose first failure bash -e lets pass: put each "
                 "command on a line of its own"
             )
     return problems
+
+
+def _compiles(code):
+    try:
+        compile(code, "<block>", "exec")
+    except (SyntaxError, ValueError):
+        return False
+    return True
 
 
 # The shell runs a block as a script that stops at its first failure: -e

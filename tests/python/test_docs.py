@@ -37,7 +37,7 @@ import time
 
 import _docblocks
 import pytest
-from _docblocks import PRINTS, RUN
+from _docblocks import RUN
 from conftest import SWEEP_TIMEOUT
 
 import zctipc
@@ -184,8 +184,8 @@ def test_every_block_runs_as_written(isolated, tmp_path, block):
         assert not _docblocks.UNHANDLED.search(out.stderr), (
             f"{where} raised where it did not fail:\n{out.stderr[-3000:]}"
         )
-    for printed in PRINTS.get(lang, re.compile("$^")).findall(code):
-        assert printed.strip() in out.stdout, f"{where} says it prints {printed.strip()}: {out.stdout!r}"
+    missing = _docblocks.unprinted(lang, code, out.stdout)
+    assert not missing, f"{where} says it prints {missing}, each a line of its own: {out.stdout!r}"
     # Every process it started has ended with it (Ray's, forkserver's
     # within the window _docblocks.run gives them; the cleanup daemon, which
     # is none of its own, goes with the isolated fixture).

@@ -123,6 +123,12 @@ def test_markers_must_be_honest():
     assert not problems("<!-- gpu -->\n```python\nimport torch\nx = torch.ones(1, device='cuda')\n```\n")
 
 
+def test_a_program_called_text_is_refused():
+    (problem,) = _docblocks.check(page("```text\nimport zctipc\nzctipc.Queue().put(1)\n```\n").blocks)
+    assert "a text block that is a Python program" in problem
+    assert not _docblocks.check(page("```text\nproducer --put--> [ring] --get--> consumer\n```\n").blocks)
+
+
 def test_a_shell_block_may_not_chain_with_and():
     (problem,) = _docblocks.check(page("```sh\ncd /nonexistent && ls\necho done\n```\n").blocks)
     assert "chains commands with &&" in problem
@@ -220,6 +226,19 @@ def test_a_block_that_leaves_a_process_behind_is_caught_and_the_process_killed(t
 
 def test_a_block_whose_processes_end_in_time_leaves_none(tmp_path):
     assert _run(tmp_path, "sh", "(sleep 0.3 &)\n", linger=10).left == {}
+
+
+def test_a_print_comment_is_a_whole_line_of_the_output():
+    assert _docblocks.unprinted("python", "print(145)  # 45\n", "145\n") == ["45"]
+    code = "print(True)  # True\nprint(x)  # True\n"
+    assert _docblocks.unprinted("python", code, "True\nFalse\n") == ["True"]
+    assert _docblocks.unprinted("python", code, "True\n True \n") == []
+    assert _docblocks.unprinted("c", 'printf("%d\\n", 5); /* 5 */\n', "5\n") == []
+    assert _docblocks.unprinted("go", "fmt.Println(x) // 42 true\n", "42 true false\n") == ["42 true"]
+    # A comment that explains rather than shows fails where the block runs.
+    assert _docblocks.unprinted("python", "print(a == b)  # True: the same pages\n", "True\n") == [
+        "True: the same pages"
+    ]
 
 
 # The references.

@@ -332,7 +332,7 @@ def main(argv=None):
     parser = arguments(__doc__, "arrow", SUITES)
     args = parser.parse_args(argv)
     report = new_report("arrow", ("zctipc", "pyarrow"), arrow=[], go=[], rates=[], skipped={}, tables={})
-    for name in args.only.split(","):
+    for name in args.only:
         report["tables"][name] = SUITES[name](args, report)
     finish(report, render(report), args.json)
 

@@ -47,7 +47,9 @@ from _common import (
     left_out,
     machine_line,
     markdown_table,
+    names_of,
     new_report,
+    positive,
     summarize,
 )
 
@@ -345,8 +347,8 @@ def measure_ray(nbytes, rounds, warmup=2):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, default=20)
-    parser.add_argument("--sizes", default="1M,100M,1G")
+    parser.add_argument("--rounds", type=positive(int), default=20)
+    parser.add_argument("--sizes", type=names_of(list(SIZES)), default="1M,100M,1G", help=f"of {', '.join(SIZES)}")
     parser.add_argument(
         "--json", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "handoff.json")
     )
@@ -359,7 +361,7 @@ def main(argv=None):
         return
 
     ctx = zctipc.get_context()
-    sizes = [SIZES[s] for s in args.sizes.split(",")]
+    sizes = [SIZES[s] for s in args.sizes]
     report = new_report("handoff", ("zctipc", "numpy", "torch", "ray"), results=[], skipped=[])
     ray_missing = left_out("ray", "ray")
     if ray_missing:

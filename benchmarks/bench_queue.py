@@ -630,7 +630,7 @@ def main(argv=None):
         skipped=[],
         tables={},
     )
-    for name in args.only.split(","):
+    for name in args.only:
         report["tables"][name] = SUITES[name](args.quick, report)
     finish(report, render(report), args.json)
 

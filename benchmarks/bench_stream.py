@@ -41,6 +41,7 @@ from _common import (
     machine_line,
     markdown_table,
     new_report,
+    positive,
     summarize,
 )
 from _floor import memcpy_bytes_per_s
@@ -613,10 +614,12 @@ SUITES = {"throughput": suite_throughput, "latency": suite_latency}
 
 def main(argv=None):
     parser = arguments(__doc__, "stream", SUITES)
-    parser.add_argument("--seconds", type=float, default=6.0, help="how long each peer writes in each throughput cell")
+    parser.add_argument(
+        "--seconds", type=positive(float), default=6.0, help="how long each peer writes in each throughput cell"
+    )
     parser.add_argument(
         "--rounds",
-        type=int,
+        type=positive(int),
         default=3,
         help="throughput runs per peer and cell, the peers taking turns; the median counts",
     )
@@ -631,7 +634,7 @@ def main(argv=None):
             report["skipped_peers"][peer] = missing
     report["memcpy_bytes_per_s"] = memcpy_bytes_per_s()
     print(f"  floor: single-core memcpy {report['memcpy_bytes_per_s'] * 8 / 1e9:.1f} Gbit/s", flush=True)
-    for name in args.only.split(","):
+    for name in args.only:
         report["tables"][name] = SUITES[name](args, report)
     finish(report, render(report), args.json)
 

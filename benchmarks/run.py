@@ -31,7 +31,11 @@ ZCTIPC_BENCH_WITHOUT=peer,peer leaves installed ones out the same way.
 The report (Markdown, JSON and plots) goes to --out only; --readme puts a
 handful of its numbers, with the machine and a link to the report, between
 the README's <!-- BEGIN bench_numbers --> and <!-- END bench_numbers -->
-markers (Note [the README's numbers]).
+markers (Note [the README's numbers]), written whole or not at all.
+Arguments that could fail only after the run (a README without one such
+block, or read-only; a report where none can go) are refused before it,
+with exit status 2. SIGINT or SIGTERM stops every process the run started
+and exits 130 or 143 (Note [an interrupted run] in _common.py).
 """
 
 import argparse
@@ -51,12 +55,15 @@ from _common import (
     fmt_ratio,
     fmt_us,
     install_hint,
+    interruptible,
     left_out,
     machine_line,
     markdown_table,
     new_report,
+    readme_block,
     summarize,
     update_readme,
+    write_file,
 )
 
 SUITES = ("handoff", "queue", "stream", "arrow", "gpu", "ray", "dataloader")
@@ -503,6 +510,74 @@ def skipped_peers():
     return out
 
 
+#: The modules a suite may import that zctipc bench runs without (each
+#: brought by a package of PEER_PACKAGES): a suite that misses one is
+#: skipped, naming the package; any other module it misses (its own
+#: helpers, zctipc's) is a fault, raised.
+OPTIONAL_MODULES = {
+    "torch",
+    "pyarrow",
+    "pandas",
+    "polars",
+    "faster_fifo",
+    "faster_fifo_reduction",
+    "pythusa",
+    "iceoryx2",
+    "ray",
+    "matplotlib",
+    "psutil",
+}
+
+#: The suites the README's numbers come from (headline).
+README_SUITES = ("handoff", "queue", "dataloader", "ray")
+
+
+def missing_package(exc):
+    """The top module a ModuleNotFoundError says is not installed, where a
+    suite may run without it (OPTIONAL_MODULES), else None."""
+    module = (exc.name or "").split(".")[0]
+    return module if module in OPTIONAL_MODULES else None
+
+
+def _check_arguments(parser, args):
+    """Refuse, before anything runs, what would fail or do harm after it
+    ran: no suite, --readme's README without one numbers block it may
+    write, a report where none can be written. Returns the suites."""
+    suites = list(dict.fromkeys(s.strip() for s in args.only.split(",") if s.strip()))
+    if not suites:
+        parser.error(f"--only {args.only!r} names no suite; the suites are {', '.join(SUITES)}")
+    for s in suites:
+        if s not in SUITES:
+            parser.error(f"unknown suite {s!r}; the suites are {', '.join(SUITES)}")
+    if args.readme:
+        if not set(suites) & set(README_SUITES):
+            parser.error(
+                f"--readme writes numbers of the {', '.join(README_SUITES[:-1])} and {README_SUITES[-1]} suites, "
+                f"and --only {args.only} runs none of them"
+            )
+        try:
+            readme_block(args.readme, "bench_numbers")
+        except ValueError as exc:
+            parser.error(f"--readme: {exc}")
+    if os.path.exists(args.out) and not os.path.isdir(args.out):
+        parser.error(f"--out {args.out} is not a folder")
+    if args.json:
+        folder = os.path.dirname(os.path.abspath(args.json))
+        if os.path.isdir(args.json):
+            parser.error(f"--json {args.json} is a folder; give the path of a file")
+        if not os.path.isdir(folder):
+            parser.error(f"--json {args.json}: there is no folder {folder}")
+        if not os.access(folder, os.W_OK | os.X_OK):
+            parser.error(f"--json {args.json}: the folder {folder} is not writable")
+    try:
+        os.makedirs(args.out, exist_ok=True)
+    except OSError as exc:
+        parser.error(f"--out {args.out}: {exc.strerror}")
+    if not os.access(args.out, os.W_OK | os.X_OK):
+        parser.error(f"--out {args.out} is not writable")
+    return suites
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(
         prog="zctipc bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -524,12 +599,20 @@ def main(argv=None):
         "--readme", help="put a few of the numbers, with a link to the report, in this README's numbers block"
     )
     args = parser.parse_args(argv)
-    suites = [s.strip() for s in args.only.split(",") if s.strip()]
-    for s in suites:
-        if s not in SUITES:
-            parser.error(f"unknown suite {s!r}; the suites are {', '.join(SUITES)}")
+    suites = _check_arguments(parser, args)
+    with interruptible() as stopped:  # Note [an interrupted run] in _common
+        return _run(args, suites)
+    print(
+        f"\nzctipc bench: interrupted ({stopped.signal.name}) before the run ended; stopped "
+        f"{_count(stopped.processes, 'process', 'es')} it had started; the README is as it was",
+        file=sys.stderr,
+    )
+    return 128 + stopped.signal.value
+
+
+def _run(args, suites):
+    """Run the suites: the report, and the README's numbers when asked."""
     mode = "quick" if args.quick else "tiny" if args.tiny else "full"
-    os.makedirs(args.out, exist_ok=True)
     skipped = skipped_peers()
     for peer, why in skipped.items():
         print(f"skipping {peer}: {why}", file=sys.stderr)
@@ -552,29 +635,38 @@ def main(argv=None):
         try:
             report["suites"][suite] = run_suite(suite, mode, args.out, sys.stderr)
         except ModuleNotFoundError as exc:  # a module the suite imports (torch, pyarrow) is not installed
-            if (
-                not exc.name
-                or exc.name.split(".")[0] in ("zctipc", "_common", "_floor")
-                or exc.name.startswith("bench_")
-            ):
+            module = missing_package(exc)
+            if module is None:
                 raise
-            module = exc.name.split(".")[0]
             why = f"it needs {module}, which is not installed; {install_hint(module)}"
             report["skipped"][f"the {suite} suite"] = why
             print(f"\nskipping the {suite} suite: {why}", file=sys.stderr)
     report["plots"] = plots(report, args.out)
     text = render(report, args.out)
-    with open(os.path.join(args.out, "report.md"), "w") as f:
-        f.write(text + "\n")
+    write_file(os.path.join(args.out, "report.md"), text + "\n")
     json_path = args.json or os.path.join(args.out, "report.json")
-    with open(json_path, "w") as f:
-        json.dump(report, f, indent=2)
+    write_file(json_path, json.dumps(report, indent=2))
     print(text)
     print(f"\nreport: {os.path.join(args.out, 'report.md')}\nJSON: {json_path}")
     if args.readme:
+        if not headline(report):
+            print(
+                f"zctipc bench: this run made none of the README's numbers (the suites they come from, "
+                f"{', '.join(README_SUITES)}, were skipped or made no such rows); {args.readme} is as it was",
+                file=sys.stderr,
+            )
+            return 1
         where = os.path.relpath(os.path.join(args.out, "report.md"), os.path.dirname(os.path.abspath(args.readme)))
-        update_readme(args.readme, "bench_numbers", numbers(report, where), by="zctipc bench --readme")
+        try:
+            update_readme(args.readme, "bench_numbers", numbers(report, where), by="zctipc bench --readme")
+        except (ValueError, OSError) as exc:
+            print(f"zctipc bench: --readme: {exc}; {args.readme} is as it was", file=sys.stderr)
+            return 1
     return 0
+
+
+def _count(n, noun, plural="s"):
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}{plural}"
 
 
 if __name__ == "__main__":

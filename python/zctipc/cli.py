@@ -16,7 +16,7 @@ from ._core import native as _native
 
 TYPE_CHECKING = False  # Note [types without typing] in zctipc._core.native
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
     from typing import Any
 
 # Below this, /dev/shm is too small for real tensors (Docker's default is 64 MB).
@@ -24,6 +24,20 @@ SMALL_SHM = 1 << 30
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    parser, commands = _parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["bench"]:
+        return _bench(argv[1:])
+    args = parser.parse_args(argv)
+    # Looking must not start the daemon whose state it reports.
+    _native.auto_cleanup = False
+    return commands[args.command](args)
+
+
+def _parser() -> tuple[argparse.ArgumentParser, dict[str, Callable[[argparse.Namespace], int]]]:
+    """The command line, and the function of each command but bench (whose
+    arguments benchmarks/run.py parses); docs/reference/cli.md has a row for
+    every command (tests/python/test_docs.py reads them from here)."""
     parser = argparse.ArgumentParser(prog="zctipc", description="Inspect and clean zctipc's shared memory.")
     parser.add_argument("--version", action="version", version=f"zctipc {_native.package_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -36,13 +50,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     doctor.add_argument("--json", action="store_true", help="print JSON")
     sub.add_parser("bench", help="run every benchmark against its peers (zctipc bench --help)", add_help=False)
     watching = observe.register(sub)
-    argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["bench"]:
-        return _bench(argv[1:])
-    args = parser.parse_args(argv)
-    # Looking must not start the daemon whose state it reports.
-    _native.auto_cleanup = False
-    return {"ls": _ls, "gc": _gc, "doctor": _doctor, **watching}[args.command](args)
+    return parser, {"ls": _ls, "gc": _gc, "doctor": _doctor, **watching}
 
 
 def _resident(name: str) -> int | None:

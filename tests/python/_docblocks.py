@@ -295,7 +295,7 @@ def processes_with(mark):
 # Note [the environment the code reads]: a variable is read by its name,
 # which is written whole somewhere as a string: zctipc's own (ZCTIPC_...)
 # wherever a string of the code, the benchmarks or the tests holds one (a
-# Python name such as ZCTIPC_REDUCER, a comment or a docstring reads
+# Python name such as ZCTIPC_LIKE_CONSTANT, a comment or a docstring reads
 # nothing), and any other name where the library passes it to getenv or
 # looks it up in os.environ, directly or through a constant. A name built
 # at run time ("ZCTIPC_" + kind, f"ZCTIPC_{kind}", HelperEnv + "_ARGS") is
@@ -304,7 +304,7 @@ def processes_with(mark):
 # variable the page has a row for is one that something reads.
 # reference could not be checked whole.
 
-_TOKEN = re.compile(r"(?<![.\w])ZCTIPC_[A-Z0-9_]*")  # not an attribute: code in a string (module.ZCTIPC_REDUCER)
+_TOKEN = re.compile(r"(?<![.\w])ZCTIPC_[A-Z0-9_]*")  # not an attribute: code in a string (module.ZCTIPC_LIKE_CONSTANT)
 _ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*$")
 _GO_STRING = re.compile(r'"(?:[^"\\\n]|\\.)*"|`[^`]*`')
 _GO_CONST = re.compile(r'\b([A-Za-z_]\w*)\s*(?::=|=)\s*"([^"\\\n]*)"')

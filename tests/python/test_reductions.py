@@ -18,7 +18,7 @@ from zctipc._wire import exports, pickler, reducers, reductions
 
 
 def marked(reducer):
-    return getattr(reducer, reductions.ZCTIPC_REDUCER, False)
+    return getattr(reducer, reductions.MARK, False)
 
 
 def test_the_table_holds_every_type_zctipc_sends_its_own_way():
@@ -68,7 +68,7 @@ import pyarrow
 after = set(reductions.table())
 assert pyarrow.Table in after and pyarrow.Table not in before, (before, after)
 p = pickler.pickler()
-assert getattr(p.pickler.dispatch_table[pyarrow.Table], reductions.ZCTIPC_REDUCER, False)
+assert getattr(p.pickler.dispatch_table[pyarrow.Table], reductions.MARK, False)
 print("ok")
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

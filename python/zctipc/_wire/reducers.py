@@ -189,7 +189,7 @@ def init_torch_reductions() -> None:
         ours = reductions.bound(FORKING)
         for kind, t in (("tensor", torch.Tensor), ("storage", torch.UntypedStorage)):
             current = registered.get(t)
-            if not getattr(current, reductions.ZCTIPC_REDUCER, False):
+            if not getattr(current, reductions.MARK, False):
                 if current is not None:
                     reductions.torch_reducers[kind] = current
                 ForkingPickler.register(t, ours[t])

@@ -252,7 +252,7 @@ def _typed(typed: Callable[[Any], Reduction]) -> Reducer:
 def bound(ch: Channel) -> dict[type[Any], Callable[[Any], Reduction]]:
     """A pickler's dispatch table for channel ch: table()'s reducers, each
     given ch (and ch.whole first, where ch has one). Each reducer is marked
-    (ZCTIPC_REDUCER), so that a registry of reducers can tell zctipc's from
+    (MARK), so that a registry of reducers can tell zctipc's from
     those registered before."""
     key = modules()
     cached: tuple[tuple[bool, ...], dict[type[Any], Callable[[Any], Reduction]]] | None = ch.__dict__.get("_bound")
@@ -265,7 +265,7 @@ def bound(ch: Channel) -> dict[type[Any], Callable[[Any], Reduction]]:
 
 
 #: The attribute that marks the reducers bound() makes.
-ZCTIPC_REDUCER = "_zctipc_reducer"
+MARK = "_zctipc_reducer"
 
 
 def _bind(reduce: Reducer, ch: Channel, whole: Callable[[Any], Reduction | None] | None) -> Callable[[Any], Reduction]:
@@ -278,7 +278,7 @@ def _bind(reduce: Reducer, ch: Channel, whole: Callable[[Any], Reduction | None]
             taken = whole(obj)
             return reduce(ch, obj) if taken is None else taken
 
-    setattr(reducer, ZCTIPC_REDUCER, True)
+    setattr(reducer, MARK, True)
     return reducer
 
 

@@ -264,22 +264,7 @@ func describeInto(view *C.zct_cview, buf unsafe.Pointer, capacity C.uint64_t, le
 
 //export zct_ref_decode
 func zct_ref_decode(buf *C.zct_cvoid, length C.uint64_t, view *C.zct_view) C.int {
-	return run(func() error {
-		if view == nil || length > 0 && buf == nil {
-			return errNilArg
-		}
-		d, err := decodeOne(buf, length)
-		if err != nil {
-			return err
-		}
-		r, data, err := buffer.Adopt(&d)
-		if err != nil {
-			return err
-		}
-		a := handover.ViewOf(r, data, &d)
-		fillView(view, refs.put(r), &a)
-		return nil
-	})
+	return viewOne(buf, length, view, buffer.Adopt)
 }
 
 //export zct_ref_describe
@@ -295,6 +280,13 @@ func zct_ref_describe(view *C.zct_cview, buf unsafe.Pointer, capacity C.uint64_t
 
 //export zct_ref_attach
 func zct_ref_attach(buf *C.zct_cvoid, length C.uint64_t, view *C.zct_view) C.int {
+	return viewOne(buf, length, view, buffer.Attach)
+}
+
+// viewOne fills view with the memory of the one descriptor that the length
+// bytes at buf hold, and a new handle of the count that open (buffer.Adopt
+// or buffer.Attach) gives on it.
+func viewOne(buf *C.zct_cvoid, length C.uint64_t, view *C.zct_view, open func(*message.Descriptor) (*buffer.Ref, []byte, error)) C.int {
 	return run(func() error {
 		if view == nil || length > 0 && buf == nil {
 			return errNilArg
@@ -303,7 +295,7 @@ func zct_ref_attach(buf *C.zct_cvoid, length C.uint64_t, view *C.zct_view) C.int
 		if err != nil {
 			return err
 		}
-		r, data, err := buffer.Attach(&d)
+		r, data, err := open(&d)
 		if err != nil {
 			return err
 		}

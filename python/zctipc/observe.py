@@ -588,66 +588,40 @@ class _QueueWatcher(_Watcher):
     noun = "message"
 
     def __init__(self, name: str) -> None:
+        # Here, not at import: records brings the pickler, which no other
+        # command of the CLI needs (some 7 ms of every one's start).
+        from ._wire import records
+
         ffi, lib = native.ffi(), native.lib()
         handle = ffi.new("zct_handle *")
         native.check(lib.zct_queue_attach(name.encode(), 0, handle))
         self.handle = handle[0]
         self.name = name
         self.cursor = ffi.new("uint64_t *", lib.ZCT_PEEK_OLDEST)
-        self.typ = ffi.new("int32_t *")
-        self.off = ffi.new("uint64_t *")
-        self.plen = ffi.new("uint64_t *")
-        self.nviews = ffi.new("int32_t *")
         self.missed = ffi.new("uint64_t *")
         self.count = 0
-        self.resize(64 << 10, 16)
-
-    def resize(self, cap: int, vcap: int) -> None:
-        ffi = native.ffi()
-        self.raw = bytearray(cap)
-        self.buf = ffi.from_buffer(self.raw)
-        self.vcap = vcap
-        self.views = ffi.new("zct_view[]", vcap)
-        self.vbuf = ffi.buffer(self.views)  # the views as bytes, for an inline array's (exports.build_inline)
+        # A peek fills what a get fills; the record types come with it.
+        self.scratch = records.Scratch()
+        self.kinds = {
+            records.PICKLE: "pickle",
+            records.TENSOR: "tensor",
+            records.BYTES: "bytes",
+            records.INLINE: "inline",
+        }
 
     def next(self) -> tuple[int, str | None, int]:
         ffi, lib = native.ffi(), native.lib()
+        s = self.scratch
         cursor = self.cursor[0]
-        status = lib.zct_queue_peek(
-            self.handle,
-            self.cursor,
-            self.buf,
-            len(self.raw),
-            self.typ,
-            self.off,
-            self.plen,
-            self.views,
-            self.vcap,
-            self.nviews,
-            self.missed,
-        )
+        status = lib.zct_queue_peek(self.handle, self.cursor, s.buf, s.cap, *s.get_args(), self.missed)
         missed = self.missed[0]
         if status == native.E_RANGE:
-            need, nviews = self.plen[0], self.nviews[0]
+            need, nviews = s.plen[0], s.nviews[0]
             if need <= MAX_RECORD:
-                self.resize(max(len(self.raw), need), max(self.vcap, nviews))
+                s.resize(max(s.cap, need), max(s.vcap, nviews))
                 return 0, None, missed
             # Too large to show: passed over without a copy.
-            native.check(
-                lib.zct_queue_peek(
-                    self.handle,
-                    self.cursor,
-                    ffi.NULL,
-                    0,
-                    self.typ,
-                    self.off,
-                    self.plen,
-                    self.views,
-                    self.vcap,
-                    self.nviews,
-                    self.missed,
-                )
-            )
+            native.check(lib.zct_queue_peek(self.handle, self.cursor, ffi.NULL, 0, *s.get_args(), self.missed))
             self.count += 1
             missed += self.missed[0]
             return (
@@ -662,19 +636,13 @@ class _QueueWatcher(_Watcher):
                 return 0, f"#{self.count} cannot be read: {native.error(status)}", missed
             return status, None, missed
         self.count += 1
-        typ, off, plen, nviews = self.typ[0], self.off[0], self.plen[0], self.nviews[0]
-        kind = {
-            lib.ZCT_RECORD_PICKLE: "pickle",
-            lib.ZCT_RECORD_TENSOR: "tensor",
-            lib.ZCT_RECORD_BYTES: "bytes",
-            lib.ZCT_RECORD_INLINE: "inline",
-        }.get(typ, f"type {typ}")
+        typ, off, plen, nviews = s.typ[0], s.off[0], s.plen[0], s.nviews[0]
+        kind = self.kinds.get(typ, f"type {typ}")
         try:
-            mem = memoryview(self.raw)
-            if typ == lib.ZCT_RECORD_INLINE:  # its array, as the library decoded it: no ref to build
-                obj = exports.build_inline(mem, self.vbuf, 0)
+            if kind == "inline":  # its array, as the library decoded it: no ref to build
+                obj = exports.build_inline(s.mem, s.vbuf, 0)
             else:
-                obj = _decode(mem, typ, off, plen, _build_all(self.views, nviews))
+                obj = _decode(s.mem, kind, off, plen, _build_all(s.views, nviews))
             text = summarize(obj)
         except Exception as exc:  # whatever the bytes hold, tail goes on
             text = f"(cannot be shown: {type(exc).__name__}: {exc})"
@@ -718,14 +686,13 @@ class _StreamWatcher(_Watcher):
 # -- what a message holds ----------------------------------------------------
 
 
-def _decode(mem: memoryview, typ: int, off: int, plen: int, built: list[Any]) -> Any:
-    """The object of a peeked record whose payload is mem[off:off+plen],
-    with its arrays built (_build_all): bytes, a tensor or a pickle (the
-    caller builds an inline array)."""
-    lib = native.lib()
-    if typ == lib.ZCT_RECORD_BYTES:
+def _decode(mem: memoryview, kind: str, off: int, plen: int, built: list[Any]) -> Any:
+    """The object of a peeked record of kind ("bytes", "tensor", "pickle")
+    whose payload is mem[off:off+plen], with its arrays built (_build_all)
+    (the caller builds an inline array)."""
+    if kind == "bytes":
         return bytes(mem[off : off + plen])
-    if typ == lib.ZCT_RECORD_TENSOR:
+    if kind == "tensor":
         return built[0]
     return _Unpickler(io.BytesIO(mem[off : off + plen]), built).load()
 

@@ -97,15 +97,6 @@ _ROOM_WAIT = 5.0
 _LOOK_EVERY = 2
 
 
-class _Armed(threading.local):
-    """Per-thread out-parameters of zct_queue_arm and zct_stream_reader_arm."""
-
-    def __init__(self) -> None:
-        ffi = native.ffi()
-        self.word = ffi.new("uint32_t **")
-        self.seen = ffi.new("uint32_t *")
-
-
 # Note [a bad message among good ones]: get_many takes many messages in one
 # call, and one of them may be bad: the library refused its record (it did
 # not decode, or a count it carried could not be taken: a descriptor
@@ -197,7 +188,7 @@ class Queue:
         # pool's shutdown takes _rlock); the ring needs neither.
         self._rlock, self._wlock = threading.Lock(), threading.Lock()
         self._polls = False  # set_wait("poll"): waits stay in the library
-        self._armed = _Armed()  # per thread: out-parameters of zct_queue_arm
+        self._armed = wait.Armed()  # per thread: out-parameters of zct_queue_arm
         # How arrays find pool buffers when /dev/shm is full (Note [sending
         # in band when shared memory is full] in zctipc._wire.exports).
         self._in_band = _InBandOnceEmpty(self) if self._in_band_once_empty else None

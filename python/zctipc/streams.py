@@ -325,15 +325,6 @@ class _Out(threading.local):
         self.whole = ffi.new("int32_t *")
 
 
-class _Armed(threading.local):
-    """Per-thread out-parameters of zct_stream_reader_arm."""
-
-    def __init__(self) -> None:
-        ffi = native.ffi()
-        self.word = ffi.new("uint32_t **")
-        self.seen = ffi.new("uint32_t *")
-
-
 class _Endpoint:
     """What a writer and a reader share: their stream, native handle, and
     the calls of their hot path, bound once.
@@ -363,7 +354,7 @@ class _Endpoint:
         self._out = _Out()
         self._lock = threading.Lock()  # read() and write(): one frame whole
         self._polls = False  # set_wait("poll"): waits stay in the library
-        self._armed = _Armed()
+        self._armed = wait.Armed()  # per thread: out-parameters of the arm calls
         verb = "write" if self._writable else "read"
         self._look = getattr(lib, f"zct_stream_{verb}_look")
         self._increment = getattr(lib, f"zct_stream_{verb}_increment")

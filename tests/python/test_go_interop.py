@@ -8,6 +8,7 @@ import subprocess
 
 import numpy as np
 import pytest
+from _procs import go_echo
 
 import zctipc
 
@@ -155,16 +156,8 @@ def test_empty_arrays_of_every_dtype_and_shape_cross_to_go_and_back(go_bin):
     # Python sends each (inline, no bytes); Go receives its type and shape
     # and sends it back (its own encoding of an empty tensor); Python gets
     # the same type and shape.
-    there, back = zctipc.Queue(), zctipc.Queue()
-    echo = subprocess.Popen([go_bin("consumer"), "echo", there.name, back.name], stdout=subprocess.PIPE, text=True)
     sent = [np.empty(shape, dtype) for dtype in EMPTY_DTYPES for shape in EMPTY_SHAPES]
-    for a in sent:
-        there.put(a)
-    there.put(b"done")
-    got = [back.get(timeout=60) for _ in sent]
-    assert back.get(timeout=60) == b"done"
-    out, _ = echo.communicate(timeout=60)
-    assert echo.returncode == 0
+    got, out = go_echo(go_bin("consumer"), sent)
     assert out.split("\n")[: len(sent)] == [f"{a.dtype} {list(a.shape)}".replace(",", "") for a in sent]
     for a, b in zip(sent, got, strict=True):
         assert isinstance(b, np.ndarray), (a.dtype, a.shape)
@@ -177,18 +170,10 @@ def test_a_go_relay_passes_on_small_arrays_and_torch_tensors_as_they_came(go_bin
     # NumPy has no type for, among them) stay torch tensors, whether they
     # came inline, empty, or by descriptor.
     torch = pytest.importorskip("torch")
-    there, back = zctipc.Queue(), zctipc.Queue()
-    echo = subprocess.Popen([go_bin("consumer"), "echo", there.name, back.name], stdout=subprocess.PIPE, text=True)
     sent = [np.arange(3, dtype=np.float32), np.full((2, 2), True), np.arange(6, dtype=np.complex64).reshape(3, 2)]
     for dt in (torch.bfloat16, torch.float16, torch.int64):
         sent += [torch.arange(3).to(dt), torch.empty((0, 5), dtype=dt), torch.arange(100_000).to(dt)]
-    for a in sent:
-        there.put(a)
-    there.put(b"done")
-    got = [back.get(timeout=60) for _ in sent]
-    assert back.get(timeout=60) == b"done"
-    echo.communicate(timeout=60)
-    assert echo.returncode == 0
+    got, _ = go_echo(go_bin("consumer"), sent)
     for a, b in zip(sent, got, strict=True):
         assert type(b) is type(a), (type(a), a.dtype, a.shape)
         assert b.dtype == a.dtype and b.shape == a.shape

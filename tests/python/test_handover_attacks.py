@@ -15,11 +15,11 @@ import signal
 import struct
 import subprocess
 import sys
-import threading
 import time
 
 import numpy as np
 import pytest
+from _procs import closed_while_blocked, go_echo, go_on, held, python
 from conftest import SWEEP_TIMEOUT, daemon_pid
 
 import zctipc
@@ -432,26 +432,16 @@ def test_a_consumer_killed_between_take_and_adopt(isolated):
     """A consumer that took a record and died before it adopted the count
     the record carried: the other messages come, each once, and the count
     stays its sender's until the sender exits; then nothing is left."""
-    sender = subprocess.Popen(
-        [sys.executable, "-c", _SENDER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=isolated
-    )
-    try:
+    with held(_SENDER, env=isolated) as sender:
         name = sender.stdout.readline().strip()
         assert sender.stdout.readline().strip() == "6"
         taker = subprocess.run([sys.executable, "-c", _TAKE_AND_DIE, name], env=isolated, timeout=HANG)
         assert taker.returncode == -signal.SIGKILL
-        getter = subprocess.run(
-            [sys.executable, "-c", _GETTER, name, "5"], env=isolated, capture_output=True, text=True, timeout=HANG
-        )
-        assert getter.returncode == 0, getter.stderr
+        getter = python("-c", _GETTER, name, "5", env=isolated, timeout=HANG)
         assert getter.stdout.split() == ["1", "2", "3", "4", "5"]
-        sender.stdin.write("\n")
-        sender.stdin.flush()
+        go_on(sender)
         assert sender.stdout.readline().strip() == "1", "the orphaned count is the sender's still"
         assert sender.wait(HANG) == 0
-    finally:
-        sender.kill()
-        sender.wait()
     assert _wait_empty(isolated) == []
 
 
@@ -466,29 +456,37 @@ while True:
 """
 
 
+_MIXED_SENDER = """
+import sys, numpy as np, zctipc
+q = zctipc.Queue(max_bytes=1 << 22)
+print(q.name, flush=True)
+for i in range(200):
+    q.put(np.full(10 if i % 2 else 150_000, i, np.uint16))
+print('sent', flush=True)
+sys.stdin.readline()
+q.close()
+"""
+
+_GET_THE_REST = """
+import sys, queue, zctipc
+q = zctipc.Queue.attach(sys.argv[1])
+seen = []
+while True:
+    try:
+        a = q.get(timeout=1)
+    except queue.Empty:
+        break
+    assert (a == a[0]).all() and a.size == (10 if a[0] % 2 else 150_000)
+    seen.append(int(a[0]))
+print(' '.join(map(str, seen)), flush=True)
+"""
+
+
 def test_consumers_killed_while_they_get(isolated):
     """Consumers SIGKILLed at random while they get small and large
     arrays: every message that is left comes whole, once and in order, and
     once all are gone nothing is left in shared memory."""
-    sender = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            "import sys, numpy as np, zctipc\n"
-            "q = zctipc.Queue(max_bytes=1 << 22)\n"
-            "print(q.name, flush=True)\n"
-            "for i in range(200):\n"
-            "    q.put(np.full(10 if i % 2 else 150_000, i, np.uint16))\n"
-            "print('sent', flush=True)\n"
-            "sys.stdin.readline()\n"
-            "q.close()\n",
-        ],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-        env=isolated,
-    )
-    try:
+    with held(_MIXED_SENDER, env=isolated) as sender:
         name = sender.stdout.readline().strip()
         for delay in (0.01, 0.05, 0.1):
             c = subprocess.Popen(
@@ -499,37 +497,11 @@ def test_consumers_killed_while_they_get(isolated):
             c.kill()
             c.wait()
         assert sender.stdout.readline().strip() == "sent"
-        getter = subprocess.run(
-            [
-                sys.executable,
-                "-c",
-                "import sys, queue, zctipc\n"
-                "q = zctipc.Queue.attach(sys.argv[1])\n"
-                "seen = []\n"
-                "while True:\n"
-                "    try:\n"
-                "        a = q.get(timeout=1)\n"
-                "    except queue.Empty:\n"
-                "        break\n"
-                "    assert (a == a[0]).all() and a.size == (10 if a[0] % 2 else 150_000)\n"
-                "    seen.append(int(a[0]))\n"
-                "print(' '.join(map(str, seen)), flush=True)\n",
-                name,
-            ],
-            env=isolated,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        assert getter.returncode == 0, getter.stderr
+        getter = python("-c", _GET_THE_REST, name, env=isolated, timeout=120)
         seen = [int(i) for i in getter.stdout.split()]
         assert seen and seen == list(range(seen[0], 200)), "those left, each once, in order"
-        sender.stdin.write("\n")
-        sender.stdin.flush()
+        go_on(sender)
         assert sender.wait(HANG) == 0
-    finally:
-        sender.kill()
-        sender.wait()
     assert _wait_empty(isolated) == []
 
 
@@ -565,10 +537,7 @@ def test_a_producer_killed_while_it_waits_in_put_inline(isolated):
         "q.close()\n"
         "print('ok', flush=True)\n"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code, _BLOCKED_PRODUCER], env=env, capture_output=True, text=True, timeout=120
-    )
-    assert out.returncode == 0, out.stderr
+    out = python("-c", code, _BLOCKED_PRODUCER, env=env, timeout=120)
     assert out.stdout.strip() == "ok"
     assert _wait_empty(env) == []
 
@@ -607,10 +576,7 @@ def test_producers_killed_at_random_inside_put_inline(isolated):
         "q.close()\n"
         "print('ok', flush=True)\n"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code, _PRODUCER], env=isolated, capture_output=True, text=True, timeout=240
-    )
-    assert out.returncode == 0, out.stderr
+    out = python("-c", code, _PRODUCER, env=isolated, timeout=240)
     assert out.stdout.strip() == "ok"
     assert _wait_empty(isolated) == []
 
@@ -620,25 +586,8 @@ def test_many_waiters_in_put_inline_and_a_close():
     HandleClosed when another thread closes the queue, and put nothing."""
     q = zctipc.Queue(1, max_bytes=4096)
     q.put(np.arange(2))
-    outcome = []
-
-    def block():
-        try:
-            q.put(np.arange(3, dtype=np.int16))
-            outcome.append("returned")
-        except zctipc.HandleClosed:
-            outcome.append("closed")
-        except BaseException as e:
-            outcome.append(e)
-
-    threads = [threading.Thread(target=block, daemon=True) for _ in range(50)]
-    for t in threads:
-        t.start()
-    time.sleep(0.3)  # asleep by now
-    q.close()
-    for t in threads:
-        t.join(HANG)
-    assert not any(t.is_alive() for t in threads)
+    outcome, alive = closed_while_blocked(lambda: q.put(np.arange(3, dtype=np.int16)), q.close, 50, HANG)
+    assert not alive
     assert outcome == ["closed"] * 50, outcome
 
 
@@ -670,23 +619,10 @@ def test_tail_of_forged_inline_records(isolated):
         "assert q.get(timeout=5) == b'the end'\n"
         "q.close()\n"
     )
-    holder = subprocess.Popen(
-        [sys.executable, "-c", code, os.path.dirname(__file__), isolated["ZCTIPC_SHM_DIR"]],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-        env=isolated,
-    )
-    try:
+    with held(code, os.path.dirname(__file__), isolated["ZCTIPC_SHM_DIR"], env=isolated) as holder:
         name = holder.stdout.readline().strip()
         assert name, "the holder made its queue"
-        out = subprocess.run(
-            [sys.executable, "-m", "zctipc", "tail", "--no-follow", name],
-            env=isolated,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+        out = python("-m", "zctipc", "tail", "--no-follow", name, env=isolated, timeout=120)
         assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr
         lines = out.stdout.splitlines()
         assert len(lines) == len(LIES) + len(EDGES) + 1, lines
@@ -696,13 +632,9 @@ def test_tail_of_forged_inline_records(isolated):
             assert " inline: " in line and "cannot be" not in line, line
         assert "uint8[0, 4611686018427387904] (empty)" in out.stdout
         assert lines[-1].endswith("bytes: bytes[7] b'the end'"), lines[-1]
-        holder.stdin.write("\n")
-        holder.stdin.flush()
+        go_on(holder)
         assert holder.stdout.readline().strip() == str(len(lines)), "tail took nothing"
         assert holder.wait(HANG) == 0
-    finally:
-        holder.kill()
-        holder.wait()
     assert _wait_empty(isolated) == []
 
 
@@ -721,8 +653,6 @@ def test_go_and_python_read_each_others_inline_records(go_consumer):
     no elements, Fortran order, negative strides, read-only) reach a Go
     program, which sends each back inline, as it came; Python gets them
     back equal."""
-    there, back = zctipc.Queue(), zctipc.Queue()
-    echo = subprocess.Popen([go_consumer, "echo", there.name, back.name], stdout=subprocess.PIPE, text=True)
     sent = [(np.arange(6) % 2).astype(dt).reshape(2, 3) for dt in dtypes.CODES if dt != "bfloat16"] + [
         np.array(2.5),
         np.array(True),
@@ -732,24 +662,12 @@ def test_go_and_python_read_each_others_inline_records(go_consumer):
         np.frombuffer(b"abcd", np.uint8),
         np.zeros((1,) * 32, np.int8),
     ]
-    try:
-        for a in sent:
-            there.put(a)
-        there.put(b"done")
-        got = [back.get(timeout=60) for _ in sent]
-        assert back.get(timeout=60) == b"done"
-        echo.communicate(timeout=60)
-        assert echo.returncode == 0
-        for a, b in zip(sent, got, strict=True):
-            assert type(b) is np.ndarray, (a.dtype, a.shape)
-            assert (b.dtype, b.shape) == (a.dtype, a.shape)
-            assert np.array_equal(a, b)
-            assert b.flags.writeable == a.flags.writeable
-    finally:
-        echo.kill()
-        echo.wait()
-        there.close()
-        back.close()
+    got, _ = go_echo(go_consumer, sent)
+    for a, b in zip(sent, got, strict=True):
+        assert type(b) is np.ndarray, (a.dtype, a.shape)
+        assert (b.dtype, b.shape) == (a.dtype, a.shape)
+        assert np.array_equal(a, b)
+        assert b.flags.writeable == a.flags.writeable
 
 
 # -- zctipc.h and what Python reads of it --------------------------------------------------------

@@ -14,6 +14,7 @@ import threading
 import time
 
 import pytest
+from _procs import closed_while_blocked
 from conftest import with_pythonpath
 
 import zctipc
@@ -368,25 +369,9 @@ def test_a_close_wakes_a_hundred_blocked_threads(call):
     q = zctipc.JoinableQueue(1)
     if call in ("put", "join"):
         q.put(0)
-    outcome = []
-
-    def block():
-        try:
-            {"get": q.get, "put": lambda: q.put(1), "join": q.join, "poll": lambda: q._poll(None)}[call]()
-            outcome.append("returned")
-        except zctipc.HandleClosed:
-            outcome.append("closed")
-        except BaseException as e:
-            outcome.append(e)
-
-    threads = [threading.Thread(target=block, daemon=True) for _ in range(100)]
-    for t in threads:
-        t.start()
-    time.sleep(0.3)
-    q.close()
-    for t in threads:
-        t.join(HANG)
-    assert not any(t.is_alive() for t in threads)
+    run = {"get": q.get, "put": lambda: q.put(1), "join": q.join, "poll": lambda: q._poll(None)}[call]
+    outcome, alive = closed_while_blocked(run, q.close, 100, HANG)
+    assert not alive
     assert outcome == ["closed"] * 100, outcome
 
 
@@ -800,7 +785,6 @@ def test_a_close_from_another_thread_ends_a_sleeping_call(call):
     q = zctipc.Queue(2)
     s = zctipc.Stream.create(shape=4, frames=2, policy="block")
     r, w = s.reader(), s.writer()
-    outcome = []
     try:
         q.put(0)
         q.put(1)
@@ -811,22 +795,9 @@ def test_a_close_from_another_thread_ends_a_sleeping_call(call):
             "write": lambda: w.write(np.zeros(4, "float32")),
             "look": w.look,
         }[call]
-
-        def block():
-            try:
-                run()
-                outcome.append("returned")
-            except zctipc.HandleClosed:
-                outcome.append("closed")
-            except BaseException as e:
-                outcome.append(e)
-
-        t = threading.Thread(target=block, daemon=True)
-        t.start()
-        time.sleep(0.3)  # asleep outside the library
-        (q.close if call == "put_many" else w.close)()
-        t.join(HANG)
-        assert not t.is_alive(), f"{call} still sleeps after the close"
+        # Asleep outside the library by the close.
+        outcome, alive = closed_while_blocked(run, q.close if call == "put_many" else w.close, 1, HANG)
+        assert not alive, f"{call} still sleeps after the close"
         assert outcome == ["closed"], outcome
     finally:
         q.close()

@@ -78,10 +78,7 @@ func inlineRecord(code uint16, flags uint8, shape []int64, data []byte) []byte {
 // takeRaw takes q's next record with room for every view a header can ask.
 func takeRaw(t *testing.T, q *queue.Queue) []byte {
 	t.Helper()
-	buf := make([]byte, q.Capacity())
-	n, err := q.Get(buf, message.MaxViews, time.Now())
-	require.NoError(t, err)
-	return buf[:n]
+	return getRaw(t, q, message.MaxViews)
 }
 
 func bytesRecord(t *testing.T, q *queue.Queue, b string) {
@@ -218,9 +215,7 @@ func TestViewRoomOfZeroAndOne(t *testing.T) {
 	require.NoError(t, err)
 	_, err = handover.Put(q, &in, nil, time.Time{})
 	require.NoError(t, err)
-	rec, r := tensor(t, p, 3)
-	_, err = handover.Put(q, rec, []*buffer.Ref{r}, time.Time{})
-	require.NoError(t, err)
+	putTensor(t, p, q, 3)
 
 	buf := make([]byte, 4096)
 	var re *queue.RangeError
@@ -249,9 +244,7 @@ func TestViewRoomOfZeroAndOne(t *testing.T) {
 func TestAReplayedDescriptorTakesNoSecondCount(t *testing.T) {
 	p := mustPool(t)
 	q := mustQueue(t, 4096, 0)
-	rec, r := tensor(t, p, 5)
-	_, err := handover.Put(q, rec, []*buffer.Ref{r}, time.Time{})
-	require.NoError(t, err)
+	putTensor(t, p, q, 5)
 	raw := takeRaw(t, q)
 	replay := append([]byte{}, raw...)
 	var first handover.Message
@@ -259,8 +252,7 @@ func TestAReplayedDescriptorTakesNoSecondCount(t *testing.T) {
 	require.NoError(t, first.Adopt())
 
 	forge(t, q, replay)
-	var m handover.Message
-	require.NoError(t, m.Decode(takeRaw(t, q)))
+	m := take(t, q)
 	require.ErrorIs(t, m.Adopt(), pool.ErrTaken)
 	require.Empty(t, m.Views)
 	require.Zero(t, m.NumViews())
@@ -290,8 +282,7 @@ func TestADescriptorTwiceInOneRecord(t *testing.T) {
 	// The ref's count goes with the record, as a put would send it.
 	_, err := buffer.Send([]*buffer.Ref{r}, func() error { forge(t, q, raw); return nil })
 	require.NoError(t, err)
-	var m handover.Message
-	require.NoError(t, m.Decode(takeRaw(t, q)))
+	m := take(t, q)
 	require.ErrorIs(t, m.Adopt(), pool.ErrTaken)
 	require.Empty(t, m.Views)
 	require.EqualValues(t, 0, p.Stats().SlotsInUse, "the one count was taken, then released")
@@ -308,9 +299,7 @@ func TestARunWithBadRecordsAmongGoodOnes(t *testing.T) {
 	q := mustQueue(t, 1<<16, 0)
 
 	// A descriptor taken already, to replay.
-	rec, r := tensor(t, p, 100)
-	_, err := handover.Put(q, rec, []*buffer.Ref{r}, time.Time{})
-	require.NoError(t, err)
+	putTensor(t, p, q, 100)
 	replay := append([]byte{}, takeRaw(t, q)...)
 	var taken handover.Message
 	require.NoError(t, taken.Decode(replay))
@@ -326,9 +315,7 @@ func TestARunWithBadRecordsAmongGoodOnes(t *testing.T) {
 	require.NoError(t, err)
 	forge(t, q, inlineRecord(uint16(dtype.Uint8), 0, []int64{100}, make([]byte, 8))) // bad: its array runs past it
 	forge(t, q, replay)                                                              // bad: its count is taken
-	bare, r2 := tensor(t, p, 2)
-	_, err = handover.Put(q, bare, []*buffer.Ref{r2}, time.Time{})
-	require.NoError(t, err)
+	putTensor(t, p, q, 2)
 	bytesRecord(t, q, "end")
 
 	buf := make([]byte, 1<<16)
@@ -389,7 +376,5 @@ func TestAPutContextCancelledWhileItWaitsLeavesTheCounts(t *testing.T) {
 	require.EqualValues(t, 1, n)
 	require.NoError(t, r.Release())
 	require.EqualValues(t, 0, p.Stats().SlotsInUse)
-	items, err := q.Len()
-	require.NoError(t, err)
-	require.Equal(t, 1, items)
+	require.Equal(t, 1, qlen(t, q))
 }

@@ -14,28 +14,14 @@ import (
 // through a queue, inline: building the record from the array, writing it
 // into the ring, taking it and decoding it.
 func BenchmarkInline(b *testing.B) {
-	q, err := queue.Create("", 1<<20, 0)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer q.Close()
+	q := benchQueue(b)
 	data, shape, buf := make([]byte, 40), []int64{10}, make([]byte, 4096)
 	b.ReportAllocs()
 	for b.Loop() {
+		var m handover.Message
 		rec, err := handover.Inline(dtype.Float32, 0, shape, data)
 		if err == nil {
-			_, err = handover.Put(q, &rec, nil, time.Time{})
-		}
-		var n int
-		if err == nil {
-			n, err = q.Get(buf, 1, time.Time{})
-		}
-		var m handover.Message
-		if err == nil {
-			err = m.Decode(buf[:n])
-		}
-		if err == nil {
-			err = m.Adopt()
+			err = putAndTake(q, &rec, buf, &m)
 		}
 		if err != nil || m.NumViews() != 1 {
 			b.Fatal(err)
@@ -45,29 +31,40 @@ func BenchmarkInline(b *testing.B) {
 
 // BenchmarkBytes is BenchmarkInline's for a record of raw bytes.
 func BenchmarkBytes(b *testing.B) {
+	q := benchQueue(b)
+	payload, buf := make([]byte, 64), make([]byte, 4096)
+	b.ReportAllocs()
+	for b.Loop() {
+		var m handover.Message
+		rec := message.Record{Type: message.TypeBytes, Payload: payload}
+		if err := putAndTake(q, &rec, buf, &m); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func benchQueue(b *testing.B) *queue.Queue {
 	q, err := queue.Create("", 1<<20, 0)
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer q.Close()
-	payload, buf := make([]byte, 64), make([]byte, 4096)
-	b.ReportAllocs()
-	for b.Loop() {
-		rec := message.Record{Type: message.TypeBytes, Payload: payload}
-		_, err := handover.Put(q, &rec, nil, time.Time{})
-		var n int
-		if err == nil {
-			n, err = q.Get(buf, 1, time.Time{})
-		}
-		var m handover.Message
-		if err == nil {
-			err = m.Decode(buf[:n])
-		}
-		if err == nil {
-			err = m.Adopt()
-		}
-		if err != nil {
-			b.Fatal(err)
-		}
+	b.Cleanup(func() { q.Close() })
+	return q
+}
+
+// putAndTake puts rec, which carries no count, into q, takes the next
+// record into buf, and decodes and adopts it into m.
+func putAndTake(q *queue.Queue, rec *message.Record, buf []byte, m *handover.Message) error {
+	_, err := handover.Put(q, rec, nil, time.Time{})
+	var n int
+	if err == nil {
+		n, err = q.Get(buf, 1, time.Time{})
 	}
+	if err == nil {
+		err = m.Decode(buf[:n])
+	}
+	if err == nil {
+		err = m.Adopt()
+	}
+	return err
 }

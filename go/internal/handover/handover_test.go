@@ -47,15 +47,37 @@ func tensor(t *testing.T, p *pool.Pool, want float32) (*message.Record, *buffer.
 	return &message.Record{Type: message.TypeTensor, Descriptors: []message.Descriptor{d}}, r
 }
 
+// putTensor puts a tensor record of p's (tensor) into q, its count with it.
+func putTensor(t *testing.T, p *pool.Pool, q *queue.Queue, want float32) {
+	t.Helper()
+	rec, r := tensor(t, p, want)
+	_, err := handover.Put(q, rec, []*buffer.Ref{r}, time.Time{})
+	require.NoError(t, err)
+}
+
+// getRaw takes q's next record, with room for views views.
+func getRaw(t *testing.T, q *queue.Queue, views int) []byte {
+	t.Helper()
+	buf := make([]byte, q.Capacity())
+	n, err := q.Get(buf, views, time.Now())
+	require.NoError(t, err)
+	return buf[:n]
+}
+
 // take takes the next record of q and decodes it.
 func take(t *testing.T, q *queue.Queue) handover.Message {
 	t.Helper()
-	buf := make([]byte, q.Capacity())
-	n, err := q.Get(buf, message.MaxDescriptors, time.Now())
-	require.NoError(t, err)
 	var m handover.Message
-	require.NoError(t, m.Decode(buf[:n]))
+	require.NoError(t, m.Decode(getRaw(t, q, message.MaxDescriptors)))
 	return m
+}
+
+// qlen returns the queue's message count.
+func qlen(t *testing.T, q *queue.Queue) int {
+	t.Helper()
+	n, err := q.Len()
+	require.NoError(t, err)
+	return n
 }
 
 func TestPutThenAdoptHandsTheCountOver(t *testing.T) {
@@ -121,9 +143,7 @@ func TestARecordMadeWrongIsABadArgument(t *testing.T) {
 			require.NotErrorIs(t, err, message.ErrMalformed)
 		})
 	}
-	n, err := q.Len()
-	require.NoError(t, err)
-	require.Zero(t, n)
+	require.Zero(t, qlen(t, q))
 }
 
 // Inline and Put refuse an inline array made wrong, as a bad argument.
@@ -156,9 +176,7 @@ func TestInlineChecksItsArguments(t *testing.T) {
 			require.NotErrorIs(t, err, message.ErrMalformed)
 		})
 	}
-	n, err := q.Len()
-	require.NoError(t, err)
-	require.Zero(t, n)
+	require.Zero(t, qlen(t, q))
 }
 
 // An inline record written from its array is byte for byte the record of
@@ -222,9 +240,7 @@ func TestAdoptAllIsAllOrNoneForEachMessage(t *testing.T) {
 	p := mustPool(t)
 	q := mustQueue(t, 4096, 0)
 	for i := range 2 {
-		rec, r := tensor(t, p, float32(i))
-		_, err := handover.Put(q, rec, []*buffer.Ref{r}, time.Time{})
-		require.NoError(t, err)
+		putTensor(t, p, q, float32(i))
 	}
 	buf := make([]byte, 4096)
 	n, size, err := q.GetMany(buf, 2, message.MaxDescriptors, time.Now())

@@ -14,6 +14,7 @@ The Go side is Note [sleeping outside Go] in go/internal/futex."""
 from __future__ import annotations
 
 import math
+import threading
 import time
 
 from . import args, native
@@ -68,6 +69,17 @@ def wait_slices(block: bool, timeout: float | None) -> Iterator[int]:
             yield 0
             return
         yield math.ceil(min(left, WAIT_SLICE) * 1000)
+
+
+class Armed(threading.local):
+    """Per-thread out-parameters of the calls that arm a wait (zct_queue_arm,
+    zct_stream_reader_arm, zct_stream_writer_arm): the word to sleep on, and
+    the value it was seen to hold."""
+
+    def __init__(self) -> None:
+        ffi = native.ffi()
+        self.word = ffi.new("uint32_t **")
+        self.seen = ffi.new("uint32_t *")
 
 
 def retry(call: Callable[[int], int], again: int, block: bool = True, timeout: float | None = None) -> int:

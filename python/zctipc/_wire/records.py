@@ -1,7 +1,9 @@
 """A queue's records as Python reads them: the framing facts of zctipc.h
 (read from the library once it is loaded), the buffers a get takes records
 into (Scratch), and the object a record decodes to (decode). zctipc.queues
-writes records and takes them through these.
+writes records and takes them through these; zctipc tail (zctipc.observe)
+peeks at them into a Scratch, and decodes them itself (Note [unpickling what
+passes] there).
 """
 
 from __future__ import annotations
@@ -46,7 +48,8 @@ RECORDS_PER_CALL = 256
 
 class Scratch:
     """Buffers for taking messages: a get takes one from its queue's free
-    list and gives it back, so that threads never share one."""
+    list and gives it back, so that threads never share one. (zctipc tail
+    peeks into one of its own: zct_queue_peek fills what a get fills.)"""
 
     __slots__ = (
         "cap",

@@ -1,0 +1,87 @@
+"""What tests share to drive other processes and threads: Python children
+run from a string of code, a Go example program that echoes a queue, and
+threads blocked in zctipc's calls that a close must end."""
+
+import contextlib
+import subprocess
+import sys
+import threading
+import time
+
+import zctipc
+
+
+def python(*argv, env, timeout):
+    """Run ``python ARGV...`` to its end, its output captured as text; it
+    must exit 0. The finished process (stdout, stderr)."""
+    out = subprocess.run([sys.executable, *argv], env=env, capture_output=True, text=True, timeout=timeout)
+    assert out.returncode == 0, out.stderr
+    return out
+
+
+@contextlib.contextmanager
+def held(code, *args, env):
+    """A Python child that runs code with args, its stdin and stdout pipes
+    of text, for the block; killed if it runs still when the block ends."""
+    p = subprocess.Popen(
+        [sys.executable, "-c", code, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
+    )
+    try:
+        yield p
+    finally:
+        p.kill()
+        p.wait()
+
+
+def go_on(p):
+    """Tell a child that waits for a line on its stdin (held) to go on."""
+    p.stdin.write("\n")
+    p.stdin.flush()
+
+
+def go_echo(consumer, sent, timeout=60):
+    """Put each of sent, then b"done", into a queue that the Go example
+    consumer (its path) echoes into another, and get them back: (what came
+    back, the program's stdout). The program exits 0."""
+    there, back = zctipc.Queue(), zctipc.Queue()
+    echo = subprocess.Popen([consumer, "echo", there.name, back.name], stdout=subprocess.PIPE, text=True)
+    try:
+        for a in sent:
+            there.put(a)
+        there.put(b"done")
+        got = [back.get(timeout=timeout) for _ in sent]
+        assert back.get(timeout=timeout) == b"done"
+        out, _ = echo.communicate(timeout=timeout)
+        assert echo.returncode == 0
+        return got, out
+    finally:
+        echo.kill()
+        echo.wait()
+        there.close()
+        back.close()
+
+
+def closed_while_blocked(call, close, n, hang, asleep=0.3):
+    """Start n threads that each call call(), give them asleep seconds to
+    fall asleep in it, call close(), and join each for up to hang seconds:
+    what each call came to ("returned", "closed" for HandleClosed, or the
+    exception it raised) and the threads that run still."""
+    outcome = []
+
+    def block():
+        try:
+            call()
+            outcome.append("returned")
+        except zctipc.HandleClosed:
+            outcome.append("closed")
+        except BaseException as e:
+            outcome.append(e)
+
+    threads = [threading.Thread(target=block, daemon=True) for _ in range(n)]
+    for t in threads:
+        t.start()
+    time.sleep(asleep)
+    close()
+    for t in threads:
+        t.join(hang)
+    return outcome, [t for t in threads if t.is_alive()]

@@ -39,6 +39,7 @@ import os as _os
 import sys as _sys
 
 from . import errors
+from ._core import lazy as _lazy
 from ._core import native as _native
 from .errors import *  # noqa: F401,F403  (each name is in errors.__all__)
 
@@ -251,9 +252,16 @@ else:
 # torch imported later (or never): its reducers go in when it is, whatever
 # came first (Note [meeting a module on import] in zctipc._core.lazy).
 if "torch" not in _sys.modules:
-    from ._core import lazy as _lazy
-
     _lazy.when_imported("torch", _install_reductions)
+
+
+def _keep_managers_plain() -> None:
+    """The standard library's managers send NumPy arrays as without zctipc
+    (Note [the standard library's managers] in zctipc.managers)."""
+    from . import managers  # noqa: F401  (registers their connections)
+
+
+_lazy.when_imported("multiprocessing.managers", _keep_managers_plain)
 _native.when_loaded(_choose_start_method)
 
 # ZCTIPC_LOG=debug: the log on stderr from now on (zctipc._core.log); only

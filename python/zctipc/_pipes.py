@@ -208,6 +208,12 @@ def _close_pipe(lock: threading.Lock, opened: list[bool], read_fd: int, write_fd
 # wherever it holds one of its ends (a Pool, a ProcessPoolExecutor's
 # manager thread); an end used after its queue was collected raises
 # HandleClosed, as a closed connection raises, and says it is closed.
+# The reader's descriptor, once fileno() gave it out, lives as long as the
+# reader, readable after its queue went, as a pipe whose writer closed is:
+# closed with the queue, it left whoever registered it watching a
+# descriptor that epoll forgets once closed (a selector woken by the
+# queue's going could miss it and wait for ever) and whose number the next
+# file opened takes.
 
 
 class _End:
@@ -237,11 +243,17 @@ class Reader(_End):
     """The receiving end of a queue as multiprocessing's Connection shows it
     to the standard library's pools and to multiprocessing.connection.wait."""
 
-    __slots__ = ()
+    __slots__ = ("_pipe",)
+
+    def __init__(self, q: _Queue, name: str) -> None:
+        super().__init__(q, name)
+        self._pipe: Readiness | None = None  # once fileno() gave its descriptor out
 
     def fileno(self) -> int:
-        """A descriptor readable while the queue holds a message."""
-        return self._live()._readiness().read_fd
+        """A descriptor readable while the queue holds a message, open as
+        long as this end (Note [an end holds its queue weakly])."""
+        self._pipe = ready = self._live()._readiness()
+        return ready.read_fd
 
     def recv(self) -> Any:
         return self._live().get()

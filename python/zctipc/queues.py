@@ -193,6 +193,7 @@ class Queue:
         # in band when shared memory is full] in zctipc._wire.exports).
         self._in_band = _InBandOnceEmpty(self) if self._in_band_once_empty else None
         self._finalizer = weakref.finalize(self, _let_go_of_queue, handle, self._name)
+        self._finalizer.atexit = False  # Note [a queue at exit]
 
     @classmethod
     def attach(cls, name: str, *, inline_bytes: SupportsIndex | None = None) -> Self:
@@ -972,6 +973,24 @@ class SimpleQueue(Queue):
 _held_for_children: list[int] = []
 
 
+# Note [a queue at exit]: weakref.finalize calls the finalizers of the
+# objects still alive at exit from an atexit handler of its own, registered
+# when the first one is made, which is mostly after zctipc registered
+# multiprocessing's exit function again when it loaded its library; atexit
+# runs the last registered first. A queue's handles were then closed before
+# multiprocessing's exit function ran, which still had work to do with
+# them: a Pool left open put to its queues from
+# its finalizer and its threads got from them (HandleClosed, printed from
+# each), and the hold of a queue handed to a child went before the exit
+# function joined that child, so that a program that started a child and
+# returned from its main left it a queue that no longer existed
+# (SegmentNotFound when it attached). A daemon thread blocked in a get was
+# woken to raise HandleClosed too. So a queue's handles are not closed at
+# exit: zctipc's own exit function lets go of everything this process
+# holds, from multiprocessing's last finalizer, once its pools are stopped
+# and its children joined (zctipc._core.native._register_exit).
+
+
 def _let_go_of_queue(handle: int, name: str) -> None:
     native.finalize("zct_queue_close", handle, "closing a queue")
     log.debug("let go of queue %s", name)
@@ -982,7 +1001,8 @@ def _hold_for_child(name: str, popen: object) -> None:
     handle = ffi.new("zct_handle *")
     native.check(lib.zct_queue_attach(name.encode(), 0, handle))
     try:
-        weakref.finalize(popen, native.finalize, "zct_queue_close", handle[0], "closing a queue")
+        held = weakref.finalize(popen, native.finalize, "zct_queue_close", handle[0], "closing a queue")
+        held.atexit = False  # Note [a queue at exit]
     except TypeError:  # not an object a weak reference can follow: until exit
         _held_for_children.append(handle[0])
 

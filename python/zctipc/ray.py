@@ -218,12 +218,16 @@ def _check(t: Any) -> None:
 
 
 def _sendable(t: Any) -> bool:
-    """Whether _check lets torch tensor t through, and it has no grad to lose."""
+    """Whether _check lets torch tensor t through, and it has no grad to
+    lose: a tensor that requires grad, a non-leaf too (which _check refuses
+    as torch.multiprocessing does), goes as Ray pickles it."""
+    if t.requires_grad:
+        return False
     try:
         _check(t)
     except (errors.InvalidArgument, errors.UnsupportedDtype):
         return False
-    return not t.requires_grad
+    return True
 
 
 def _node() -> str:

@@ -159,8 +159,9 @@ _watch = _Watch()
 
 
 def when_imported(name: str, hook: Callable[[], object]) -> None:
-    """Call hook() once the top-level module name is imported (at once if
-    it is), however it is imported (Note [meeting a module on import])."""
+    """Call hook() once the module name (a submodule too, by its full
+    name) is imported (at once if it is), however it is imported (Note
+    [meeting a module on import])."""
     if name in sys.modules:
         hook()
         return

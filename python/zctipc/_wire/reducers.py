@@ -190,7 +190,11 @@ def init_torch_reductions() -> None:
         for kind, t in (("tensor", torch.Tensor), ("storage", torch.UntypedStorage)):
             current = registered.get(t)
             if not getattr(current, reductions.MARK, False):
-                if current is not None:
+                # Only the reducer found when zctipc's was first registered
+                # (torch.multiprocessing's) is the fallback: one registered
+                # since may hand on to zctipc's (a wrapper), which would
+                # then call it back, for ever.
+                if current is not None and kind not in reductions.torch_reducers:
                     reductions.torch_reducers[kind] = current
                 ForkingPickler.register(t, ours[t])
 

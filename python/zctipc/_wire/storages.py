@@ -226,6 +226,14 @@ def patch_torch() -> None:
     """Make torch.UntypedStorage (and so Tensor) say is_shared() for
     storages in zctipc memory, and share_memory_() leave them where they
     are (torch would move them into its own shared memory). Idempotent."""
+    with _patching:  # two threads that both found it unpatched would wrap each other's: a loop
+        _patch_torch()
+
+
+_patching = threading.Lock()
+
+
+def _patch_torch() -> None:
     global _original_is_shared, _original_share_memory_
     cls = sys.modules["torch"].UntypedStorage
     if _original_is_shared is not None:

@@ -609,6 +609,8 @@ from multiprocessing.reduction import ForkingPickler
 from zctipc._wire import reducers
 
 print(getattr(ForkingPickler._extra_reducers.get(torch.Tensor), "_zctipc_reducer", False), end=" ")
+import multiprocessing.managers  # zctipc's other watched module: then nothing is left to watch
+
 print(sum(type(f).__name__ == "_Watch" for f in sys.meta_path))
 """
 

@@ -66,14 +66,29 @@ func waitResult(errno unix.Errno) error {
 	return errno
 }
 
-// Wake wakes up to n waiters on addr and returns how many it woke.
+// Wake wakes up to n waiters on addr and returns how many it woke. It
+// does not tell the Go scheduler (Note [a wake-up the runtime does not
+// see]).
 func Wake(addr *uint32, n int) (int, error) {
-	woken, _, errno := unix.Syscall6(unix.SYS_FUTEX, uintptr(unsafe.Pointer(addr)), futexWake, uintptr(n), 0, 0, 0)
+	woken, _, errno := unix.RawSyscall6(unix.SYS_FUTEX, uintptr(unsafe.Pointer(addr)), futexWake, uintptr(n), 0, 0, 0)
 	if errno != 0 {
 		return 0, errno
 	}
 	return int(woken), nil
 }
+
+// Note [a wake-up the runtime does not see]. FUTEX_WAKE never blocks: it
+// returns as soon as the kernel has marked the sleepers runnable. Made as
+// Go makes a system call that may block (unix.Syscall6), it first told the
+// scheduler that the thread was entering one, and when the process had
+// been idle (the runtime's monitor thread, sysmon, asleep until something
+// happens) that woke the monitor: one more futex wake-up, and one more
+// thread to run on a small machine, before the sleeper's own wake-up, on
+// the path from a put to the consumer. Counted over 1,000 messages 1 ms
+// apart between two processes: 5.3 futex calls per message with
+// unix.Syscall6, 3.3 with unix.RawSyscall6. A raw call holds on to the
+// thread's processor for its few microseconds, as the runtime's own wake-ups
+// (futexwakeup) do.
 
 // Until says how long a wait may last: until Deadline (none when zero),
 // or until Done is closed (never when nil), whichever comes first. A wait

@@ -9,6 +9,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/zctipc/zctipc/go/internal/plane"
 	"golang.org/x/sys/unix"
 )
 
@@ -418,12 +419,10 @@ func (a *Armed) Release(i int, s Seq) {
 	}
 }
 
-// Signal bumps the word and wakes up to n of its sleepers.
+// Signal bumps the word and wakes up to n of its sleepers: the data
+// plane's step (package plane), which every signaller uses. A wake-up on
+// mapped memory does not fail.
 func (s Seq) Signal(n int) error {
-	atomic.AddUint32(s.Word, 1)
-	if atomic.LoadUint32(s.Waiters) == 0 {
-		return nil
-	}
-	_, err := Wake(s.Word, n)
-	return err
+	plane.Signal(s.Word, s.Waiters, n)
+	return nil
 }

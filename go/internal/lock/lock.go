@@ -21,6 +21,7 @@ import (
 	"unsafe"
 
 	"github.com/zctipc/zctipc/go/internal/futex"
+	"github.com/zctipc/zctipc/go/internal/plane"
 	"github.com/zctipc/zctipc/go/internal/proc"
 )
 
@@ -71,11 +72,7 @@ func (m Mutex) TryLock() (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	if atomic.CompareAndSwapUint32(m.state, 0, uint32(self.PID)) {
-		m.setOwner(self)
-		return true, nil
-	}
-	return false, nil
+	return plane.TryLock(unsafe.Pointer(m.state), uint32(self.PID), self.StartTime), nil
 }
 
 // Lock acquires m, waiting until deadline (forever if it is zero). It
@@ -128,14 +125,11 @@ func (m Mutex) Lock(deadline time.Time) (recovered bool, err error) {
 	}
 }
 
-// Unlock releases m, which the calling process holds.
+// Unlock releases m, which the calling process holds (the data plane's
+// step, package plane, which every holder uses; a wake-up on mapped memory
+// does not fail).
 func (m Mutex) Unlock() error {
-	atomic.StoreUint32(m.ownerPID, 0)
-	if atomic.SwapUint32(m.state, 0)&contended != 0 {
-		if _, err := futex.Wake(m.state, 1); err != nil {
-			return err
-		}
-	}
+	plane.Unlock(unsafe.Pointer(m.state))
 	return nil
 }
 

@@ -292,8 +292,36 @@ func (r *Record) checkFraming() error {
 
 // Encode writes r into dst, which holds at least r.Size() bytes.
 func (r *Record) Encode(dst []byte) {
-	size := r.Size()
-	le.PutUint32(dst[0:], uint32(size))
+	at := r.encodePrefix(dst)
+	if !r.fromInline() {
+		at += copy(dst[at:], r.Payload)
+	}
+	clear(dst[at:r.Size()])
+}
+
+// Parts returns r as the data plane writes it (package plane): its prefix
+// (the header, the descriptors, and an inline record's array), encoded,
+// and the payload that follows it, the padding to r.Size() left out.
+func (r *Record) Parts() (prefix, payload []byte) {
+	n := RecordHeaderSize
+	for i := range r.Descriptors {
+		n += r.Descriptors[i].Size()
+	}
+	if r.fromInline() {
+		n += r.Inline.Size()
+	}
+	prefix = make([]byte, n)
+	r.encodePrefix(prefix)
+	if r.fromInline() {
+		return prefix, nil
+	}
+	return prefix, r.Payload
+}
+
+// encodePrefix writes r's header, its descriptors and an inline record's
+// array into dst, and returns the bytes written.
+func (r *Record) encodePrefix(dst []byte) int {
+	le.PutUint32(dst[0:], uint32(r.Size()))
 	dst[4] = r.Type
 	dst[5] = 0
 	le.PutUint16(dst[6:], uint16(len(r.Descriptors)))
@@ -305,10 +333,8 @@ func (r *Record) Encode(dst []byte) {
 	}
 	if r.fromInline() {
 		at += r.Inline.Encode(dst[at:])
-	} else {
-		at += copy(dst[at:], r.Payload)
 	}
-	clear(dst[at:size])
+	return at
 }
 
 // DecodeRecord decodes and checks the record that is exactly src (a private

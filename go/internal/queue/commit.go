@@ -4,13 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync/atomic"
 	"time"
-	"unsafe"
 
+	"github.com/zctipc/zctipc/go/internal/fault"
 	"github.com/zctipc/zctipc/go/internal/futex"
 	"github.com/zctipc/zctipc/go/internal/header"
 	"github.com/zctipc/zctipc/go/internal/message"
+	"github.com/zctipc/zctipc/go/internal/plane"
+	"github.com/zctipc/zctipc/go/internal/shm"
+	"golang.org/x/sys/unix"
 )
 
 // Put appends the record, waiting for room until deadline (forever when it
@@ -74,93 +76,91 @@ func (q *Queue) GetContext(ctx context.Context, buf []byte, maxViews int) (int, 
 	return size, err
 }
 
-// putMany appends records, in a call that entered.
+// putMany appends records, in a call that entered: the data plane's put
+// step (package plane), with the waits it asks for.
 func (q *Queue) putMany(recs []*message.Record, u futex.Until) (int, error) {
 	if len(recs) == 0 {
 		return 0, nil
 	}
-	for _, rec := range recs {
-		if uint64(rec.Size()) > uint64(q.maxRecord) {
-			return 0, fmt.Errorf("a message of %d bytes in a queue that takes %d: %w", rec.Size(), q.maxRecord, ErrTooLarge)
+	parts := make([]plane.Record, len(recs))
+	for i, rec := range recs {
+		size := rec.Size()
+		if uint64(size) > uint64(q.maxRecord) {
+			return 0, fmt.Errorf("a message of %d bytes in a queue that takes %d: %w", size, q.maxRecord, ErrTooLarge)
 		}
+		prefix, payload := rec.Parts()
+		parts[i] = plane.Record{Prefix: prefix, Payload: payload, Size: uint32(size)}
 	}
-	if err := q.lock(q.putLock, u, ErrFull); err != nil {
-		return 0, err
-	}
-	var puts, tail, gets, head uint32
+	flags := 0
 	for {
-		seen := atomic.LoadUint32(q.u32(offSpaceSeq))
-		puts, tail = split(atomic.LoadUint64(q.u64(offTail)))
-		gets, head = split(atomic.LoadUint64(q.u64(offHead)))
-		if !q.sound(head, tail) {
-			return 0, errors.Join(q.corrupt(head, tail), q.putLock.Unlock())
-		}
-		at, _ := q.skipTo(tail, head, puts-gets, uint32(recs[0].Size()))
-		if q.room(at, head, puts-gets, uint32(recs[0].Size())) {
-			break
-		}
-		if q.sparse && q.catchUp(head, u) {
-			continue // pages a killed consumer left are given back: look again
-		}
-		if err := q.wait(q.putLock, offSpaceSeq, offSpaceWaiters, seen, u, ErrFull); err != nil {
-			return 0, err
-		}
-	}
-	if q.sparse {
-		q.settleReserved(tail)
-	}
-	n := 0
-	var reserveErr error
-	for n < len(recs) {
-		size := uint32(recs[n].Size())
-		if q.warm {
-			if tail, reserveErr = q.skip(tail, head, puts+uint32(n)-gets, size); reserveErr != nil {
-				break
+		var out plane.Out
+		r := q.p.Put(parts, flags, &out)
+		flags = 0
+		switch r {
+		case plane.OK:
+			return plane.Count(&out), nil
+		case plane.Busy:
+			if err := q.lock(q.putLock, u, ErrFull); err != nil {
+				return 0, err
 			}
-		}
-		if !q.room(tail, head, puts+uint32(n)-gets, size) {
-			break
-		}
-		if q.sparse {
-			if reserveErr = q.reserve(tail, tail+size); reserveErr != nil {
-				break
+			flags = plane.Locked
+		case plane.CatchUp: // the put lock is ours still
+			moved, err := q.catchUp(u)
+			if err != nil {
+				return 0, errors.Join(err, q.putLock.Unlock())
 			}
+			if !moved {
+				if err := q.wait(q.putLock, offSpaceSeq, offSpaceWaiters, plane.Seen(&out), u, ErrFull); err != nil {
+					return 0, err
+				}
+			}
+			flags = plane.Locked // pages a killed consumer left were given back: look again
+		case plane.Wait:
+			if err := q.sleep(offSpaceSeq, offSpaceWaiters, plane.Seen(&out), u, ErrFull); err != nil {
+				return 0, err
+			}
+		case plane.NoMemory:
+			need, _, _ := plane.Need(&out)
+			return 0, shm.ReserveFailed(uint64(need), unix.Errno(plane.Errno(&out)))
+		default:
+			return 0, q.stepError(r, &out)
 		}
-		q.write(tail, recs[n])
-		if q.warm && size > atomic.LoadUint32(q.u32(offWindowNeed)) {
-			atomic.StoreUint32(q.u32(offWindowNeed), min(size, WarmWindow))
-		}
-		tail += size
-		n++
 	}
-	atomic.StoreUint64(q.u64(offTail), uint64(puts+uint32(n))<<32|uint64(tail)) // commit
-	if err := q.putLock.Unlock(); err != nil {
-		return n, err
-	}
-	if n == 0 {
-		return 0, reserveErr // out of shared memory for the first record
-	}
-	// Wake a consumer when the queue was empty; one that then leaves
-	// messages behind wakes the next (see GetMany), so a busy queue makes
-	// no wake-up call per message. gets may have moved since: waking when
-	// it need not is harmless.
-	if gets, _ := split(atomic.LoadUint64(q.u64(offHead))); gets == puts {
-		return n, q.signal(offDataSeq, offDataWaiters, 1)
-	}
-	atomic.AddUint32(q.u32(offDataSeq), 1)
-	return n, nil
 }
 
-// room reports whether a record of size fits after tail, with items
-// messages in the queue. In an unbounded queue it fits only before the
-// pages given back so far, a ring's size on (see Unbounded queues).
-func (q *Queue) room(tail, head, items, size uint32) bool {
-	if q.sparse && !q.inWindow(tail, size) {
-		// The window's pages are never given back: a record there needs only
-		// the consumers to have taken what was there.
-		head = atomic.LoadUint32(q.u32(offGivenBack))
+// catchUp gives back, under the get lock, the chunks behind head that a
+// consumer killed after its commit did not: a put calls it, holding the
+// put lock, when its record does not fit. It reports whether it gave any
+// back.
+func (q *Queue) catchUp(u futex.Until) (bool, error) {
+	if q.lock(q.getLock, u, ErrFull) != nil {
+		return false, nil
 	}
-	return tail-head+size <= q.capacity && (q.maxItems == 0 || items < q.maxItems)
+	var out plane.Out
+	moved, r := q.p.CatchUp(&out)
+	err := q.getLock.Unlock()
+	if r != plane.OK {
+		return false, errors.Join(q.stepError(r, &out), err)
+	}
+	return moved, err
+}
+
+// stepError is the error of a step of the data plane that failed.
+func (q *Queue) stepError(r int, out *plane.Out) error {
+	a, b, what := plane.Need(out)
+	switch {
+	case r == plane.Fault:
+		return &fault.Error{Addr: plane.Addr(out)}
+	case r == plane.TooLarge:
+		return fmt.Errorf("a message of %d bytes in a queue that takes %d: %w", a, q.maxRecord, ErrTooLarge)
+	case r == plane.Corrupt && what == plane.BadSkip:
+		return fmt.Errorf("queue %q: %w: a skip of %d bytes at %d", q.seg.Name(), header.ErrCorrupt, a, b)
+	case r == plane.Corrupt && what == plane.BadRecord:
+		return fmt.Errorf("queue %q: %w: a record of %d bytes", q.seg.Name(), header.ErrCorrupt, a)
+	case r == plane.Corrupt:
+		return q.corrupt(a, b)
+	}
+	return fmt.Errorf("queue %q: the data plane's step ended with %d: %w", q.seg.Name(), r, header.ErrCorrupt)
 }
 
 // sound reports whether head and tail, as read from the queue's words,
@@ -202,94 +202,35 @@ func (q *Queue) GetMany(buf []byte, maxRecords, maxViews int, deadline time.Time
 	return q.getMany(buf, maxRecords, maxViews, futex.Until{Deadline: deadline})
 }
 
-// getMany takes records, in a call that entered.
+// getMany takes records, in a call that entered: the data plane's get
+// step (package plane), with the waits it asks for.
 func (q *Queue) getMany(buf []byte, maxRecords, maxViews int, u futex.Until) (int, int, error) {
-	if err := q.lock(q.getLock, u, ErrEmpty); err != nil {
-		return 0, 0, err
-	}
-	var gets, head, tail uint32
+	flags := 0
 	for {
-		seen := atomic.LoadUint32(q.u32(offDataSeq))
-		gets, head = split(atomic.LoadUint64(q.u64(offHead)))
-		_, tail = split(atomic.LoadUint64(q.u64(offTail)))
-		if head != tail && !q.sound(head, tail) {
-			return 0, 0, errors.Join(q.corrupt(head, tail), q.getLock.Unlock())
-		}
-		if head != tail && !q.onlySkip(head, tail) {
-			break
-		}
-		if head != tail {
-			// A skip record and nothing after it: a consumer killed in its
-			// rewind, between the commit of the skip and the store that
-			// crosses it, left it. Cross it; the queue is empty still.
-			q.crossSkip(gets, head)
-			continue
-		}
-		if err := q.wait(q.getLock, offDataSeq, offDataWaiters, seen, u, ErrEmpty); err != nil {
-			return 0, 0, err
-		}
-	}
-	n, filled, views := 0, 0, 0
-	skipped, crossed := uint32(0), false // the skip record this get crossed
-	for n < maxRecords && head != tail {
-		pos := head & q.mask
-		size := *(*uint32)(unsafe.Pointer(&q.ring[pos]))
-		if q.warm && q.ring[pos+4] == typeSkip {
-			if size != q.capacity-pos || size > tail-head {
-				atomic.StoreUint64(q.u64(offHead), uint64(gets+uint32(n))<<32|uint64(tail))
-				return n, filled, errors.Join(fmt.Errorf("queue %q: %w: a skip of %d bytes at %d", q.seg.Name(), header.ErrCorrupt, size, pos), q.getLock.Unlock())
+		var out plane.Out
+		r := q.p.Get(buf, maxRecords, maxViews, flags, &out)
+		flags = 0
+		switch r {
+		case plane.OK:
+			filled, _ := plane.Filled(&out)
+			return plane.Count(&out), filled, nil
+		case plane.Busy:
+			if err := q.lock(q.getLock, u, ErrEmpty); err != nil {
+				return 0, 0, err
 			}
-			skipped, crossed = head, true
-			head += size // to the next lap: no message
-			continue
-		}
-		if size < message.RecordHeaderSize || size%8 != 0 || size > tail-head || pos%8 != 0 {
-			// A record that cannot be one: drop everything up to the tail
-			// rather than read out of bounds.
-			atomic.StoreUint64(q.u64(offHead), uint64(gets+uint32(n))<<32|uint64(tail))
-			return n, filled, errors.Join(fmt.Errorf("queue %q: %w: a record of %d bytes", q.seg.Name(), header.ErrCorrupt, size), q.getLock.Unlock())
-		}
-		need := message.Views(q.ring[pos+4], int(*(*uint16)(unsafe.Pointer(&q.ring[pos+6]))))
-		if filled+int(size) > len(buf) || views+need > maxViews {
-			if n == 0 {
-				return 0, 0, errors.Join(&RangeError{Need: int(size), Views: need}, q.getLock.Unlock())
+			flags = plane.Locked
+		case plane.Wait:
+			if err := q.sleep(offDataSeq, offDataWaiters, plane.Seen(&out), u, ErrEmpty); err != nil {
+				return 0, 0, err
 			}
-			break
+		case plane.Range:
+			need, views, _ := plane.Need(&out)
+			return 0, 0, &RangeError{Need: int(need), Views: int(views)}
+		default:
+			// A corrupt record after good ones: those are taken, and
+			// everything up to the tail was dropped.
+			filled, _ := plane.Filled(&out)
+			return plane.Count(&out), filled, q.stepError(r, &out)
 		}
-		q.read(head, size, buf[filled:])
-		filled += int(size)
-		views += need
-		head += size
-		n++
 	}
-	atomic.StoreUint64(q.u64(offHead), uint64(gets+uint32(n))<<32|uint64(head)) // commit
-	if crossed {
-		q.giveBackSkipped(skipped)
-	}
-	if q.sparse {
-		q.giveBack(head)
-	}
-	if q.warm && n > 0 && head == tail {
-		q.rewind(gets+uint32(n), head)
-	}
-	if err := q.getLock.Unlock(); err != nil {
-		return n, filled, err
-	}
-	// Messages left behind: wake the next waiting consumer (the cascade of
-	// PutMany's single wake-up).
-	puts, _ := split(atomic.LoadUint64(q.u64(offTail)))
-	if puts != gets+uint32(n) {
-		if err := q.signal(offDataSeq, offDataWaiters, 1); err != nil {
-			return n, filled, err
-		}
-		return n, filled, q.signal(offSpaceSeq, offSpaceWaiters, 1)
-	}
-	// Note [an empty queue wakes every space sleeper]: a host thread that
-	// watches for messages (Python's readiness thread) sleeps on the space
-	// word while the queue holds some, to see it emptied; with a producer
-	// asleep there too (waiting for room), one wake-up could go to the
-	// producer, and the watcher slept on past the get that emptied the
-	// queue, missing the put after it, which wakes only data sleepers. A
-	// get that leaves the queue empty wakes them all.
-	return n, filled, q.signal(offSpaceSeq, offSpaceWaiters, 1<<30)
 }

@@ -15,6 +15,8 @@ import (
 	"github.com/zctipc/zctipc/go/internal/header"
 	"github.com/zctipc/zctipc/go/internal/lock"
 	"github.com/zctipc/zctipc/go/internal/message"
+	"github.com/zctipc/zctipc/go/internal/plane"
+	"github.com/zctipc/zctipc/go/internal/proc"
 	"github.com/zctipc/zctipc/go/internal/shm"
 	"golang.org/x/sys/unix"
 )
@@ -53,40 +55,40 @@ const (
 	FallbackCapacity = 16 << 20
 	// chunk is the unit in which an unbounded queue's ring pages are
 	// given back (and reserved, in a ring of version 2).
-	chunk = 2 << 20
+	chunk = plane.Chunk
 	// WarmWindow is the part of each lap of a version 3 ring whose pages
 	// consumers do not give back as they pass (see The warm window).
-	WarmWindow = chunk
+	WarmWindow = plane.WarmWindow
 	// reserveStep is the unit in which a version 3 ring reserves pages
 	// past its warm window.
-	reserveStep = 64 << 10
+	reserveStep = plane.ReserveStep
 	// typeSkip marks a skip record: the rest of the lap is unused, and the
 	// next record is at the start of the next lap. It is 8 bytes or more;
 	// only its size and type are read.
-	typeSkip = 0xFF
+	typeSkip = plane.TypeSkip
 )
 
-// Layout of a queue segment's data region (docs/format.md).
+// Layout of a queue segment's data region (docs/format.md), as the data
+// plane has it (plane.h).
 const (
-	offCapacity     = 0   // u64 ring bytes, a power of two
-	offMaxItems     = 8   // u64 most messages at once, 0 for no limit
-	offRingVersion  = 16  // u32 how records are laid in the ring
-	offPutLock      = 64  // lock.Size bytes
-	offTail         = 96  // u64 puts << 32 | tail
-	offReserved     = 104 // u32 ring versions 2 and 3: pages are reserved up to this position
-	offWindow       = 108 // u32 ring version 3: the window's pages are reserved up to this ring offset
-	offWindowNeed   = 112 // u32 ring version 3: the largest record put since the ring was last rewound
-	offGetLock      = 128 // lock.Size bytes
-	offHead         = 160 // u64 gets << 32 | head
-	offGivenBack    = 168 // u32 ring versions 2 and 3: pages before this position were given back
-	offDone         = 192 // u32 task_done calls
-	offDataSeq      = 256 // u32 bumped on every put
-	offDataWaiters  = 260 // u32
-	offSpaceSeq     = 320 // u32 bumped on every get
-	offSpaceWaiters = 324 // u32
-	offJoinSeq      = 384 // u32 bumped when unfinished tasks reach zero
-	offJoinWaiters  = 388 // u32
-	ringAt          = 512
+	offCapacity     = plane.OffCapacity     // u64 ring bytes, a power of two
+	offMaxItems     = plane.OffMaxItems     // u64 most messages at once, 0 for no limit
+	offRingVersion  = plane.OffRingVersion  // u32 how records are laid in the ring
+	offPutLock      = plane.OffPutLock      // lock.Size bytes
+	offTail         = plane.OffTail         // u64 puts << 32 | tail
+	offGetLock      = plane.OffGetLock      // lock.Size bytes
+	offHead         = plane.OffHead         // u64 gets << 32 | head
+	offGivenBack    = plane.OffGivenBack    // u32 ring versions 2 and 3: pages before this position were given back
+	offDone         = plane.OffDone         // u32 task_done calls
+	offDataSeq      = plane.OffDataSeq      // u32 bumped on every put
+	offDataWaiters  = plane.OffDataWaiters  // u32
+	offSpaceSeq     = plane.OffSpaceSeq     // u32 bumped on every get
+	offSpaceWaiters = plane.OffSpaceWaiters // u32
+	offJoinSeq      = plane.OffJoinSeq      // u32 bumped when unfinished tasks reach zero
+	offJoinWaiters  = plane.OffJoinWaiters  // u32
+	ringAt          = plane.RingAt
+	// The words at plane.OffReserved, plane.OffWindow and
+	// plane.OffWindowNeed (ring versions 2 and 3) only the plane reads.
 )
 
 // RingVersion is the ring layout this package writes and reads: version 1
@@ -134,6 +136,9 @@ type Queue struct {
 	policy atomic.Pointer[futex.Policy]
 	// armed counts the host's sleeps outside Go (ArmWait).
 	armed futex.Armed
+	// p is the queue as the data plane sees it (package plane); nil for
+	// a Queue that only walks a ring (Descriptors).
+	p *plane.Queue
 }
 
 // SetWait says how this handle's calls wait for messages or room: by
@@ -256,10 +261,23 @@ func open(seg *shm.Segment) (*Queue, error) {
 		putLock: lock.At(unsafe.Pointer(&d[offPutLock])),
 		getLock: lock.At(unsafe.Pointer(&d[offGetLock])),
 	}
+	self, err := proc.Self()
+	if err != nil {
+		return nil, err
+	}
+	q.p = plane.New(plane.Params{
+		Data: unsafe.Pointer(&d[0]), Capacity: uint32(capacity), MaxItems: uint32(maxItems), MaxRecord: maxRecord,
+		Sparse: sparse, Warm: q.warm, PageSize: unix.Getpagesize(), PID: uint32(self.PID), StartTime: self.StartTime,
+	})
 	sleeping := futex.NewSleeping()
 	q.policy.Store(&sleeping)
 	return q, nil
 }
+
+// Plane returns the queue as the data plane sees it, for the C ABI's steps
+// that run without Go: valid until Close, which the caller must not let
+// begin while one of them runs.
+func (q *Queue) Plane() *plane.Queue { return q.p }
 
 func (q *Queue) u64(off int) *uint64 { return (*uint64)(unsafe.Pointer(&q.data[off])) }
 
@@ -379,6 +397,7 @@ func (q *Queue) Close() error {
 		for which, s := range waitWords {
 			q.armed.Release(which, q.seq(s[0], s[1]))
 		}
+		q.p.Free()
 		return q.seg.Close()
 	})
 	if !closed {

@@ -144,6 +144,12 @@ func ReservePages(mem []byte) error {
 	return ReservePagesOf("(a queue's ring)", mem)
 }
 
+// ReserveFailed is the error of a reservation of n bytes of a queue's ring
+// that failed with errno (as ReservePages reports it).
+func ReserveFailed(n uint64, errno error) error {
+	return outOfMemoryIf("(a queue's ring)", n, errno)
+}
+
 // ReservePagesOf is ReservePages for a part of the segment named name,
 // which its error names.
 func ReservePagesOf(name string, mem []byte) error {

@@ -1,0 +1,21 @@
+/* The fault guard of the data plane (guard.c). */
+#ifndef ZCTIPC_PLANE_GUARD_H
+#define ZCTIPC_PLANE_GUARD_H
+
+#include <setjmp.h>
+#include <stdint.h>
+
+typedef struct zp_guard {
+    sigjmp_buf jb;
+    struct zp_guard *outer;
+    volatile uintptr_t addr; /* the faulting address */
+} zp_guard;
+
+zp_guard *zp_guard_arm(zp_guard *g);
+void zp_guard_disarm(zp_guard *g);
+
+/* Each step arms a guard, then sigsetjmp(g.jb, 0) in its own frame (the
+ * only place it may run), which returns 1 again after a SIGBUS, with g.addr
+ * the address; the step then disarms it and reports ZP_FAULT. */
+
+#endif

@@ -1,0 +1,134 @@
+/* The data plane: the per-message steps of a queue, written once in C so
+ * that a host (Python through the C ABI) runs them without entering the Go
+ * runtime, and Go runs the same code through cgo (Note [a data plane the
+ * runtime never enters] in plane.go).
+ *
+ * Everything here touches shared memory that another process of the user
+ * may shrink: each entry point runs under zp_guard, which turns the SIGBUS
+ * of a page past the file's end into ZP_FAULT, and never waits: a step that
+ * must wait (a lock held by another, no room, no message) says so and the
+ * caller, in Go, waits. */
+#ifndef ZCTIPC_PLANE_H
+#define ZCTIPC_PLANE_H
+
+#include <stdint.h>
+
+/* Results of the plane's steps. */
+enum {
+    ZP_OK = 0,
+    ZP_BUSY = 1,     /* the lock is held by another: wait for it, then call again holding it */
+    ZP_WAIT = 2,     /* no room (put) or no message (get): wait for the word to move from *seen */
+    ZP_CATCH_UP = 3, /* put, unbounded ring: no room; the put lock is still held: catch up, then call again */
+    ZP_CORRUPT = 4,  /* the ring's words or a record cannot be right */
+    ZP_NO_MEMORY = 5, /* reserving pages failed (errno in *err); nothing was put */
+    ZP_RANGE = 6,    /* get: the first record does not fit the buffer or the views */
+    ZP_FAULT = 7,    /* the memory faulted (the file was shrunk) */
+    ZP_TOO_LARGE = 8, /* put: a record larger than the queue takes (need) */
+};
+
+/* Flags of zp_put and zp_get. */
+enum {
+    ZP_LOCKED = 1, /* the caller holds the lock already */
+};
+
+/* Layout of a queue segment's data region (docs/format.md). */
+enum {
+    ZP_OFF_CAPACITY = 0,
+    ZP_OFF_MAX_ITEMS = 8,
+    ZP_OFF_RING_VERSION = 16,
+    ZP_OFF_PUT_LOCK = 64,
+    ZP_OFF_TAIL = 96,
+    ZP_OFF_RESERVED = 104,
+    ZP_OFF_WINDOW = 108,
+    ZP_OFF_WINDOW_NEED = 112,
+    ZP_OFF_GET_LOCK = 128,
+    ZP_OFF_HEAD = 160,
+    ZP_OFF_GIVEN_BACK = 168,
+    ZP_OFF_DONE = 192,
+    ZP_OFF_DATA_SEQ = 256,
+    ZP_OFF_DATA_WAITERS = 260,
+    ZP_OFF_SPACE_SEQ = 320,
+    ZP_OFF_SPACE_WAITERS = 324,
+    ZP_OFF_JOIN_SEQ = 384,
+    ZP_OFF_JOIN_WAITERS = 388,
+    ZP_RING_AT = 512,
+};
+
+/* Sizes of the ring (package queue says why). */
+#define ZP_CHUNK (2u << 20)
+#define ZP_WARM_WINDOW ZP_CHUNK
+#define ZP_RESERVE_STEP (64u << 10)
+#define ZP_TYPE_SKIP 0xFF
+#define ZP_RECORD_HEADER 16u
+#define ZP_TYPE_INLINE 4
+
+/* A queue as this process sees it: read from its layout once, at open. */
+typedef struct zp_queue {
+    uint8_t *data;        /* the data region */
+    uint32_t capacity;    /* ring bytes, a power of two */
+    uint32_t mask;
+    uint32_t max_items;   /* 0: no limit */
+    uint32_t max_record;
+    uint32_t sparse;      /* ring version 2 or 3: pages come and go */
+    uint32_t warm;        /* ring version 3: a warm window */
+    uint32_t page;        /* the page size */
+    uint32_t pid;         /* this process, for the locks */
+    uint64_t start;       /* and its start time */
+} zp_queue;
+
+/* One record to put: prefix (its header and descriptors, encoded; the
+ * header's size field included) then payload; size is their sum rounded up
+ * to 8 bytes. */
+typedef struct zp_record {
+    const void *prefix;
+    const void *payload;
+    uint64_t payload_len;
+    uint32_t prefix_len;
+    uint32_t size;
+} zp_record;
+
+/* What a step reports besides its result. */
+typedef struct zp_out {
+    uint32_t seen;   /* ZP_WAIT: the word's value to sleep on */
+    int32_t n;       /* records put or taken */
+    uint64_t filled; /* get: bytes of buf filled */
+    int32_t views;   /* get: views the records taken make */
+    uint32_t need;   /* ZP_RANGE: the first record's size; ZP_CORRUPT: a size or head */
+    uint32_t need_views; /* ZP_RANGE: its views; ZP_CORRUPT: tail */
+    int32_t err;     /* ZP_NO_MEMORY: errno */
+    int32_t what;    /* ZP_CORRUPT: which check (ZP_BAD_*) */
+    uintptr_t addr;  /* ZP_FAULT: the address */
+} zp_out;
+
+/* What a ZP_CORRUPT met. */
+enum {
+    ZP_BAD_POSITIONS = 1, /* head need, tail need_views */
+    ZP_BAD_SKIP = 2,      /* a skip record of need bytes at ring offset need_views */
+    ZP_BAD_RECORD = 3,    /* a record of need bytes */
+};
+
+/* Put recs[0..n) in order: wait (ZP_WAIT) for room for the first, then as
+ * many of the others as fit, committed with one store. */
+int zp_put(const zp_queue *q, const zp_record *recs, int32_t n, int32_t flags, zp_out *out);
+
+/* Take records into buf (capacity cap): up to max_records in all while they
+ * fit and make at most max_views views. */
+int zp_get(const zp_queue *q, void *buf, uint64_t cap, int32_t max_records, int32_t max_views, int32_t flags,
+           zp_out *out);
+
+/* Catch up an unbounded ring whose put found no room (ZP_CATCH_UP): give
+ * back what killed consumers left. The caller holds the put lock and the
+ * get lock, and keeps both; *moved says whether anything was given back. */
+int zp_catch_up(const zp_queue *q, int32_t *moved, zp_out *out);
+
+/* The lock words (package lock): take a free lock, or let one go. */
+int zp_try_lock(uint32_t *lock, uint32_t pid, uint64_t start);
+void zp_unlock(uint32_t *lock);
+
+/* Bump a sequence word and wake up to n of its sleepers. */
+void zp_signal(uint32_t *word, uint32_t *waiters, int32_t n);
+
+/* The views a record of type typ and ndesc descriptors gives its taker. */
+static inline int32_t zp_views(uint8_t typ, uint16_t ndesc) { return typ == ZP_TYPE_INLINE ? ndesc + 1 : ndesc; }
+
+#endif

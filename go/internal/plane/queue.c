@@ -1,0 +1,633 @@
+// The steps of a queue's ring: put, get, and catching up after killed
+// consumers. Package queue's documentation describes the ring (records
+// that wrap, unbounded rings whose pages come and go, the warm window) and
+// Note [threat model of the ring words] in package queue what a forged
+// word may and may not do; this file is that protocol, and the only copy
+// of it. Every word is read and written with sequentially consistent
+// atomics, as Go's sync/atomic does; the ring's bytes are plain memory,
+// published by the commit of a position.
+#define _GNU_SOURCE
+#include <errno.h>
+#include <linux/futex.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "guard.h"
+#include "plane.h"
+
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23
+#endif
+
+#define SEQ __ATOMIC_SEQ_CST
+#define CONTENDED (1u << 31)
+
+static inline uint32_t *u32(const zp_queue *q, int off) { return (uint32_t *)(q->data + off); }
+static inline uint64_t *u64(const zp_queue *q, int off) { return (uint64_t *)(q->data + off); }
+static inline uint8_t *ring(const zp_queue *q) { return q->data + ZP_RING_AT; }
+static inline uint32_t ld32(const uint32_t *p) { return __atomic_load_n(p, SEQ); }
+static inline uint64_t ld64(const uint64_t *p) { return __atomic_load_n(p, SEQ); }
+static inline void st32(uint32_t *p, uint32_t v) { __atomic_store_n(p, v, SEQ); }
+static inline void st64(uint64_t *p, uint64_t v) { __atomic_store_n(p, v, SEQ); }
+static inline uint32_t count_of(uint64_t w) { return (uint32_t)(w >> 32); }
+static inline uint32_t pos_of(uint64_t w) { return (uint32_t)w; }
+static inline uint64_t word(uint32_t count, uint32_t pos) { return (uint64_t)count << 32 | pos; }
+static inline uint32_t min32(uint32_t a, uint32_t b) { return a < b ? a : b; }
+static inline uint32_t rd32(const uint8_t *p) {
+    uint32_t v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+static inline void wr32(uint8_t *p, uint32_t v) { memcpy(p, &v, sizeof v); }
+
+static void wake(uint32_t *w, int32_t n) { syscall(SYS_futex, w, FUTEX_WAKE, n, NULL, NULL, 0); }
+
+// -- locks and sequence words (package lock, package futex) ---------------
+
+int zp_try_lock(uint32_t *lock, uint32_t pid, uint64_t start) {
+    uint32_t free = 0;
+    if (!__atomic_compare_exchange_n(lock, &free, pid, 0, SEQ, SEQ)) {
+        return 0;
+    }
+    st64((uint64_t *)(lock + 2), start); // the holder's start time, then its pid
+    st32(lock + 1, pid);
+    return 1;
+}
+
+void zp_unlock(uint32_t *lock) {
+    st32(lock + 1, 0);
+    if (__atomic_exchange_n(lock, 0, SEQ) & CONTENDED) {
+        wake(lock, 1);
+    }
+}
+
+void zp_signal(uint32_t *word, uint32_t *waiters, int32_t n) {
+    __atomic_add_fetch(word, 1, SEQ);
+    if (ld32(waiters) != 0) {
+        wake(word, n);
+    }
+}
+
+// -- pages ------------------------------------------------------------------
+
+static int advise(uintptr_t start, uintptr_t end, int advice) {
+    if (end <= start) {
+        return 0;
+    }
+    return madvise((void *)start, end - start, advice) == 0 ? 0 : errno;
+}
+
+// reserve_mem reserves the pages that hold mem[0:n] (shm.ReservePages).
+static int reserve_mem(const zp_queue *q, uint8_t *mem, uint32_t n) {
+    if (n == 0) {
+        return 0;
+    }
+    uintptr_t page = q->page, start = (uintptr_t)mem, end = start + n;
+    return advise(start & ~(page - 1), (end + page - 1) & ~(page - 1), MADV_POPULATE_WRITE);
+}
+
+// release_mem gives back the pages wholly inside mem[0:n] (shm.ReleasePages).
+static int release_mem(const zp_queue *q, uint8_t *mem, uint32_t n) {
+    uintptr_t page = q->page, start = (uintptr_t)mem, end = start + n;
+    return advise((start + page - 1) & ~(page - 1), end & ~(page - 1), MADV_REMOVE);
+}
+
+// page_end returns the ring offset where the page that holds ring offset
+// off-1 ends.
+static uint32_t page_end(const zp_queue *q, uint32_t off) {
+    uintptr_t page = q->page, base = (uintptr_t)ring(q);
+    return (uint32_t)(((base + off + page - 1) & ~(page - 1)) - base);
+}
+
+// release_ring_pages is release_mem, and when mem runs to the ring's end,
+// the ring's last page too: its bytes past the ring are past the file's end.
+static int release_ring_pages(const zp_queue *q, uint8_t *mem, uint32_t n) {
+    if (n > 0 && mem + n == ring(q) + q->capacity) {
+        n += page_end(q, q->capacity) - q->capacity;
+    }
+    return release_mem(q, mem, n);
+}
+
+typedef int (*page_fn)(const zp_queue *, uint8_t *, uint32_t);
+
+// pages applies fn to the ring's memory between positions from and to (less
+// than a ring apart), in two parts when it wraps; the first error.
+static int pages(const zp_queue *q, uint32_t from, uint32_t to, page_fn fn) {
+    uint32_t n = min32(to - from, q->capacity), pos = from & q->mask;
+    if (pos + n <= q->capacity) {
+        return fn(q, ring(q) + pos, n);
+    }
+    int first = fn(q, ring(q) + pos, q->capacity - pos);
+    int second = fn(q, ring(q), pos + n - q->capacity);
+    return first ? first : second;
+}
+
+// -- the warm window and reservations (package queue: Unbounded queues) ----
+
+static uint32_t window(const zp_queue *q) { return min32(ld32(u32(q, ZP_OFF_WINDOW)), ZP_WARM_WINDOW); }
+
+static int in_window(const zp_queue *q, uint32_t at, uint32_t size) {
+    return q->warm && (at & q->mask) + size <= ZP_WARM_WINDOW;
+}
+
+static void settle_reserved(const zp_queue *q, uint32_t tail) {
+    if (ld32(u32(q, ZP_OFF_RESERVED)) - tail > q->capacity) {
+        st32(u32(q, ZP_OFF_RESERVED), tail);
+    }
+}
+
+static int grow_window(const zp_queue *q, uint32_t to) {
+    uint32_t w = window(q);
+    if (to <= w) {
+        return 0;
+    }
+    uint32_t up_to = min32((to + ZP_RESERVE_STEP - 1) & ~(ZP_RESERVE_STEP - 1), ZP_WARM_WINDOW);
+    int err = reserve_mem(q, ring(q) + w, up_to - w);
+    if (err) {
+        // Part of them may be reserved: no word claims those, so they go back.
+        release_mem(q, ring(q) + w, up_to - w);
+        return err;
+    }
+    st32(u32(q, ZP_OFF_WINDOW), up_to);
+    return 0;
+}
+
+static void unreserve(const zp_queue *q, uint32_t from, uint32_t to) {
+    uint32_t lap_end = from - (from & q->mask) + q->capacity;
+    if ((int32_t)(to - lap_end) <= 0) {
+        pages(q, from, to, release_ring_pages);
+        return;
+    }
+    pages(q, from, lap_end, release_ring_pages);
+    uint32_t w = lap_end + window(q);
+    if ((int32_t)(to - w) > 0) {
+        pages(q, w, to, release_ring_pages);
+    }
+}
+
+// reserve reserves the pages for a record from position start to end, under
+// the put lock; an errno when the file system is full.
+static int reserve(const zp_queue *q, uint32_t start, uint32_t end) {
+    uint32_t off = start & q->mask;
+    if (q->warm && off < ZP_WARM_WINDOW) {
+        int err = grow_window(q, min32(off + (end - start), ZP_WARM_WINDOW));
+        if (err) {
+            return err;
+        }
+        if (off + (end - start) <= ZP_WARM_WINDOW) {
+            return 0;
+        }
+    }
+    uint32_t reserved = ld32(u32(q, ZP_OFF_RESERVED));
+    if ((int32_t)(end - reserved) <= 0) {
+        return 0;
+    }
+    uint32_t step = ZP_CHUNK;
+    if (q->warm) {
+        step = ZP_RESERVE_STEP;
+        uint32_t lap_window = start - off + ZP_WARM_WINDOW;
+        if ((int32_t)(lap_window - reserved) > 0) {
+            reserved = lap_window; // the lap's window is reserved for good
+        }
+    }
+    uint32_t up_to = (end + step - 1) & ~(step - 1);
+    int err = pages(q, reserved, up_to, reserve_mem);
+    if (err) {
+        unreserve(q, reserved, up_to);
+        return err;
+    }
+    st32(u32(q, ZP_OFF_RESERVED), up_to);
+    uint32_t next = start - off + q->capacity;
+    if (q->warm && (int32_t)(up_to - next) > 0 && up_to - next > window(q)) {
+        st32(u32(q, ZP_OFF_WINDOW), min32(up_to - next, ZP_WARM_WINDOW));
+    }
+    return 0;
+}
+
+// -- skip records ----------------------------------------------------------
+
+static int skip_at(const zp_queue *q, uint32_t at) {
+    uint32_t pos = at & q->mask;
+    return q->warm && pos % 8 == 0 && ring(q)[pos + 4] == ZP_TYPE_SKIP && rd32(ring(q) + pos) == q->capacity - pos;
+}
+
+static int only_skip(const zp_queue *q, uint32_t head, uint32_t tail) {
+    return skip_at(q, head) && head + (q->capacity - (head & q->mask)) == tail;
+}
+
+// skip_to says whether a record of size goes to the start of the next lap
+// (*next) rather than at tail.
+static int skip_to(const zp_queue *q, uint32_t tail, uint32_t head, uint32_t items, uint32_t size, uint32_t *next) {
+    uint32_t off = tail & q->mask;
+    *next = tail;
+    if (!q->warm || head != tail || off == 0 || off + size <= window(q) || size > ZP_WARM_WINDOW) {
+        return 0;
+    }
+    uint32_t lap = tail + (q->capacity - off);
+    if (lap - head + size > q->capacity || (q->max_items != 0 && items >= q->max_items)) {
+        return 0;
+    }
+    *next = lap;
+    return 1;
+}
+
+static void write_skip(const zp_queue *q, uint32_t off) {
+    wr32(ring(q) + off, q->capacity - off);
+    wr32(ring(q) + off + 4, ZP_TYPE_SKIP); // and no descriptors
+}
+
+static int skip(const zp_queue *q, uint32_t *tail, uint32_t head, uint32_t items, uint32_t size) {
+    uint32_t next;
+    if (!skip_to(q, *tail, head, items, size, &next)) {
+        return 0;
+    }
+    int err = reserve(q, *tail, *tail + 8);
+    if (err) {
+        return err;
+    }
+    write_skip(q, *tail & q->mask);
+    *tail = next;
+    return 0;
+}
+
+static void give_back(const zp_queue *q, uint32_t head) {
+    uint32_t from = ld32(u32(q, ZP_OFF_GIVEN_BACK)), to = head & ~(ZP_CHUNK - 1);
+    if (from == to) {
+        return;
+    }
+    if (to - from > q->capacity) {
+        from = to; // a forged given_back: give back nothing, go on from head
+    }
+    if (!q->warm) {
+        pages(q, from, to, release_ring_pages);
+    } else {
+        for (uint32_t at = from; (int32_t)(to - at) > 0;) {
+            uint32_t lap = at - (at & q->mask);
+            if (at - lap < ZP_WARM_WINDOW) {
+                at = lap + ZP_WARM_WINDOW;
+                continue;
+            }
+            uint32_t end = lap + q->capacity;
+            if ((int32_t)(end - to) > 0) {
+                end = to;
+            }
+            pages(q, at, end, release_ring_pages);
+            at = end;
+        }
+    }
+    st32(u32(q, ZP_OFF_GIVEN_BACK), to);
+}
+
+static void give_back_skipped(const zp_queue *q, uint32_t at) {
+    give_back(q, at);
+    uint32_t off = at & q->mask;
+    if (off >= ZP_WARM_WINDOW) {
+        uint32_t up_to = min32(((at + 8 + ZP_RESERVE_STEP - 1) & ~(ZP_RESERVE_STEP - 1)) + q->page, at - off + q->capacity);
+        pages(q, at & ~(ZP_CHUNK - 1), up_to, release_ring_pages);
+    }
+    st32(u32(q, ZP_OFF_GIVEN_BACK), at - off + q->capacity);
+}
+
+static uint32_t cross_skip(const zp_queue *q, uint32_t gets, uint32_t head) {
+    uint32_t next = head + (q->capacity - (head & q->mask));
+    st64(u64(q, ZP_OFF_HEAD), word(gets, next));
+    give_back_skipped(q, head);
+    return next;
+}
+
+// rewind moves an emptied version 3 ring on to the next lap and gives back
+// the window's pages past the largest record put since the last rewind;
+// under the get lock, after the commit (package queue: The warm window).
+static void rewind_ring(const zp_queue *q, uint32_t gets, uint32_t head) {
+    uint32_t off = head & q->mask, *put_lock = u32(q, ZP_OFF_PUT_LOCK);
+    if (!zp_try_lock(put_lock, q->pid, q->start)) {
+        return;
+    }
+    uint64_t t = ld64(u64(q, ZP_OFF_TAIL));
+    uint32_t puts = count_of(t), tail = pos_of(t);
+    if (tail != head || puts != gets) {
+        zp_unlock(put_lock);
+        return;
+    }
+    uint32_t need = ld32(u32(q, ZP_OFF_WINDOW_NEED));
+    if (need < ZP_RECORD_HEADER) {
+        need = ZP_RECORD_HEADER;
+    }
+    settle_reserved(q, tail);
+    if (off != 0) {
+        if (reserve(q, head, head + 8) != 0) {
+            zp_unlock(put_lock); // out of memory for the skip: the ring stays where it is
+            return;
+        }
+        write_skip(q, off);
+        uint32_t next = head + (q->capacity - off);
+        st64(u64(q, ZP_OFF_TAIL), word(puts, next)); // commit the skip
+        st64(u64(q, ZP_OFF_HEAD), word(gets, next)); // and cross it
+        give_back_skipped(q, head);
+    }
+    uint32_t keep = min32(page_end(q, need + 8), ZP_WARM_WINDOW);
+    if (window(q) > keep) {
+        // The words first: a process killed before the pages go leaves
+        // pages in use that no word claims, never a word that claims pages
+        // that are gone.
+        st32(u32(q, ZP_OFF_WINDOW), keep);
+        st32(u32(q, ZP_OFF_RESERVED), pos_of(ld64(u64(q, ZP_OFF_TAIL))));
+        release_mem(q, ring(q) + keep, page_end(q, ZP_WARM_WINDOW + 1) - keep);
+    }
+    st32(u32(q, ZP_OFF_WINDOW_NEED), 0);
+    zp_unlock(put_lock);
+}
+
+// -- records ---------------------------------------------------------------
+
+static int sound(const zp_queue *q, uint32_t head, uint32_t tail) {
+    return head % 8 == 0 && tail % 8 == 0 && tail - head <= q->capacity;
+}
+
+static int room(const zp_queue *q, uint32_t tail, uint32_t head, uint32_t items, uint32_t size) {
+    if (q->sparse && !in_window(q, tail, size)) {
+        head = ld32(u32(q, ZP_OFF_GIVEN_BACK));
+    }
+    return tail - head + size <= q->capacity && (q->max_items == 0 || items < q->max_items);
+}
+
+// copy_in copies n bytes from src to ring offset *pos, wrapping, and moves
+// *pos on; with src NULL it writes zeros.
+static void copy_in(const zp_queue *q, uint32_t *pos, const void *src, uint64_t n) {
+    const uint8_t *s = src;
+    while (n > 0) {
+        uint32_t k = q->capacity - *pos;
+        if (n < k) {
+            k = (uint32_t)n;
+        }
+        if (s) {
+            memcpy(ring(q) + *pos, s, k);
+            s += k;
+        } else {
+            memset(ring(q) + *pos, 0, k);
+        }
+        n -= k;
+        *pos = (*pos + k) & q->mask;
+    }
+}
+
+static void write_record(const zp_queue *q, uint32_t at, const zp_record *r) {
+    uint32_t pos = at & q->mask;
+    copy_in(q, &pos, r->prefix, r->prefix_len);
+    copy_in(q, &pos, r->payload, r->payload_len);
+    copy_in(q, &pos, NULL, r->size - r->prefix_len - r->payload_len);
+}
+
+static void read_record(const zp_queue *q, uint32_t at, uint32_t size, uint8_t *dst) {
+    uint32_t pos = at & q->mask, first = min32(size, q->capacity - pos);
+    memcpy(dst, ring(q) + pos, first);
+    memcpy(dst + first, ring(q), size - first);
+}
+
+static void corrupt(zp_out *out, int32_t what, uint32_t a, uint32_t b) {
+    out->what = what;
+    out->need = a;
+    out->need_views = b;
+}
+
+// -- put and get -----------------------------------------------------------
+
+static int put(const zp_queue *q, const zp_record *recs, int32_t n, int32_t flags, zp_out *out) {
+    for (int32_t i = 0; i < n; i++) {
+        uint64_t used = (uint64_t)recs[i].prefix_len + recs[i].payload_len;
+        if (recs[i].size > q->max_record || used > recs[i].size || recs[i].size - used >= 8 || recs[i].size % 8 != 0) {
+            out->need = recs[i].size;
+            return ZP_TOO_LARGE;
+        }
+    }
+    uint32_t *put_lock = u32(q, ZP_OFF_PUT_LOCK);
+    if (!(flags & ZP_LOCKED) && !zp_try_lock(put_lock, q->pid, q->start)) {
+        return ZP_BUSY;
+    }
+    uint32_t seen = ld32(u32(q, ZP_OFF_SPACE_SEQ));
+    uint64_t t = ld64(u64(q, ZP_OFF_TAIL)), h = ld64(u64(q, ZP_OFF_HEAD));
+    uint32_t puts = count_of(t), tail = pos_of(t), gets = count_of(h), head = pos_of(h);
+    if (!sound(q, head, tail)) {
+        zp_unlock(put_lock);
+        corrupt(out, ZP_BAD_POSITIONS, head, tail);
+        return ZP_CORRUPT;
+    }
+    uint32_t at;
+    skip_to(q, tail, head, puts - gets, recs[0].size, &at);
+    if (!room(q, at, head, puts - gets, recs[0].size)) {
+        out->seen = seen;
+        // Pages a killed consumer left may be given back (zp_catch_up):
+        // only when some may be is the put lock kept for it.
+        if (q->sparse && !(ld32(u32(q, ZP_OFF_GIVEN_BACK)) == (head & ~(ZP_CHUNK - 1)) &&
+                           (head == tail || !skip_at(q, head)))) {
+            return ZP_CATCH_UP;
+        }
+        zp_unlock(put_lock);
+        return ZP_WAIT;
+    }
+    if (q->sparse) {
+        settle_reserved(q, tail);
+    }
+    int32_t k = 0;
+    int err = 0;
+    while (k < n) {
+        uint32_t size = recs[k].size;
+        if (q->warm && (err = skip(q, &tail, head, puts + (uint32_t)k - gets, size)) != 0) {
+            break;
+        }
+        if (!room(q, tail, head, puts + (uint32_t)k - gets, size)) {
+            break;
+        }
+        if (q->sparse && (err = reserve(q, tail, tail + size)) != 0) {
+            break;
+        }
+        write_record(q, tail, &recs[k]);
+        if (q->warm && size > ld32(u32(q, ZP_OFF_WINDOW_NEED))) {
+            st32(u32(q, ZP_OFF_WINDOW_NEED), min32(size, ZP_WARM_WINDOW));
+        }
+        tail += size;
+        k++;
+    }
+    st64(u64(q, ZP_OFF_TAIL), word(puts + (uint32_t)k, tail)); // commit
+    zp_unlock(put_lock);
+    out->n = k;
+    if (k == 0) {
+        out->err = err;
+        out->need = recs[0].size;
+        return ZP_NO_MEMORY;
+    }
+    // Wake a consumer when the queue was empty; one that leaves messages
+    // behind wakes the next, so a busy queue makes no wake-up per message.
+    if (count_of(ld64(u64(q, ZP_OFF_HEAD))) == puts) {
+        zp_signal(u32(q, ZP_OFF_DATA_SEQ), u32(q, ZP_OFF_DATA_WAITERS), 1);
+    } else {
+        __atomic_add_fetch(u32(q, ZP_OFF_DATA_SEQ), 1, SEQ);
+    }
+    return ZP_OK;
+}
+
+static int get(const zp_queue *q, uint8_t *buf, uint64_t cap, int32_t max_records, int32_t max_views, int32_t flags,
+               zp_out *out) {
+    uint32_t *get_lock = u32(q, ZP_OFF_GET_LOCK);
+    if (!(flags & ZP_LOCKED) && !zp_try_lock(get_lock, q->pid, q->start)) {
+        return ZP_BUSY;
+    }
+    uint32_t gets, head, tail;
+    for (;;) {
+        uint32_t seen = ld32(u32(q, ZP_OFF_DATA_SEQ));
+        uint64_t h = ld64(u64(q, ZP_OFF_HEAD));
+        gets = count_of(h);
+        head = pos_of(h);
+        tail = pos_of(ld64(u64(q, ZP_OFF_TAIL)));
+        if (head != tail && !sound(q, head, tail)) {
+            zp_unlock(get_lock);
+            corrupt(out, ZP_BAD_POSITIONS, head, tail);
+            return ZP_CORRUPT;
+        }
+        if (head != tail && !only_skip(q, head, tail)) {
+            break;
+        }
+        if (head != tail) {
+            // A skip and nothing after it, left by a consumer killed in its
+            // rewind: cross it; the queue is empty still.
+            cross_skip(q, gets, head);
+            continue;
+        }
+        zp_unlock(get_lock);
+        out->seen = seen;
+        return ZP_WAIT;
+    }
+    int32_t n = 0, views = 0, crossed = 0;
+    uint64_t filled = 0;
+    uint32_t skipped = 0;
+    const uint8_t *r = ring(q);
+    while (n < max_records && head != tail) {
+        uint32_t pos = head & q->mask, size = rd32(r + pos);
+        if (q->warm && r[pos + 4] == ZP_TYPE_SKIP) {
+            if (size != q->capacity - pos || size > tail - head) {
+                st64(u64(q, ZP_OFF_HEAD), word(gets + (uint32_t)n, tail));
+                zp_unlock(get_lock);
+                corrupt(out, ZP_BAD_SKIP, size, pos);
+                out->n = n, out->filled = filled, out->views = views;
+                return ZP_CORRUPT;
+            }
+            skipped = head, crossed = 1;
+            head += size; // to the next lap: no message
+            continue;
+        }
+        if (size < ZP_RECORD_HEADER || size % 8 != 0 || size > tail - head || pos % 8 != 0) {
+            // A record that cannot be one: drop everything up to the tail
+            // rather than read out of bounds.
+            st64(u64(q, ZP_OFF_HEAD), word(gets + (uint32_t)n, tail));
+            zp_unlock(get_lock);
+            corrupt(out, ZP_BAD_RECORD, size, pos);
+            out->n = n, out->filled = filled, out->views = views;
+            return ZP_CORRUPT;
+        }
+        uint16_t ndesc;
+        memcpy(&ndesc, r + pos + 6, sizeof ndesc);
+        int32_t need = zp_views(r[pos + 4], ndesc);
+        if (filled + size > cap || views + need > max_views) {
+            if (n == 0) {
+                zp_unlock(get_lock);
+                out->need = size, out->need_views = (uint32_t)need;
+                return ZP_RANGE;
+            }
+            break;
+        }
+        read_record(q, head, size, buf + filled);
+        filled += size;
+        views += need;
+        head += size;
+        n++;
+    }
+    st64(u64(q, ZP_OFF_HEAD), word(gets + (uint32_t)n, head)); // commit
+    if (crossed) {
+        give_back_skipped(q, skipped);
+    }
+    if (q->sparse) {
+        give_back(q, head);
+    }
+    if (q->warm && n > 0 && head == tail) {
+        rewind_ring(q, gets + (uint32_t)n, head);
+    }
+    zp_unlock(get_lock);
+    out->n = n, out->filled = filled, out->views = views;
+    if (count_of(ld64(u64(q, ZP_OFF_TAIL))) != gets + (uint32_t)n) {
+        // Messages left behind: wake the next consumer (the cascade of a
+        // put's single wake-up).
+        zp_signal(u32(q, ZP_OFF_DATA_SEQ), u32(q, ZP_OFF_DATA_WAITERS), 1);
+        zp_signal(u32(q, ZP_OFF_SPACE_SEQ), u32(q, ZP_OFF_SPACE_WAITERS), 1);
+    } else {
+        // Note [an empty queue wakes every space sleeper] in package queue.
+        zp_signal(u32(q, ZP_OFF_SPACE_SEQ), u32(q, ZP_OFF_SPACE_WAITERS), 1 << 30);
+    }
+    return ZP_OK;
+}
+
+static int catch_up(const zp_queue *q, int32_t *moved) {
+    uint32_t tail = pos_of(ld64(u64(q, ZP_OFF_TAIL)));
+    uint64_t h = ld64(u64(q, ZP_OFF_HEAD));
+    uint32_t gets = count_of(h), head = pos_of(h), before = ld32(u32(q, ZP_OFF_GIVEN_BACK));
+    *moved = 0;
+    if (!sound(q, head, tail)) {
+        return ZP_OK; // the put that called reports it
+    }
+    if (head != tail && skip_at(q, head) && q->capacity - (head & q->mask) <= tail - head) {
+        // A skip the consumers have not come to: it is no message.
+        head = cross_skip(q, gets, head);
+    }
+    give_back(q, head);
+    *moved = ld32(u32(q, ZP_OFF_GIVEN_BACK)) != before || ld64(u64(q, ZP_OFF_HEAD)) != h;
+    return ZP_OK;
+}
+
+// -- the guarded entry points ---------------------------------------------
+
+int zp_put(const zp_queue *q, const zp_record *recs, int32_t n, int32_t flags, zp_out *out) {
+    out->n = 0;
+    if (n <= 0) {
+        return ZP_OK;
+    }
+    zp_guard g;
+    zp_guard_arm(&g);
+    if (sigsetjmp(g.jb, 0)) {
+        zp_guard_disarm(&g);
+        out->addr = g.addr;
+        return ZP_FAULT;
+    }
+    int r = put(q, recs, n, flags, out);
+    zp_guard_disarm(&g);
+    return r;
+}
+
+int zp_get(const zp_queue *q, void *buf, uint64_t cap, int32_t max_records, int32_t max_views, int32_t flags,
+           zp_out *out) {
+    out->n = 0, out->filled = 0, out->views = 0;
+    zp_guard g;
+    zp_guard_arm(&g);
+    if (sigsetjmp(g.jb, 0)) {
+        zp_guard_disarm(&g);
+        out->addr = g.addr;
+        return ZP_FAULT;
+    }
+    int r = get(q, buf, cap, max_records, max_views, flags, out);
+    zp_guard_disarm(&g);
+    return r;
+}
+
+int zp_catch_up(const zp_queue *q, int32_t *moved, zp_out *out) {
+    *moved = 0;
+    zp_guard g;
+    zp_guard_arm(&g);
+    if (sigsetjmp(g.jb, 0)) {
+        zp_guard_disarm(&g);
+        out->addr = g.addr;
+        return ZP_FAULT;
+    }
+    int r = catch_up(q, moved);
+    zp_guard_disarm(&g);
+    return r;
+}

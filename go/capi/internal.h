@@ -9,6 +9,12 @@
 ZCT_HIDDEN void zct_set_last_error(const char *msg, size_t len, int errnum);
 ZCT_HIDDEN const char *zct_library_path(void);
 
+// fast.c's table of queues (Note [a data plane the runtime never enters]
+// in package plane).
+ZCT_HIDDEN void zct_fast_register(uint64_t h, void *q);
+ZCT_HIDDEN void zct_fast_unregister(uint64_t h);
+ZCT_HIDDEN void zct_fast_poison(void);
+
 // Const-qualified spellings, so that the prototypes cgo generates for the
 // exports match the hand-written ones in zctipc.h exactly.
 typedef const char zct_cchar;

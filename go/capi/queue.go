@@ -1,6 +1,7 @@
 package main
 
 /*
+#cgo CFLAGS: -I${SRCDIR}/../internal/plane
 #include "internal.h"
 */
 import "C"
@@ -37,6 +38,14 @@ var (
 )
 
 var queues = newTable[*queue.Queue]()
+
+// openQueue puts q in the table of handles, and in fast.c's, whose calls
+// run the data plane's steps on it without Go.
+func openQueue(q *queue.Queue) C.zct_handle {
+	h := queues.put(q)
+	C.zct_fast_register(C.uint64_t(h), unsafe.Pointer(q.Plane()))
+	return C.zct_handle(h)
+}
 
 // recordType checks a record type that a C caller passed: one of
 // zctipc.h's zct_record_type, which are package message's. A value past a
@@ -167,7 +176,7 @@ func zct_queue_create(name *C.zct_cchar, capacity C.uint64_t, maxsize C.uint64_t
 			return err
 		}
 		q.SetInterruptible(true) // Python runs its signal handlers between calls
-		*out = C.zct_handle(queues.put(q))
+		*out = openQueue(q)
 		return nil
 	})
 }
@@ -187,7 +196,7 @@ func zct_queue_attach(name *C.zct_cchar, adopt C.int32_t, out *C.zct_handle) C.i
 			return err
 		}
 		q.SetInterruptible(true)
-		*out = C.zct_handle(queues.put(q))
+		*out = openQueue(q)
 		return nil
 	})
 }
@@ -249,12 +258,16 @@ func zct_queue_addref(h C.zct_handle) C.int {
 //export zct_queue_close
 func zct_queue_close(h C.zct_handle) C.int {
 	return closing(queues, uint64(h), func(q *queue.Queue) error {
+		C.zct_fast_unregister(C.uint64_t(h)) // no step of fast.c runs on q after this
 		return q.Close()
 	})
 }
 
-//export zct_queue_put
-func zct_queue_put(h C.zct_handle, typ C.int32_t, payload *C.zct_cvoid, length C.uint64_t, views *C.zct_cview, nviews C.int32_t, timeoutMS C.int64_t) C.int {
+// zctipc_go_queue_put is zct_queue_put (fast.c) for what the data plane does not finish
+// without Go.
+//
+//export zctipc_go_queue_put
+func zctipc_go_queue_put(h C.zct_handle, typ C.int32_t, payload *C.zct_cvoid, length C.uint64_t, views *C.zct_cview, nviews C.int32_t, timeoutMS C.int64_t) C.int {
 	return run(func() error {
 		if nviews < 0 || nviews > message.MaxDescriptors {
 			return badCount("nviews", nviews, 0, message.MaxDescriptors)
@@ -333,8 +346,11 @@ func zct_queue_get(h C.zct_handle, buf unsafe.Pointer, capacity C.uint64_t, time
 	})
 }
 
-//export zct_queue_take
-func zct_queue_take(h C.zct_handle, buf unsafe.Pointer, capacity C.uint64_t, timeoutMS C.int64_t, views *C.zct_view, viewsCap C.int32_t, nviews *C.int32_t) C.int64_t {
+// zctipc_go_queue_take is zct_queue_take (fast.c) for what the data plane does not finish
+// without Go.
+//
+//export zctipc_go_queue_take
+func zctipc_go_queue_take(h C.zct_handle, buf unsafe.Pointer, capacity C.uint64_t, timeoutMS C.int64_t, views *C.zct_view, viewsCap C.int32_t, nviews *C.int32_t) C.int64_t {
 	var m handover.Message
 	status := run(func() error {
 		if nviews == nil {
@@ -564,8 +580,11 @@ func zct_queue_join(h C.zct_handle, timeoutMS C.int64_t) C.int {
 // off the shared word. Other processes may scribble on the word itself:
 // that only wakes sleepers, which look again.
 
-//export zct_queue_arm
-func zct_queue_arm(h C.zct_handle, which C.int32_t, word **C.uint32_t, seen *C.uint32_t) C.int {
+// zctipc_go_queue_arm is zct_queue_arm (fast.c) for what the data plane does not finish
+// without Go.
+//
+//export zctipc_go_queue_arm
+func zctipc_go_queue_arm(h C.zct_handle, which C.int32_t, word **C.uint32_t, seen *C.uint32_t) C.int {
 	return with(queues, uint64(h), func(q *queue.Queue) error {
 		if word == nil || seen == nil {
 			return fmt.Errorf("zct_queue_arm: a NULL out-parameter: %w", unix.EINVAL)
@@ -579,8 +598,11 @@ func zct_queue_arm(h C.zct_handle, which C.int32_t, word **C.uint32_t, seen *C.u
 	})
 }
 
-//export zct_queue_disarm
-func zct_queue_disarm(h C.zct_handle, which C.int32_t, passOn C.int32_t) C.int {
+// zctipc_go_queue_disarm is zct_queue_disarm (fast.c) for what the data plane does not finish
+// without Go.
+//
+//export zctipc_go_queue_disarm
+func zctipc_go_queue_disarm(h C.zct_handle, which C.int32_t, passOn C.int32_t) C.int {
 	return with(queues, uint64(h), func(q *queue.Queue) error {
 		return q.DisarmWait(int(which), passOn != 0)
 	})

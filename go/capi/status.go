@@ -136,6 +136,7 @@ func enter() (C.int, bool) {
 func recoverPanic(status *C.int) {
 	if r := recover(); r != nil {
 		poisoned.Store(true)
+		C.zct_fast_poison()
 		stack := debug.Stack()
 		fmt.Fprintf(os.Stderr, "libzctipc: internal error: %v\n%s", r, stack)
 		setLastError(fmt.Sprintf("libzctipc internal error: %v (the library is now poisoned; the stack was printed to stderr)", r), 0)

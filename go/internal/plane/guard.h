@@ -11,8 +11,8 @@ typedef struct zp_guard {
     volatile uintptr_t addr; /* the faulting address */
 } zp_guard;
 
-zp_guard *zp_guard_arm(zp_guard *g);
-void zp_guard_disarm(zp_guard *g);
+__attribute__((visibility("hidden"))) zp_guard *zp_guard_arm(zp_guard *g);
+__attribute__((visibility("hidden"))) void zp_guard_disarm(zp_guard *g);
 
 /* Each step arms a guard, then sigsetjmp(g.jb, 0) in its own frame (the
  * only place it may run), which returns 1 again after a SIGBUS, with g.addr

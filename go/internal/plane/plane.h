@@ -13,6 +13,9 @@
 
 #include <stdint.h>
 
+/* The plane's functions are the library's own: not exported from it. */
+#define ZP_API __attribute__((visibility("hidden")))
+
 /* Results of the plane's steps. */
 enum {
     ZP_OK = 0,
@@ -29,6 +32,8 @@ enum {
 /* Flags of zp_put and zp_get. */
 enum {
     ZP_LOCKED = 1, /* the caller holds the lock already */
+    ZP_PLAIN = 2,  /* get: take the first record only if it is plain, a pickle or bytes with no
+                      descriptor whose payload lies within it; leave any other (ZP_RANGE) */
 };
 
 /* Layout of a queue segment's data region (docs/format.md). */
@@ -109,24 +114,33 @@ enum {
 
 /* Put recs[0..n) in order: wait (ZP_WAIT) for room for the first, then as
  * many of the others as fit, committed with one store. */
-int zp_put(const zp_queue *q, const zp_record *recs, int32_t n, int32_t flags, zp_out *out);
+ZP_API int zp_put(const zp_queue *q, const zp_record *recs, int32_t n, int32_t flags, zp_out *out);
 
 /* Take records into buf (capacity cap): up to max_records in all while they
  * fit and make at most max_views views. */
-int zp_get(const zp_queue *q, void *buf, uint64_t cap, int32_t max_records, int32_t max_views, int32_t flags,
+ZP_API int zp_get(const zp_queue *q, void *buf, uint64_t cap, int32_t max_records, int32_t max_views, int32_t flags,
            zp_out *out);
 
 /* Catch up an unbounded ring whose put found no room (ZP_CATCH_UP): give
  * back what killed consumers left. The caller holds the put lock and the
  * get lock, and keeps both; *moved says whether anything was given back. */
-int zp_catch_up(const zp_queue *q, int32_t *moved, zp_out *out);
+ZP_API int zp_catch_up(const zp_queue *q, int32_t *moved, zp_out *out);
+
+/* Arm a sleep on the queue's wait word which (0 data, 1 space, 2 join):
+ * count the caller among its sleepers and give the word and its value;
+ * disarm takes one back (pass_on: a woken sleeper of data that takes no
+ * message wakes another when messages are there); unarm takes back n at
+ * once, for a handle that closes. */
+ZP_API int zp_arm(const zp_queue *q, int32_t which, uint32_t **word, uint32_t *seen);
+ZP_API int zp_disarm(const zp_queue *q, int32_t which, int32_t pass_on);
+ZP_API int zp_unarm(const zp_queue *q, int32_t which, uint32_t n);
 
 /* The lock words (package lock): take a free lock, or let one go. */
-int zp_try_lock(uint32_t *lock, uint32_t pid, uint64_t start);
-void zp_unlock(uint32_t *lock);
+ZP_API int zp_try_lock(uint32_t *lock, uint32_t pid, uint64_t start);
+ZP_API void zp_unlock(uint32_t *lock);
 
 /* Bump a sequence word and wake up to n of its sleepers. */
-void zp_signal(uint32_t *word, uint32_t *waiters, int32_t n);
+ZP_API void zp_signal(uint32_t *word, uint32_t *waiters, int32_t n);
 
 /* The views a record of type typ and ndesc descriptors gives its taker. */
 static inline int32_t zp_views(uint8_t typ, uint16_t ndesc) { return typ == ZP_TYPE_INLINE ? ndesc + 1 : ndesc; }

@@ -529,6 +529,17 @@ static int get(const zp_queue *q, uint8_t *buf, uint64_t cap, int32_t max_record
         uint16_t ndesc;
         memcpy(&ndesc, r + pos + 6, sizeof ndesc);
         int32_t need = zp_views(r[pos + 4], ndesc);
+        if (flags & ZP_PLAIN && n == 0) {
+            // The payload length is 8 bytes on, which may be past the end
+            // of the ring: records wrap.
+            uint32_t plen = rd32(r + ((pos + 8) & q->mask)), typ = r[pos + 4];
+            if ((typ != 1 && typ != 3) || ndesc != 0 || plen > size - ZP_RECORD_HEADER ||
+                ((ZP_RECORD_HEADER + plen + 7) & ~7u) != size) {
+                zp_unlock(get_lock);
+                out->need = size, out->need_views = (uint32_t)need;
+                return ZP_RANGE;
+            }
+        }
         if (filled + size > cap || views + need > max_views) {
             if (n == 0) {
                 zp_unlock(get_lock);
@@ -584,50 +595,89 @@ static int catch_up(const zp_queue *q, int32_t *moved) {
     return ZP_OK;
 }
 
+// -- sleeps armed outside (zct_sleep) ------------------------------------
+
+static const int wait_words[3][2] = {{ZP_OFF_DATA_SEQ, ZP_OFF_DATA_WAITERS},
+                                     {ZP_OFF_SPACE_SEQ, ZP_OFF_SPACE_WAITERS},
+                                     {ZP_OFF_JOIN_SEQ, ZP_OFF_JOIN_WAITERS}};
+
+static int arm(const zp_queue *q, int32_t which, uint32_t **word, uint32_t *seen) {
+    uint32_t *w = u32(q, wait_words[which][0]);
+    __atomic_add_fetch(u32(q, wait_words[which][1]), 1, SEQ);
+    *word = w;
+    *seen = ld32(w);
+    return ZP_OK;
+}
+
+static int disarm(const zp_queue *q, int32_t which, int32_t pass_on) {
+    __atomic_sub_fetch(u32(q, wait_words[which][1]), 1, SEQ);
+    if (pass_on && which == 0 && count_of(ld64(u64(q, ZP_OFF_TAIL))) != count_of(ld64(u64(q, ZP_OFF_HEAD)))) {
+        zp_signal(u32(q, ZP_OFF_DATA_SEQ), u32(q, ZP_OFF_DATA_WAITERS), 1);
+    }
+    return ZP_OK;
+}
+
+static int unarm(const zp_queue *q, int32_t which, uint32_t n) {
+    __atomic_sub_fetch(u32(q, wait_words[which][1]), n, SEQ);
+    return ZP_OK;
+}
+
 // -- the guarded entry points ---------------------------------------------
+
+// GUARDED runs call with the fault guard armed: ZP_FAULT (out's address
+// set, when out is given) after a SIGBUS.
+#define GUARDED(out, call)                                                                                             \
+    do {                                                                                                               \
+        zp_guard g;                                                                                                    \
+        zp_guard_arm(&g);                                                                                              \
+        if (sigsetjmp(g.jb, 0)) {                                                                                      \
+            zp_guard_disarm(&g);                                                                                       \
+            if ((out) != NULL) {                                                                                       \
+                ((zp_out *)(out))->addr = g.addr;                                                                      \
+            }                                                                                                          \
+            return ZP_FAULT;                                                                                           \
+        }                                                                                                              \
+        int r_ = (call);                                                                                               \
+        zp_guard_disarm(&g);                                                                                           \
+        return r_;                                                                                                     \
+    } while (0)
+
+int zp_arm(const zp_queue *q, int32_t which, uint32_t **word, uint32_t *seen) {
+    if (which < 0 || which > 2) {
+        return ZP_RANGE;
+    }
+    GUARDED(NULL, arm(q, which, word, seen));
+}
+
+int zp_disarm(const zp_queue *q, int32_t which, int32_t pass_on) {
+    if (which < 0 || which > 2) {
+        return ZP_RANGE;
+    }
+    GUARDED(NULL, disarm(q, which, pass_on));
+}
+
+int zp_unarm(const zp_queue *q, int32_t which, uint32_t n) {
+    if (which < 0 || which > 2) {
+        return ZP_RANGE;
+    }
+    GUARDED(NULL, unarm(q, which, n));
+}
 
 int zp_put(const zp_queue *q, const zp_record *recs, int32_t n, int32_t flags, zp_out *out) {
     out->n = 0;
     if (n <= 0) {
         return ZP_OK;
     }
-    zp_guard g;
-    zp_guard_arm(&g);
-    if (sigsetjmp(g.jb, 0)) {
-        zp_guard_disarm(&g);
-        out->addr = g.addr;
-        return ZP_FAULT;
-    }
-    int r = put(q, recs, n, flags, out);
-    zp_guard_disarm(&g);
-    return r;
+    GUARDED(out, put(q, recs, n, flags, out));
 }
 
 int zp_get(const zp_queue *q, void *buf, uint64_t cap, int32_t max_records, int32_t max_views, int32_t flags,
            zp_out *out) {
     out->n = 0, out->filled = 0, out->views = 0;
-    zp_guard g;
-    zp_guard_arm(&g);
-    if (sigsetjmp(g.jb, 0)) {
-        zp_guard_disarm(&g);
-        out->addr = g.addr;
-        return ZP_FAULT;
-    }
-    int r = get(q, buf, cap, max_records, max_views, flags, out);
-    zp_guard_disarm(&g);
-    return r;
+    GUARDED(out, get(q, buf, cap, max_records, max_views, flags, out));
 }
 
 int zp_catch_up(const zp_queue *q, int32_t *moved, zp_out *out) {
     *moved = 0;
-    zp_guard g;
-    zp_guard_arm(&g);
-    if (sigsetjmp(g.jb, 0)) {
-        zp_guard_disarm(&g);
-        out->addr = g.addr;
-        return ZP_FAULT;
-    }
-    int r = catch_up(q, moved);
-    zp_guard_disarm(&g);
-    return r;
+    GUARDED(out, catch_up(q, moved));
 }

@@ -1,0 +1,209 @@
+// The queue calls that run without entering Go: a put of a plain record, a
+// take that does not wait, arming and disarming a sleep (Note [a data plane
+// the runtime never enters] in package plane). Each runs the data plane's
+// step on the queue its handle names here; whatever that step cannot finish
+// (a wait, a record with views, an error to report in full) goes to the
+// export in Go (zctipc_go_*), which runs the same step again.
+//
+// Threat model: any code in the process may call with any handle. A handle
+// is looked up in a table of this file, which Go fills when it opens a
+// queue and empties before it closes one, waiting until no call here holds
+// the queue: a stale or forged handle finds nothing (Go then says
+// ZCT_E_CLOSED), and a queue is never let go while a step runs on it.
+#define _GNU_SOURCE
+#include <errno.h>
+#include <sched.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "_cgo_export.h"
+#include "internal.h"
+#include "plane.h"
+
+// SLOTS bounds the queues open at once that take the fast way; the others
+// take Go's. A handle's slots are the PROBE after its hash.
+#define SLOTS 1024
+#define PROBE 16
+#define SEQ __ATOMIC_SEQ_CST
+
+typedef struct slot {
+    uint64_t handle; // 0: free
+    int32_t users;   // calls here that hold the queue
+    int32_t armed[3]; // sleeps armed through this handle (ZCT_WAIT_*) not taken back
+    const zp_queue *q;
+} slot;
+
+static slot slots[SLOTS];
+static int poisoned;
+
+static uint32_t hash(uint64_t h) { return (uint32_t)((h * 0x9E3779B97F4A7C15ull) >> 54); }
+
+ZCT_HIDDEN void zct_fast_register(uint64_t h, void *q) {
+    for (uint32_t i = 0; i < PROBE; i++) {
+        slot *s = &slots[(hash(h) + i) % SLOTS];
+        uint64_t free = 0;
+        if (__atomic_load_n(&s->users, SEQ) != 0) {
+            continue;
+        }
+        // Claimed with a marker first, so that no lookup sees h before q.
+        if (__atomic_compare_exchange_n(&s->handle, &free, UINT64_MAX, 0, SEQ, SEQ)) {
+            s->q = q;
+            memset(s->armed, 0, sizeof s->armed);
+            __atomic_store_n(&s->handle, h, SEQ);
+            return;
+        }
+    }
+    // Every slot taken: this queue's calls go through Go.
+}
+
+// acquire returns the slot of handle h, holding it, or NULL.
+static slot *acquire(uint64_t h) {
+    if (h == 0 || h == UINT64_MAX || __atomic_load_n(&poisoned, SEQ)) {
+        return NULL;
+    }
+    for (uint32_t i = 0; i < PROBE; i++) {
+        slot *s = &slots[(hash(h) + i) % SLOTS];
+        if (__atomic_load_n(&s->handle, SEQ) != h) {
+            continue;
+        }
+        __atomic_add_fetch(&s->users, 1, SEQ);
+        if (__atomic_load_n(&s->handle, SEQ) == h) {
+            return s;
+        }
+        __atomic_sub_fetch(&s->users, 1, SEQ);
+        return NULL;
+    }
+    return NULL;
+}
+
+static void release(slot *s) { __atomic_sub_fetch(&s->users, 1, SEQ); }
+
+// zct_fast_unregister takes handle h out of the table, waits until no call
+// here holds its queue, and takes back the sleeps armed through it.
+ZCT_HIDDEN void zct_fast_unregister(uint64_t h) {
+    for (uint32_t i = 0; i < PROBE; i++) {
+        slot *s = &slots[(hash(h) + i) % SLOTS];
+        if (__atomic_load_n(&s->handle, SEQ) != h) {
+            continue;
+        }
+        __atomic_store_n(&s->handle, UINT64_MAX, SEQ);
+        while (__atomic_load_n(&s->users, SEQ) != 0) {
+            sched_yield(); // a step never waits: this is short
+        }
+        for (int w = 0; w < 3; w++) {
+            int32_t n = __atomic_exchange_n(&s->armed[w], 0, SEQ);
+            if (n > 0) {
+                zp_unarm(s->q, w, (uint32_t)n); // a shrunk file: nothing to take back
+            }
+        }
+        s->q = NULL;
+        __atomic_store_n(&s->handle, 0, SEQ);
+        return;
+    }
+}
+
+ZCT_HIDDEN void zct_fast_poison(void) { __atomic_store_n(&poisoned, 1, SEQ); }
+
+int zct_queue_put(zct_handle h, int32_t type, const void *payload, uint64_t length, const zct_view *views,
+                  int32_t nviews, int64_t timeout_ms) {
+    if (nviews == 0 && (type == ZCT_RECORD_PICKLE || type == ZCT_RECORD_BYTES) && (payload != NULL || length == 0) &&
+        length <= UINT32_MAX - 2 * ZP_RECORD_HEADER) {
+        slot *s = acquire(h);
+        if (s != NULL) {
+            uint32_t size = (uint32_t)((ZP_RECORD_HEADER + length + 7) & ~7ull), plen = (uint32_t)length;
+            uint8_t header[ZP_RECORD_HEADER] = {0};
+            memcpy(header, &size, 4);
+            header[4] = (uint8_t)type;
+            memcpy(header + 8, &plen, 4);
+            zp_record rec = {header, payload, length, ZP_RECORD_HEADER, size};
+            zp_out out = {0};
+            int r = zp_put(s->q, &rec, 1, 0, &out);
+            release(s);
+            if (r == ZP_OK) {
+                return ZCT_OK;
+            }
+            if (r == ZP_WAIT && timeout_ms == 0) {
+                zct_set_last_error("queue is full", 13, 0);
+                return ZCT_E_FULL;
+            }
+        }
+    }
+    return zctipc_go_queue_put(h, type, (zct_cvoid *)payload, length, (zct_cview *)views, nviews, timeout_ms);
+}
+
+int64_t zct_queue_take(zct_handle h, void *buf, uint64_t capacity, int64_t timeout_ms, zct_view *views,
+                       int32_t views_cap, int32_t *nviews) {
+    if (buf != NULL && nviews != NULL && views_cap >= 0 && (views_cap == 0 || views != NULL)) {
+        slot *s = acquire(h);
+        if (s != NULL) {
+            zp_out out = {0};
+            int r = zp_get(s->q, buf, capacity, 1, 0, ZP_PLAIN, &out);
+            release(s);
+            if (r == ZP_OK) {
+                const uint8_t *rec = buf;
+                uint32_t plen;
+                memcpy(&plen, rec + 8, 4);
+                *nviews = 0;
+                return (int64_t)((uint64_t)plen | (uint64_t)ZP_RECORD_HEADER << ZCT_TAKE_OFFSET_SHIFT |
+                                 (uint64_t)rec[4] << ZCT_TAKE_TYPE_SHIFT);
+            }
+            if (r == ZP_WAIT && timeout_ms == 0) {
+                zct_set_last_error("queue is empty", 14, 0);
+                return ZCT_E_EMPTY;
+            }
+            if (r == ZP_CORRUPT) {
+                // What the step met is gone from the queue: say it here.
+                char msg[160];
+                uint32_t a = out.need, b = out.need_views;
+                int n = out.what == ZP_BAD_POSITIONS
+                            ? snprintf(msg, sizeof msg, "queue: header is corrupt: head %u and tail %u", a, b)
+                            : snprintf(msg, sizeof msg, "queue: header is corrupt: a %s of %u bytes at %u",
+                                       out.what == ZP_BAD_SKIP ? "skip" : "record", a, b);
+                zct_set_last_error(msg, n > 0 ? (size_t)n : 0, 0);
+                return ZCT_E_CORRUPT;
+            }
+        }
+    }
+    return zctipc_go_queue_take(h, buf, capacity, timeout_ms, views, views_cap, nviews);
+}
+
+int zct_queue_arm(zct_handle h, int32_t which, uint32_t **word, uint32_t *seen) {
+    if (which >= 0 && which < 3 && word != NULL && seen != NULL) {
+        slot *s = acquire(h);
+        if (s != NULL) {
+            __atomic_add_fetch(&s->armed[which], 1, SEQ);
+            int r = zp_arm(s->q, which, word, seen);
+            if (r != ZP_OK) {
+                __atomic_sub_fetch(&s->armed[which], 1, SEQ);
+            }
+            release(s);
+            if (r == ZP_OK) {
+                return ZCT_OK;
+            }
+        }
+    }
+    return zctipc_go_queue_arm(h, which, word, seen);
+}
+
+int zct_queue_disarm(zct_handle h, int32_t which, int32_t pass_on) {
+    if (which >= 0 && which < 3) {
+        slot *s = acquire(h);
+        if (s != NULL) {
+            int32_t n = __atomic_load_n(&s->armed[which], SEQ);
+            while (n > 0 && !__atomic_compare_exchange_n(&s->armed[which], &n, n - 1, 0, SEQ, SEQ)) {
+            }
+            int r = n > 0 ? zp_disarm(s->q, which, pass_on) : ZP_RANGE;
+            release(s);
+            if (n <= 0) {
+                char msg[96];
+                int k = snprintf(msg, sizeof msg, "queue wait word %d was not armed: invalid argument", which);
+                zct_set_last_error(msg, k > 0 ? (size_t)k : 0, EINVAL);
+                return ZCT_E_INVALID;
+            }
+            if (r == ZP_OK) {
+                return ZCT_OK;
+            }
+        }
+    }
+    return zctipc_go_queue_disarm(h, which, pass_on);
+}

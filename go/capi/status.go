@@ -83,16 +83,9 @@ func badCount(arg string, n C.int32_t, least, most int) error {
 }
 
 // dtypeOf is the dtype that a C caller's code names, or an error wrapping
-// dtype.ErrUnsupported (ZCT_E_DTYPE) for a code zctipc does not know; a
-// code past 16 bits among them, which a conversion would wrap onto a known
-// one.
-func dtypeOf(dt C.int32_t) (dtype.DType, error) {
-	d := dtype.DType(dt)
-	if int32(d) != int32(dt) {
-		return 0, fmt.Errorf("dtype code %d: %w", dt, dtype.ErrUnsupported)
-	}
-	return d, d.Check()
-}
+// dtype.ErrUnsupported (ZCT_E_DTYPE) for a code zctipc does not know
+// (dtype.FromCode: a negative code, or one past 16 bits, among them).
+func dtypeOf(dt C.int32_t) (dtype.DType, error) { return dtype.FromCode(int64(dt)) }
 
 // poisoned is set once an export recovered from a panic: the library's state
 // may be inconsistent, so every later call fails cleanly instead.

@@ -213,10 +213,11 @@ int zct_segment_create(const char *name, int32_t dtype, int32_t ndim, const int6
    stream, written by the caller), zeroed. */
 int zct_table_create(const char *name, uint64_t nbytes, zct_handle *segment, zct_info *info);
 /* zct_segment_create (kind ZCT_KIND_TENSOR) or zct_table_create (kind
-   ZCT_KIND_TABLE, dtype uint8, one dimension) for a caller that writes every
-   byte of the data: the data is not zeroed, and a large segment may be made
-   from the pages of one this process let go, which is several times faster
-   than fresh pages. The segment gets its name only with
+   ZCT_KIND_TABLE, dtype uint8, one dimension: a table of another dtype or
+   shape is ZCT_E_INVALID) for a caller that writes every byte of the data:
+   the data is not zeroed, and a large segment may be made from the pages
+   of one this process let go, which is several times faster than fresh
+   pages. The segment gets its name only with
    zct_segment_publish, once the data is written: until then no process can
    attach it, and closing it removes it. */
 int zct_segment_create_uninit(const char *name, int32_t kind, int32_t dtype, int32_t ndim,

@@ -288,39 +288,37 @@ class Queue:
     def _bare(self, obj: Any, block: bool, timeout: float | None) -> Record | None:
         """The record of a bare array, tensor or SharedTensor: (payload,
         buffers, record type) of a tensor record whose one buffer is zctipc
-        memory; _SENT when it is sent already, each in one native call: a
-        small array inline (Note [inline arrays] in zctipc._wire.exports), a
-        larger array that is zctipc memory; None to pickle it."""
-        if obj.__class__ is exports.ndarray:
-            small = obj.nbytes <= self._inline
-            if small and (found := exports.inline_array(obj)) is not None:
-                self._put_inline(found, block, timeout)
-                return _SENT
-            sent = self._put_array(obj)  # zctipc memory (a small one did not go inline)
-            if sent:
-                return _SENT
-            if sent is not None and not small:
-                # Not zctipc memory: a copy, without asking again.
-                e = exports.export_array(obj, block, timeout, search=False, in_band=self._in_band)
-                if e is None:
-                    return _SENT if self._in_band_inline(obj, block, timeout) else None
-                return b"", [e], _TENSOR
-        e = exports.export_bare(obj, block, timeout, self._in_band)
+        memory; _SENT when it is sent already, in one native call; None to
+        pickle it. An array goes, the first that applies: inline when small
+        and not zctipc memory (Note [inline arrays] in
+        zctipc._wire.exports); by descriptor when zctipc memory (sent at
+        once when C-contiguous); else copied into a pool buffer, which a
+        SimpleQueue may find none for (Note [sending in band when shared
+        memory is full] there): then inline whatever its size; else
+        pickled (a dtype or rank a descriptor cannot hold)."""
+        if obj.__class__ is not exports.ndarray:
+            e = exports.export_bare(obj, block, timeout)
+            return None if e is None else (b"", [e], _TENSOR)
+        small = obj.nbytes <= self._inline
+        if small and (found := exports.inline_array(obj)) is not None:
+            self._put_inline(found, block, timeout)
+            return _SENT
+        sent = self._put_array(obj)  # zctipc memory (a small one did not go inline)
+        if sent:
+            return _SENT
+        # False: not zctipc memory the library can send (or a segment since
+        # unlinked): a large array is copied without asking again; a small one,
+        # which inline_array took for zctipc memory, goes by descriptor, and
+        # its put says why it cannot.
+        e = None if sent is False and not small else exports.find_array(obj)
         if e is None:
-            return _SENT if self._in_band_inline(obj, block, timeout) else None
-        return b"", [e], _TENSOR
-
-    def _in_band_inline(self, obj: Any, block: bool, timeout: float | None) -> bool:
-        """Put obj inline when it is a NumPy array that found no pool
-        buffer (Note [sending in band when shared memory is full] in
-        zctipc._wire.exports); False to pickle it."""
-        if self._in_band is None or obj.__class__ is not exports.ndarray:
-            return False
-        found = exports.inline_array(obj)
-        if found is None:
-            return False
-        self._put_inline(found, block, timeout)
-        return True
+            e = exports.copy_array(obj, block, timeout, self._in_band)
+        if e is not None:
+            return b"", [e], _TENSOR
+        if self._in_band is None or (found := exports.inline_array(obj)) is None:
+            return None
+        self._put_inline(found, block, timeout)  # no pool buffer: its bytes in band
+        return _SENT
 
     def _put_inline(self, found: tuple[int, int, NDArray[Any]], block: bool, timeout: float | None) -> None:
         """Put an array inline (Note [inline arrays] in

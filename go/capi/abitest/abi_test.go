@@ -122,6 +122,14 @@ func TestCPrograms(t *testing.T) {
 		// get_many and peek: each is refused alone, the good records beside
 		// them are given whole, and no count is left taken.
 		{"CHandoverAttacks", []program{{"abi_handover_attacks", false}}},
+		// CDTypeAttacks: every call that takes a dtype code refuses an
+		// unknown one (0, negative, past 16 bits, past the last) with
+		// ZCT_E_DTYPE and leaves everything as it was, every valid code
+		// round-trips, a table is uint8 in one dimension; a dtype forged
+		// into a header, a descriptor, an inline record or a stream's
+		// layout is refused, never wrapped onto a valid code nor read past
+		// its bytes.
+		{"CDTypeAttacks", []program{{"abi_dtype_attacks", true}}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()

@@ -90,6 +90,19 @@ func (d DType) Check() error {
 	return nil
 }
 
+// FromCode returns the DType of code, a code held wider than the header's
+// u16 (a C caller's int32, a stream layout's u32), or an error wrapping
+// ErrUnsupported for one that names no known type: a negative code, or one
+// past 16 bits, among them, which a conversion to DType would wrap onto
+// its low 16 bits (65547 onto float32).
+func FromCode(code int64) (DType, error) {
+	d := DType(code)
+	if int64(d) != code || !d.Valid() {
+		return Invalid, fmt.Errorf("dtype code %d: %w", code, ErrUnsupported)
+	}
+	return d, nil
+}
+
 // Parse returns the DType named name, as String spells it.
 func Parse(name string) (DType, error) {
 	for code, t := range table {

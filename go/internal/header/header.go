@@ -107,13 +107,18 @@ var le = binary.LittleEndian
 // New returns the header of a C-contiguous array of the given type and shape,
 // with its data placed right after the header. Creator, CreatedNS and
 // Refcount are left for the caller. Bad arguments give errors wrapping
-// unix.EINVAL or dtype.ErrUnsupported.
+// unix.EINVAL or dtype.ErrUnsupported; a kind other than KindTensor takes
+// uint8 in one dimension only (docs/format.md, "Segment kinds").
 func New(kind Kind, dt dtype.DType, shape []int64) (Header, error) {
 	if kind == 0 || kind > maxKind {
 		return Header{}, fmt.Errorf("segment kind %d: %w", kind, unix.EINVAL)
 	}
 	if err := dt.Check(); err != nil {
 		return Header{}, err
+	}
+	if kind != KindTensor && (dt != dtype.Uint8 || len(shape) != 1) {
+		return Header{}, fmt.Errorf("a %s segment of %s and shape %v: a %s holds uint8 in one dimension: %w",
+			kind, dt, shape, kind, unix.EINVAL)
 	}
 	if len(shape) > MaxNDim {
 		return Header{}, fmt.Errorf("ndim %d exceeds the limit of %d: %w", len(shape), MaxNDim, unix.EINVAL)

@@ -64,12 +64,31 @@ func TestHeaderNewRefusesBadArguments(t *testing.T) {
 		{"negative dimension", header.KindTensor, dtype.Uint8, []int64{2, -1}, unix.EINVAL},
 		{"overflowing shape", header.KindTensor, dtype.Int64, []int64{1 << 61, 16}, unix.EINVAL},
 		{"overflow only with itemsize", header.KindTensor, dtype.Complex128, []int64{math.MaxInt64 / 8}, unix.EINVAL},
+		// Every kind but a tensor holds uint8 in one dimension (format.md).
+		{"a table of float32", header.KindTable, dtype.Float32, []int64{4}, unix.EINVAL},
+		{"a table in two dimensions", header.KindTable, dtype.Uint8, []int64{2, 3}, unix.EINVAL},
+		{"a table in no dimension", header.KindTable, dtype.Uint8, nil, unix.EINVAL},
+		{"a queue of int8", header.KindQueue, dtype.Int8, []int64{4096}, unix.EINVAL},
+		{"an arena of bool", header.KindArena, dtype.Bool, []int64{4096}, unix.EINVAL},
+		{"a table of an unknown dtype", header.KindTable, 99, []int64{4}, dtype.ErrUnsupported},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			_, err := header.New(tt.kind, tt.dt, tt.shape)
 			require.ErrorIs(t, err, tt.want)
 		})
+	}
+}
+
+// TestHeaderNewKindsOtherThanTensor: every kind but a tensor takes uint8
+// in one dimension, and is a C-contiguous array of it.
+func TestHeaderNewKindsOtherThanTensor(t *testing.T) {
+	t.Parallel()
+	for _, kind := range []header.Kind{header.KindArena, header.KindQueue, header.KindStream, header.KindTable, header.KindLedger, header.KindEvent} {
+		h, err := header.New(kind, dtype.Uint8, []int64{100})
+		require.NoError(t, err, kind.String())
+		require.Equal(t, []int64{1}, h.Strides)
+		require.EqualValues(t, 100, h.NBytes)
 	}
 }
 

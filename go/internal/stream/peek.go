@@ -6,9 +6,7 @@ import (
 	"sync/atomic"
 	"unsafe"
 
-	"github.com/zctipc/zctipc/go/internal/dtype"
 	"github.com/zctipc/zctipc/go/internal/fault"
-	"github.com/zctipc/zctipc/go/internal/header"
 	"github.com/zctipc/zctipc/go/internal/lock"
 	"golang.org/x/sys/unix"
 )
@@ -171,8 +169,8 @@ type State struct {
 
 // Observe reads the state of the stream whose data region is data (mapped,
 // with or without a count, from any process), without a lock and without
-// writing anything. It checks the layout and never reads out of data; a
-// fault on data is an error.
+// writing anything. It checks the layout as Attach does (layoutOf) and
+// never reads out of data; a fault on data is an error.
 func Observe(data []byte) (st State, err error) {
 	err = fault.Catch(func() (err error) { // Note [truncated while observed]
 		st, err = observe(data)
@@ -182,36 +180,14 @@ func Observe(data []byte) (st State, err error) {
 }
 
 func observe(data []byte) (State, error) {
-	if len(data) < readersAt {
-		return State{}, fmt.Errorf("%w: a stream of %d bytes", header.ErrCorrupt, len(data))
+	l, err := layoutOf(data)
+	if err != nil {
+		return State{}, err
 	}
-	if v := *u32(data, offVersion); v != LayoutVersion {
-		return State{}, fmt.Errorf("%w %d (this library reads %d)", ErrLayoutVersion, v, LayoutVersion)
-	}
-	ndim := *u32(data, offNDim)
-	cfg := Config{
-		DType:   dtype.DType(*u32(data, offDType)),
-		Frames:  int(*u32(data, offFrames)),
-		Readers: int(*u32(data, offReaders)),
-		Policy:  Policy(*u32(data, offPolicy)),
-	}
-	if ndim > header.MaxNDim {
-		return State{}, fmt.Errorf("%w: a stream frame of %d dimensions", header.ErrCorrupt, ndim)
-	}
-	cfg.Shape = make([]int64, ndim)
-	for i := range cfg.Shape {
-		cfg.Shape[i] = int64(*u64(data, offShape+8*i))
-	}
-	if err := cfg.check(); err != nil {
-		return State{}, fmt.Errorf("%w: %v", header.ErrCorrupt, err)
-	}
-	if uint64(len(data)) < ringOffset(cfg.Readers, cfg.Frames) {
-		return State{}, fmt.Errorf("%w: %d reader slots and %d frames in a stream of %d bytes", header.ErrCorrupt,
-			cfg.Readers, cfg.Frames, len(data))
-	}
+	cfg := l.cfg
 	st := State{
 		Config:     cfg,
-		FrameBytes: atomic.LoadUint64(u64(data, offFrameBytes)),
+		FrameBytes: l.frameBytes,
 		Published:  atomic.LoadUint64(u64(data, offPublished)),
 		Claim:      atomic.LoadUint64(u64(data, offClaim)),
 		Dropped:    atomic.LoadUint64(u64(data, offDropped)),

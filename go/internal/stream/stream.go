@@ -304,21 +304,43 @@ func Attach(name string) (*Stream, error) {
 // open checks the layout that the creator wrote.
 func open(seg *shm.Segment) (*Stream, error) {
 	d := seg.Data()
-	bad := func(what string) error {
-		return fmt.Errorf("stream %q: %w: %s", seg.Name(), header.ErrCorrupt, what)
+	l, err := layoutOf(d)
+	if err != nil {
+		return nil, fmt.Errorf("stream %q: %w", seg.Name(), err)
 	}
+	return &Stream{seg: seg, data: d, cfg: l.cfg, frameBytes: l.frameBytes, stride: l.stride, ringAt: l.ringAt,
+		table: tableAt(l.cfg.Readers)}, nil
+}
+
+// layout is what a stream's layout words say, checked.
+type layout struct {
+	cfg                        Config
+	frameBytes, stride, ringAt uint64
+}
+
+// layoutOf reads the layout words of a stream's data region d, which its
+// creator wrote once, and checks them (docs/format.md, "Streams"): the
+// configuration, and the frame bytes, slot stride and ring offset it makes,
+// which must fill d. Its errors wrap header.ErrCorrupt, or ErrLayoutVersion.
+// The dtype word is a u32: a code past 16 bits is none, never its low half.
+func layoutOf(d []byte) (layout, error) {
+	bad := func(what string) error { return fmt.Errorf("%w: %s", header.ErrCorrupt, what) }
 	if len(d) < readersAt {
-		return nil, bad(fmt.Sprintf("%d bytes", len(d)))
+		return layout{}, bad(fmt.Sprintf("%d bytes", len(d)))
 	}
 	if v := *u32(d, offVersion); v != LayoutVersion {
-		return nil, fmt.Errorf("stream %q: %w %d (this library reads %d)", seg.Name(), ErrLayoutVersion, v, LayoutVersion)
+		return layout{}, fmt.Errorf("%w %d (this library reads %d)", ErrLayoutVersion, v, LayoutVersion)
 	}
 	ndim := *u32(d, offNDim)
 	if ndim > header.MaxNDim {
-		return nil, bad(fmt.Sprintf("%d dimensions", ndim))
+		return layout{}, bad(fmt.Sprintf("%d dimensions", ndim))
+	}
+	dt, err := dtype.FromCode(int64(*u32(d, offDType)))
+	if err != nil {
+		return layout{}, bad(err.Error())
 	}
 	cfg := Config{
-		DType:         dtype.DType(*u32(d, offDType)),
+		DType:         dt,
 		Shape:         make([]int64, ndim),
 		Frames:        int(*u32(d, offFrames)),
 		Readers:       int(*u32(d, offReaders)),
@@ -329,19 +351,18 @@ func open(seg *shm.Segment) (*Stream, error) {
 		cfg.Shape[i] = int64(*u64(d, offShape+8*i))
 	}
 	if err := cfg.check(); err != nil {
-		return nil, bad(err.Error())
+		return layout{}, bad(err.Error())
 	}
 	frameBytes, stride, err := frameLayout(cfg.DType, cfg.Shape)
 	if err != nil {
-		return nil, bad(err.Error())
+		return layout{}, bad(err.Error())
 	}
 	ringAt := ringOffset(cfg.Readers, cfg.Frames)
 	if *u64(d, offFrameBytes) != frameBytes || *u64(d, offStride) != stride || *u64(d, offRingAt) != ringAt ||
 		uint64(len(d)) != ringAt+stride*uint64(cfg.Frames) {
-		return nil, bad(fmt.Sprintf("%d frames of %d bytes do not fill %d bytes", cfg.Frames, frameBytes, len(d)))
+		return layout{}, bad(fmt.Sprintf("%d frames of %d bytes do not fill %d bytes", cfg.Frames, frameBytes, len(d)))
 	}
-	return &Stream{seg: seg, data: d, cfg: cfg, frameBytes: frameBytes, stride: stride, ringAt: ringAt,
-		table: tableAt(cfg.Readers)}, nil
+	return layout{cfg: cfg, frameBytes: frameBytes, stride: stride, ringAt: ringAt}, nil
 }
 
 // slotOf returns the slot that frame p was published in (for a frame in

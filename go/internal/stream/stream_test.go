@@ -477,8 +477,8 @@ func init() {
 }
 
 // TestStreamAttachRefusesACorruptLayout: a layout word of a stream of 4
-// frames and 2 readers changed is refused as corrupt; set back, the stream
-// attaches.
+// frames and 2 readers changed is refused as corrupt, attached or
+// observed; set back, the stream attaches.
 func TestStreamAttachRefusesACorruptLayout(t *testing.T) {
 	t.Parallel()
 	for _, c := range []struct {
@@ -488,6 +488,12 @@ func TestStreamAttachRefusesACorruptLayout(t *testing.T) {
 	}{
 		{"frames more than the segment holds", 16, 1000, 4},
 		{"no reader slots", 20, 0, 2},
+		// The dtype word is a u32: a code past 16 bits is none, however
+		// valid its low half (uint64's here).
+		{"a dtype code past 16 bits", 28, 1<<16 + uint32(dtype.Uint64), uint32(dtype.Uint64)},
+		{"a dtype code past 31 bits", 28, 1<<31 + uint32(dtype.Uint64), uint32(dtype.Uint64)},
+		{"a dtype code of none", 28, uint32(dtype.Complex128) + 1, uint32(dtype.Uint64)},
+		{"a dtype of another itemsize", 28, uint32(dtype.Float32), uint32(dtype.Uint64)},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
@@ -496,6 +502,8 @@ func TestStreamAttachRefusesACorruptLayout(t *testing.T) {
 			binary.LittleEndian.PutUint32(d[c.at:], c.bad)
 			_, err := stream.Attach(s.Segment().Name())
 			require.ErrorIs(t, err, header.ErrCorrupt)
+			_, err = stream.Observe(d)
+			require.ErrorIs(t, err, header.ErrCorrupt, "observed too")
 			binary.LittleEndian.PutUint32(d[c.at:], c.good)
 			other, err := stream.Attach(s.Segment().Name())
 			require.NoError(t, err, "repaired, it attaches")

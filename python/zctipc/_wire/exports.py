@@ -197,35 +197,41 @@ def _mib(n: int) -> str:
     return f"{n / (1 << 20):.1f} MiB"
 
 
-def _export(
-    address: Any,
+def _find(
+    address: Any, shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int, extent: int | None = None
+) -> tuple[int, int] | None:
+    """(ref, offset) of the array at address (an integer, or a cffi
+    pointer) in zctipc memory, one more count on it, when a descriptor can
+    name it there; else None, as for an array of more dimensions than a
+    descriptor holds or of negative strides. extent, when the caller knows
+    it (a contiguous array), is the bytes the array spans."""
+    if len(shape) > native.MAX_NDIM:
+        return None
+    if extent is None:
+        if min(strides, default=0) < 0:
+            return None
+        extent = layout.extent(shape, strides, itemsize)
+    return memory.find(address, extent)
+
+
+def _copy(
     code: int,
     shape: tuple[int, ...],
-    strides: tuple[int, ...],
     flags: int,
     fill: Fill,
     block: bool,
     timeout: float | None,
-    copy: bool,
-    extent: int | None = None,
     in_band: InBand | None = None,
 ) -> Export | None:
-    """An Export of the array at address (an integer, or a cffi pointer):
-    its own memory when that is zctipc memory, else (with copy) a fresh pool
-    buffer that fill(owner, nbytes, c_strides) copies it into, in C order.
-    None for an array of more dimensions than a descriptor holds, and for
-    one that in_band, when given, found no buffer for (it goes in band;
-    block and timeout are then not looked at). extent, when the caller
-    knows it (a contiguous array), is the bytes the array spans."""
+    """An Export of a fresh pool buffer that fill(owner, nbytes, c_strides)
+    copies an array into, in C order: a buffer waited for as block and
+    timeout say, or, with in_band, the one in_band finds (block and timeout
+    are then not looked at). None for an array of more dimensions than a
+    descriptor holds, and when in_band found no buffer (the array goes in
+    band)."""
     if len(shape) > native.MAX_NDIM:
         return None
     itemsize = dtypes.ITEMSIZE[code]
-    if address is not None and (extent is not None or min(strides, default=0) >= 0):
-        found = memory.find(address, layout.extent(shape, strides, itemsize) if extent is None else extent)
-        if found is not None:
-            return Export(found[0], found[1], code, shape, strides, flags)
-    if not copy:
-        return None
     size = layout.nbytes(shape, itemsize)
     if in_band is None:
         ref, address = pool.alloc(max(size, 1), block, timeout)
@@ -271,35 +277,37 @@ def contiguous_view(arr: NDArray[Any]) -> tuple[int, int, Any] | None:
     return None if address is None else (code, _numpy_flags(arr.flags), address)
 
 
-def export_array(
-    arr: NDArray[Any],
-    block: bool = True,
-    timeout: float | None = None,
-    copy: bool = True,
-    search: bool = True,
-    in_band: InBand | None = None,
-) -> Export | None:
-    """An Export for a NumPy array, or None when it cannot go out of band
-    (object, structured, non-native dtypes) or, without copy, is not zctipc
-    memory, or in_band found no buffer for its copy (Note [sending in band
-    when shared memory is full]). Without search the caller knows it is not
-    zctipc memory: a copy is made without looking."""
-    try:
-        code = dtypes.code_of_numpy(arr.dtype)
-    except UnsupportedDtype:
+def find_array(arr: NDArray[Any]) -> Export | None:
+    """An Export of the NumPy array arr over its own memory, when that is
+    zctipc memory (it goes as itself, zero copy); else None, and for an
+    array that cannot go out of band (object, structured, non-native
+    dtypes; more dimensions than a descriptor holds)."""
+    code = code_of(arr.dtype) if arr.ndim <= _MAX_NDIM else None
+    if code is None:
+        return None
+    address = contiguous_address(arr)
+    if address is not None:  # the common case: its extent is its size
+        found = memory.find(address, arr.nbytes)
+    else:
+        found = _find(arr.__array_interface__["data"][0], arr.shape, arr.strides, arr.itemsize)
+    return None if found is None else Export(found[0], found[1], code, arr.shape, arr.strides, _numpy_flags(arr.flags))
+
+
+def copy_array(arr: NDArray[Any], block: bool, timeout: float | None, in_band: InBand | None = None) -> Export | None:
+    """An Export of a fresh pool buffer holding a copy of the NumPy array
+    arr, in C order, whatever memory arr lies in: a buffer waited for as
+    block and timeout say, or, with in_band, the one in_band finds. None
+    when in_band found none (Note [sending in band when shared memory is
+    full]), and for an array that cannot go out of band (as find_array
+    says)."""
+    code = code_of(arr.dtype)
+    if code is None:
         return None
 
     def fill(owner: Any, size: int, c_strides: tuple[int, ...]) -> None:
         np.copyto(memory.ndarray(owner, size, arr.dtype, arr.shape, c_strides), arr)
 
-    flags = _numpy_flags(arr.flags)
-    if not search:
-        return _export(None, code, arr.shape, arr.strides, flags, fill, block, timeout, copy, None, in_band)
-    address = contiguous_address(arr)
-    if address is not None:  # the common case: its extent is its size
-        return _export(address, code, arr.shape, arr.strides, flags, fill, block, timeout, copy, arr.nbytes, in_band)
-    address = arr.__array_interface__["data"][0]
-    return _export(address, code, arr.shape, arr.strides, flags, fill, block, timeout, copy, None, in_band)
+    return _copy(code, arr.shape, _numpy_flags(arr.flags), fill, block, timeout, in_band)
 
 
 _CODES: dict[object, int | None] = {}  # torch or NumPy dtype -> code (None: unsupported), filled as dtypes are met
@@ -372,15 +380,24 @@ def check_grad(t: torch.Tensor) -> None:
         )
 
 
-def _export_tensor(t: torch.Tensor, found: Layout, block: bool, timeout: float | None, copy: bool) -> Export | None:
+def _find_tensor(t: torch.Tensor, found: Layout) -> Export | None:
+    """An Export of tensor t (of layout found) over its own memory, when
+    that is zctipc memory that a descriptor can name; else None."""
     code, shape, strides = found
+    at = None if 0 in shape else _find(t.data_ptr(), shape, strides, dtypes.ITEMSIZE[code])
+    return None if at is None else Export(at[0], at[1], code, shape, strides, memory.TORCH)
+
+
+def _copy_tensor(t: torch.Tensor, found: Layout, block: bool, timeout: float | None) -> Export | None:
+    """An Export of a fresh pool buffer holding a copy of tensor t (of
+    layout found), waited for as block and timeout say (as _copy says)."""
+    code, shape, _ = found
 
     def fill(owner: Any, size: int, c_strides: tuple[int, ...]) -> None:
         storage = memory.ndarray(owner, size, dtypes.storage_dtype(code), shape, c_strides)
         memory.tensor(storage, code).copy_(t.detach())
 
-    address = t.data_ptr() if 0 not in shape else None
-    return _export(address, code, shape, strides, memory.TORCH, fill, block, timeout, copy)
+    return _copy(code, shape, memory.TORCH, fill, block, timeout)
 
 
 #: Types a queue sends as a bare tensor record, which a Go or C consumer
@@ -388,23 +405,23 @@ def _export_tensor(t: torch.Tensor, found: Layout, block: bool, timeout: float |
 BARE: set[type[object]] = {SharedTensor}  # and np.ndarray once NumPy is met (_numpy_met), torch.Tensor once torch is
 
 
-def export_bare(
-    obj: Any, block: bool = True, timeout: float | None = None, in_band: InBand | None = None
-) -> Export | None:
+def export_bare(obj: Any, block: bool = True, timeout: float | None = None) -> Export | None:
     """An Export for obj when it is a plain NumPy array, a plain torch
-    tensor without grad that can go out of band, or an open SharedTensor;
-    else None (it is pickled instead; an array, when in_band found no
-    buffer for it)."""
+    tensor without grad that can go out of band, or an open SharedTensor:
+    its own memory when that is zctipc memory, else a pool buffer waited
+    for as block and timeout say (an array's copy, a tensor's storage moved
+    there: _share_tensor); else None (it is pickled instead)."""
     t = type(obj)
     if t is np.ndarray:
-        return export_array(obj, block, timeout, in_band=in_band)
+        e = find_array(obj)
+        return copy_array(obj, block, timeout) if e is None else e
     if t is SharedTensor:
         return None if obj.closed else export_shared_tensor(obj)
     if not obj.requires_grad:  # a plain torch.Tensor: BARE holds no other type
         found = torch_layout(obj)
         if not isinstance(found, tuple):
             return None
-        e = _export_tensor(obj, found, block, timeout, False)  # zctipc memory: itself
+        e = _find_tensor(obj, found)
         return _share_tensor(obj, found, block, timeout) if e is None else e
     return None
 
@@ -426,7 +443,7 @@ def _share_tensor(t: torch.Tensor, found: Layout, block: bool, timeout: float | 
             ref, offset = storages.move_into_pool(s, block, timeout)
             # storage_offset() is a SymInt only while torch.compile traces, which never sends a tensor.
             return Export(ref, offset + t.storage_offset() * dtypes.ITEMSIZE[code], code, shape, strides, memory.TORCH)  # type: ignore[arg-type]
-    return _export_tensor(t, found, block, timeout, True)
+    return _copy_tensor(t, found, block, timeout)
 
 
 _UINT8 = dtypes.CODES["uint8"]
@@ -447,7 +464,7 @@ def export_storage(storage: torch.UntypedStorage, block: bool = True, timeout: f
             def fill(owner: Any, size: int, c_strides: tuple[int, ...]) -> None:
                 memory.storage(owner, size).copy_(storage)
 
-            e = _export(None, _UINT8, (nbytes,), (1,), memory.TORCH, fill, block, timeout, True)
+            e = _copy(_UINT8, (nbytes,), memory.TORCH, fill, block, timeout)
             assert e is not None  # one dimension: a descriptor always holds it
             return e
         found = storages.move_into_pool(storage, block, timeout, address)

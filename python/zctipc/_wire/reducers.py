@@ -207,7 +207,7 @@ def is_shared(obj: object) -> bool:
     if isinstance(obj, SharedTensor):
         return not obj.closed
     if isinstance(obj, np.ndarray):
-        e = exports.export_array(obj, copy=False)
+        e = exports.find_array(obj)
     elif layout.is_torch_tensor(obj):
         if not storages.shareable(obj):
             return False

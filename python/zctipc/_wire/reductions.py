@@ -120,11 +120,13 @@ def reduce_array(ch: Channel, arr: NDArray[Any]) -> Reduction:
     if ch.copies:
         if nbytes < ch.copy_bytes:
             return ch.plain(arr)
-        e = exports.export_array(arr, ch.block, ch.timeout, search=False)
+        e = exports.copy_array(arr, ch.block, ch.timeout)  # whatever memory it lies in
         if e is not None:
             e.flags &= ~memory.READONLY  # the receiver's own, writable as a pickled array is
     else:
-        e = exports.export_array(arr, ch.block, ch.timeout, nbytes >= ch.copy_bytes, in_band=ch.in_band)
+        e = exports.find_array(arr)
+        if e is None and nbytes >= ch.copy_bytes:
+            e = exports.copy_array(arr, ch.block, ch.timeout, ch.in_band)
     if e is None:
         return ch.small(arr)
     return ch.send(e, arr)

@@ -420,9 +420,6 @@ func (a *Armed) Release(i int, s Seq) {
 }
 
 // Signal bumps the word and wakes up to n of its sleepers: the data
-// plane's step (package plane), which every signaller uses. A wake-up on
-// mapped memory does not fail.
-func (s Seq) Signal(n int) error {
-	plane.Signal(s.Word, s.Waiters, n)
-	return nil
-}
+// plane's step (package plane), which every signaller uses. It fails only
+// when the word's memory faulted (a shrunk file).
+func (s Seq) Signal(n int) error { return plane.Signal(s.Word, s.Waiters, n) }

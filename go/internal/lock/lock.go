@@ -72,7 +72,7 @@ func (m Mutex) TryLock() (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	return plane.TryLock(unsafe.Pointer(m.state), uint32(self.PID), self.StartTime), nil
+	return plane.TryLock(unsafe.Pointer(m.state), uint32(self.PID), self.StartTime)
 }
 
 // Lock acquires m, waiting until deadline (forever if it is zero). It
@@ -125,13 +125,10 @@ func (m Mutex) Lock(deadline time.Time) (recovered bool, err error) {
 	}
 }
 
-// Unlock releases m, which the calling process holds (the data plane's
-// step, package plane, which every holder uses; a wake-up on mapped memory
-// does not fail).
-func (m Mutex) Unlock() error {
-	plane.Unlock(unsafe.Pointer(m.state))
-	return nil
-}
+// Unlock releases m, which the calling process holds: the data plane's
+// step (package plane), which every holder uses. It fails only when the
+// lock's memory faulted (a shrunk file).
+func (m Mutex) Unlock() error { return plane.Unlock(unsafe.Pointer(m.state)) }
 
 func (m Mutex) setOwner(self proc.Identity) {
 	atomic.StoreUint64(m.ownerStart, self.StartTime)

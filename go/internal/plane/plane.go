@@ -18,6 +18,8 @@ import "C"
 import (
 	"runtime"
 	"unsafe"
+
+	"github.com/zctipc/zctipc/go/internal/fault"
 )
 
 // Note [a data plane the runtime never enters]. A call from C into Go that
@@ -200,15 +202,32 @@ func (q *Queue) CatchUp(out *Out) (bool, int) {
 	return moved != 0, int(r)
 }
 
-// TryLock takes the lock whose words are at p if it is free (zp_try_lock).
-func TryLock(p unsafe.Pointer, pid uint32, start uint64) bool {
-	return C.zp_try_lock((*C.uint32_t)(p), C.uint32_t(pid), C.uint64_t(start)) != 0
+// TryLock takes the lock whose words are at p if it is free (zp_try_lock);
+// an error when its memory faulted.
+func TryLock(p unsafe.Pointer, pid uint32, start uint64) (bool, error) {
+	switch C.zp_try_lock((*C.uint32_t)(p), C.uint32_t(pid), C.uint64_t(start)) {
+	case OK:
+		return true, nil
+	case Busy:
+		return false, nil
+	}
+	return false, &fault.Error{Addr: uintptr(p)}
 }
 
-// Unlock lets the lock at p go (zp_unlock).
-func Unlock(p unsafe.Pointer) { C.zp_unlock((*C.uint32_t)(p)) }
+// Unlock lets the lock at p go (zp_unlock); an error when its memory
+// faulted.
+func Unlock(p unsafe.Pointer) error {
+	if C.zp_unlock((*C.uint32_t)(p)) != OK {
+		return &fault.Error{Addr: uintptr(p)}
+	}
+	return nil
+}
 
-// Signal bumps word and wakes up to n of its sleepers (zp_signal).
-func Signal(word, waiters *uint32, n int) {
-	C.zp_signal((*C.uint32_t)(unsafe.Pointer(word)), (*C.uint32_t)(unsafe.Pointer(waiters)), C.int32_t(n))
+// Signal bumps word and wakes up to n of its sleepers (zp_signal); an
+// error when its memory faulted.
+func Signal(word, waiters *uint32, n int) error {
+	if C.zp_signal((*C.uint32_t)(unsafe.Pointer(word)), (*C.uint32_t)(unsafe.Pointer(waiters)), C.int32_t(n)) != OK {
+		return &fault.Error{Addr: uintptr(unsafe.Pointer(word))}
+	}
+	return nil
 }

@@ -135,12 +135,12 @@ ZP_API int zp_arm(const zp_queue *q, int32_t which, uint32_t **word, uint32_t *s
 ZP_API int zp_disarm(const zp_queue *q, int32_t which, int32_t pass_on);
 ZP_API int zp_unarm(const zp_queue *q, int32_t which, uint32_t n);
 
-/* The lock words (package lock): take a free lock, or let one go. */
+/* The lock words (package lock): take a free lock (ZP_OK, else ZP_BUSY),
+ * or let one go; and a sequence word: bump it and wake up to n of its
+ * sleepers. Each ZP_FAULT when the memory faulted. */
 ZP_API int zp_try_lock(uint32_t *lock, uint32_t pid, uint64_t start);
-ZP_API void zp_unlock(uint32_t *lock);
-
-/* Bump a sequence word and wake up to n of its sleepers. */
-ZP_API void zp_signal(uint32_t *word, uint32_t *waiters, int32_t n);
+ZP_API int zp_unlock(uint32_t *lock);
+ZP_API int zp_signal(uint32_t *word, uint32_t *waiters, int32_t n);
 
 /* The views a record of type typ and ndesc descriptors gives its taker. */
 static inline int32_t zp_views(uint8_t typ, uint16_t ndesc) { return typ == ZP_TYPE_INLINE ? ndesc + 1 : ndesc; }

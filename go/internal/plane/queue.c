@@ -46,7 +46,7 @@ static void wake(uint32_t *w, int32_t n) { syscall(SYS_futex, w, FUTEX_WAKE, n, 
 
 // -- locks and sequence words (package lock, package futex) ---------------
 
-int zp_try_lock(uint32_t *lock, uint32_t pid, uint64_t start) {
+static int try_lock(uint32_t *lock, uint32_t pid, uint64_t start) {
     uint32_t free = 0;
     if (!__atomic_compare_exchange_n(lock, &free, pid, 0, SEQ, SEQ)) {
         return 0;
@@ -56,14 +56,14 @@ int zp_try_lock(uint32_t *lock, uint32_t pid, uint64_t start) {
     return 1;
 }
 
-void zp_unlock(uint32_t *lock) {
+static void unlock(uint32_t *lock) {
     st32(lock + 1, 0);
     if (__atomic_exchange_n(lock, 0, SEQ) & CONTENDED) {
         wake(lock, 1);
     }
 }
 
-void zp_signal(uint32_t *word, uint32_t *waiters, int32_t n) {
+static void signal_word(uint32_t *word, uint32_t *waiters, int32_t n) {
     __atomic_add_fetch(word, 1, SEQ);
     if (ld32(waiters) != 0) {
         wake(word, n);
@@ -302,13 +302,13 @@ static uint32_t cross_skip(const zp_queue *q, uint32_t gets, uint32_t head) {
 // under the get lock, after the commit (package queue: The warm window).
 static void rewind_ring(const zp_queue *q, uint32_t gets, uint32_t head) {
     uint32_t off = head & q->mask, *put_lock = u32(q, ZP_OFF_PUT_LOCK);
-    if (!zp_try_lock(put_lock, q->pid, q->start)) {
+    if (!try_lock(put_lock, q->pid, q->start)) {
         return;
     }
     uint64_t t = ld64(u64(q, ZP_OFF_TAIL));
     uint32_t puts = count_of(t), tail = pos_of(t);
     if (tail != head || puts != gets) {
-        zp_unlock(put_lock);
+        unlock(put_lock);
         return;
     }
     uint32_t need = ld32(u32(q, ZP_OFF_WINDOW_NEED));
@@ -318,7 +318,7 @@ static void rewind_ring(const zp_queue *q, uint32_t gets, uint32_t head) {
     settle_reserved(q, tail);
     if (off != 0) {
         if (reserve(q, head, head + 8) != 0) {
-            zp_unlock(put_lock); // out of memory for the skip: the ring stays where it is
+            unlock(put_lock); // out of memory for the skip: the ring stays where it is
             return;
         }
         write_skip(q, off);
@@ -337,7 +337,7 @@ static void rewind_ring(const zp_queue *q, uint32_t gets, uint32_t head) {
         release_mem(q, ring(q) + keep, page_end(q, ZP_WARM_WINDOW + 1) - keep);
     }
     st32(u32(q, ZP_OFF_WINDOW_NEED), 0);
-    zp_unlock(put_lock);
+    unlock(put_lock);
 }
 
 // -- records ---------------------------------------------------------------
@@ -403,14 +403,14 @@ static int put(const zp_queue *q, const zp_record *recs, int32_t n, int32_t flag
         }
     }
     uint32_t *put_lock = u32(q, ZP_OFF_PUT_LOCK);
-    if (!(flags & ZP_LOCKED) && !zp_try_lock(put_lock, q->pid, q->start)) {
+    if (!(flags & ZP_LOCKED) && !try_lock(put_lock, q->pid, q->start)) {
         return ZP_BUSY;
     }
     uint32_t seen = ld32(u32(q, ZP_OFF_SPACE_SEQ));
     uint64_t t = ld64(u64(q, ZP_OFF_TAIL)), h = ld64(u64(q, ZP_OFF_HEAD));
     uint32_t puts = count_of(t), tail = pos_of(t), gets = count_of(h), head = pos_of(h);
     if (!sound(q, head, tail)) {
-        zp_unlock(put_lock);
+        unlock(put_lock);
         corrupt(out, ZP_BAD_POSITIONS, head, tail);
         return ZP_CORRUPT;
     }
@@ -424,7 +424,7 @@ static int put(const zp_queue *q, const zp_record *recs, int32_t n, int32_t flag
                            (head == tail || !skip_at(q, head)))) {
             return ZP_CATCH_UP;
         }
-        zp_unlock(put_lock);
+        unlock(put_lock);
         return ZP_WAIT;
     }
     if (q->sparse) {
@@ -451,7 +451,7 @@ static int put(const zp_queue *q, const zp_record *recs, int32_t n, int32_t flag
         k++;
     }
     st64(u64(q, ZP_OFF_TAIL), word(puts + (uint32_t)k, tail)); // commit
-    zp_unlock(put_lock);
+    unlock(put_lock);
     out->n = k;
     if (k == 0) {
         out->err = err;
@@ -461,7 +461,7 @@ static int put(const zp_queue *q, const zp_record *recs, int32_t n, int32_t flag
     // Wake a consumer when the queue was empty; one that leaves messages
     // behind wakes the next, so a busy queue makes no wake-up per message.
     if (count_of(ld64(u64(q, ZP_OFF_HEAD))) == puts) {
-        zp_signal(u32(q, ZP_OFF_DATA_SEQ), u32(q, ZP_OFF_DATA_WAITERS), 1);
+        signal_word(u32(q, ZP_OFF_DATA_SEQ), u32(q, ZP_OFF_DATA_WAITERS), 1);
     } else {
         __atomic_add_fetch(u32(q, ZP_OFF_DATA_SEQ), 1, SEQ);
     }
@@ -471,7 +471,7 @@ static int put(const zp_queue *q, const zp_record *recs, int32_t n, int32_t flag
 static int get(const zp_queue *q, uint8_t *buf, uint64_t cap, int32_t max_records, int32_t max_views, int32_t flags,
                zp_out *out) {
     uint32_t *get_lock = u32(q, ZP_OFF_GET_LOCK);
-    if (!(flags & ZP_LOCKED) && !zp_try_lock(get_lock, q->pid, q->start)) {
+    if (!(flags & ZP_LOCKED) && !try_lock(get_lock, q->pid, q->start)) {
         return ZP_BUSY;
     }
     uint32_t gets, head, tail;
@@ -482,7 +482,7 @@ static int get(const zp_queue *q, uint8_t *buf, uint64_t cap, int32_t max_record
         head = pos_of(h);
         tail = pos_of(ld64(u64(q, ZP_OFF_TAIL)));
         if (head != tail && !sound(q, head, tail)) {
-            zp_unlock(get_lock);
+            unlock(get_lock);
             corrupt(out, ZP_BAD_POSITIONS, head, tail);
             return ZP_CORRUPT;
         }
@@ -495,7 +495,7 @@ static int get(const zp_queue *q, uint8_t *buf, uint64_t cap, int32_t max_record
             cross_skip(q, gets, head);
             continue;
         }
-        zp_unlock(get_lock);
+        unlock(get_lock);
         out->seen = seen;
         return ZP_WAIT;
     }
@@ -508,7 +508,7 @@ static int get(const zp_queue *q, uint8_t *buf, uint64_t cap, int32_t max_record
         if (q->warm && r[pos + 4] == ZP_TYPE_SKIP) {
             if (size != q->capacity - pos || size > tail - head) {
                 st64(u64(q, ZP_OFF_HEAD), word(gets + (uint32_t)n, tail));
-                zp_unlock(get_lock);
+                unlock(get_lock);
                 corrupt(out, ZP_BAD_SKIP, size, pos);
                 out->n = n, out->filled = filled, out->views = views;
                 return ZP_CORRUPT;
@@ -521,7 +521,7 @@ static int get(const zp_queue *q, uint8_t *buf, uint64_t cap, int32_t max_record
             // A record that cannot be one: drop everything up to the tail
             // rather than read out of bounds.
             st64(u64(q, ZP_OFF_HEAD), word(gets + (uint32_t)n, tail));
-            zp_unlock(get_lock);
+            unlock(get_lock);
             corrupt(out, ZP_BAD_RECORD, size, pos);
             out->n = n, out->filled = filled, out->views = views;
             return ZP_CORRUPT;
@@ -535,14 +535,14 @@ static int get(const zp_queue *q, uint8_t *buf, uint64_t cap, int32_t max_record
             uint32_t plen = rd32(r + ((pos + 8) & q->mask)), typ = r[pos + 4];
             if ((typ != 1 && typ != 3) || ndesc != 0 || plen > size - ZP_RECORD_HEADER ||
                 ((ZP_RECORD_HEADER + plen + 7) & ~7u) != size) {
-                zp_unlock(get_lock);
+                unlock(get_lock);
                 out->need = size, out->need_views = (uint32_t)need;
                 return ZP_RANGE;
             }
         }
         if (filled + size > cap || views + need > max_views) {
             if (n == 0) {
-                zp_unlock(get_lock);
+                unlock(get_lock);
                 out->need = size, out->need_views = (uint32_t)need;
                 return ZP_RANGE;
             }
@@ -564,16 +564,16 @@ static int get(const zp_queue *q, uint8_t *buf, uint64_t cap, int32_t max_record
     if (q->warm && n > 0 && head == tail) {
         rewind_ring(q, gets + (uint32_t)n, head);
     }
-    zp_unlock(get_lock);
+    unlock(get_lock);
     out->n = n, out->filled = filled, out->views = views;
     if (count_of(ld64(u64(q, ZP_OFF_TAIL))) != gets + (uint32_t)n) {
         // Messages left behind: wake the next consumer (the cascade of a
         // put's single wake-up).
-        zp_signal(u32(q, ZP_OFF_DATA_SEQ), u32(q, ZP_OFF_DATA_WAITERS), 1);
-        zp_signal(u32(q, ZP_OFF_SPACE_SEQ), u32(q, ZP_OFF_SPACE_WAITERS), 1);
+        signal_word(u32(q, ZP_OFF_DATA_SEQ), u32(q, ZP_OFF_DATA_WAITERS), 1);
+        signal_word(u32(q, ZP_OFF_SPACE_SEQ), u32(q, ZP_OFF_SPACE_WAITERS), 1);
     } else {
         // Note [an empty queue wakes every space sleeper] in package queue.
-        zp_signal(u32(q, ZP_OFF_SPACE_SEQ), u32(q, ZP_OFF_SPACE_WAITERS), 1 << 30);
+        signal_word(u32(q, ZP_OFF_SPACE_SEQ), u32(q, ZP_OFF_SPACE_WAITERS), 1 << 30);
     }
     return ZP_OK;
 }
@@ -612,7 +612,7 @@ static int arm(const zp_queue *q, int32_t which, uint32_t **word, uint32_t *seen
 static int disarm(const zp_queue *q, int32_t which, int32_t pass_on) {
     __atomic_sub_fetch(u32(q, wait_words[which][1]), 1, SEQ);
     if (pass_on && which == 0 && count_of(ld64(u64(q, ZP_OFF_TAIL))) != count_of(ld64(u64(q, ZP_OFF_HEAD)))) {
-        zp_signal(u32(q, ZP_OFF_DATA_SEQ), u32(q, ZP_OFF_DATA_WAITERS), 1);
+        signal_word(u32(q, ZP_OFF_DATA_SEQ), u32(q, ZP_OFF_DATA_WAITERS), 1);
     }
     return ZP_OK;
 }
@@ -681,3 +681,21 @@ int zp_catch_up(const zp_queue *q, int32_t *moved, zp_out *out) {
     *moved = 0;
     GUARDED(out, catch_up(q, moved));
 }
+
+static int locked(uint32_t *lock, uint32_t pid, uint64_t start) { return try_lock(lock, pid, start) ? ZP_OK : ZP_BUSY; }
+
+static int unlocked(uint32_t *lock) {
+    unlock(lock);
+    return ZP_OK;
+}
+
+static int signalled(uint32_t *word, uint32_t *waiters, int32_t n) {
+    signal_word(word, waiters, n);
+    return ZP_OK;
+}
+
+int zp_try_lock(uint32_t *lock, uint32_t pid, uint64_t start) { GUARDED(NULL, locked(lock, pid, start)); }
+
+int zp_unlock(uint32_t *lock) { GUARDED(NULL, unlocked(lock)); }
+
+int zp_signal(uint32_t *word, uint32_t *waiters, int32_t n) { GUARDED(NULL, signalled(word, waiters, n)); }

@@ -159,13 +159,16 @@ type Record struct {
 
 // Put runs the put step for recs (zp_put).
 func (q *Queue) Put(recs []Record, flags int, out *Out) int {
+	if len(recs) == 1 {
+		// The common case, without pinning: pointers passed as arguments
+		// stay put for the call.
+		r := &recs[0]
+		return int(C.zp_put1((*C.zp_queue)(q), first(r.Prefix), C.uint32_t(len(r.Prefix)), first(r.Payload),
+			C.uint64_t(len(r.Payload)), C.uint32_t(r.Size), C.int32_t(flags), out))
+	}
 	var pin runtime.Pinner
 	defer pin.Unpin()
-	var one [1]C.zp_record
-	cr := one[:0]
-	if len(recs) > 1 {
-		cr = make([]C.zp_record, 0, len(recs))
-	}
+	cr := make([]C.zp_record, 0, len(recs))
 	for i := range recs {
 		r := &recs[i]
 		c := C.zp_record{prefix_len: C.uint32_t(len(r.Prefix)), payload_len: C.uint64_t(len(r.Payload)), size: C.uint32_t(r.Size)}
@@ -185,13 +188,17 @@ func (q *Queue) Put(recs []Record, flags int, out *Out) int {
 	return int(C.zp_put((*C.zp_queue)(q), &cr[0], C.int32_t(len(cr)), C.int32_t(flags), out))
 }
 
+// first returns the address of b's first byte, or nil.
+func first(b []byte) unsafe.Pointer {
+	if len(b) == 0 {
+		return nil
+	}
+	return unsafe.Pointer(&b[0])
+}
+
 // Get runs the get step into buf (zp_get).
 func (q *Queue) Get(buf []byte, maxRecords, maxViews, flags int, out *Out) int {
-	var p unsafe.Pointer
-	if len(buf) > 0 {
-		p = unsafe.Pointer(&buf[0])
-	}
-	return int(C.zp_get((*C.zp_queue)(q), p, C.uint64_t(len(buf)), C.int32_t(maxRecords), C.int32_t(maxViews), C.int32_t(flags), out))
+	return int(C.zp_get((*C.zp_queue)(q), first(buf), C.uint64_t(len(buf)), C.int32_t(maxRecords), C.int32_t(maxViews), C.int32_t(flags), out))
 }
 
 // CatchUp runs zp_catch_up, with both locks held: whether it gave back

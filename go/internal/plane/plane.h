@@ -116,6 +116,11 @@ enum {
  * many of the others as fit, committed with one store. */
 ZP_API int zp_put(const zp_queue *q, const zp_record *recs, int32_t n, int32_t flags, zp_out *out);
 
+/* zp_put of one record, given by its parts (for Go, which may pass its
+ * pointers as arguments but not inside a zp_record). */
+ZP_API int zp_put1(const zp_queue *q, const void *prefix, uint32_t prefix_len, const void *payload,
+                   uint64_t payload_len, uint32_t size, int32_t flags, zp_out *out);
+
 /* Take records into buf (capacity cap): up to max_records in all while they
  * fit and make at most max_views views. */
 ZP_API int zp_get(const zp_queue *q, void *buf, uint64_t cap, int32_t max_records, int32_t max_views, int32_t flags,

@@ -671,6 +671,12 @@ int zp_put(const zp_queue *q, const zp_record *recs, int32_t n, int32_t flags, z
     GUARDED(out, put(q, recs, n, flags, out));
 }
 
+int zp_put1(const zp_queue *q, const void *prefix, uint32_t prefix_len, const void *payload, uint64_t payload_len,
+            uint32_t size, int32_t flags, zp_out *out) {
+    zp_record rec = {prefix, payload, payload_len, prefix_len, size};
+    return zp_put(q, &rec, 1, flags, out);
+}
+
 int zp_get(const zp_queue *q, void *buf, uint64_t cap, int32_t max_records, int32_t max_views, int32_t flags,
            zp_out *out) {
     out->n = 0, out->filled = 0, out->views = 0;

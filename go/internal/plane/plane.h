@@ -25,7 +25,8 @@ enum {
     ZP_CORRUPT = 4,  /* the ring's words or a record cannot be right */
     ZP_NO_MEMORY = 5, /* reserving pages failed (errno in *err); nothing was put */
     ZP_RANGE = 6,    /* get: the first record does not fit the buffer or the views */
-    ZP_FAULT = 7,    /* the memory faulted (the file was shrunk) */
+    ZP_FAULT = 7,    /* the memory faulted (the file was shrunk); the step let go of the locks it held,
+                        a ZP_LOCKED caller's too, where their words could still be written */
     ZP_TOO_LARGE = 8, /* put: a record larger than the queue takes (need) */
 };
 

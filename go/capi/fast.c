@@ -117,7 +117,7 @@ int zct_queue_put(zct_handle h, int32_t type, const void *payload, uint64_t leng
             memcpy(header + 8, &plen, 4);
             zp_record rec = {header, payload, length, ZP_RECORD_HEADER, size};
             zp_out out = {0};
-            int r = zp_put(s->q, &rec, 1, 0, &out);
+            int r = zp_put(s->q, &rec, 1, ZP_LET_GO, &out); // a catch-up is Go's: it waits for a lock
             release(s);
             if (r == ZP_OK) {
                 return ZCT_OK;

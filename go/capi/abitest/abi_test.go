@@ -130,6 +130,13 @@ func TestCPrograms(t *testing.T) {
 		// layout is refused, never wrapped onto a valid code nor read past
 		// its bytes.
 		{"CDTypeAttacks", []program{{"abi_dtype_attacks", true}}},
+		// CPlaneLocks: the locks of the data plane's steps, which the C
+		// ABI's queue calls run without Go: a put that must catch up after
+		// a killed consumer leaves no lock held for Go to wait on, a file
+		// cut under a step that holds a lock fails every call at once
+		// (ZCT_E_CORRUPT), and peers stopped and killed in their steps
+		// leave locks that the others wait out or take over.
+		{"CPlaneLocks", []program{{"abi_plane_locks", true}}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()

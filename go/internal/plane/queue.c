@@ -445,9 +445,13 @@ static int put(const zp_queue *q, const zp_record *recs, int32_t n, int32_t flag
     if (!room(q, at, head, puts - gets, recs[0].size)) {
         out->seen = seen;
         // Pages a killed consumer left may be given back (zp_catch_up):
-        // only when some may be is the put lock kept for it.
+        // only when some may be is the put lock kept for it, and only for
+        // a caller that catches up (not ZP_LET_GO).
         if (q->sparse && !(ld32(u32(q, ZP_OFF_GIVEN_BACK)) == (head & ~(ZP_CHUNK - 1)) &&
                            (head == tail || !skip_at(q, head)))) {
+            if (flags & ZP_LET_GO) {
+                let_go(locks->put);
+            }
             return ZP_CATCH_UP;
         }
         let_go(locks->put);

@@ -137,6 +137,12 @@ func TestCPrograms(t *testing.T) {
 		// (ZCT_E_CORRUPT), and peers stopped and killed in their steps
 		// leave locks that the others wait out or take over.
 		{"CPlaneLocks", []program{{"abi_plane_locks", true}}},
+		// CPlaneRecords: records and ring words forged in the ring (sizes,
+		// skips, types, payload lengths, positions past 2^31 and 2^32, a
+		// length rewritten while a take copies it) are taken whole or
+		// refused with ZCT_E_CORRUPT, never read past, and later messages
+		// flow.
+		{"CPlaneRecords", []program{{"abi_plane_records", false}}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()

@@ -35,7 +35,8 @@ enum {
 enum {
     ZP_LOCKED = 1, /* the caller holds the lock already */
     ZP_PLAIN = 2,  /* get: take the first record only if it is plain, a pickle or bytes with no
-                      descriptor whose payload lies within it; leave any other (ZP_RANGE) */
+                      descriptor whose payload lies within it, as the ring and the copy in buf both
+                      say; leave any other (ZP_RANGE) */
     ZP_LET_GO = 4, /* put: a caller that does not catch up: ZP_CATCH_UP holds no lock; calling again
                       without the flag does the catch-up */
 };

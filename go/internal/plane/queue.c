@@ -416,6 +416,18 @@ static void corrupt(zp_out *out, int32_t what, uint32_t a, uint32_t b) {
     out->need_views = b;
 }
 
+// plain says whether the record of size bytes whose header is h (its 16
+// bytes, in a row) is a plain one (ZP_PLAIN): a pickle or bytes with no
+// descriptor, its size its header's, its payload within it, and its
+// padding less than 8 bytes.
+static int plain(const uint8_t *h, uint32_t size) {
+    uint16_t ndesc;
+    memcpy(&ndesc, h + 6, sizeof ndesc);
+    uint32_t plen = rd32(h + 8);
+    return (h[4] == 1 || h[4] == 3) && ndesc == 0 && rd32(h) == size && plen <= size - ZP_RECORD_HEADER &&
+           ((ZP_RECORD_HEADER + plen + 7) & ~7u) == size;
+}
+
 // -- put and get -----------------------------------------------------------
 
 static int put(const zp_queue *q, const zp_record *recs, int32_t n, int32_t flags, zp_out *out, held *locks) {
@@ -562,11 +574,12 @@ static int get(const zp_queue *q, uint8_t *buf, uint64_t cap, int32_t max_record
         memcpy(&ndesc, r + pos + 6, sizeof ndesc);
         int32_t need = zp_views(r[pos + 4], ndesc);
         if (flags & ZP_PLAIN && n == 0) {
-            // The payload length is 8 bytes on, which may be past the end
-            // of the ring: records wrap.
-            uint32_t plen = rd32(r + ((pos + 8) & q->mask)), typ = r[pos + 4];
-            if ((typ != 1 && typ != 3) || ndesc != 0 || plen > size - ZP_RECORD_HEADER ||
-                ((ZP_RECORD_HEADER + plen + 7) & ~7u) != size) {
+            // The header's second half may be past the end of the ring:
+            // records wrap.
+            uint8_t header[ZP_RECORD_HEADER];
+            memcpy(header, r + pos, 8);
+            memcpy(header + 8, r + ((pos + 8) & q->mask), 8);
+            if (!plain(header, size)) {
                 let_go(locks->get);
                 out->need = size, out->need_views = (uint32_t)need;
                 return ZP_RANGE;
@@ -581,6 +594,14 @@ static int get(const zp_queue *q, uint8_t *buf, uint64_t cap, int32_t max_record
             break;
         }
         read_record(q, head, size, buf + filled);
+        if (flags & ZP_PLAIN && n == 0 && !plain(buf, size)) {
+            // Rewritten while it was copied, by another process of the
+            // user: the caller reads the copy, which is what must be plain.
+            // It is left (not committed) for a get that decodes its copy.
+            let_go(locks->get);
+            out->need = size, out->need_views = (uint32_t)need;
+            return ZP_RANGE;
+        }
         filled += size;
         views += need;
         head += size;

@@ -203,6 +203,11 @@ int zct_queue_disarm(zct_handle h, int32_t which, int32_t pass_on) {
             if (r == ZP_OK) {
                 return ZCT_OK;
             }
+            // The arm is taken back from this handle, and Go's count never
+            // held it: say the fault here, as Go would.
+            static const char msg[] = "shared memory faulted: another process shrank a segment file this process maps";
+            zct_set_last_error(msg, sizeof msg - 1, 0);
+            return ZCT_E_CORRUPT;
         }
     }
     return zctipc_go_queue_disarm(h, which, pass_on);

@@ -143,6 +143,11 @@ func TestCPrograms(t *testing.T) {
 		// refused with ZCT_E_CORRUPT, never read past, and later messages
 		// flow.
 		{"CPlaneRecords", []program{{"abi_plane_records", false}}},
+		// CPlaneSigbus: a queue file shrunk under threads that call it
+		// ends their calls with ZCT_E_CORRUPT, not the process; a SIGBUS
+		// outside the plane's steps still kills, or reaches the program's
+		// own handler, installed before or after the plane's guard.
+		{"CPlaneSigbus", []program{{"abi_plane_sigbus", false}}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()

@@ -148,6 +148,14 @@ func TestCPrograms(t *testing.T) {
 		// outside the plane's steps still kills, or reaches the program's
 		// own handler, installed before or after the plane's guard.
 		{"CPlaneSigbus", []program{{"abi_plane_sigbus", false}}},
+		// CPlaneHandles: forged, stale and other kinds' handles; a close
+		// while threads call on the handle; arms out of balance or across
+		// handles; more queues open than the C table has slots.
+		{"CPlaneHandles", []program{{"abi_plane_handles", true}}},
+		// CPlaneCrashes: producers and consumers killed at random in their
+		// steps and sleeps: no message duplicated or lost beyond the
+		// documented rule, and the dead's locks taken over.
+		{"CPlaneCrashes", []program{{"abi_plane_crashes", true}}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()

@@ -114,6 +114,34 @@ static void positions(zct_handle q, const mapped *m, uint32_t start, uint32_t co
     CHECK(tail_of(m) - start >= 2 * m->capacity);
 }
 
+/* An unbounded ring's positions (and its reserved and given_back words)
+   moved to just before 2^31 and 2^32: messages put three at a time cross
+   them, each emptied ring rewinds to its next lap, laps wrap. */
+static void positions_unbounded(zct_handle q, const mapped *m, uint32_t start, uint32_t count) {
+    CHECK(head_of(m) == tail_of(m));
+    st64(m, TAIL, (uint64_t)count << 32 | start);
+    st64(m, HEAD, (uint64_t)count << 32 | start);
+    st32(m, RESERVED, start);
+    st32(m, GIVEN_BACK, start & ~(CHUNK - 1));
+    static uint8_t payload[1 << 16];
+    for (uint32_t i = 0; i < 40; i++) {
+        for (uint32_t k = 0; k < 3; k++) {
+            memset(payload, (int)(i * 3 + k), sizeof payload);
+            CHECK(zct_queue_put(q, ZCT_RECORD_BYTES, payload, 1000 + 20000 * k, NULL, 0, 0) == ZCT_OK);
+        }
+        for (uint32_t k = 0; k < 3; k++) {
+            CHECK(take_plain(q, buf, sizeof buf, 0) == 1000 + 20000 * k);
+            CHECK(buf[ZCT_RECORD_HEADER] == (uint8_t)(i * 3 + k) && buf[ZCT_RECORD_HEADER + 999] == (uint8_t)(i * 3 + k));
+        }
+        CHECK(take_plain(q, buf, sizeof buf, 0) == ZCT_E_EMPTY);
+        CHECK(ld32(m, PUT_LOCK) == 0 && ld32(m, GET_LOCK) == 0);
+    }
+    CHECK((uint32_t)(tail_of(m) - start) > 8u * m->capacity / 4 || tail_of(m) < start); /* laps passed */
+    struct stat st;
+    CHECK(fstat(m->fd, &st) == 0);
+    CHECK((uint64_t)st.st_blocks * 512 < (4u << 20)); /* an empty queue holds a few pages */
+}
+
 /* A writer that rewrites a record's payload length and type while the
    take checks and copies it: what a take gives is what it copied, plain,
    or ZCT_E_CORRUPT (the Go path, which decodes its copy), never a length
@@ -197,6 +225,10 @@ static void attack(zct_handle q, int unbounded) {
         wrapped(q, &m);
         positions(q, &m, 0x7FFFFF00u, 0x7FFFFFF0u);
         positions(q, &m, 0xFFFFFF00u, 0xFFFFFFF0u);
+    } else {
+        positions_unbounded(q, &m, 0x7FFFF000u, 0x7FFFFFF0u);
+        positions_unbounded(q, &m, 0xFFFFF000u, 0xFFFFFFF0u);
+        positions_unbounded(q, &m, 0xFFF00000u, 0);
     }
     rewritten_while_taken(q, &m);
     forged_positions(q, &m);

@@ -17,6 +17,7 @@
 #define RING_AT 512 /* the ring, in a queue's data */
 #define PUT_LOCK 64
 #define TAIL 96
+#define RESERVED 104
 #define GET_LOCK 128
 #define HEAD 160
 #define GIVEN_BACK 168

@@ -12,9 +12,13 @@
 // ZCT_E_CLOSED), and a queue is never let go while a step runs on it.
 #define _GNU_SOURCE
 #include <errno.h>
+#include <linux/futex.h>
 #include <sched.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "_cgo_export.h"
 #include "internal.h"
@@ -27,9 +31,10 @@
 #define SEQ __ATOMIC_SEQ_CST
 
 typedef struct slot {
-    uint64_t handle; // 0: free
-    int32_t users;   // calls here that hold the queue
+    uint64_t handle;  // 0: free; UINT64_MAX: being claimed or closed
+    int32_t users;    // calls here that hold the queue
     int32_t armed[3]; // sleeps armed through this handle (ZCT_WAIT_*) not taken back
+    int32_t go_waits; // the handle's wait policy is not the default: its waits are Go's
     const zp_queue *q;
 } slot;
 
@@ -49,6 +54,7 @@ ZCT_HIDDEN void zct_fast_register(uint64_t h, void *q) {
         if (__atomic_compare_exchange_n(&s->handle, &free, UINT64_MAX, 0, SEQ, SEQ)) {
             s->q = q;
             memset(s->armed, 0, sizeof s->armed);
+            s->go_waits = 0;
             __atomic_store_n(&s->handle, h, SEQ);
             return;
         }
@@ -87,8 +93,11 @@ ZCT_HIDDEN void zct_fast_unregister(uint64_t h) {
             continue;
         }
         __atomic_store_n(&s->handle, UINT64_MAX, SEQ);
+        // Takes waiting here look again, see the close and leave (a
+        // spurious wake-up to the sleepers of other processes).
+        zp_signal((uint32_t *)(s->q->data + ZP_OFF_DATA_SEQ), (uint32_t *)(s->q->data + ZP_OFF_DATA_WAITERS), 1 << 30);
         while (__atomic_load_n(&s->users, SEQ) != 0) {
-            sched_yield(); // a step never waits: this is short
+            sched_yield(); // steps never wait, and waits here end at once: this is short
         }
         for (int w = 0; w < 3; w++) {
             int32_t n = __atomic_exchange_n(&s->armed[w], 0, SEQ);
@@ -103,6 +112,49 @@ ZCT_HIDDEN void zct_fast_unregister(uint64_t h) {
 }
 
 ZCT_HIDDEN void zct_fast_poison(void) { __atomic_store_n(&poisoned, 1, SEQ); }
+
+// zct_fast_set_wait says that handle h waits as Go's policy other than the
+// default says (zct_queue_set_wait): its waits go to Go.
+ZCT_HIDDEN void zct_fast_set_wait(uint64_t h, int32_t go_waits) {
+    slot *s = acquire(h);
+    if (s != NULL) {
+        __atomic_store_n(&s->go_waits, go_waits, SEQ);
+        release(s);
+    }
+}
+
+// -- waiting for a message ---------------------------------------------------
+
+#define SPIN_NS 50000       // futex.Sleeping: a message within it costs no wake-up
+#define RECHECK_NS 1000000000LL // package queue's recheckEvery
+
+static int64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+// spin looks at word for SPIN_NS, yielding the CPU between looks after the
+// first few, as futex.Seq.Sleep does: whether it moved from seen.
+static int spin(const uint32_t *word, uint32_t seen) {
+    int64_t until = 0;
+    for (int i = 0;; i++) {
+        if (__atomic_load_n(word, SEQ) != seen) {
+            return 1;
+        }
+        if (i >= 64) {
+            sched_yield();
+            if (i % 8 == 7) {
+                int64_t now = now_ns();
+                if (until == 0) {
+                    until = now + SPIN_NS;
+                } else if (now > until) {
+                    return 0;
+                }
+            }
+        }
+    }
+}
 
 int zct_queue_put(zct_handle h, int32_t type, const void *payload, uint64_t length, const zct_view *views,
                   int32_t nviews, int64_t timeout_ms) {
@@ -131,37 +183,121 @@ int zct_queue_put(zct_handle h, int32_t type, const void *payload, uint64_t leng
     return zctipc_go_queue_put(h, type, (zct_cvoid *)payload, length, (zct_cview *)views, nviews, timeout_ms);
 }
 
+// FALLBACK: what take_plain cannot finish goes to Go.
+#define FALLBACK INT64_MIN
+
+static int64_t corrupt_status(const zp_out *out) {
+    // What the step met is gone from the queue: say it here.
+    char msg[160];
+    uint32_t a = out->need, b = out->need_views;
+    int n = out->what == ZP_BAD_POSITIONS
+                ? snprintf(msg, sizeof msg, "queue: header is corrupt: head %u and tail %u", a, b)
+                : snprintf(msg, sizeof msg, "queue: header is corrupt: a %s of %u bytes at %u",
+                           out->what == ZP_BAD_SKIP ? "skip" : "record", a, b);
+    zct_set_last_error(msg, n > 0 ? (size_t)n : 0, 0);
+    return ZCT_E_CORRUPT;
+}
+
+// take_plain takes a plain record into buf, waiting as the default policy
+// does (a spin, then a sleep on the data word among its sleepers) until
+// timeout_ms passes (for ever when negative): the packed result of
+// zct_queue_take, a status, or FALLBACK (*left_ms then says how much of the
+// timeout is left for Go).
+static int64_t take_plain(slot *s, uint64_t h, void *buf, uint64_t capacity, int64_t timeout_ms, int64_t *left_ms) {
+    const zp_queue *q = s->q;
+    int64_t deadline = timeout_ms > 0 ? now_ns() + timeout_ms * 1000000LL : 0;
+    int asleep = 0; // counted among the word's sleepers
+    int64_t result;
+    for (;;) {
+        zp_out out = {0};
+        int r = zp_get(q, buf, capacity, 1, 0, ZP_PLAIN, &out);
+        if (r == ZP_OK) {
+            const uint8_t *rec = buf;
+            uint32_t plen;
+            memcpy(&plen, rec + 8, 4);
+            result = (int64_t)((uint64_t)plen | (uint64_t)ZP_RECORD_HEADER << ZCT_TAKE_OFFSET_SHIFT |
+                               (uint64_t)rec[4] << ZCT_TAKE_TYPE_SHIFT);
+            break;
+        }
+        if (r == ZP_CORRUPT) {
+            result = corrupt_status(&out);
+            break;
+        }
+        if (r != ZP_WAIT || timeout_ms == 0 || __atomic_load_n(&s->go_waits, SEQ)) {
+            result = r == ZP_WAIT && timeout_ms == 0 ? (zct_set_last_error("queue is empty", 14, 0), ZCT_E_EMPTY)
+                                                      : FALLBACK;
+            break;
+        }
+        if (__atomic_load_n(&s->handle, SEQ) != h) {
+            zct_set_last_error("queue is closed", 15, 0);
+            result = ZCT_E_CLOSED;
+            break;
+        }
+        int64_t ns = RECHECK_NS;
+        if (deadline != 0) {
+            int64_t left = deadline - now_ns();
+            if (left <= 0) {
+                zct_set_last_error("queue is empty", 14, 0);
+                result = ZCT_E_EMPTY;
+                break;
+            }
+            if (left < ns) {
+                ns = left;
+            }
+        }
+        uint32_t *word = (uint32_t *)(q->data + ZP_OFF_DATA_SEQ);
+        if (!asleep) {
+            if (spin(word, out.seen)) {
+                continue;
+            }
+            uint32_t *unused;
+            uint32_t seen;
+            if (zp_arm(q, ZCT_WAIT_DATA, &unused, &seen) != ZP_OK) {
+                result = FALLBACK;
+                break;
+            }
+            asleep = 1;
+            continue; // look again now that a put wakes this one
+        }
+        struct timespec ts = {ns / 1000000000LL, ns % 1000000000LL};
+        long w = syscall(SYS_futex, word, FUTEX_WAIT, out.seen, &ts, NULL, 0);
+        if (w != 0 && errno == EINTR) {
+            zct_set_last_error("interrupted by a signal", 23, EINTR);
+            result = ZCT_E_INTERRUPTED;
+            break;
+        }
+        if (w != 0 && errno == EFAULT) {
+            result = FALLBACK;
+            break;
+        }
+    }
+    if (asleep) {
+        // A put wakes one sleeper; one that leaves without a message passes
+        // the wake-up on.
+        zp_disarm(q, ZCT_WAIT_DATA, result < 0);
+    }
+    if (result == FALLBACK && deadline != 0) {
+        int64_t left = (deadline - now_ns()) / 1000000LL;
+        *left_ms = left > 0 ? left : 0;
+    }
+    return result;
+}
+
 int64_t zct_queue_take(zct_handle h, void *buf, uint64_t capacity, int64_t timeout_ms, zct_view *views,
                        int32_t views_cap, int32_t *nviews) {
     if (buf != NULL && nviews != NULL && views_cap >= 0 && (views_cap == 0 || views != NULL)) {
         slot *s = acquire(h);
         if (s != NULL) {
-            zp_out out = {0};
-            int r = zp_get(s->q, buf, capacity, 1, 0, ZP_PLAIN, &out);
+            int64_t left = timeout_ms;
+            int64_t r = take_plain(s, h, buf, capacity, timeout_ms, &left);
             release(s);
-            if (r == ZP_OK) {
-                const uint8_t *rec = buf;
-                uint32_t plen;
-                memcpy(&plen, rec + 8, 4);
-                *nviews = 0;
-                return (int64_t)((uint64_t)plen | (uint64_t)ZP_RECORD_HEADER << ZCT_TAKE_OFFSET_SHIFT |
-                                 (uint64_t)rec[4] << ZCT_TAKE_TYPE_SHIFT);
+            if (r != FALLBACK) {
+                if (r >= 0) {
+                    *nviews = 0;
+                }
+                return r;
             }
-            if (r == ZP_WAIT && timeout_ms == 0) {
-                zct_set_last_error("queue is empty", 14, 0);
-                return ZCT_E_EMPTY;
-            }
-            if (r == ZP_CORRUPT) {
-                // What the step met is gone from the queue: say it here.
-                char msg[160];
-                uint32_t a = out.need, b = out.need_views;
-                int n = out.what == ZP_BAD_POSITIONS
-                            ? snprintf(msg, sizeof msg, "queue: header is corrupt: head %u and tail %u", a, b)
-                            : snprintf(msg, sizeof msg, "queue: header is corrupt: a %s of %u bytes at %u",
-                                       out.what == ZP_BAD_SKIP ? "skip" : "record", a, b);
-                zct_set_last_error(msg, n > 0 ? (size_t)n : 0, 0);
-                return ZCT_E_CORRUPT;
-            }
+            timeout_ms = left;
         }
     }
     return zctipc_go_queue_take(h, buf, capacity, timeout_ms, views, views_cap, nviews);

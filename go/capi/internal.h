@@ -14,6 +14,7 @@ ZCT_HIDDEN const char *zct_library_path(void);
 ZCT_HIDDEN void zct_fast_register(uint64_t h, void *q);
 ZCT_HIDDEN void zct_fast_unregister(uint64_t h);
 ZCT_HIDDEN void zct_fast_poison(void);
+ZCT_HIDDEN void zct_fast_set_wait(uint64_t h, int32_t go_waits);
 
 // Const-qualified spellings, so that the prototypes cgo generates for the
 // exports match the hand-written ones in zctipc.h exactly.

@@ -242,7 +242,16 @@ func setWait[T interface{ SetWait(futex.Policy) error }](t *table[T], h C.zct_ha
 
 //export zct_queue_set_wait
 func zct_queue_set_wait(h C.zct_handle, poll C.int32_t, spinNS C.int64_t) C.int {
-	return setWait(queues, h, poll, spinNS)
+	status := setWait(queues, h, poll, spinNS)
+	if status == C.ZCT_OK {
+		// fast.c waits as the default policy does; any other is Go's.
+		goWaits := C.int32_t(0)
+		if poll != 0 || spinNS >= 0 {
+			goWaits = 1
+		}
+		C.zct_fast_set_wait(C.uint64_t(h), goWaits)
+	}
+	return status
 }
 
 //export zct_queue_addref

@@ -134,6 +134,20 @@ static int64_t now_ns(void) {
     return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
+// deadline_of returns the clock's time timeout_ms from now, or 0 (for ever)
+// for a timeout that is not positive or too long to add to the clock, as
+// Go's waits take it (zctipc.h, zct_queue_put).
+static int64_t deadline_of(int64_t timeout_ms) {
+    if (timeout_ms <= 0) {
+        return 0;
+    }
+    int64_t now = now_ns();
+    if (timeout_ms > (INT64_MAX - now) / 1000000LL) {
+        return 0;
+    }
+    return now + timeout_ms * 1000000LL;
+}
+
 // spin looks at word for SPIN_NS, yielding the CPU between looks after the
 // first few, as futex.Seq.Sleep does: whether it moved from seen.
 static int spin(const uint32_t *word, uint32_t seen) {
@@ -205,7 +219,7 @@ static int64_t corrupt_status(const zp_out *out) {
 // timeout is left for Go).
 static int64_t take_plain(slot *s, uint64_t h, void *buf, uint64_t capacity, int64_t timeout_ms, int64_t *left_ms) {
     const zp_queue *q = s->q;
-    int64_t deadline = timeout_ms > 0 ? now_ns() + timeout_ms * 1000000LL : 0;
+    int64_t deadline = deadline_of(timeout_ms);
     int asleep = 0; // counted among the word's sleepers
     int64_t result;
     for (;;) {

@@ -152,6 +152,11 @@ func TestCPrograms(t *testing.T) {
 		// while threads call on the handle; arms out of balance or across
 		// handles; more queues open than the C table has slots.
 		{"CPlaneHandles", []program{{"abi_plane_handles", true}}},
+		// CPlaneWaits: zct_queue_take's waits in C: a timeout too long for
+		// the clock waits for ever, sleepers are each woken by a put, and a
+		// close, a signal or a shrunk file ends them, their counts taken
+		// back.
+		{"CPlaneWaits", []program{{"abi_plane_waits", true}}},
 		// CPlaneCrashes: producers and consumers killed at random in their
 		// steps and sleeps: no message duplicated or lost beyond the
 		// documented rule, and the dead's locks taken over.

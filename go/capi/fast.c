@@ -134,6 +134,20 @@ static int64_t now_ns(void) {
     return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
+// deadline_of returns the clock's time timeout_ms from now, or 0 (for ever)
+// for a timeout that is not positive or too long to add to the clock, as
+// Go's waits take it (zctipc.h, zct_queue_put).
+static int64_t deadline_of(int64_t timeout_ms) {
+    if (timeout_ms <= 0) {
+        return 0;
+    }
+    int64_t now = now_ns();
+    if (timeout_ms > (INT64_MAX - now) / 1000000LL) {
+        return 0;
+    }
+    return now + timeout_ms * 1000000LL;
+}
+
 // spin looks at word for SPIN_NS, yielding the CPU between looks after the
 // first few, as futex.Seq.Sleep does: whether it moved from seen.
 static int spin(const uint32_t *word, uint32_t seen) {
@@ -169,7 +183,7 @@ int zct_queue_put(zct_handle h, int32_t type, const void *payload, uint64_t leng
             memcpy(header + 8, &plen, 4);
             zp_record rec = {header, payload, length, ZP_RECORD_HEADER, size};
             zp_out out = {0};
-            int r = zp_put(s->q, &rec, 1, 0, &out);
+            int r = zp_put(s->q, &rec, 1, ZP_LET_GO, &out); // a catch-up is Go's: it waits for a lock
             release(s);
             if (r == ZP_OK) {
                 return ZCT_OK;
@@ -205,7 +219,7 @@ static int64_t corrupt_status(const zp_out *out) {
 // timeout is left for Go).
 static int64_t take_plain(slot *s, uint64_t h, void *buf, uint64_t capacity, int64_t timeout_ms, int64_t *left_ms) {
     const zp_queue *q = s->q;
-    int64_t deadline = timeout_ms > 0 ? now_ns() + timeout_ms * 1000000LL : 0;
+    int64_t deadline = deadline_of(timeout_ms);
     int asleep = 0; // counted among the word's sleepers
     int64_t result;
     for (;;) {
@@ -339,6 +353,11 @@ int zct_queue_disarm(zct_handle h, int32_t which, int32_t pass_on) {
             if (r == ZP_OK) {
                 return ZCT_OK;
             }
+            // The arm is taken back from this handle, and Go's count never
+            // held it: say the fault here, as Go would.
+            static const char msg[] = "shared memory faulted: another process shrank a segment file this process maps";
+            zct_set_last_error(msg, sizeof msg - 1, 0);
+            return ZCT_E_CORRUPT;
         }
     }
     return zctipc_go_queue_disarm(h, which, pass_on);

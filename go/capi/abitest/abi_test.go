@@ -130,6 +130,37 @@ func TestCPrograms(t *testing.T) {
 		// layout is refused, never wrapped onto a valid code nor read past
 		// its bytes.
 		{"CDTypeAttacks", []program{{"abi_dtype_attacks", true}}},
+		// CPlaneLocks: the locks of the data plane's steps, which the C
+		// ABI's queue calls run without Go: a put that must catch up after
+		// a killed consumer leaves no lock held for Go to wait on, a file
+		// cut under a step that holds a lock fails every call at once
+		// (ZCT_E_CORRUPT), and peers stopped and killed in their steps
+		// leave locks that the others wait out or take over.
+		{"CPlaneLocks", []program{{"abi_plane_locks", true}}},
+		// CPlaneRecords: records and ring words forged in the ring (sizes,
+		// skips, types, payload lengths, positions past 2^31 and 2^32, a
+		// length rewritten while a take copies it) are taken whole or
+		// refused with ZCT_E_CORRUPT, never read past, and later messages
+		// flow.
+		{"CPlaneRecords", []program{{"abi_plane_records", false}}},
+		// CPlaneSigbus: a queue file shrunk under threads that call it
+		// ends their calls with ZCT_E_CORRUPT, not the process; a SIGBUS
+		// outside the plane's steps still kills, or reaches the program's
+		// own handler, installed before or after the plane's guard.
+		{"CPlaneSigbus", []program{{"abi_plane_sigbus", false}}},
+		// CPlaneHandles: forged, stale and other kinds' handles; a close
+		// while threads call on the handle; arms out of balance or across
+		// handles; more queues open than the C table has slots.
+		{"CPlaneHandles", []program{{"abi_plane_handles", true}}},
+		// CPlaneWaits: zct_queue_take's waits in C: a timeout too long for
+		// the clock waits for ever, sleepers are each woken by a put, and a
+		// close, a signal or a shrunk file ends them, their counts taken
+		// back.
+		{"CPlaneWaits", []program{{"abi_plane_waits", true}}},
+		// CPlaneCrashes: producers and consumers killed at random in their
+		// steps and sleeps: no message duplicated or lost beyond the
+		// documented rule, and the dead's locks taken over.
+		{"CPlaneCrashes", []program{{"abi_plane_crashes", true}}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()

@@ -55,6 +55,7 @@ zp_guard *zp_guard_arm(zp_guard *g) {
     pthread_once(&once, install);
     g->outer = pthread_getspecific(key);
     g->addr = 0;
+    g->held[0] = g->held[1] = NULL;
     pthread_setspecific(key, g);
     return g;
 }

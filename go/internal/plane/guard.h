@@ -9,6 +9,12 @@ typedef struct zp_guard {
     sigjmp_buf jb;
     struct zp_guard *outer;
     volatile uintptr_t addr; /* the faulting address */
+    /* The lock words the step holds, to let go after a fault (queue.c,
+       Note [a step that faults lets its locks go]): here, not in the
+       step's frame, since the guard is memory the compiler cannot follow
+       (zp_guard_arm is in another file): what the step notes in it is
+       read again after the jump. */
+    uint32_t *volatile held[2];
 } zp_guard;
 
 __attribute__((visibility("hidden"))) zp_guard *zp_guard_arm(zp_guard *g);

@@ -21,11 +21,13 @@ enum {
     ZP_OK = 0,
     ZP_BUSY = 1,     /* the lock is held by another: wait for it, then call again holding it */
     ZP_WAIT = 2,     /* no room (put) or no message (get): wait for the word to move from *seen */
-    ZP_CATCH_UP = 3, /* put, unbounded ring: no room; the put lock is still held: catch up, then call again */
+    ZP_CATCH_UP = 3, /* put, unbounded ring: no room; the put lock is still held (but with ZP_LET_GO):
+                        catch up, then call again */
     ZP_CORRUPT = 4,  /* the ring's words or a record cannot be right */
     ZP_NO_MEMORY = 5, /* reserving pages failed (errno in *err); nothing was put */
     ZP_RANGE = 6,    /* get: the first record does not fit the buffer or the views */
-    ZP_FAULT = 7,    /* the memory faulted (the file was shrunk) */
+    ZP_FAULT = 7,    /* the memory faulted (the file was shrunk); the step let go of the locks it held,
+                        a ZP_LOCKED caller's too, where their words could still be written */
     ZP_TOO_LARGE = 8, /* put: a record larger than the queue takes (need) */
 };
 
@@ -33,7 +35,10 @@ enum {
 enum {
     ZP_LOCKED = 1, /* the caller holds the lock already */
     ZP_PLAIN = 2,  /* get: take the first record only if it is plain, a pickle or bytes with no
-                      descriptor whose payload lies within it; leave any other (ZP_RANGE) */
+                      descriptor whose payload lies within it, as the ring and the copy in buf both
+                      say; leave any other (ZP_RANGE) */
+    ZP_LET_GO = 4, /* put: a caller that does not catch up: ZP_CATCH_UP holds no lock; calling again
+                      without the flag does the catch-up */
 };
 
 /* Layout of a queue segment's data region (docs/format.md). */

@@ -46,10 +46,15 @@ static void wake(uint32_t *w, int32_t n) { syscall(SYS_futex, w, FUTEX_WAKE, n, 
 
 // -- locks and sequence words (package lock, package futex) ---------------
 
-static int try_lock(uint32_t *lock, uint32_t pid, uint64_t start) {
+// try_lock takes the lock if it is free, and notes it at *at (when at is not
+// NULL: Note [a step that faults lets its locks go]).
+static int try_lock(uint32_t *lock, uint32_t pid, uint64_t start, uint32_t *volatile *at) {
     uint32_t free = 0;
     if (!__atomic_compare_exchange_n(lock, &free, pid, 0, SEQ, SEQ)) {
         return 0;
+    }
+    if (at != NULL) {
+        *at = lock;
     }
     st64((uint64_t *)(lock + 2), start); // the holder's start time, then its pid
     st32(lock + 1, pid);
@@ -61,6 +66,25 @@ static void unlock(uint32_t *lock) {
     if (__atomic_exchange_n(lock, 0, SEQ) & CONTENDED) {
         wake(lock, 1);
     }
+}
+
+// Note [a step that faults lets its locks go]. A step that faults (the file
+// was shrunk under it) leaves by a jump from the signal handler, past the
+// unlock it would have come to. The lock is its own process's, which is
+// alive: no waiter would ever take it over, and every later call, in every
+// process, would wait for it for ever, the faulting process's own first.
+// So a step notes each lock while it holds it (in its guard, zp_guard's
+// held: the put and get steps, with the lock a ZP_LOCKED caller passed
+// in), and lets go, after the fault, of those still noted, when their
+// words can still be written. The caller holds no lock after ZP_FAULT.
+typedef struct held {
+    uint32_t *volatile *put, *volatile *get; // where the step notes them
+} held;
+
+// let_go lets go of the lock noted at *at.
+static void let_go(uint32_t *volatile *at) {
+    unlock(*at);
+    *at = NULL;
 }
 
 static void signal_word(uint32_t *word, uint32_t *waiters, int32_t n) {
@@ -300,15 +324,15 @@ static uint32_t cross_skip(const zp_queue *q, uint32_t gets, uint32_t head) {
 // rewind moves an emptied version 3 ring on to the next lap and gives back
 // the window's pages past the largest record put since the last rewind;
 // under the get lock, after the commit (package queue: The warm window).
-static void rewind_ring(const zp_queue *q, uint32_t gets, uint32_t head) {
-    uint32_t off = head & q->mask, *put_lock = u32(q, ZP_OFF_PUT_LOCK);
-    if (!try_lock(put_lock, q->pid, q->start)) {
+static void rewind_ring(const zp_queue *q, uint32_t gets, uint32_t head, held *locks) {
+    uint32_t off = head & q->mask;
+    if (!try_lock(u32(q, ZP_OFF_PUT_LOCK), q->pid, q->start, locks->put)) {
         return;
     }
     uint64_t t = ld64(u64(q, ZP_OFF_TAIL));
     uint32_t puts = count_of(t), tail = pos_of(t);
     if (tail != head || puts != gets) {
-        unlock(put_lock);
+        let_go(locks->put);
         return;
     }
     uint32_t need = ld32(u32(q, ZP_OFF_WINDOW_NEED));
@@ -318,7 +342,7 @@ static void rewind_ring(const zp_queue *q, uint32_t gets, uint32_t head) {
     settle_reserved(q, tail);
     if (off != 0) {
         if (reserve(q, head, head + 8) != 0) {
-            unlock(put_lock); // out of memory for the skip: the ring stays where it is
+            let_go(locks->put); // out of memory for the skip: the ring stays where it is
             return;
         }
         write_skip(q, off);
@@ -337,7 +361,7 @@ static void rewind_ring(const zp_queue *q, uint32_t gets, uint32_t head) {
         release_mem(q, ring(q) + keep, page_end(q, ZP_WARM_WINDOW + 1) - keep);
     }
     st32(u32(q, ZP_OFF_WINDOW_NEED), 0);
-    unlock(put_lock);
+    let_go(locks->put);
 }
 
 // -- records ---------------------------------------------------------------
@@ -392,9 +416,21 @@ static void corrupt(zp_out *out, int32_t what, uint32_t a, uint32_t b) {
     out->need_views = b;
 }
 
+// plain says whether the record of size bytes whose header is h (its 16
+// bytes, in a row) is a plain one (ZP_PLAIN): a pickle or bytes with no
+// descriptor, its size its header's, its payload within it, and its
+// padding less than 8 bytes.
+static int plain(const uint8_t *h, uint32_t size) {
+    uint16_t ndesc;
+    memcpy(&ndesc, h + 6, sizeof ndesc);
+    uint32_t plen = rd32(h + 8);
+    return (h[4] == 1 || h[4] == 3) && ndesc == 0 && rd32(h) == size && plen <= size - ZP_RECORD_HEADER &&
+           ((ZP_RECORD_HEADER + plen + 7) & ~7u) == size;
+}
+
 // -- put and get -----------------------------------------------------------
 
-static int put(const zp_queue *q, const zp_record *recs, int32_t n, int32_t flags, zp_out *out) {
+static int put(const zp_queue *q, const zp_record *recs, int32_t n, int32_t flags, zp_out *out, held *locks) {
     for (int32_t i = 0; i < n; i++) {
         uint64_t used = (uint64_t)recs[i].prefix_len + recs[i].payload_len;
         if (recs[i].size > q->max_record || used > recs[i].size || recs[i].size - used >= 8 || recs[i].size % 8 != 0) {
@@ -403,14 +439,16 @@ static int put(const zp_queue *q, const zp_record *recs, int32_t n, int32_t flag
         }
     }
     uint32_t *put_lock = u32(q, ZP_OFF_PUT_LOCK);
-    if (!(flags & ZP_LOCKED) && !try_lock(put_lock, q->pid, q->start)) {
+    if (flags & ZP_LOCKED) {
+        *locks->put = put_lock;
+    } else if (!try_lock(put_lock, q->pid, q->start, locks->put)) {
         return ZP_BUSY;
     }
     uint32_t seen = ld32(u32(q, ZP_OFF_SPACE_SEQ));
     uint64_t t = ld64(u64(q, ZP_OFF_TAIL)), h = ld64(u64(q, ZP_OFF_HEAD));
     uint32_t puts = count_of(t), tail = pos_of(t), gets = count_of(h), head = pos_of(h);
     if (!sound(q, head, tail)) {
-        unlock(put_lock);
+        let_go(locks->put);
         corrupt(out, ZP_BAD_POSITIONS, head, tail);
         return ZP_CORRUPT;
     }
@@ -419,12 +457,16 @@ static int put(const zp_queue *q, const zp_record *recs, int32_t n, int32_t flag
     if (!room(q, at, head, puts - gets, recs[0].size)) {
         out->seen = seen;
         // Pages a killed consumer left may be given back (zp_catch_up):
-        // only when some may be is the put lock kept for it.
+        // only when some may be is the put lock kept for it, and only for
+        // a caller that catches up (not ZP_LET_GO).
         if (q->sparse && !(ld32(u32(q, ZP_OFF_GIVEN_BACK)) == (head & ~(ZP_CHUNK - 1)) &&
                            (head == tail || !skip_at(q, head)))) {
+            if (flags & ZP_LET_GO) {
+                let_go(locks->put);
+            }
             return ZP_CATCH_UP;
         }
-        unlock(put_lock);
+        let_go(locks->put);
         return ZP_WAIT;
     }
     if (q->sparse) {
@@ -451,7 +493,7 @@ static int put(const zp_queue *q, const zp_record *recs, int32_t n, int32_t flag
         k++;
     }
     st64(u64(q, ZP_OFF_TAIL), word(puts + (uint32_t)k, tail)); // commit
-    unlock(put_lock);
+    let_go(locks->put);
     out->n = k;
     if (k == 0) {
         out->err = err;
@@ -469,9 +511,11 @@ static int put(const zp_queue *q, const zp_record *recs, int32_t n, int32_t flag
 }
 
 static int get(const zp_queue *q, uint8_t *buf, uint64_t cap, int32_t max_records, int32_t max_views, int32_t flags,
-               zp_out *out) {
+               zp_out *out, held *locks) {
     uint32_t *get_lock = u32(q, ZP_OFF_GET_LOCK);
-    if (!(flags & ZP_LOCKED) && !try_lock(get_lock, q->pid, q->start)) {
+    if (flags & ZP_LOCKED) {
+        *locks->get = get_lock;
+    } else if (!try_lock(get_lock, q->pid, q->start, locks->get)) {
         return ZP_BUSY;
     }
     uint32_t gets, head, tail;
@@ -482,7 +526,7 @@ static int get(const zp_queue *q, uint8_t *buf, uint64_t cap, int32_t max_record
         head = pos_of(h);
         tail = pos_of(ld64(u64(q, ZP_OFF_TAIL)));
         if (head != tail && !sound(q, head, tail)) {
-            unlock(get_lock);
+            let_go(locks->get);
             corrupt(out, ZP_BAD_POSITIONS, head, tail);
             return ZP_CORRUPT;
         }
@@ -495,7 +539,7 @@ static int get(const zp_queue *q, uint8_t *buf, uint64_t cap, int32_t max_record
             cross_skip(q, gets, head);
             continue;
         }
-        unlock(get_lock);
+        let_go(locks->get);
         out->seen = seen;
         return ZP_WAIT;
     }
@@ -508,7 +552,7 @@ static int get(const zp_queue *q, uint8_t *buf, uint64_t cap, int32_t max_record
         if (q->warm && r[pos + 4] == ZP_TYPE_SKIP) {
             if (size != q->capacity - pos || size > tail - head) {
                 st64(u64(q, ZP_OFF_HEAD), word(gets + (uint32_t)n, tail));
-                unlock(get_lock);
+                let_go(locks->get);
                 corrupt(out, ZP_BAD_SKIP, size, pos);
                 out->n = n, out->filled = filled, out->views = views;
                 return ZP_CORRUPT;
@@ -521,7 +565,7 @@ static int get(const zp_queue *q, uint8_t *buf, uint64_t cap, int32_t max_record
             // A record that cannot be one: drop everything up to the tail
             // rather than read out of bounds.
             st64(u64(q, ZP_OFF_HEAD), word(gets + (uint32_t)n, tail));
-            unlock(get_lock);
+            let_go(locks->get);
             corrupt(out, ZP_BAD_RECORD, size, pos);
             out->n = n, out->filled = filled, out->views = views;
             return ZP_CORRUPT;
@@ -530,25 +574,34 @@ static int get(const zp_queue *q, uint8_t *buf, uint64_t cap, int32_t max_record
         memcpy(&ndesc, r + pos + 6, sizeof ndesc);
         int32_t need = zp_views(r[pos + 4], ndesc);
         if (flags & ZP_PLAIN && n == 0) {
-            // The payload length is 8 bytes on, which may be past the end
-            // of the ring: records wrap.
-            uint32_t plen = rd32(r + ((pos + 8) & q->mask)), typ = r[pos + 4];
-            if ((typ != 1 && typ != 3) || ndesc != 0 || plen > size - ZP_RECORD_HEADER ||
-                ((ZP_RECORD_HEADER + plen + 7) & ~7u) != size) {
-                unlock(get_lock);
+            // The header's second half may be past the end of the ring:
+            // records wrap.
+            uint8_t header[ZP_RECORD_HEADER];
+            memcpy(header, r + pos, 8);
+            memcpy(header + 8, r + ((pos + 8) & q->mask), 8);
+            if (!plain(header, size)) {
+                let_go(locks->get);
                 out->need = size, out->need_views = (uint32_t)need;
                 return ZP_RANGE;
             }
         }
         if (filled + size > cap || views + need > max_views) {
             if (n == 0) {
-                unlock(get_lock);
+                let_go(locks->get);
                 out->need = size, out->need_views = (uint32_t)need;
                 return ZP_RANGE;
             }
             break;
         }
         read_record(q, head, size, buf + filled);
+        if (flags & ZP_PLAIN && n == 0 && !plain(buf, size)) {
+            // Rewritten while it was copied, by another process of the
+            // user: the caller reads the copy, which is what must be plain.
+            // It is left (not committed) for a get that decodes its copy.
+            let_go(locks->get);
+            out->need = size, out->need_views = (uint32_t)need;
+            return ZP_RANGE;
+        }
         filled += size;
         views += need;
         head += size;
@@ -562,9 +615,9 @@ static int get(const zp_queue *q, uint8_t *buf, uint64_t cap, int32_t max_record
         give_back(q, head);
     }
     if (q->warm && n > 0 && head == tail) {
-        rewind_ring(q, gets + (uint32_t)n, head);
+        rewind_ring(q, gets + (uint32_t)n, head, locks);
     }
-    unlock(get_lock);
+    let_go(locks->get);
     out->n = n, out->filled = filled, out->views = views;
     if (count_of(ld64(u64(q, ZP_OFF_TAIL))) != gets + (uint32_t)n) {
         // Messages left behind: wake the next consumer (the cascade of a
@@ -642,6 +695,23 @@ static int unarm(const zp_queue *q, int32_t which, uint32_t n) {
         return r_;                                                                                                     \
     } while (0)
 
+// GUARDED_HOLDING is GUARDED for a step that notes the locks it holds in
+// g.held, which it lets go after a SIGBUS.
+#define GUARDED_HOLDING(out, call)                                                                                     \
+    do {                                                                                                               \
+        zp_guard g;                                                                                                    \
+        zp_guard_arm(&g);                                                                                              \
+        if (sigsetjmp(g.jb, 0)) {                                                                                      \
+            zp_guard_disarm(&g);                                                                                       \
+            ((zp_out *)(out))->addr = g.addr;                                                                          \
+            let_go_after_fault(&g);                                                                                    \
+            return ZP_FAULT;                                                                                           \
+        }                                                                                                              \
+        int r_ = (call);                                                                                               \
+        zp_guard_disarm(&g);                                                                                           \
+        return r_;                                                                                                     \
+    } while (0)
+
 int zp_arm(const zp_queue *q, int32_t which, uint32_t **word, uint32_t *seen) {
     if (which < 0 || which > 2) {
         return ZP_RANGE;
@@ -663,12 +733,23 @@ int zp_unarm(const zp_queue *q, int32_t which, uint32_t n) {
     GUARDED(NULL, unarm(q, which, n));
 }
 
+// let_go_after_fault lets go of the locks a step that faulted held (Note [a
+// step that faults lets its locks go]); a lock whose word faults too is
+// gone with its file.
+static void let_go_after_fault(zp_guard *g) {
+    for (int i = 0; i < 2; i++) {
+        if (g->held[i] != NULL) {
+            zp_unlock(g->held[i]);
+        }
+    }
+}
+
 int zp_put(const zp_queue *q, const zp_record *recs, int32_t n, int32_t flags, zp_out *out) {
     out->n = 0;
     if (n <= 0) {
         return ZP_OK;
     }
-    GUARDED(out, put(q, recs, n, flags, out));
+    GUARDED_HOLDING(out, put(q, recs, n, flags, out, &(held){&g.held[0], &g.held[1]}));
 }
 
 int zp_put1(const zp_queue *q, const void *prefix, uint32_t prefix_len, const void *payload, uint64_t payload_len,
@@ -680,7 +761,7 @@ int zp_put1(const zp_queue *q, const void *prefix, uint32_t prefix_len, const vo
 int zp_get(const zp_queue *q, void *buf, uint64_t cap, int32_t max_records, int32_t max_views, int32_t flags,
            zp_out *out) {
     out->n = 0, out->filled = 0, out->views = 0;
-    GUARDED(out, get(q, buf, cap, max_records, max_views, flags, out));
+    GUARDED_HOLDING(out, get(q, buf, cap, max_records, max_views, flags, out, &(held){&g.held[0], &g.held[1]}));
 }
 
 int zp_catch_up(const zp_queue *q, int32_t *moved, zp_out *out) {
@@ -688,7 +769,9 @@ int zp_catch_up(const zp_queue *q, int32_t *moved, zp_out *out) {
     GUARDED(out, catch_up(q, moved));
 }
 
-static int locked(uint32_t *lock, uint32_t pid, uint64_t start) { return try_lock(lock, pid, start) ? ZP_OK : ZP_BUSY; }
+static int locked(uint32_t *lock, uint32_t pid, uint64_t start) {
+    return try_lock(lock, pid, start, NULL) ? ZP_OK : ZP_BUSY;
+}
 
 static int unlocked(uint32_t *lock) {
     unlock(lock);

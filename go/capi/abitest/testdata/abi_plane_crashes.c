@@ -194,9 +194,6 @@ static void run(const char *self, const char *name, uint64_t capacity, uint64_t 
         fprintf(stderr, "%u of %u messages lost, %u consumers killed\n", lost, total, consumer_kills);
     }
     CHECK(lost <= consumer_kills);
-    if (getenv("ABITEST_VERBOSE") != NULL) {
-        fprintf(stderr, "%s: %u messages put, %u lost, %u consumers killed\n", name, total, lost, consumer_kills);
-    }
     CHECK(total > 0);
     CHECK(unlink(m.path) == 0); /* the dead's counts: the daemon's work, which is off here */
     unmap_queue(&m);

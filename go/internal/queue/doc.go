@@ -50,7 +50,7 @@
 // queue holds a page or two, and one whose messages pass one at a time
 // keeps the pages of one message, reused put after put. Only when messages
 // pile up does the ring go past the window, reserving pages in steps of
-// reserveStep that consumers give back as they pass. A consumer crosses a
+// plane.ReserveStep that consumers give back as they pass. A consumer crosses a
 // skip record as it comes to it; so does a producer that finds no room
 // because of one (the consumers took nothing since), so that the positions
 // a skip passes over never make an unbounded queue full.

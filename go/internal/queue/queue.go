@@ -59,9 +59,6 @@ const (
 	// WarmWindow is the part of each lap of a version 3 ring whose pages
 	// consumers do not give back as they pass (see The warm window).
 	WarmWindow = plane.WarmWindow
-	// reserveStep is the unit in which a version 3 ring reserves pages
-	// past its warm window.
-	reserveStep = plane.ReserveStep
 	// typeSkip marks a skip record: the rest of the lap is unused, and the
 	// next record is at the start of the next lap. It is 8 bytes or more;
 	// only its size and type are read.

@@ -292,7 +292,7 @@ func (r *Record) checkFraming() error {
 
 // Encode writes r into dst, which holds at least r.Size() bytes.
 func (r *Record) Encode(dst []byte) {
-	at := r.encodePrefix(dst)
+	at := r.encodePrefix(dst, true)
 	if !r.fromInline() {
 		at += copy(dst[at:], r.Payload)
 	}
@@ -300,27 +300,29 @@ func (r *Record) Encode(dst []byte) {
 }
 
 // Parts returns r as the data plane writes it (package plane): its prefix
-// (the header, the descriptors, and an inline record's array), encoded,
-// and the payload that follows it, the padding to r.Size() left out.
+// (the header, the descriptors, and an inline record's array header),
+// encoded, and the bytes that follow it (the payload, or an inline
+// array's elements), the padding to r.Size() left out.
 func (r *Record) Parts() (prefix, payload []byte) {
 	n := RecordHeaderSize
 	for i := range r.Descriptors {
 		n += r.Descriptors[i].Size()
 	}
 	if r.fromInline() {
-		n += r.Inline.Size()
+		n += r.Inline.Size() - len(r.Inline.Data)
 	}
 	prefix = make([]byte, n)
-	r.encodePrefix(prefix)
+	r.encodePrefix(prefix, false)
 	if r.fromInline() {
-		return prefix, nil
+		return prefix, r.Inline.Data
 	}
 	return prefix, r.Payload
 }
 
 // encodePrefix writes r's header, its descriptors and an inline record's
-// array into dst, and returns the bytes written.
-func (r *Record) encodePrefix(dst []byte) int {
+// array header (and its elements, with elements) into dst, and returns the
+// bytes written.
+func (r *Record) encodePrefix(dst []byte, elements bool) int {
 	le.PutUint32(dst[0:], uint32(r.Size()))
 	dst[4] = r.Type
 	dst[5] = 0
@@ -332,7 +334,10 @@ func (r *Record) encodePrefix(dst []byte) int {
 		at += r.Descriptors[i].Encode(dst[at:])
 	}
 	if r.fromInline() {
-		at += r.Inline.Encode(dst[at:])
+		at += EncodeInline(dst[at:], r.Inline.DType, r.Inline.Flags, r.Inline.Shape)
+		if elements {
+			at += copy(dst[at:], r.Inline.Data)
+		}
 	}
 	return at
 }

@@ -125,7 +125,7 @@ ZCT_HIDDEN void zct_fast_set_wait(uint64_t h, int32_t go_waits) {
 
 // -- waiting for a message ---------------------------------------------------
 
-#define SPIN_NS 50000       // futex.Sleeping: a message within it costs no wake-up
+#define SPIN_NS 50000           // futex.Sleeping: a message within it costs no wake-up
 #define RECHECK_NS 1000000000LL // package queue's recheckEvery
 
 static int64_t now_ns(void) {
@@ -146,28 +146,6 @@ static int64_t deadline_of(int64_t timeout_ms) {
         return 0;
     }
     return now + timeout_ms * 1000000LL;
-}
-
-// spin looks at word for SPIN_NS, yielding the CPU between looks after the
-// first few, as futex.Seq.Sleep does: whether it moved from seen.
-static int spin(const uint32_t *word, uint32_t seen) {
-    int64_t until = 0;
-    for (int i = 0;; i++) {
-        if (__atomic_load_n(word, SEQ) != seen) {
-            return 1;
-        }
-        if (i >= 64) {
-            sched_yield();
-            if (i % 8 == 7) {
-                int64_t now = now_ns();
-                if (until == 0) {
-                    until = now + SPIN_NS;
-                } else if (now > until) {
-                    return 0;
-                }
-            }
-        }
-    }
 }
 
 int zct_queue_put(zct_handle h, int32_t type, const void *payload, uint64_t length, const zct_view *views,
@@ -261,7 +239,7 @@ static int64_t take_plain(slot *s, uint64_t h, void *buf, uint64_t capacity, int
         }
         uint32_t *word = (uint32_t *)(q->data + ZP_OFF_DATA_SEQ);
         if (!asleep) {
-            if (spin(word, out.seen)) {
+            if (zp_spin(word, out.seen, SPIN_NS) != ZP_WAIT) { // moved, or faulted: the step says which
                 continue;
             }
             uint32_t *unused;

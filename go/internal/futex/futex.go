@@ -148,10 +148,6 @@ func Cause(ctx context.Context, err error) error {
 	return errors.Join(err, cause)
 }
 
-// spinsBeforeYield is how many times Sleep looks at the word before it
-// yields the CPU between looks.
-const spinsBeforeYield = 64
-
 // Policy says how a waiter waits for a sequence word to move.
 type Policy struct {
 	// Spin is how long it looks at the word before it sleeps on it; a
@@ -333,22 +329,10 @@ func (s Seq) poll(seen uint32, spin time.Duration, deadline time.Time) (bool, er
 }
 
 // spin looks at the word for spin, yielding the CPU between looks after
-// the first few; it reports whether the word moved.
+// the first few (the data plane's step, package plane); it reports whether
+// the word moved, or its memory faulted (the caller's next look meets it).
 func (s Seq) spin(seen uint32, spin time.Duration) bool {
-	spinUntil := time.Now().Add(spin)
-	for i := 0; ; i++ {
-		if atomic.LoadUint32(s.Word) != seen {
-			return true
-		}
-		if i >= spinsBeforeYield {
-			// Give the CPU to whoever will change the word, when it waits
-			// for one (more processes than cores); else this returns at once.
-			_, _, _ = unix.RawSyscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
-			if i%8 == 7 && time.Now().After(spinUntil) {
-				return false
-			}
-		}
-	}
+	return plane.Spin(s.Word, seen, spin)
 }
 
 // Note [sleeping outside Go]. A thread that sleeps in a system call made

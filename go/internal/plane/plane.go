@@ -17,6 +17,7 @@ import "C"
 
 import (
 	"runtime"
+	"time"
 	"unsafe"
 
 	"github.com/zctipc/zctipc/go/internal/fault"
@@ -228,6 +229,12 @@ func Unlock(p unsafe.Pointer) error {
 		return &fault.Error{Addr: uintptr(p)}
 	}
 	return nil
+}
+
+// Spin looks at word for d (zp_spin): whether it moved from seen, or its
+// memory faulted.
+func Spin(word *uint32, seen uint32, d time.Duration) bool {
+	return C.zp_spin((*C.uint32_t)(unsafe.Pointer(word)), C.uint32_t(seen), C.int64_t(d)) != Wait
 }
 
 // Signal bumps word and wakes up to n of its sleepers (zp_signal); an

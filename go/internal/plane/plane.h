@@ -152,6 +152,11 @@ ZP_API int zp_try_lock(uint32_t *lock, uint32_t pid, uint64_t start);
 ZP_API int zp_unlock(uint32_t *lock);
 ZP_API int zp_signal(uint32_t *word, uint32_t *waiters, int32_t n);
 
+/* Look at word for spin_ns, yielding the CPU between looks after the first
+ * 64 (package futex, Note [paced spin]): ZP_OK once it moved from seen,
+ * ZP_WAIT when it did not, ZP_FAULT when its memory faulted. */
+ZP_API int zp_spin(const uint32_t *word, uint32_t seen, int64_t spin_ns);
+
 /* The views a record of type typ and ndesc descriptors gives its taker. */
 static inline int32_t zp_views(uint8_t typ, uint16_t ndesc) { return typ == ZP_TYPE_INLINE ? ndesc + 1 : ndesc; }
 

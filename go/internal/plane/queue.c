@@ -8,6 +8,8 @@
 // published by the commit of a position.
 #define _GNU_SOURCE
 #include <errno.h>
+#include <sched.h>
+#include <time.h>
 #include <linux/futex.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -677,8 +679,20 @@ static int unarm(const zp_queue *q, int32_t which, uint32_t n) {
 
 // -- the guarded entry points ---------------------------------------------
 
-// GUARDED runs call with the fault guard armed: ZP_FAULT (out's address
-// set, when out is given) after a SIGBUS.
+// let_go_after_fault lets go of the locks a step that faulted held (Note [a
+// step that faults lets its locks go]); a lock whose word faults too is
+// gone with its file.
+static void let_go_after_fault(zp_guard *g) {
+    for (int i = 0; i < 2; i++) {
+        if (g->held[i] != NULL) {
+            zp_unlock(g->held[i]);
+        }
+    }
+}
+
+// GUARDED runs call with the fault guard armed: ZP_FAULT after a SIGBUS,
+// with out's address set (when out is given) and the locks the step noted
+// in g.held let go (none for a step that holds no lock).
 #define GUARDED(out, call)                                                                                             \
     do {                                                                                                               \
         zp_guard g;                                                                                                    \
@@ -688,22 +702,6 @@ static int unarm(const zp_queue *q, int32_t which, uint32_t n) {
             if ((out) != NULL) {                                                                                       \
                 ((zp_out *)(out))->addr = g.addr;                                                                      \
             }                                                                                                          \
-            return ZP_FAULT;                                                                                           \
-        }                                                                                                              \
-        int r_ = (call);                                                                                               \
-        zp_guard_disarm(&g);                                                                                           \
-        return r_;                                                                                                     \
-    } while (0)
-
-// GUARDED_HOLDING is GUARDED for a step that notes the locks it holds in
-// g.held, which it lets go after a SIGBUS.
-#define GUARDED_HOLDING(out, call)                                                                                     \
-    do {                                                                                                               \
-        zp_guard g;                                                                                                    \
-        zp_guard_arm(&g);                                                                                              \
-        if (sigsetjmp(g.jb, 0)) {                                                                                      \
-            zp_guard_disarm(&g);                                                                                       \
-            ((zp_out *)(out))->addr = g.addr;                                                                          \
             let_go_after_fault(&g);                                                                                    \
             return ZP_FAULT;                                                                                           \
         }                                                                                                              \
@@ -733,23 +731,12 @@ int zp_unarm(const zp_queue *q, int32_t which, uint32_t n) {
     GUARDED(NULL, unarm(q, which, n));
 }
 
-// let_go_after_fault lets go of the locks a step that faulted held (Note [a
-// step that faults lets its locks go]); a lock whose word faults too is
-// gone with its file.
-static void let_go_after_fault(zp_guard *g) {
-    for (int i = 0; i < 2; i++) {
-        if (g->held[i] != NULL) {
-            zp_unlock(g->held[i]);
-        }
-    }
-}
-
 int zp_put(const zp_queue *q, const zp_record *recs, int32_t n, int32_t flags, zp_out *out) {
     out->n = 0;
     if (n <= 0) {
         return ZP_OK;
     }
-    GUARDED_HOLDING(out, put(q, recs, n, flags, out, &(held){&g.held[0], &g.held[1]}));
+    GUARDED(out, put(q, recs, n, flags, out, &(held){&g.held[0], &g.held[1]}));
 }
 
 int zp_put1(const zp_queue *q, const void *prefix, uint32_t prefix_len, const void *payload, uint64_t payload_len,
@@ -761,7 +748,7 @@ int zp_put1(const zp_queue *q, const void *prefix, uint32_t prefix_len, const vo
 int zp_get(const zp_queue *q, void *buf, uint64_t cap, int32_t max_records, int32_t max_views, int32_t flags,
            zp_out *out) {
     out->n = 0, out->filled = 0, out->views = 0;
-    GUARDED_HOLDING(out, get(q, buf, cap, max_records, max_views, flags, out, &(held){&g.held[0], &g.held[1]}));
+    GUARDED(out, get(q, buf, cap, max_records, max_views, flags, out, &(held){&g.held[0], &g.held[1]}));
 }
 
 int zp_catch_up(const zp_queue *q, int32_t *moved, zp_out *out) {
@@ -782,6 +769,38 @@ static int signalled(uint32_t *word, uint32_t *waiters, int32_t n) {
     signal_word(word, waiters, n);
     return ZP_OK;
 }
+
+static int64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+// spun is zp_spin's look: the clock is read only once the spin has gone
+// on past its first looks.
+static int spun(const uint32_t *word, uint32_t seen, int64_t spin_ns) {
+    int64_t until = 0;
+    for (int i = 0;; i++) {
+        if (ld32(word) != seen) {
+            return ZP_OK;
+        }
+        if (i >= 64) {
+            // Give the CPU to whoever will change the word, when it waits
+            // for one (more processes than cores); else this returns at once.
+            sched_yield();
+            if (i % 8 == 7) {
+                int64_t now = now_ns();
+                if (until == 0) {
+                    until = now + spin_ns;
+                } else if (now > until) {
+                    return ZP_WAIT;
+                }
+            }
+        }
+    }
+}
+
+int zp_spin(const uint32_t *word, uint32_t seen, int64_t spin_ns) { GUARDED(NULL, spun(word, seen, spin_ns)); }
 
 int zp_try_lock(uint32_t *lock, uint32_t pid, uint64_t start) { GUARDED(NULL, locked(lock, pid, start)); }
 

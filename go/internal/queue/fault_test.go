@@ -26,19 +26,12 @@ import (
 func TestAShrunkQueueFaultsIntoAnError(t *testing.T) {
 	for _, unbounded := range []bool{false, true} {
 		t.Run(map[bool]string{false: "bounded", true: "unbounded"}[unbounded], func(t *testing.T) {
-			var q *queue.Queue
-			var err error
-			if unbounded {
-				q, err = queue.CreateUnbounded("", 0)
-			} else {
-				q, err = queue.Create("", 1<<16, 0)
-			}
-			require.NoError(t, err)
+			q := boundedOrNot(t, unbounded)
 			require.NoError(t, q.Put(&message.Record{Type: message.TypeBytes, Payload: []byte("before")}, time.Time{}))
 			path := filepath.Join(shm.Dir(), q.Segment().Name())
 			require.NoError(t, os.Truncate(path, 0)) // the hostile process
 
-			err = q.Put(&message.Record{Type: message.TypeBytes, Payload: []byte("after")}, time.Time{})
+			err := q.Put(&message.Record{Type: message.TypeBytes, Payload: []byte("after")}, time.Time{})
 			require.ErrorIs(t, err, fault.ErrFault, "a put")
 			_, err = q.Get(make([]byte, 4096), 0, time.Now())
 			require.ErrorIs(t, err, fault.ErrFault, "a get")
@@ -72,14 +65,7 @@ func TestAQueueCutUnderItsRingLetsItsLocksGo(t *testing.T) {
 	payload := make([]byte, 1000)
 	for _, unbounded := range []bool{false, true} {
 		t.Run(map[bool]string{false: "bounded", true: "unbounded"}[unbounded], func(t *testing.T) {
-			var q *queue.Queue
-			var err error
-			if unbounded {
-				q, err = queue.CreateUnbounded("", 0)
-			} else {
-				q, err = queue.Create("", 1<<16, 0)
-			}
-			require.NoError(t, err)
+			q := boundedOrNot(t, unbounded)
 			data := q.Segment().Data()
 			dataAt := q.Segment().Header().DataOffset
 			locksFree := func(when string) {
@@ -129,4 +115,18 @@ func TestAQueueCutUnderItsRingLetsItsLocksGo(t *testing.T) {
 			}
 		})
 	}
+}
+
+// boundedOrNot makes an unbounded queue, or a bounded one of 64 KiB.
+func boundedOrNot(t *testing.T, unbounded bool) *queue.Queue {
+	t.Helper()
+	var q *queue.Queue
+	var err error
+	if unbounded {
+		q, err = queue.CreateUnbounded("", 0)
+	} else {
+		q, err = queue.Create("", 1<<16, 0)
+	}
+	require.NoError(t, err)
+	return q
 }

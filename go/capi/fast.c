@@ -1,5 +1,6 @@
-// The queue calls that run without entering Go: a put of a plain record, a
-// take that does not wait, arming and disarming a sleep (Note [a data plane
+// The queue calls that run without entering Go: a put of a plain record or
+// of an inline array, a take of either (waiting as the default policy
+// does), arming and disarming a sleep (Note [a data plane
 // the runtime never enters] in package plane). Each runs the data plane's
 // step on the queue its handle names here; whatever that step cannot finish
 // (a wait, a record with views, an error to report in full) goes to the
@@ -29,6 +30,9 @@
 #define SLOTS 1024
 #define PROBE 16
 #define SEQ __ATOMIC_SEQ_CST
+// MAX_INLINE bounds the inline arrays the plane puts: package queue's
+// MaxCapacity, the largest record of any queue.
+#define MAX_INLINE (1u << 30)
 
 typedef struct slot {
     uint64_t handle;  // 0: free; UINT64_MAX: being claimed or closed
@@ -148,20 +152,29 @@ static int64_t deadline_of(int64_t timeout_ms) {
     return now + timeout_ms * 1000000LL;
 }
 
+// put_one puts one record of type typ with no descriptor, in one try: its
+// header is written into the first ZP_RECORD_HEADER bytes of prefix, whose
+// head bytes after them begin the payload, and payload (length bytes)
+// ends it. A catch-up is Go's: it waits for a lock.
+static int put_one(slot *s, int32_t type, uint8_t *prefix, uint32_t head, const void *payload, uint64_t length) {
+    uint32_t plen = (uint32_t)(head + length);
+    uint32_t size = (ZP_RECORD_HEADER + plen + 7) & ~7u;
+    memcpy(prefix, &size, 4);
+    prefix[4] = (uint8_t)type;
+    memcpy(prefix + 8, &plen, 4);
+    zp_record rec = {prefix, payload, length, ZP_RECORD_HEADER + head, size};
+    zp_out out = {0};
+    return zp_put(s->q, &rec, 1, ZP_LET_GO, &out);
+}
+
 int zct_queue_put(zct_handle h, int32_t type, const void *payload, uint64_t length, const zct_view *views,
                   int32_t nviews, int64_t timeout_ms) {
     if (nviews == 0 && (type == ZCT_RECORD_PICKLE || type == ZCT_RECORD_BYTES) && (payload != NULL || length == 0) &&
         length <= UINT32_MAX - 2 * ZP_RECORD_HEADER) {
         slot *s = acquire(h);
         if (s != NULL) {
-            uint32_t size = (uint32_t)((ZP_RECORD_HEADER + length + 7) & ~7ull), plen = (uint32_t)length;
             uint8_t header[ZP_RECORD_HEADER] = {0};
-            memcpy(header, &size, 4);
-            header[4] = (uint8_t)type;
-            memcpy(header + 8, &plen, 4);
-            zp_record rec = {header, payload, length, ZP_RECORD_HEADER, size};
-            zp_out out = {0};
-            int r = zp_put(s->q, &rec, 1, ZP_LET_GO, &out); // a catch-up is Go's: it waits for a lock
+            int r = put_one(s, type, header, 0, payload, length);
             release(s);
             if (r == ZP_OK) {
                 return ZCT_OK;
@@ -173,6 +186,31 @@ int zct_queue_put(zct_handle h, int32_t type, const void *payload, uint64_t leng
         }
     }
     return zctipc_go_queue_put(h, type, (zct_cvoid *)payload, length, (zct_cview *)views, nviews, timeout_ms);
+}
+
+int zct_queue_put_inline(zct_handle h, const void *data, uint64_t nbytes, int32_t dtype, int32_t ndim,
+                         const int64_t *shape, int32_t flags, int64_t timeout_ms) {
+    // What the plane may not put (a bad argument, a record past 1 GiB) goes
+    // to Go, which says why.
+    if (ndim >= 0 && ndim <= ZP_MAX_NDIM && flags >= 0 && flags <= 7 && dtype >= 0 && (nbytes == 0 || data != NULL) &&
+        (ndim == 0 || shape != NULL) && nbytes <= MAX_INLINE &&
+        zp_inline_check((uint32_t)dtype, (uint32_t)flags, (uint32_t)ndim, shape, nbytes) == ZP_OK) {
+        slot *s = acquire(h);
+        if (s != NULL) {
+            uint8_t prefix[ZP_RECORD_HEADER + ZP_INLINE_HEADER + 8 * ZP_MAX_NDIM] = {0};
+            uint32_t head = zp_inline_head(prefix + ZP_RECORD_HEADER, (uint16_t)dtype, (uint8_t)flags, (uint8_t)ndim, shape);
+            int r = put_one(s, ZCT_RECORD_INLINE, prefix, head, data, nbytes);
+            release(s);
+            if (r == ZP_OK) {
+                return ZCT_OK;
+            }
+            if (r == ZP_WAIT && timeout_ms == 0) {
+                zct_set_last_error("queue is full", 13, 0);
+                return ZCT_E_FULL;
+            }
+        }
+    }
+    return zctipc_go_queue_put_inline(h, (zct_cvoid *)data, nbytes, dtype, ndim, (zct_cint64 *)shape, flags, timeout_ms);
 }
 
 // FALLBACK: what take_plain cannot finish goes to Go.
@@ -190,25 +228,66 @@ static int64_t corrupt_status(const zp_out *out) {
     return ZCT_E_CORRUPT;
 }
 
-// take_plain takes a plain record into buf, waiting as the default policy
+// take_inline reads the inline array of the record rec (its payload plen
+// bytes) into the view views[0], as Go's take gives it (a view with no
+// ref, ZCT_REF_INLINE, whose offset is from the start of the get's
+// buffer), and returns result; or the status of one whose array breaks
+// the rules, which is gone from the queue as Go's take leaves it.
+static int64_t take_inline(const uint8_t *rec, uint32_t plen, zct_view *views, int64_t result) {
+    zp_inline in;
+    int bad = zp_inline_read(rec + ZP_RECORD_HEADER, plen, &in);
+    if (bad != ZP_OK) {
+        static const char *const what[] = {"", "its header", "its dtype code", "a negative dimension",
+                                           "bytes of elements its shape and dtype do not make"};
+        char msg[128];
+        int n = snprintf(msg, sizeof msg, "malformed message: an inline array with %s", what[bad]);
+        zct_set_last_error(msg, n > 0 ? (size_t)n : 0, 0);
+        return ZCT_E_CORRUPT;
+    }
+    zct_view *v = &views[0];
+    memset(v, 0, sizeof *v);
+    v->offset = ZP_RECORD_HEADER + in.at;
+    v->data = (void *)(rec + v->offset);
+    v->nbytes = in.nbytes;
+    uint64_t step = zp_dtype_sizes[in.dtype]; // unsigned: an empty array's others may make it wrap, as Go's do
+    for (int i = in.ndim - 1; i >= 0; i--) {   // C order
+        v->shape[i] = in.shape[i];
+        v->strides[i] = (int64_t)step;
+        step *= in.shape[i] > 1 ? (uint64_t)in.shape[i] : 1;
+    }
+    v->dtype = in.dtype;
+    v->ndim = in.ndim;
+    v->kind = ZCT_REF_INLINE;
+    v->flags = in.flags;
+    return result;
+}
+
+// take_plain takes a plain record into buf (an inline array's given as
+// views[0], when views_cap leaves room for it), waiting as the default policy
 // does (a spin, then a sleep on the data word among its sleepers) until
 // timeout_ms passes (for ever when negative): the packed result of
 // zct_queue_take, a status, or FALLBACK (*left_ms then says how much of the
 // timeout is left for Go).
-static int64_t take_plain(slot *s, uint64_t h, void *buf, uint64_t capacity, int64_t timeout_ms, int64_t *left_ms) {
+static int64_t take_plain(slot *s, uint64_t h, void *buf, uint64_t capacity, int64_t timeout_ms, zct_view *views,
+                          int32_t views_cap, int32_t *nviews, int64_t *left_ms) {
     const zp_queue *q = s->q;
     int64_t deadline = deadline_of(timeout_ms);
     int asleep = 0; // counted among the word's sleepers
     int64_t result;
     for (;;) {
         zp_out out = {0};
-        int r = zp_get(q, buf, capacity, 1, 0, ZP_PLAIN, &out);
+        int r = zp_get(q, buf, capacity, 1, views_cap > 0 ? 1 : 0, ZP_PLAIN, &out);
         if (r == ZP_OK) {
             const uint8_t *rec = buf;
             uint32_t plen;
             memcpy(&plen, rec + 8, 4);
             result = (int64_t)((uint64_t)plen | (uint64_t)ZP_RECORD_HEADER << ZCT_TAKE_OFFSET_SHIFT |
                                (uint64_t)rec[4] << ZCT_TAKE_TYPE_SHIFT);
+            *nviews = 0;
+            if (rec[4] == ZCT_RECORD_INLINE) {
+                result = take_inline(rec, plen, views, result);
+                *nviews = result >= 0;
+            }
             break;
         }
         if (r == ZP_CORRUPT) {
@@ -281,12 +360,9 @@ int64_t zct_queue_take(zct_handle h, void *buf, uint64_t capacity, int64_t timeo
         slot *s = acquire(h);
         if (s != NULL) {
             int64_t left = timeout_ms;
-            int64_t r = take_plain(s, h, buf, capacity, timeout_ms, &left);
+            int64_t r = take_plain(s, h, buf, capacity, timeout_ms, views, views_cap, nviews, &left);
             release(s);
             if (r != FALLBACK) {
-                if (r >= 0) {
-                    *nviews = 0;
-                }
                 return r;
             }
             timeout_ms = left;

@@ -114,13 +114,15 @@ func zct_queue_put_array(h C.zct_handle, typ C.int32_t, addr *C.zct_cvoid, exten
 	})
 }
 
-// zct_queue_put_inline reads the array from the caller's memory once, as
-// Put writes the record into the ring (Note [one hand-over] in package
-// handover). nbytes is bounded before a slice is laid over data: no
-// inline record larger than a queue's largest is read at all.
+// zctipc_go_queue_put_inline is zct_queue_put_inline (fast.c) for what
+// the data plane does not finish: a wait for room, an error to say. It
+// reads the array from the caller's memory once, as Put writes the record
+// into the ring (Note [one hand-over] in package handover). nbytes is
+// bounded before a slice is laid over data: no inline record larger than a
+// queue's largest is read at all.
 //
-//export zct_queue_put_inline
-func zct_queue_put_inline(h C.zct_handle, data *C.zct_cvoid, nbytes C.uint64_t, dt C.int32_t, ndim C.int32_t, shape *C.zct_cint64, flags C.int32_t, timeoutMS C.int64_t) C.int {
+//export zctipc_go_queue_put_inline
+func zctipc_go_queue_put_inline(h C.zct_handle, data *C.zct_cvoid, nbytes C.uint64_t, dt C.int32_t, ndim C.int32_t, shape *C.zct_cint64, flags C.int32_t, timeoutMS C.int64_t) C.int {
 	return run(func() error {
 		if ndim < 0 || ndim > header.MaxNDim {
 			return badCount("ndim", ndim, 0, header.MaxNDim)

@@ -17,6 +17,7 @@ import (
 
 	"github.com/zctipc/zctipc/go/internal/dtype"
 	"github.com/zctipc/zctipc/go/internal/header"
+	"github.com/zctipc/zctipc/go/internal/plane"
 )
 
 // Record types.
@@ -407,7 +408,7 @@ func align8(n int) int { return (n + 7) &^ 7 }
 
 // InlineHeaderSize is the fixed part of an inline array's header; its shape
 // follows.
-const InlineHeaderSize = 8
+const InlineHeaderSize = plane.InlineHeaderSize
 
 // Inline is a small array that travels inside its record (TypeInline): its
 // elements, in C order, follow its header in the payload.
@@ -438,24 +439,27 @@ func (in *Inline) Encode(dst []byte) int {
 }
 
 // Check validates in's fields: its dtype, flags and dimensions, and that
-// Data holds exactly the elements its shape and dtype make.
+// Data holds exactly the elements its shape and dtype make (the plane's
+// rules, which the C ABI's calls that never enter Go keep too).
 func (in *Inline) Check() error {
-	if len(in.Shape) > header.MaxNDim || in.Flags&^7 != 0 {
+	return in.broken(plane.CheckInline(uint16(in.DType), in.Flags, in.Shape, uint64(len(in.Data))))
+}
+
+// broken is the error of an inline array that breaks bad (plane.InlineBad*),
+// nil for plane.OK.
+func (in *Inline) broken(bad int) error {
+	switch bad {
+	case plane.OK:
+		return nil
+	case plane.InlineBadHeader:
 		return fmt.Errorf("%w: an inline array header (ndim %d, flags %#x)", ErrMalformed, len(in.Shape), in.Flags)
-	}
-	if err := in.DType.Check(); err != nil {
-		return fmt.Errorf("%w: %w", ErrMalformed, err)
-	}
-	for _, d := range in.Shape {
-		if d < 0 {
-			return fmt.Errorf("%w: negative shape in an inline array", ErrMalformed)
-		}
-	}
-	n, ok := header.ByteCount(in.Shape, in.DType.Size())
-	if !ok || n != uint64(len(in.Data)) {
+	case plane.InlineBadDType:
+		return fmt.Errorf("%w: %w", ErrMalformed, in.DType.Check())
+	case plane.InlineBadShape:
+		return fmt.Errorf("%w: negative shape in an inline array", ErrMalformed)
+	default:
 		return fmt.Errorf("%w: an inline array of shape %v holds %d bytes of elements", ErrMalformed, slices.Clone(in.Shape), len(in.Data))
 	}
-	return nil
 }
 
 // Strides returns the byte strides of in's elements, which are in C order.
@@ -477,33 +481,25 @@ func (in *Inline) CStrides(strides []int64) {
 // EncodeInline writes the header of an inline array into dst (at least
 // InlineHeaderSize + 8*len(shape) bytes) and returns where its elements go.
 func EncodeInline(dst []byte, dt dtype.DType, flags uint8, shape []int64) int {
-	le.PutUint16(dst[0:], uint16(dt))
-	dst[2] = flags
-	dst[3] = uint8(len(shape))
-	le.PutUint32(dst[4:], 0)
-	for i, d := range shape {
-		le.PutUint64(dst[InlineHeaderSize+8*i:], uint64(d))
-	}
-	return InlineHeaderSize + 8*len(shape)
+	return plane.InlineHead(dst, uint16(dt), flags, shape)
 }
 
 // DecodeInline reads and checks the inline array a TypeInline payload
 // holds; Data aliases the payload.
 func DecodeInline(payload []byte) (Inline, error) {
-	if len(payload) < InlineHeaderSize {
-		return Inline{}, fmt.Errorf("%w: an inline array of %d bytes", ErrMalformed, len(payload))
+	dt, flags, shape, at, bad := plane.ReadInline(payload)
+	if bad == plane.InlineBadHeader {
+		ndim := 0
+		if len(payload) >= InlineHeaderSize {
+			ndim = int(payload[3])
+		}
+		if len(payload) < InlineHeaderSize {
+			return Inline{}, fmt.Errorf("%w: an inline array of %d bytes", ErrMalformed, len(payload))
+		}
+		return Inline{}, fmt.Errorf("%w: an inline array header (ndim %d, flags %#x)", ErrMalformed, ndim, flags)
 	}
-	in := Inline{DType: dtype.DType(le.Uint16(payload)), Flags: payload[2]}
-	ndim := int(payload[3])
-	if ndim > header.MaxNDim || le.Uint32(payload[4:]) != 0 || len(payload) < InlineHeaderSize+8*ndim {
-		return Inline{}, fmt.Errorf("%w: an inline array header (ndim %d, flags %#x)", ErrMalformed, ndim, payload[2])
-	}
-	in.Shape = make([]int64, ndim)
-	for i := range in.Shape {
-		in.Shape[i] = int64(le.Uint64(payload[InlineHeaderSize+8*i:]))
-	}
-	in.Data = payload[InlineHeaderSize+8*ndim:]
-	if err := in.Check(); err != nil {
+	in := Inline{DType: dtype.DType(dt), Flags: flags, Shape: shape, Data: payload[at:]}
+	if err := in.broken(bad); err != nil {
 		return Inline{}, err
 	}
 	return in, nil

@@ -34,9 +34,10 @@ enum {
 /* Flags of zp_put and zp_get. */
 enum {
     ZP_LOCKED = 1, /* the caller holds the lock already */
-    ZP_PLAIN = 2,  /* get: take the first record only if it is plain, a pickle or bytes with no
-                      descriptor whose payload lies within it, as the ring and the copy in buf both
-                      say; leave any other (ZP_RANGE) */
+    ZP_PLAIN = 2,  /* get: take the first record only if it is plain, a pickle, bytes or an inline
+                      array with no descriptor whose payload lies within it, as the ring and the copy
+                      in buf both say; leave any other (ZP_RANGE). An inline array's own header is
+                      the taker's to read (zp_inline_read) */
     ZP_LET_GO = 4, /* put: a caller that does not catch up: ZP_CATCH_UP holds no lock; calling again
                       without the flag does the catch-up */
 };
@@ -156,6 +157,45 @@ ZP_API int zp_signal(uint32_t *word, uint32_t *waiters, int32_t n);
  * 64 (package futex, Note [paced spin]): ZP_OK once it moved from seen,
  * ZP_WAIT when it did not, ZP_FAULT when its memory faulted. */
 ZP_API int zp_spin(const uint32_t *word, uint32_t seen, int64_t spin_ns);
+
+/* -- inline arrays (inline.c) ------------------------------------------- */
+
+#define ZP_MAX_NDIM 32
+#define ZP_DTYPES 64
+#define ZP_INLINE_HEADER 8u
+
+/* What an inline array breaks (zp_inline_check, zp_inline_read). */
+enum {
+    ZP_BAD_INLINE_HEADER = 1, /* too short, ndim past ZP_MAX_NDIM, flags past 7, its zero word not zero */
+    ZP_BAD_INLINE_DTYPE = 2,  /* a code zp_dtype_sizes does not know */
+    ZP_BAD_INLINE_SHAPE = 3,  /* a negative dimension */
+    ZP_BAD_INLINE_BYTES = 4,  /* its elements are not the bytes its shape and dtype make */
+};
+
+/* The size of each element type by its code, 0 for a code that names
+ * none: package dtype's table, which package plane copies in once. */
+ZP_API extern uint8_t zp_dtype_sizes[ZP_DTYPES];
+
+/* An inline array read from a record's payload. */
+typedef struct zp_inline {
+    uint16_t dtype;
+    uint8_t flags;
+    uint8_t ndim;
+    uint32_t at;     /* where its elements start in the payload */
+    uint64_t nbytes; /* the bytes of its elements */
+    int64_t shape[ZP_MAX_NDIM];
+} zp_inline;
+
+/* Whether an array may travel inline: ZP_OK, or the ZP_BAD_INLINE_* it breaks. */
+ZP_API int zp_inline_check(uint32_t dtype, uint32_t flags, uint32_t ndim, const int64_t *shape, uint64_t nbytes);
+
+/* Write an inline array's header (ZP_INLINE_HEADER + 8 * ndim bytes) into
+ * dst and return its size: its elements follow it. */
+ZP_API uint32_t zp_inline_head(uint8_t *dst, uint16_t dtype, uint8_t flags, uint8_t ndim, const int64_t *shape);
+
+/* Read and check the inline array that a payload of len bytes holds:
+ * ZP_OK, or the ZP_BAD_INLINE_* it breaks. */
+ZP_API int zp_inline_read(const uint8_t *payload, uint64_t len, zp_inline *out);
 
 /* The views a record of type typ and ndesc descriptors gives its taker. */
 static inline int32_t zp_views(uint8_t typ, uint16_t ndesc) { return typ == ZP_TYPE_INLINE ? ndesc + 1 : ndesc; }

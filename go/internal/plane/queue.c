@@ -419,14 +419,14 @@ static void corrupt(zp_out *out, int32_t what, uint32_t a, uint32_t b) {
 }
 
 // plain says whether the record of size bytes whose header is h (its 16
-// bytes, in a row) is a plain one (ZP_PLAIN): a pickle or bytes with no
-// descriptor, its size its header's, its payload within it, and its
-// padding less than 8 bytes.
+// bytes, in a row) is a plain one (ZP_PLAIN): a pickle, bytes or an inline
+// array with no descriptor, its size its header's, its payload within it,
+// and its padding less than 8 bytes.
 static int plain(const uint8_t *h, uint32_t size) {
     uint16_t ndesc;
     memcpy(&ndesc, h + 6, sizeof ndesc);
     uint32_t plen = rd32(h + 8);
-    return (h[4] == 1 || h[4] == 3) && ndesc == 0 && rd32(h) == size && plen <= size - ZP_RECORD_HEADER &&
+    return (h[4] == 1 || h[4] == 3 || h[4] == ZP_TYPE_INLINE) && ndesc == 0 && rd32(h) == size && plen <= size - ZP_RECORD_HEADER &&
            ((ZP_RECORD_HEADER + plen + 7) & ~7u) == size;
 }
 

@@ -165,6 +165,7 @@ class Queue:
         if _HEADER == 0:
             _read_framing()
         self._handle = handle
+        self._lib = lib  # the library, for the calls of every message
         self._name: str = ffi.string(name).decode()
         self._capacity: int = capacity[0]
         self._payload_room = self._capacity - _HEADER  # the largest payload of a record with no views
@@ -275,12 +276,12 @@ class Queue:
                 return
             payload, buffers, typ = bare
         else:
-            payload, buffers = pickler.dumps(obj, block, timeout, self._inline, self._in_band)
+            payload, buffers = pickler.pickler().dumps(obj, block, timeout, self._inline, self._in_band)
             typ = _PICKLE
         self._sent = True
         if not buffers and len(payload) <= self._payload_room:
             # Fast path: one try without waiting; _put waits.
-            lib = native.lib()
+            lib = self._lib
             if lib.zct_queue_put(self._handle, typ, payload, len(payload), lib.NULL_VIEWS, 0, 0) == 0:
                 return
         self._put(typ, payload, buffers, block, timeout)
@@ -520,7 +521,7 @@ class Queue:
         s = free.pop() if free else records.Scratch()
         try:
             # Fast path: one try without waiting.
-            r = native.lib().zct_queue_take(self._handle, s.buf, s.cap, 0, s.views, s.vcap, s.nviews)
+            r = self._lib.zct_queue_take(self._handle, s.buf, s.cap, 0, s.views, s.vcap, s.nviews)
             if r < 0:
                 try:
                     r = self._take(s, r, block, timeout)

@@ -136,7 +136,11 @@ class QueuePickler(reductions.Channel):
         in_band, when given, finds no pool buffer for (Note [sending in band
         when shared memory is full] there). On failure every buffer already
         exported is released. Once per message: what it calls is inlined."""
-        out = self._begin(block, timeout, inline, in_band)
+        # _begin written out (chunks is empty: every dump leaves it so).
+        self.busy = True
+        out: list[Export] = []
+        self.exports = out
+        self.block, self.timeout, self.inline, self.in_band = block, timeout, inline, in_band
         chunks = self.chunks
         try:
             self.pickler.dump(obj)

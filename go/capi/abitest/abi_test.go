@@ -111,6 +111,10 @@ func TestCPrograms(t *testing.T) {
 		// record larger than the ring, an unknown dtype, NULL pointers, a
 		// closed or full queue) are each refused with their status.
 		{"CQueueInline", []program{{"abi_queue_inline", false}}},
+		// CInlineAttacks: inline records taken by the data plane across a
+		// small ring's end, lap after lap, each as Go's get gives its twin;
+		// takes with no room for a view, and a full ring.
+		{"CInlineAttacks", []program{{"abi_inline_attacks", false}}},
 		// CQueueLimits: the queue calls at the limits of their arguments
 		// (counts of 0, -1 and INT32_MAX, types past a byte, a timeout past
 		// the clock's range, inline records) and a queue closed while C

@@ -237,10 +237,18 @@ static int64_t take_inline(const uint8_t *rec, uint32_t plen, zct_view *views, i
     zp_inline in;
     int bad = zp_inline_read(rec + ZP_RECORD_HEADER, plen, &in);
     if (bad != ZP_OK) {
-        static const char *const what[] = {"", "its header", "its dtype code", "a negative dimension",
-                                           "bytes of elements its shape and dtype do not make"};
-        char msg[128];
-        int n = snprintf(msg, sizeof msg, "malformed message: an inline array with %s", what[bad]);
+        // Said as Go's take says it (package message): the record is gone
+        // from the queue, so Go could not.
+        char msg[160];
+        int n = bad == ZP_BAD_INLINE_HEADER
+                    ? snprintf(msg, sizeof msg, "malformed message: an inline array header (ndim %u, flags %#x)",
+                               (unsigned)in.ndim, (unsigned)in.flags)
+                : bad == ZP_BAD_INLINE_DTYPE
+                    ? snprintf(msg, sizeof msg, "malformed message: dtype code %u: unsupported dtype", (unsigned)in.dtype)
+                : bad == ZP_BAD_INLINE_SHAPE
+                    ? snprintf(msg, sizeof msg, "malformed message: negative shape in an inline array")
+                    : snprintf(msg, sizeof msg, "malformed message: an inline array of %u dimensions holds %llu bytes of elements",
+                               (unsigned)in.ndim, (unsigned long long)in.nbytes);
         zct_set_last_error(msg, n > 0 ? (size_t)n : 0, 0);
         return ZCT_E_CORRUPT;
     }

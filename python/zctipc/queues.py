@@ -165,7 +165,6 @@ class Queue:
         if _HEADER == 0:
             _read_framing()
         self._handle = handle
-        self._lib = lib  # the library, for the calls of every message
         self._name: str = ffi.string(name).decode()
         self._capacity: int = capacity[0]
         self._payload_room = self._capacity - _HEADER  # the largest payload of a record with no views
@@ -281,7 +280,7 @@ class Queue:
         self._sent = True
         if not buffers and len(payload) <= self._payload_room:
             # Fast path: one try without waiting; _put waits.
-            lib = self._lib
+            lib = native.lib()
             if lib.zct_queue_put(self._handle, typ, payload, len(payload), lib.NULL_VIEWS, 0, 0) == 0:
                 return
         self._put(typ, payload, buffers, block, timeout)
@@ -521,7 +520,7 @@ class Queue:
         s = free.pop() if free else records.Scratch()
         try:
             # Fast path: one try without waiting.
-            r = self._lib.zct_queue_take(self._handle, s.buf, s.cap, 0, s.views, s.vcap, s.nviews)
+            r = native.lib().zct_queue_take(self._handle, s.buf, s.cap, 0, s.views, s.vcap, s.nviews)
             if r < 0:
                 try:
                     r = self._take(s, r, block, timeout)

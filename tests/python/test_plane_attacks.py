@@ -250,6 +250,46 @@ def test_an_unbounded_queue_on_a_full_file_system(isolated, tmp_path):
         subprocess.run(["umount", "-l", str(mount)], check=True)
 
 
+HELD = """
+    import mmap, os, struct, threading, time, zctipc
+    q = zctipc.Queue()  # unbounded: room for every put, and no consumer
+    f = open(os.path.join(os.environ["ZCTIPC_SHM_DIR"], q.name), "r+b")
+    m = mmap.mmap(f.fileno(), 0)
+    data = struct.unpack_from("<Q", m, 16)[0]
+    PUT_LOCK, SPACE_WAITERS = data + 64, data + 324
+    struct.pack_into("<I", m, PUT_LOCK, os.getpid())  # a put of another thread holds the lock
+    done = []
+
+    def put():
+        try:
+            q.put("behind", timeout=60)
+            done.append("put")
+        except Exception as e:
+            done.append(type(e).__name__)
+
+    t = threading.Thread(target=put)
+    t.start()
+    while struct.unpack_from("<I", m, SPACE_WAITERS)[0] == 0:  # it found the queue "full", and sleeps
+        time.sleep(0.01)
+    struct.pack_into("<I", m, PUT_LOCK, 0)  # the holder's put ends: another put, which lets the lock go too
+    q.put("holder")
+    t.join(20)
+    print(done, t.is_alive(), sorted([q.get(timeout=5), q.get(timeout=5)]))
+    m.close(); f.close()
+    q.close()
+"""
+
+
+def test_a_put_asleep_behind_another_put_wakes_when_the_lock_is_let_go(isolated, tmp_path):
+    """A put that found the put lock held and went to sleep on the space
+    word, on a queue with room and no consumer, is woken by the put that
+    lets the lock go (Note [a put that found the lock held] in
+    go/internal/plane/queue.c): it goes in, rather than sleeping to its
+    timeout and raising queue.Full."""
+    lines = succeeded(run(tmp_path, isolated, HELD))
+    assert lines == ["['put'] False ['behind', 'holder']"]
+
+
 FORGE = """
     import mmap, os, queue, struct, zctipc
     q = zctipc.Queue(max_bytes=4096)

@@ -96,6 +96,20 @@ static void signal_word(uint32_t *word, uint32_t *waiters, int32_t n) {
     }
 }
 
+// Note [a put that found the lock held]. A put that does not wait (a
+// timeout of 0) and finds the put lock held by another put says the queue
+// is full, as one that finds no room does, and a host that waits for room
+// then sleeps on the space word (Python's queues do, outside Go). Only a
+// get moves that word: a put that went to sleep behind another put, on a
+// queue with room but no consumer, would sleep until its timeout, and then
+// report a full queue. So a put that lets the put lock go, put or not,
+// wakes one sleeper on the space word, which looks again.
+static void pass_space_on(const zp_queue *q) {
+    if (ld32(u32(q, ZP_OFF_SPACE_WAITERS)) != 0) {
+        signal_word(u32(q, ZP_OFF_SPACE_SEQ), u32(q, ZP_OFF_SPACE_WAITERS), 1);
+    }
+}
+
 // -- pages ------------------------------------------------------------------
 
 static int advise(uintptr_t start, uintptr_t end, int advice) {
@@ -496,6 +510,7 @@ static int put(const zp_queue *q, const zp_record *recs, int32_t n, int32_t flag
     }
     st64(u64(q, ZP_OFF_TAIL), word(puts + (uint32_t)k, tail)); // commit
     let_go(locks->put);
+    pass_space_on(q);
     out->n = k;
     if (k == 0) {
         out->err = err;

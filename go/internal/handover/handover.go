@@ -60,7 +60,8 @@ func Check(rec *message.Record) error {
 // with the counts of refs: refs[i] is the count that rec.Descriptors[i]
 // carries. It returns whether the record was put. When it was, the counts
 // are the message's and the refs are spent (the error is of closing them);
-// when it was not, the refs are the caller's still, to keep or release.
+// when it was not, the refs are the caller's still, to keep or release. A
+// ref given for two descriptors is a bad argument (unix.EINVAL).
 func Put(q *queue.Queue, rec *message.Record, refs []*buffer.Ref, deadline time.Time) (bool, error) {
 	return send(rec, refs, func() error { return q.Put(rec, deadline) })
 }
@@ -78,11 +79,38 @@ func send(rec *message.Record, refs []*buffer.Ref, put func() error) (bool, erro
 	if err := Check(rec); err != nil {
 		return false, err
 	}
+	if i, j, ok := repeated(refs); ok {
+		// One count cannot go with two descriptors: the second's taker
+		// would find it taken, and the record would be refused.
+		return false, fmt.Errorf("descriptors %d and %d of a record carry the same count: %w", i, j, unix.EINVAL)
+	}
 	if len(refs) == 0 { // no count changes hands
 		err := put()
 		return err == nil, err
 	}
 	return buffer.Send(refs, put)
+}
+
+// repeated reports whether a ref appears twice in refs, and where.
+func repeated(refs []*buffer.Ref) (int, int, bool) {
+	if len(refs) <= 8 {
+		for j := range refs {
+			for i := range j {
+				if refs[i] == refs[j] {
+					return i, j, true
+				}
+			}
+		}
+		return 0, 0, false
+	}
+	seen := make(map[*buffer.Ref]int, len(refs))
+	for j, r := range refs {
+		if i, ok := seen[r]; ok {
+			return i, j, true
+		}
+		seen[r] = j
+	}
+	return 0, 0, false
 }
 
 // Inline returns the record of an inline array: of type dt, with the

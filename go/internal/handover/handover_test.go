@@ -123,6 +123,36 @@ func TestAFailedPutLeavesTheCountsTheCallers(t *testing.T) {
 	require.EqualValues(t, 0, p.Stats().SlotsInUse)
 }
 
+// One count given for two descriptors of a record is refused before
+// anything is sent, few refs or many: the count stays the caller's.
+func TestOneCountForTwoDescriptorsIsABadArgument(t *testing.T) {
+	p := mustPool(t)
+	q := mustQueue(t, 1<<16, 0)
+	for _, n := range []int{2, 9, 40} {
+		rec, r := tensor(t, p, 1)
+		others := make([]*buffer.Ref, 0, n-2)
+		rec.Type = message.TypePickle
+		rec.Payload = []byte("\x80\x05N.")
+		for range n - 2 {
+			o, or := tensor(t, p, 2)
+			rec.Descriptors = append(rec.Descriptors, o.Descriptors[0])
+			others = append(others, or)
+		}
+		rec.Descriptors = append(rec.Descriptors, rec.Descriptors[0]) // the first again, its count with it
+		refs := append(append([]*buffer.Ref{r}, others...), r)
+		sent, err := handover.Put(q, rec, refs, time.Time{})
+		require.ErrorIs(t, err, unix.EINVAL, "%d descriptors", n)
+		require.False(t, sent)
+		items, err := q.Len()
+		require.NoError(t, err)
+		require.Zero(t, items)
+		for _, o := range append(others, r) {
+			require.NoError(t, o.Release(), "the caller's still, to release")
+		}
+	}
+	require.EqualValues(t, 0, p.Stats().SlotsInUse)
+}
+
 // A record its sender made wrong is a bad argument, never corrupt data,
 // and a record whose counts do not match its descriptors is refused.
 func TestARecordMadeWrongIsABadArgument(t *testing.T) {

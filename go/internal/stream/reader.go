@@ -251,7 +251,6 @@ func (r *Reader) drop(n uint64) {
 	atomic.AddUint64(u64(r.s.data, offDropped), n)
 }
 
-
 // rejoinIfEvicted takes the slot back when the writer evicted this reader,
 // counting the frames it skips as dropped.
 func (r *Reader) rejoinIfEvicted() error {

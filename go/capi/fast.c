@@ -463,6 +463,26 @@ int zct_queue_disarm(zct_handle h, int32_t which, int32_t pass_on) {
 
 // -- stream readers ----------------------------------------------------------
 
+// count_sleeper adds delta to a stream's count of the data word's sleepers,
+// under the fault guard: ZP_FAULT when another process shrank the file
+// (its pages are gone from the mapping, live reader or not).
+typedef struct sleepers_arg {
+    uint32_t *waiters;
+    int32_t delta;
+} sleepers_arg;
+
+static int add_sleepers(void *arg) {
+    sleepers_arg *a = arg;
+    __atomic_add_fetch(a->waiters, (uint32_t)a->delta, SEQ);
+    return ZP_OK;
+}
+
+static int count_sleeper(uint32_t *waiters, int32_t delta) {
+    sleepers_arg a = {waiters, delta};
+    zp_out out = {0};
+    return zp_guarded(add_sleepers, &a, &out);
+}
+
 // look_waiting looks at the next frame of the reader in s (which the caller
 // holds, and whose reader it entered), waiting as the default policy does
 // (a spin, then a sleep on the data word among its sleepers) until
@@ -513,7 +533,10 @@ static int64_t look_waiting(slot *s, uint64_t h, int64_t timeout_ms, int32_t *sl
             if (zp_spin(word, out.seen, SPIN_NS) != ZP_WAIT) { // moved, or faulted: the step says which
                 continue;
             }
-            __atomic_add_fetch(waiters, 1, SEQ); // the words of a live reader's mapping: no fault
+            if (count_sleeper(waiters, 1) != ZP_OK) { // a shrunk file: Go says so
+                result = FALLBACK;
+                break;
+            }
             asleep = 1;
             continue; // look again now that a publish wakes this one
         }
@@ -530,7 +553,7 @@ static int64_t look_waiting(slot *s, uint64_t h, int64_t timeout_ms, int32_t *sl
         }
     }
     if (asleep) {
-        __atomic_sub_fetch(waiters, 1, SEQ);
+        count_sleeper(waiters, -1); // a shrunk file: nothing to take back
     }
     if (result == FALLBACK && deadline != 0) {
         int64_t left = (deadline - now_ns()) / 1000000LL;

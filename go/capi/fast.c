@@ -36,10 +36,11 @@
 
 typedef struct slot {
     uint64_t handle;  // 0: free; UINT64_MAX: being claimed or closed
-    int32_t users;    // calls here that hold the queue
-    int32_t armed[3]; // sleeps armed through this handle (ZCT_WAIT_*) not taken back
+    int32_t users;    // calls here that hold the queue or the reader
+    int32_t armed[3]; // a queue's sleeps armed through this handle (ZCT_WAIT_*) not taken back
     int32_t go_waits; // the handle's wait policy is not the default: its waits are Go's
-    const zp_queue *q;
+    const zp_queue *q; // a queue's handle
+    zp_reader *r;      // or a stream reader's
 } slot;
 
 static slot slots[SLOTS];
@@ -47,7 +48,9 @@ static int poisoned;
 
 static uint32_t hash(uint64_t h) { return (uint32_t)((h * 0x9E3779B97F4A7C15ull) >> 54); }
 
-ZCT_HIDDEN void zct_fast_register(uint64_t h, void *q) {
+// enter puts the queue q or the stream reader r (one of them) in the table
+// under handle h.
+static void enter(uint64_t h, const zp_queue *q, zp_reader *r) {
     for (uint32_t i = 0; i < PROBE; i++) {
         slot *s = &slots[(hash(h) + i) % SLOTS];
         uint64_t free = 0;
@@ -57,17 +60,22 @@ ZCT_HIDDEN void zct_fast_register(uint64_t h, void *q) {
         // Claimed with a marker first, so that no lookup sees h before q.
         if (__atomic_compare_exchange_n(&s->handle, &free, UINT64_MAX, 0, SEQ, SEQ)) {
             s->q = q;
+            s->r = r;
             memset(s->armed, 0, sizeof s->armed);
             s->go_waits = 0;
             __atomic_store_n(&s->handle, h, SEQ);
             return;
         }
     }
-    // Every slot taken: this queue's calls go through Go.
+    // Every slot taken: this handle's calls go through Go.
 }
 
+ZCT_HIDDEN void zct_fast_register(uint64_t h, void *q) { enter(h, q, NULL); }
+
+ZCT_HIDDEN void zct_fast_register_reader(uint64_t h, void *r) { enter(h, NULL, r); }
+
 // acquire returns the slot of handle h, holding it, or NULL.
-static slot *acquire(uint64_t h) {
+static slot *acquire_any(uint64_t h) {
     if (h == 0 || h == UINT64_MAX || __atomic_load_n(&poisoned, SEQ)) {
         return NULL;
     }
@@ -88,6 +96,26 @@ static slot *acquire(uint64_t h) {
 
 static void release(slot *s) { __atomic_sub_fetch(&s->users, 1, SEQ); }
 
+// acquire returns the slot of queue handle h, holding it, or NULL (a
+// reader's handle among them); acquire_reader, of reader handle h.
+static slot *acquire(uint64_t h) {
+    slot *s = acquire_any(h);
+    if (s != NULL && s->q == NULL) {
+        release(s);
+        return NULL;
+    }
+    return s;
+}
+
+static slot *acquire_reader(uint64_t h) {
+    slot *s = acquire_any(h);
+    if (s != NULL && s->r == NULL) {
+        release(s);
+        return NULL;
+    }
+    return s;
+}
+
 // zct_fast_unregister takes handle h out of the table, waits until no call
 // here holds its queue, and takes back the sleeps armed through it.
 ZCT_HIDDEN void zct_fast_unregister(uint64_t h) {
@@ -97,19 +125,26 @@ ZCT_HIDDEN void zct_fast_unregister(uint64_t h) {
             continue;
         }
         __atomic_store_n(&s->handle, UINT64_MAX, SEQ);
-        // Takes waiting here look again, see the close and leave (a
-        // spurious wake-up to the sleepers of other processes).
-        zp_signal((uint32_t *)(s->q->data + ZP_OFF_DATA_SEQ), (uint32_t *)(s->q->data + ZP_OFF_DATA_WAITERS), 1 << 30);
+        // Takes and looks waiting here look again, see the close and leave
+        // (a spurious wake-up to the sleepers of other processes).
+        if (s->q != NULL) {
+            zp_signal((uint32_t *)(s->q->data + ZP_OFF_DATA_SEQ), (uint32_t *)(s->q->data + ZP_OFF_DATA_WAITERS),
+                      1 << 30);
+        } else {
+            zp_signal((uint32_t *)(s->r->data + ZP_STREAM_DATA_SEQ),
+                      (uint32_t *)(s->r->data + ZP_STREAM_DATA_WAITERS), 1 << 30);
+        }
         while (__atomic_load_n(&s->users, SEQ) != 0) {
             sched_yield(); // steps never wait, and waits here end at once: this is short
         }
-        for (int w = 0; w < 3; w++) {
+        for (int w = 0; w < 3 && s->q != NULL; w++) {
             int32_t n = __atomic_exchange_n(&s->armed[w], 0, SEQ);
             if (n > 0) {
                 zp_unarm(s->q, w, (uint32_t)n); // a shrunk file: nothing to take back
             }
         }
         s->q = NULL;
+        s->r = NULL;
         __atomic_store_n(&s->handle, 0, SEQ);
         return;
     }
@@ -120,7 +155,7 @@ ZCT_HIDDEN void zct_fast_poison(void) { __atomic_store_n(&poisoned, 1, SEQ); }
 // zct_fast_set_wait says that handle h waits as Go's policy other than the
 // default says (zct_queue_set_wait): its waits go to Go.
 ZCT_HIDDEN void zct_fast_set_wait(uint64_t h, int32_t go_waits) {
-    slot *s = acquire(h);
+    slot *s = acquire_any(h);
     if (s != NULL) {
         __atomic_store_n(&s->go_waits, go_waits, SEQ);
         release(s);
@@ -131,6 +166,7 @@ ZCT_HIDDEN void zct_fast_set_wait(uint64_t h, int32_t go_waits) {
 
 #define SPIN_NS 50000           // futex.Sleeping: a message within it costs no wake-up
 #define RECHECK_NS 1000000000LL // package queue's recheckEvery
+#define STREAM_RECHECK_NS 100000000LL // package stream's recheckEvery
 
 static int64_t now_ns(void) {
     struct timespec ts;
@@ -423,4 +459,189 @@ int zct_queue_disarm(zct_handle h, int32_t which, int32_t pass_on) {
         }
     }
     return zctipc_go_queue_disarm(h, which, pass_on);
+}
+
+// -- stream readers ----------------------------------------------------------
+
+// count_sleeper adds delta to a stream's count of the data word's sleepers,
+// under the fault guard: ZP_FAULT when another process shrank the file
+// (its pages are gone from the mapping, live reader or not).
+typedef struct sleepers_arg {
+    uint32_t *waiters;
+    int32_t delta;
+} sleepers_arg;
+
+static int add_sleepers(void *arg) {
+    sleepers_arg *a = arg;
+    __atomic_add_fetch(a->waiters, (uint32_t)a->delta, SEQ);
+    return ZP_OK;
+}
+
+static int count_sleeper(uint32_t *waiters, int32_t delta) {
+    sleepers_arg a = {waiters, delta};
+    zp_out out = {0};
+    return zp_guarded(add_sleepers, &a, &out);
+}
+
+// look_waiting looks at the next frame of the reader in s (which the caller
+// holds, and whose reader it entered), waiting as the default policy does
+// (a spin, then a sleep on the data word among its sleepers) until
+// timeout_ms passes (for ever when negative): a status, or FALLBACK (*left_ms
+// then says how much of the timeout is left for Go).
+static int64_t look_waiting(slot *s, uint64_t h, int64_t timeout_ms, int32_t *slot_out, int64_t *left_ms) {
+    zp_reader *r = s->r;
+    int64_t deadline = deadline_of(timeout_ms);
+    int asleep = 0; // counted among the word's sleepers
+    uint32_t *word = (uint32_t *)(r->data + ZP_STREAM_DATA_SEQ);
+    uint32_t *waiters = (uint32_t *)(r->data + ZP_STREAM_DATA_WAITERS);
+    int64_t result;
+    for (;;) {
+        zp_out out = {0};
+        int k = zp_read_look(r, slot_out, &out);
+        if (k == ZP_OK) {
+            result = ZCT_OK;
+            break;
+        }
+        if (k != ZP_WAIT || __atomic_load_n(&s->go_waits, SEQ)) { // an end, a rejoin, a fault: Go says it
+            result = FALLBACK;
+            break;
+        }
+        if (timeout_ms == 0) {
+            static const char msg[] = "no frame to read yet";
+            zct_set_last_error(msg, sizeof msg - 1, 0);
+            result = ZCT_E_EMPTY;
+            break;
+        }
+        if (__atomic_load_n(&s->handle, SEQ) != h) {
+            result = FALLBACK; // closed: Go says so
+            break;
+        }
+        int64_t ns = STREAM_RECHECK_NS;
+        if (deadline != 0) {
+            int64_t left = deadline - now_ns();
+            if (left <= 0) {
+                static const char msg[] = "no frame to read yet";
+                zct_set_last_error(msg, sizeof msg - 1, 0);
+                result = ZCT_E_EMPTY;
+                break;
+            }
+            if (left < ns) {
+                ns = left;
+            }
+        }
+        if (!asleep) {
+            if (zp_spin(word, out.seen, SPIN_NS) != ZP_WAIT) { // moved, or faulted: the step says which
+                continue;
+            }
+            if (count_sleeper(waiters, 1) != ZP_OK) { // a shrunk file: Go says so
+                result = FALLBACK;
+                break;
+            }
+            asleep = 1;
+            continue; // look again now that a publish wakes this one
+        }
+        struct timespec ts = {ns / 1000000000LL, ns % 1000000000LL};
+        long w = syscall(SYS_futex, word, FUTEX_WAIT, out.seen, &ts, NULL, 0);
+        if (w != 0 && errno == EINTR) {
+            zct_set_last_error("interrupted by a signal", 23, EINTR);
+            result = ZCT_E_INTERRUPTED;
+            break;
+        }
+        if (w != 0 && errno == EFAULT) {
+            result = FALLBACK;
+            break;
+        }
+    }
+    if (asleep) {
+        count_sleeper(waiters, -1); // a shrunk file: nothing to take back
+    }
+    if (result == FALLBACK && deadline != 0) {
+        int64_t left = (deadline - now_ns()) / 1000000LL;
+        *left_ms = left > 0 ? left : 0;
+    }
+    return result;
+}
+
+int zct_stream_read_look(zct_handle h, int64_t timeout_ms, int32_t *slot_out) {
+    if (slot_out != NULL) {
+        slot *s = acquire_reader(h);
+        if (s != NULL) {
+            int64_t r = FALLBACK, left = timeout_ms;
+            if (zp_reader_enter(s->r)) { // else a call of Go's has it: Go waits for it
+                r = look_waiting(s, h, timeout_ms, slot_out, &left);
+                zp_reader_leave(s->r);
+            }
+            release(s);
+            if (r != FALLBACK) {
+                return (int)r;
+            }
+            timeout_ms = left;
+        }
+    }
+    return zctipc_go_stream_read_look(h, timeout_ms, slot_out);
+}
+
+// faulted says that the reader's memory faulted in a step that changed its
+// state: Go cannot run it again, so it is said here, as Go says it.
+static int faulted(void) {
+    static const char msg[] = "shared memory faulted: another process shrank a segment file this process maps";
+    zct_set_last_error(msg, sizeof msg - 1, 0);
+    return ZCT_E_CORRUPT;
+}
+
+int zct_stream_read_increment(zct_handle h, int32_t *whole) {
+    if (whole != NULL) {
+        slot *s = acquire_reader(h);
+        if (s != NULL) {
+            int k = ZP_NO_FRAME; // Go says why
+            if (zp_reader_enter(s->r)) {
+                zp_out out = {0};
+                k = zp_read_increment(s->r, whole, &out);
+                zp_reader_leave(s->r);
+            }
+            release(s);
+            if (k == ZP_OK) {
+                return ZCT_OK;
+            }
+            if (k == ZP_FAULT) {
+                return faulted();
+            }
+        }
+    }
+    return zctipc_go_stream_read_increment(h, whole);
+}
+
+int zct_stream_read_next(zct_handle h, int64_t timeout_ms, int32_t *slot_out, int32_t *whole) {
+    if (slot_out != NULL && whole != NULL) {
+        slot *s = acquire_reader(h);
+        if (s != NULL) {
+            int64_t r = FALLBACK, left = timeout_ms;
+            int incremented = 0;
+            if (zp_reader_enter(s->r)) {
+                *whole = 1;
+                if (s->r->looking) {
+                    zp_out out = {0};
+                    if (zp_read_increment(s->r, whole, &out) != ZP_OK) {
+                        zp_reader_leave(s->r);
+                        release(s);
+                        return faulted();
+                    }
+                    incremented = 1;
+                }
+                r = look_waiting(s, h, timeout_ms, slot_out, &left);
+                zp_reader_leave(s->r);
+            }
+            release(s);
+            if (r != FALLBACK) {
+                return (int)r;
+            }
+            if (incremented) {
+                // Released here: Go only looks, and *whole stays what the
+                // release said.
+                return zctipc_go_stream_read_look(h, left, slot_out);
+            }
+            timeout_ms = left;
+        }
+    }
+    return zctipc_go_stream_read_next(h, timeout_ms, slot_out, whole);
 }

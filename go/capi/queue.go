@@ -242,16 +242,20 @@ func setWait[T interface{ SetWait(futex.Policy) error }](t *table[T], h C.zct_ha
 	})
 }
 
+// goWaits says whether a handle given the wait policy of poll and spinNS
+// waits in Go: fast.c waits as the default policy does; any other is Go's.
+func goWaits(poll C.int32_t, spinNS C.int64_t) C.int32_t {
+	if poll != 0 || spinNS >= 0 {
+		return 1
+	}
+	return 0
+}
+
 //export zct_queue_set_wait
 func zct_queue_set_wait(h C.zct_handle, poll C.int32_t, spinNS C.int64_t) C.int {
 	status := setWait(queues, h, poll, spinNS)
 	if status == C.ZCT_OK {
-		// fast.c waits as the default policy does; any other is Go's.
-		goWaits := C.int32_t(0)
-		if poll != 0 || spinNS >= 0 {
-			goWaits = 1
-		}
-		C.zct_fast_set_wait(C.uint64_t(h), goWaits)
+		C.zct_fast_set_wait(C.uint64_t(h), goWaits(poll, spinNS))
 	}
 	return status
 }

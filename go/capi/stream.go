@@ -176,13 +176,21 @@ func zct_stream_reader(h C.zct_handle, index C.int32_t, out *C.zct_handle, slot 
 		if err != nil {
 			return err
 		}
-		*out, *slot = C.zct_handle(readers.put(r)), C.int32_t(r.Index())
+		rh := readers.put(r)
+		// fast.c runs the reader's steps without Go (Note [a data plane the
+		// runtime never enters] in package plane).
+		C.zct_fast_register_reader(C.uint64_t(rh), unsafe.Pointer(r.Plane()))
+		*out, *slot = C.zct_handle(rh), C.int32_t(r.Index())
 		return nil
 	})
 }
 
-//export zct_stream_read_look
-func zct_stream_read_look(h C.zct_handle, timeoutMS C.int64_t, slot *C.int32_t) C.int {
+// zctipc_go_stream_read_look, _increment and _next are zct_stream_read_look,
+// _increment and _next (fast.c) for what the data plane does not finish: a
+// wait of another policy, an end, a rejoin, an error to say.
+//
+//export zctipc_go_stream_read_look
+func zctipc_go_stream_read_look(h C.zct_handle, timeoutMS C.int64_t, slot *C.int32_t) C.int {
 	return with(readers, uint64(h), func(r *stream.Reader) error {
 		i, err := r.Look(deadline(timeoutMS))
 		*slot = C.int32_t(i)
@@ -190,8 +198,8 @@ func zct_stream_read_look(h C.zct_handle, timeoutMS C.int64_t, slot *C.int32_t) 
 	})
 }
 
-//export zct_stream_read_increment
-func zct_stream_read_increment(h C.zct_handle, whole *C.int32_t) C.int {
+//export zctipc_go_stream_read_increment
+func zctipc_go_stream_read_increment(h C.zct_handle, whole *C.int32_t) C.int {
 	return with(readers, uint64(h), func(r *stream.Reader) error {
 		ok, err := r.Increment()
 		*whole = boolInt(ok)
@@ -199,8 +207,8 @@ func zct_stream_read_increment(h C.zct_handle, whole *C.int32_t) C.int {
 	})
 }
 
-//export zct_stream_read_next
-func zct_stream_read_next(h C.zct_handle, timeoutMS C.int64_t, slot *C.int32_t, whole *C.int32_t) C.int {
+//export zctipc_go_stream_read_next
+func zctipc_go_stream_read_next(h C.zct_handle, timeoutMS C.int64_t, slot *C.int32_t, whole *C.int32_t) C.int {
 	return with(readers, uint64(h), func(r *stream.Reader) error {
 		i, ok, err := r.Next(deadline(timeoutMS))
 		*slot, *whole = C.int32_t(i), boolInt(ok)
@@ -229,7 +237,11 @@ func zct_stream_reader_stats(h C.zct_handle, position, received, dropped *C.uint
 
 //export zct_stream_reader_set_wait
 func zct_stream_reader_set_wait(h C.zct_handle, poll C.int32_t, spinNS C.int64_t) C.int {
-	return setWait(readers, h, poll, spinNS)
+	status := setWait(readers, h, poll, spinNS)
+	if status == C.ZCT_OK {
+		C.zct_fast_set_wait(C.uint64_t(h), goWaits(poll, spinNS))
+	}
+	return status
 }
 
 //export zct_stream_writer_set_wait
@@ -240,6 +252,7 @@ func zct_stream_writer_set_wait(h C.zct_handle, poll C.int32_t, spinNS C.int64_t
 //export zct_stream_reader_close
 func zct_stream_reader_close(h C.zct_handle) C.int {
 	return closing(readers, uint64(h), func(r *stream.Reader) error {
+		C.zct_fast_unregister(C.uint64_t(h)) // no step of fast.c runs on r after this
 		return r.Close()
 	})
 }

@@ -1,5 +1,6 @@
 // Package plane is the data plane: the steps that every message of a queue
-// takes (put, get, the locks and sequence words they use), written once in
+// takes (put, get, the locks and sequence words they use, an inline
+// array's codec) and a stream reader's look and release, written once in
 // C. The Go packages call them through cgo; the C ABI calls them directly,
 // so that a host that puts and gets through it never enters the Go runtime
 // on the way (Note [a data plane the runtime never enters]).

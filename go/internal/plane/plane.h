@@ -197,6 +197,71 @@ ZP_API uint32_t zp_inline_head(uint8_t *dst, uint16_t dtype, uint8_t flags, uint
  * ZP_OK, or the ZP_BAD_INLINE_* it breaks. */
 ZP_API int zp_inline_read(const uint8_t *payload, uint64_t len, zp_inline *out);
 
+/* Bump a sequence word and wake up to n of its sleepers, when it has any
+ * (unguarded: for a step that runs under its own guard). */
+ZP_API void zp_signal_word(uint32_t *word, uint32_t *waiters, int32_t n);
+
+/* Run step(arg) under the fault guard, as every step of queue.c runs:
+ * ZP_FAULT, with out->addr, when its memory faulted. */
+ZP_API int zp_guarded(int (*step)(void *), void *arg, zp_out *out);
+
+/* -- stream readers (stream.c) ------------------------------------------ */
+
+/* Layout of a stream segment's data region (docs/format.md), the words a
+ * reader's steps use; package stream has the rest. */
+enum {
+    ZP_STREAM_CLAIM = 320,
+    ZP_STREAM_PUBLISHED = 328,
+    ZP_STREAM_ENDED = 336,
+    ZP_STREAM_DATA_SEQ = 384,
+    ZP_STREAM_DATA_WAITERS = 388,
+    ZP_STREAM_SPACE_SEQ = 448,
+    ZP_STREAM_SPACE_WAITERS = 452,
+    ZP_STREAM_WANTED = 456,
+    ZP_STREAM_DROPPED = 512,
+    /* A reader slot's fields, from its start. */
+    ZP_READER_WORD = 0,
+    ZP_READER_POSITION = 8,
+    ZP_READER_SEEN = 32,
+    ZP_READER_DROPPED = 40,
+    ZP_READER_RECEIVED = 48,
+};
+
+/* More results, of the reader's steps. */
+enum {
+    ZP_ENDED = 9,    /* look: the stream ended and every frame was read */
+    ZP_REJOIN = 10,  /* look: the reader's slot word changed (evicted, or taken over): Go rejoins */
+    ZP_NO_FRAME = 11, /* increment: no frame looked at */
+};
+
+/* A reader of a stream as this process holds it: package stream's Reader
+ * keeps it in C memory, so that the C ABI's calls run its steps too. Its
+ * calls are one at a time: whoever runs a step holds busy (zp_reader_enter). */
+typedef struct zp_reader {
+    uint8_t *data;     /* the stream's data region */
+    uint8_t *slot;     /* this reader's slot in the table of readers */
+    uint64_t frames;   /* slots in the ring */
+    uint64_t table;    /* where the slot table starts in data */
+    uint64_t word;     /* the slot's word while this reader holds it */
+    uint64_t pos;      /* the next frame to read */
+    int32_t looking;   /* look gave frame pos, and increment has not passed it */
+    int32_t at;        /* its slot, while looking */
+    int32_t busy;      /* a call runs on the reader */
+} zp_reader;
+
+/* Take the reader for one call (1), or find it taken (0); let it go. */
+ZP_API int zp_reader_enter(zp_reader *r);
+ZP_API void zp_reader_leave(zp_reader *r);
+
+/* Look at the next frame without waiting: ZP_OK with its slot; ZP_WAIT
+ * with out->seen, the data word to sleep on; ZP_ENDED; ZP_REJOIN; ZP_CORRUPT
+ * with out->need the slot the table gave; ZP_FAULT. */
+ZP_API int zp_read_look(zp_reader *r, int32_t *slot, zp_out *out);
+
+/* Let go of the frame looked at: ZP_OK with *whole, whether the writer
+ * left its slot alone meanwhile; ZP_NO_FRAME; ZP_FAULT. */
+ZP_API int zp_read_increment(zp_reader *r, int32_t *whole, zp_out *out);
+
 /* The views a record of type typ and ndesc descriptors gives its taker. */
 static inline int32_t zp_views(uint8_t typ, uint16_t ndesc) { return typ == ZP_TYPE_INLINE ? ndesc + 1 : ndesc; }
 

@@ -89,7 +89,7 @@ static void let_go(uint32_t *volatile *at) {
     *at = NULL;
 }
 
-static void signal_word(uint32_t *word, uint32_t *waiters, int32_t n) {
+void zp_signal_word(uint32_t *word, uint32_t *waiters, int32_t n) {
     __atomic_add_fetch(word, 1, SEQ);
     if (ld32(waiters) != 0) {
         wake(word, n);
@@ -106,7 +106,7 @@ static void signal_word(uint32_t *word, uint32_t *waiters, int32_t n) {
 // wakes one sleeper on the space word, which looks again.
 static void pass_space_on(const zp_queue *q) {
     if (ld32(u32(q, ZP_OFF_SPACE_WAITERS)) != 0) {
-        signal_word(u32(q, ZP_OFF_SPACE_SEQ), u32(q, ZP_OFF_SPACE_WAITERS), 1);
+        zp_signal_word(u32(q, ZP_OFF_SPACE_SEQ), u32(q, ZP_OFF_SPACE_WAITERS), 1);
     }
 }
 
@@ -520,7 +520,7 @@ static int put(const zp_queue *q, const zp_record *recs, int32_t n, int32_t flag
     // Wake a consumer when the queue was empty; one that leaves messages
     // behind wakes the next, so a busy queue makes no wake-up per message.
     if (count_of(ld64(u64(q, ZP_OFF_HEAD))) == puts) {
-        signal_word(u32(q, ZP_OFF_DATA_SEQ), u32(q, ZP_OFF_DATA_WAITERS), 1);
+        zp_signal_word(u32(q, ZP_OFF_DATA_SEQ), u32(q, ZP_OFF_DATA_WAITERS), 1);
     } else {
         __atomic_add_fetch(u32(q, ZP_OFF_DATA_SEQ), 1, SEQ);
     }
@@ -639,11 +639,11 @@ static int get(const zp_queue *q, uint8_t *buf, uint64_t cap, int32_t max_record
     if (count_of(ld64(u64(q, ZP_OFF_TAIL))) != gets + (uint32_t)n) {
         // Messages left behind: wake the next consumer (the cascade of a
         // put's single wake-up).
-        signal_word(u32(q, ZP_OFF_DATA_SEQ), u32(q, ZP_OFF_DATA_WAITERS), 1);
-        signal_word(u32(q, ZP_OFF_SPACE_SEQ), u32(q, ZP_OFF_SPACE_WAITERS), 1);
+        zp_signal_word(u32(q, ZP_OFF_DATA_SEQ), u32(q, ZP_OFF_DATA_WAITERS), 1);
+        zp_signal_word(u32(q, ZP_OFF_SPACE_SEQ), u32(q, ZP_OFF_SPACE_WAITERS), 1);
     } else {
         // Note [an empty queue wakes every space sleeper] in package queue.
-        signal_word(u32(q, ZP_OFF_SPACE_SEQ), u32(q, ZP_OFF_SPACE_WAITERS), 1 << 30);
+        zp_signal_word(u32(q, ZP_OFF_SPACE_SEQ), u32(q, ZP_OFF_SPACE_WAITERS), 1 << 30);
     }
     return ZP_OK;
 }
@@ -682,7 +682,7 @@ static int arm(const zp_queue *q, int32_t which, uint32_t **word, uint32_t *seen
 static int disarm(const zp_queue *q, int32_t which, int32_t pass_on) {
     __atomic_sub_fetch(u32(q, wait_words[which][1]), 1, SEQ);
     if (pass_on && which == 0 && count_of(ld64(u64(q, ZP_OFF_TAIL))) != count_of(ld64(u64(q, ZP_OFF_HEAD)))) {
-        signal_word(u32(q, ZP_OFF_DATA_SEQ), u32(q, ZP_OFF_DATA_WAITERS), 1);
+        zp_signal_word(u32(q, ZP_OFF_DATA_SEQ), u32(q, ZP_OFF_DATA_WAITERS), 1);
     }
     return ZP_OK;
 }
@@ -781,7 +781,7 @@ static int unlocked(uint32_t *lock) {
 }
 
 static int signalled(uint32_t *word, uint32_t *waiters, int32_t n) {
-    signal_word(word, waiters, n);
+    zp_signal_word(word, waiters, n);
     return ZP_OK;
 }
 
@@ -822,3 +822,5 @@ int zp_try_lock(uint32_t *lock, uint32_t pid, uint64_t start) { GUARDED(NULL, lo
 int zp_unlock(uint32_t *lock) { GUARDED(NULL, unlocked(lock)); }
 
 int zp_signal(uint32_t *word, uint32_t *waiters, int32_t n) { GUARDED(NULL, signalled(word, waiters, n)); }
+
+int zp_guarded(int (*step)(void *), void *arg, zp_out *out) { GUARDED(out, step(arg)); }

@@ -7,7 +7,10 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/zctipc/zctipc/go/internal/fault"
 	"github.com/zctipc/zctipc/go/internal/futex"
+	"github.com/zctipc/zctipc/go/internal/header"
+	"github.com/zctipc/zctipc/go/internal/plane"
 	"github.com/zctipc/zctipc/go/internal/proc"
 	"github.com/zctipc/zctipc/go/internal/shm"
 	"golang.org/x/sys/unix"
@@ -27,17 +30,16 @@ const slotJoining = 3
 // released by the next Increment, whoever calls it). Close may be called
 // while another goroutine waits in Look, which then returns ErrClosed.
 type Reader struct {
-	calls   // serialized: they move pos and looking
-	s       *Stream
-	seg     *shm.Segment // the reader's own handle: the memory outlives the stream's
-	index   int
-	word    uint64 // the slot's word while this reader holds it
-	slot    []byte
-	pos     uint64 // the next frame to read
-	looking bool   // Look returned frame pos and Increment has not passed it
-	at      int    // the slot of frame pos while looking
-	self    proc.Identity
-	armed   futex.Armed // the host's sleeps outside Go (ArmWait)
+	calls // serialized, with the steps of the C ABI too (calls.hold)
+	s     *Stream
+	seg   *shm.Segment // the reader's own handle: the memory outlives the stream's
+	index int
+	slot  []byte
+	// c is the state the reader's steps (package plane) move: the slot word
+	// it holds, the next frame's position, the frame it looks at.
+	c     *plane.Reader
+	self  proc.Identity
+	armed futex.Armed // the host's sleeps outside Go (ArmWait)
 }
 
 // Reader joins the stream as the reader of slot index, or of the first free
@@ -96,6 +98,8 @@ func (r *Reader) claim(i int) bool {
 		joining := slotWord(r.self.PID, generation(w)+1, slotJoining)
 		if atomic.CompareAndSwapUint64(word, w, joining) {
 			r.index, r.slot = i, slot
+			r.c = plane.NewReader(ptr(r.s.data, 0), ptr(slot, 0), r.s.cfg.Frames, r.s.table)
+			r.hold = r.c
 			atomic.StoreUint64(u64(slot, rDropped), 0)
 			atomic.StoreUint64(u64(slot, rReceived), 0)
 			r.activate(joining)
@@ -113,14 +117,18 @@ func (r *Reader) activate(held uint64) {
 	atomic.StoreInt64((*int64)(ptr(slot, rSeen)), nowNS())
 	published := atomic.LoadUint64(u64(r.s.data, offPublished))
 	atomic.StoreUint64(u64(slot, rPosition), published)
-	r.word = slotWord(r.self.PID, generation(held), slotActive)
-	atomic.StoreUint64(u64(slot, rWord), r.word)
+	r.c.SetWord(slotWord(r.self.PID, generation(held), slotActive))
+	atomic.StoreUint64(u64(slot, rWord), r.c.Word())
 	// Read the position again now that the writer sees this reader: a
 	// writer that read the readers before could claim frames up to a ring
 	// past the position it saw, but not past this one.
-	r.pos = atomic.LoadUint64(u64(r.s.data, offPublished))
-	atomic.StoreUint64(u64(slot, rPosition), r.pos)
+	r.c.SetPos(atomic.LoadUint64(u64(r.s.data, offPublished)))
+	atomic.StoreUint64(u64(slot, rPosition), r.c.Pos())
 }
+
+// Plane returns the reader's state as the data plane's steps take it, for
+// the C ABI to run them on (it lives until Close).
+func (r *Reader) Plane() *plane.Reader { return r.c }
 
 // Index returns the reader's slot.
 func (r *Reader) Index() int { return r.index }
@@ -139,7 +147,7 @@ func (r *Reader) Stats() (ReaderStats, error) {
 	}
 	defer r.leave()
 	return ReaderStats{
-		Position: r.pos,
+		Position: r.c.Pos(),
 		Received: atomic.LoadUint64(u64(r.slot, rReceived)),
 		Dropped:  atomic.LoadUint64(u64(r.slot, rDropped)),
 	}, nil
@@ -163,39 +171,26 @@ func (r *Reader) LookContext(ctx context.Context) (int, error) {
 
 func (r *Reader) look(u futex.Until) (int, error) {
 	s := r.s
-	frames := uint64(s.cfg.Frames)
-	if r.looking {
-		return r.at, nil
-	}
 	data := s.dataSeq()
 	for {
-		if err := r.rejoinIfEvicted(); err != nil {
-			return 0, err
-		}
-		// Frames older than a ring behind the writer's claim are gone.
-		if claim := atomic.LoadUint64(u64(s.data, offClaim)); claim > r.pos+frames {
-			r.drop(claim - frames - r.pos)
-			r.pos = claim - frames
-			atomic.StoreUint64(u64(r.slot, rPosition), r.pos)
-		}
-		seen := data.Load()
-		if r.pos < atomic.LoadUint64(u64(s.data, offPublished)) {
-			at, err := s.slotOf(r.pos)
-			if err != nil {
+		var out plane.Out
+		slot, res := r.c.Look(&out) // the data plane's step, the C ABI's too
+		switch res {
+		case plane.OK:
+			return slot, nil
+		case plane.Rejoin:
+			if err := r.rejoinIfEvicted(); err != nil {
 				return 0, err
 			}
-			r.at, r.looking = at, true
-			r.seen() // it holds this frame from now: a wait before does not count
-			return at, nil
-		}
-		if s.ended() {
-			// The writer may have published its last frames and ended
-			// between the load of published above and this one: End
-			// comes after every publish, so a load now sees them.
-			if r.pos < atomic.LoadUint64(u64(s.data, offPublished)) {
-				continue
-			}
+			continue
+		case plane.Ended:
 			return 0, ErrEnded
+		case plane.Corrupt:
+			at, _, _ := plane.Need(&out)
+			return 0, fmt.Errorf("stream %q: %w: frame %d in slot %d of %d", s.seg.Name(), header.ErrCorrupt,
+				r.c.Pos(), at, s.cfg.Frames)
+		case plane.Fault:
+			return 0, &fault.Error{Addr: plane.Addr(&out)}
 		}
 		if !u.Deadline.IsZero() && !time.Now().Before(u.Deadline) {
 			return 0, ErrEmpty
@@ -203,7 +198,7 @@ func (r *Reader) look(u futex.Until) (int, error) {
 		if r.guard.Closed() {
 			return 0, ErrClosed
 		}
-		if err := s.sleep(data, seen, r.policy, u, ErrEmpty); err != nil {
+		if err := s.sleep(data, plane.Seen(&out), r.policy, u, ErrEmpty); err != nil {
 			return 0, err
 		}
 	}
@@ -222,27 +217,15 @@ func (r *Reader) Increment() (bool, error) {
 }
 
 func (r *Reader) increment() (bool, error) {
-	if !r.looking {
+	var out plane.Out
+	switch whole, res := r.c.Increment(&out); res { // the data plane's step, the C ABI's too
+	case plane.OK:
+		return whole, nil
+	case plane.NoFrame:
 		return false, ErrNoFrame
+	default:
+		return false, &fault.Error{Addr: plane.Addr(&out)}
 	}
-	s := r.s
-	r.looking = false
-	// Under Block the writer takes a frame's slot again only once every
-	// live reader passed it, or, evicting this reader, to claim the frame a
-	// ring ahead: either way the claim says so.
-	whole := atomic.LoadUint64(u64(s.data, offClaim)) <= r.pos+uint64(s.cfg.Frames)
-	if whole {
-		atomic.AddUint64(u64(r.slot, rReceived), 1)
-	} else {
-		r.drop(1)
-	}
-	r.pos++
-	atomic.StoreUint64(u64(r.slot, rPosition), r.pos)
-	r.seen()
-	if wanted := atomic.LoadUint64(u64(s.data, offWanted)); wanted != 0 && r.pos >= wanted {
-		return whole, s.spaceSeq().Signal(1)
-	}
-	return whole, nil
 }
 
 // Next releases the frame looked at, if any, and looks at the next one: one
@@ -254,7 +237,7 @@ func (r *Reader) Next(deadline time.Time) (slot int, whole bool, err error) {
 	}
 	defer r.leave()
 	whole = true
-	if r.looking {
+	if r.c.Looking() {
 		if whole, err = r.increment(); err != nil {
 			return 0, whole, err
 		}
@@ -268,29 +251,25 @@ func (r *Reader) drop(n uint64) {
 	atomic.AddUint64(u64(r.s.data, offDropped), n)
 }
 
-func (r *Reader) seen() {
-	atomic.StoreInt64((*int64)(ptr(r.slot, rSeen)), nowNS())
-}
-
 // rejoinIfEvicted takes the slot back when the writer evicted this reader,
 // counting the frames it skips as dropped.
 func (r *Reader) rejoinIfEvicted() error {
 	word := u64(r.slot, rWord)
 	w := atomic.LoadUint64(word)
-	if w == r.word {
+	if w == r.c.Word() {
 		return nil
 	}
-	if w != slotWord(r.self.PID, generation(r.word), slotEvicted) {
+	if w != slotWord(r.self.PID, generation(r.c.Word()), slotEvicted) {
 		return fmt.Errorf("reader slot %d was taken over (pid %d): %w", r.index, slotPID(w), ErrNoSlot)
 	}
 	joining := slotWord(r.self.PID, generation(w)+1, slotJoining)
 	if !atomic.CompareAndSwapUint64(word, w, joining) {
 		return fmt.Errorf("reader slot %d changed while rejoining: %w", r.index, ErrNoSlot)
 	}
-	from := r.pos
+	from := r.c.Pos()
 	r.activate(joining)
-	if r.pos > from {
-		r.drop(r.pos - from)
+	if r.c.Pos() > from {
+		r.drop(r.c.Pos() - from)
 	}
 	return nil
 }
@@ -334,12 +313,13 @@ func (r *Reader) Close() error {
 	r.armed.Release(0, r.s.dataSeq())
 	word := u64(r.slot, rWord)
 	w := atomic.LoadUint64(word)
-	if slotPID(w) == r.self.PID && (w == r.word || state(w) == slotEvicted) {
+	if slotPID(w) == r.self.PID && (w == r.c.Word() || state(w) == slotEvicted) {
 		atomic.CompareAndSwapUint64(word, w, slotWord(0, generation(w), slotFree))
 	}
 	var err error
 	if atomic.LoadUint64(u64(r.s.data, offWanted)) != 0 {
 		err = r.s.spaceSeq().Signal(1)
 	}
+	r.c.Free() // no call runs on it now: Go's waited out, the C ABI's table let it go first
 	return errors.Join(err, r.seg.Close())
 }

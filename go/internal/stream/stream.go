@@ -54,6 +54,7 @@ import (
 	"github.com/zctipc/zctipc/go/internal/futex"
 	"github.com/zctipc/zctipc/go/internal/guard"
 	"github.com/zctipc/zctipc/go/internal/header"
+	"github.com/zctipc/zctipc/go/internal/plane"
 	"github.com/zctipc/zctipc/go/internal/shm"
 	"golang.org/x/sys/unix"
 )
@@ -102,27 +103,27 @@ var (
 
 // Layout of a stream segment's data region (docs/format.md).
 const (
-	offFrameBytes  = 0   // u64 bytes of one frame
-	offStride      = 8   // u64 bytes from one slot to the next
-	offFrames      = 16  // u32 slots in the ring
-	offReaders     = 20  // u32 reader slots
-	offPolicy      = 24  // u32
-	offDType       = 28  // u32 element type of a frame
-	offNDim        = 32  // u32 frame dimensions
-	offTimeoutMS   = 36  // u32 reader timeout in ms, 0 for none
-	offRingAt      = 40  // u64 where slot 0 starts
-	offVersion     = 48  // u32 the stream layout version
-	offShape       = 64  // i64 × header.MaxNDim
-	offClaim       = 320 // u64 frames the writer has claimed
-	offPublished   = 328 // u64 frames the writer has published
-	offEnded       = 336 // u32 1 once the stream has ended
-	offWriterLock  = 344 // lock.Size: the writer role
-	offDataSeq     = 384 // u32 bumped on every publish and at the end
-	offDataWaiters = 388 // u32
-	offSpaceSeq    = 448 // u32 bumped when a reader moves past what the writer waits for
-	offSpaceWaiter = 452 // u32
-	offWanted      = 456 // u64 the position the writer waits for every reader to reach, 0 when it does not wait
-	offDropped     = 512 // u64 frames lost by all readers
+	offFrameBytes  = 0                        // u64 bytes of one frame
+	offStride      = 8                        // u64 bytes from one slot to the next
+	offFrames      = 16                       // u32 slots in the ring
+	offReaders     = 20                       // u32 reader slots
+	offPolicy      = 24                       // u32
+	offDType       = 28                       // u32 element type of a frame
+	offNDim        = 32                       // u32 frame dimensions
+	offTimeoutMS   = 36                       // u32 reader timeout in ms, 0 for none
+	offRingAt      = 40                       // u64 where slot 0 starts
+	offVersion     = 48                       // u32 the stream layout version
+	offShape       = 64                       // i64 × header.MaxNDim
+	offClaim       = plane.StreamClaim        // u64 frames the writer has claimed
+	offPublished   = plane.StreamPublished    // u64 frames the writer has published
+	offEnded       = plane.StreamEnded        // u32 1 once the stream has ended
+	offWriterLock  = 344                      // lock.Size: the writer role
+	offDataSeq     = plane.StreamDataSeq      // u32 bumped on every publish and at the end
+	offDataWaiters = plane.StreamDataWaiters  // u32
+	offSpaceSeq    = plane.StreamSpaceSeq     // u32 bumped when a reader moves past what the writer waits for
+	offSpaceWaiter = plane.StreamSpaceWaiters // u32
+	offWanted      = plane.StreamWanted       // u64 the position the writer waits for every reader to reach, 0 when it does not wait
+	offDropped     = plane.StreamDropped      // u64 frames lost by all readers
 	readersAt      = 576
 	readerSize     = 64
 )
@@ -138,13 +139,13 @@ var ErrLayoutVersion = fmt.Errorf("stream layout: %w", header.ErrVersion)
 
 // Reader slot fields, from the start of the slot.
 const (
-	rWord     = 0  // u64 pid << 32 | generation << 2 | state
-	rPosition = 8  // u64 next frame to read
-	rStart    = 16 // u64 the reader's process start time, written after its claim
-	rPID      = 24 // i64 the pid that start time belongs to
-	rSeen     = 32 // i64 when the reader was last seen, CLOCK_REALTIME ns
-	rDropped  = 40 // u64 frames this reader lost
-	rReceived = 48 // u64 frames this reader took whole
+	rWord     = plane.ReaderWordAt     // u64 pid << 32 | generation << 2 | state
+	rPosition = plane.ReaderPositionAt // u64 next frame to read
+	rStart    = 16                     // u64 the reader's process start time, written after its claim
+	rPID      = 24                     // i64 the pid that start time belongs to
+	rSeen     = plane.ReaderSeenAt     // i64 when the reader was last seen, CLOCK_REALTIME ns
+	rDropped  = plane.ReaderDroppedAt  // u64 frames this reader lost
+	rReceived = plane.ReaderReceivedAt // u64 frames this reader took whole
 )
 
 // Reader slot states.
@@ -407,6 +408,9 @@ type calls struct {
 	guard  guard.Guard
 	mu     sync.Mutex
 	policy futex.Policy // how waiting calls wait (SetWait)
+	// hold, a reader's state in C memory, is held by each call too: the C
+	// ABI runs the reader's steps on it without this mutex.
+	hold *plane.Reader
 }
 
 // SetWait says how the endpoint's calls wait, a reader's for frames and a
@@ -428,10 +432,16 @@ func (c *calls) enter() error {
 		return ErrClosed
 	}
 	c.mu.Lock()
+	if c.hold != nil {
+		c.hold.Enter()
+	}
 	return nil
 }
 
 func (c *calls) leave() {
+	if c.hold != nil {
+		c.hold.Leave()
+	}
 	c.mu.Unlock()
 	c.guard.Leave()
 }

@@ -249,8 +249,17 @@ int zct_queue_put_inline(zct_handle h, const void *data, uint64_t nbytes, int32_
     return zctipc_go_queue_put_inline(h, (zct_cvoid *)data, nbytes, dtype, ndim, (zct_cint64 *)shape, flags, timeout_ms);
 }
 
-// FALLBACK: what take_plain cannot finish goes to Go.
+// FALLBACK: what a call here cannot finish goes to Go.
 #define FALLBACK INT64_MIN
+
+// faulted says that shared memory faulted in a step that changed what this
+// file holds (an arm taken back, a frame let go of): Go cannot run it
+// again, so it is said here, as Go says it.
+static int faulted(void) {
+    static const char msg[] = "shared memory faulted: another process shrank a segment file this process maps";
+    zct_set_last_error(msg, sizeof msg - 1, 0);
+    return ZCT_E_CORRUPT;
+}
 
 static int64_t corrupt_status(const zp_out *out) {
     // What the step met is gone from the queue: say it here.
@@ -306,90 +315,78 @@ static int64_t take_inline(const uint8_t *rec, uint32_t plen, zct_view *views, i
     return result;
 }
 
-// take_plain takes a plain record into buf (an inline array's given as
-// views[0], when views_cap leaves room for it), waiting as the default policy
-// does (a spin, then a sleep on the data word among its sleepers) until
-// timeout_ms passes (for ever when negative): the packed result of
-// zct_queue_take, a status, or FALLBACK (*left_ms then says how much of the
-// timeout is left for Go).
-static int64_t take_plain(slot *s, uint64_t h, void *buf, uint64_t capacity, int64_t timeout_ms, zct_view *views,
-                          int32_t views_cap, int32_t *nviews, int64_t *left_ms) {
-    const zp_queue *q = s->q;
+// waiting is a wait as the default policy waits (a spin, then a sleep on
+// a sequence word among its sleepers): what a queue's take and a stream
+// reader's look share. look runs the step once: a status or a result to
+// return, FALLBACK, or AGAIN with *seen the word's value to sleep on; arm
+// counts the caller among the word's sleepers (ZP_OK, else Go waits), and
+// disarm takes that back when the wait ends with result.
+typedef struct waiting {
+    slot *s;
+    uint64_t h;         // the handle, whose close ends the wait: Go says so
+    uint32_t *word;     // the sequence word that the step's other side bumps
+    int64_t recheck_ns; // a sleep's longest: wake-ups lost with killed processes are made up for
+    const char *empty;  // what a wait that found nothing says
+    int64_t (*look)(void *ctx, uint32_t *seen);
+    int (*arm)(void *ctx);
+    void (*disarm)(void *ctx, int64_t result);
+    void *ctx;
+} waiting;
+
+#define AGAIN (INT64_MIN + 1)
+
+// wait_for runs w's step until it finds something or timeout_ms passes
+// (for ever when negative): its result, ZCT_E_EMPTY, ZCT_E_INTERRUPTED, or
+// FALLBACK (*left_ms then says how much of the timeout is left for Go).
+static int64_t wait_for(const waiting *w, int64_t timeout_ms, int64_t *left_ms) {
     int64_t deadline = deadline_of(timeout_ms);
     int asleep = 0; // counted among the word's sleepers
     int64_t result;
     for (;;) {
-        zp_out out = {0};
-        int r = zp_get(q, buf, capacity, 1, views_cap > 0 ? 1 : 0, ZP_PLAIN, &out);
-        if (r == ZP_OK) {
-            const uint8_t *rec = buf;
-            uint32_t plen;
-            memcpy(&plen, rec + 8, 4);
-            result = (int64_t)((uint64_t)plen | (uint64_t)ZP_RECORD_HEADER << ZCT_TAKE_OFFSET_SHIFT |
-                               (uint64_t)rec[4] << ZCT_TAKE_TYPE_SHIFT);
-            *nviews = 0;
-            if (rec[4] == ZCT_RECORD_INLINE) {
-                result = take_inline(rec, plen, views, result);
-                *nviews = result >= 0;
-            }
+        uint32_t seen = 0;
+        result = w->look(w->ctx, &seen);
+        if (result != AGAIN) {
             break;
         }
-        if (r == ZP_CORRUPT) {
-            result = corrupt_status(&out);
-            break;
-        }
-        if (r != ZP_WAIT || timeout_ms == 0 || __atomic_load_n(&s->go_waits, SEQ)) {
-            result = r == ZP_WAIT && timeout_ms == 0 ? (zct_set_last_error("queue is empty", 14, 0), ZCT_E_EMPTY)
-                                                      : FALLBACK;
-            break;
-        }
-        if (__atomic_load_n(&s->handle, SEQ) != h) {
-            zct_set_last_error("queue is closed", 15, 0);
-            result = ZCT_E_CLOSED;
-            break;
-        }
-        int64_t ns = RECHECK_NS;
+        int64_t ns = w->recheck_ns, left = 1;
         if (deadline != 0) {
-            int64_t left = deadline - now_ns();
-            if (left <= 0) {
-                zct_set_last_error("queue is empty", 14, 0);
-                result = ZCT_E_EMPTY;
-                break;
-            }
-            if (left < ns) {
-                ns = left;
-            }
+            left = deadline - now_ns();
+            ns = left < ns ? left : ns;
         }
-        uint32_t *word = (uint32_t *)(q->data + ZP_OFF_DATA_SEQ);
+        if (timeout_ms == 0 || left <= 0) {
+            zct_set_last_error(w->empty, strlen(w->empty), 0);
+            result = ZCT_E_EMPTY;
+            break;
+        }
+        if (__atomic_load_n(&w->s->go_waits, SEQ) || __atomic_load_n(&w->s->handle, SEQ) != w->h) {
+            result = FALLBACK; // another policy's wait, or a closed handle: Go's
+            break;
+        }
         if (!asleep) {
-            if (zp_spin(word, out.seen, SPIN_NS) != ZP_WAIT) { // moved, or faulted: the step says which
+            if (zp_spin(w->word, seen, SPIN_NS) != ZP_WAIT) { // moved, or faulted: the step says which
                 continue;
             }
-            uint32_t *unused;
-            uint32_t seen;
-            if (zp_arm(q, ZCT_WAIT_DATA, &unused, &seen) != ZP_OK) {
+            if (w->arm(w->ctx) != ZP_OK) { // a shrunk file: Go says so
                 result = FALLBACK;
                 break;
             }
             asleep = 1;
-            continue; // look again now that a put wakes this one
+            continue; // look again now that the other side wakes this one
         }
         struct timespec ts = {ns / 1000000000LL, ns % 1000000000LL};
-        long w = syscall(SYS_futex, word, FUTEX_WAIT, out.seen, &ts, NULL, 0);
-        if (w != 0 && errno == EINTR) {
+        long k = syscall(SYS_futex, w->word, FUTEX_WAIT, seen, &ts, NULL, 0);
+        if (k != 0 && errno == EINTR) {
             zct_set_last_error("interrupted by a signal", 23, EINTR);
             result = ZCT_E_INTERRUPTED;
             break;
         }
-        if (w != 0 && errno == EFAULT) {
+        if (k != 0 && errno == EFAULT) {
             result = FALLBACK;
             break;
         }
     }
     if (asleep) {
-        // A put wakes one sleeper; one that leaves without a message passes
-        // the wake-up on.
-        zp_disarm(q, ZCT_WAIT_DATA, result < 0);
+        w->disarm(w->ctx, result);
     }
     if (result == FALLBACK && deadline != 0) {
         int64_t left = (deadline - now_ns()) / 1000000LL;
@@ -398,13 +395,61 @@ static int64_t take_plain(slot *s, uint64_t h, void *buf, uint64_t capacity, int
     return result;
 }
 
+// A take of a plain record: the queue, and where the record and its view go.
+typedef struct taking {
+    const zp_queue *q;
+    void *buf;
+    uint64_t capacity;
+    zct_view *views;
+    int32_t views_cap;
+    int32_t *nviews;
+} taking;
+
+static int64_t take_look(void *ctx, uint32_t *seen) {
+    taking *t = ctx;
+    zp_out out = {0};
+    int r = zp_get(t->q, t->buf, t->capacity, 1, t->views_cap > 0 ? 1 : 0, ZP_PLAIN, &out);
+    if (r == ZP_OK) {
+        const uint8_t *rec = t->buf;
+        uint32_t plen;
+        memcpy(&plen, rec + 8, 4);
+        int64_t result = (int64_t)((uint64_t)plen | (uint64_t)ZP_RECORD_HEADER << ZCT_TAKE_OFFSET_SHIFT |
+                                   (uint64_t)rec[4] << ZCT_TAKE_TYPE_SHIFT);
+        *t->nviews = 0;
+        if (rec[4] == ZCT_RECORD_INLINE) {
+            result = take_inline(rec, plen, t->views, result);
+            *t->nviews = result >= 0;
+        }
+        return result;
+    }
+    if (r == ZP_CORRUPT) {
+        return corrupt_status(&out);
+    }
+    *seen = out.seen;
+    return r == ZP_WAIT ? AGAIN : FALLBACK;
+}
+
+static int take_arm(void *ctx) {
+    uint32_t *unused, seen;
+    return zp_arm(((taking *)ctx)->q, ZCT_WAIT_DATA, &unused, &seen);
+}
+
+static void take_disarm(void *ctx, int64_t result) {
+    // A put wakes one sleeper; one that leaves without a message passes
+    // the wake-up on.
+    zp_disarm(((taking *)ctx)->q, ZCT_WAIT_DATA, result < 0);
+}
+
 int64_t zct_queue_take(zct_handle h, void *buf, uint64_t capacity, int64_t timeout_ms, zct_view *views,
                        int32_t views_cap, int32_t *nviews) {
     if (buf != NULL && nviews != NULL && views_cap >= 0 && (views_cap == 0 || views != NULL)) {
         slot *s = acquire(h);
         if (s != NULL) {
             int64_t left = timeout_ms;
-            int64_t r = take_plain(s, h, buf, capacity, timeout_ms, views, views_cap, nviews, &left);
+            taking t = {s->q, buf, capacity, views, views_cap, nviews};
+            waiting w = {s, h, (uint32_t *)(s->q->data + ZP_OFF_DATA_SEQ), RECHECK_NS, "queue is empty",
+                         take_look, take_arm, take_disarm, &t};
+            int64_t r = wait_for(&w, timeout_ms, &left);
             release(s);
             if (r != FALLBACK) {
                 return r;
@@ -451,11 +496,7 @@ int zct_queue_disarm(zct_handle h, int32_t which, int32_t pass_on) {
             if (r == ZP_OK) {
                 return ZCT_OK;
             }
-            // The arm is taken back from this handle, and Go's count never
-            // held it: say the fault here, as Go would.
-            static const char msg[] = "shared memory faulted: another process shrank a segment file this process maps";
-            zct_set_last_error(msg, sizeof msg - 1, 0);
-            return ZCT_E_CORRUPT;
+            return faulted(); // the arm is taken back from this handle, and Go's count never held it
         }
     }
     return zctipc_go_queue_disarm(h, which, pass_on);
@@ -483,110 +524,36 @@ static int count_sleeper(uint32_t *waiters, int32_t delta) {
     return zp_guarded(add_sleepers, &a, &out);
 }
 
+// A look of a stream reader's: the reader, and where the slot goes.
+typedef struct looking {
+    zp_reader *r;
+    int32_t *slot;
+} looking;
+
+static int64_t look_look(void *ctx, uint32_t *seen) {
+    looking *l = ctx;
+    zp_out out = {0};
+    int k = zp_read_look(l->r, l->slot, &out);
+    *seen = out.seen;
+    return k == ZP_OK ? ZCT_OK : k == ZP_WAIT ? AGAIN : FALLBACK; // an end, a rejoin, a fault: Go says it
+}
+
+static int look_arm(void *ctx) {
+    return count_sleeper((uint32_t *)(((looking *)ctx)->r->data + ZP_STREAM_DATA_WAITERS), 1);
+}
+
+static void look_disarm(void *ctx, int64_t result) {
+    (void)result; // a publish wakes every sleeper: none passes a wake-up on
+    count_sleeper((uint32_t *)(((looking *)ctx)->r->data + ZP_STREAM_DATA_WAITERS), -1); // a shrunk file: nothing to take back
+}
+
 // look_waiting looks at the next frame of the reader in s (which the caller
-// holds, and whose reader it entered), waiting as the default policy does
-// (a spin, then a sleep on the data word among its sleepers) until
-// timeout_ms passes (for ever when negative): a status, or FALLBACK (*left_ms
-// then says how much of the timeout is left for Go).
+// holds, and whose reader it entered), waiting as wait_for does.
 static int64_t look_waiting(slot *s, uint64_t h, int64_t timeout_ms, int32_t *slot_out, int64_t *left_ms) {
-    zp_reader *r = s->r;
-    int64_t deadline = deadline_of(timeout_ms);
-    int asleep = 0; // counted among the word's sleepers
-    uint32_t *word = (uint32_t *)(r->data + ZP_STREAM_DATA_SEQ);
-    uint32_t *waiters = (uint32_t *)(r->data + ZP_STREAM_DATA_WAITERS);
-    int64_t result;
-    for (;;) {
-        zp_out out = {0};
-        int k = zp_read_look(r, slot_out, &out);
-        if (k == ZP_OK) {
-            result = ZCT_OK;
-            break;
-        }
-        if (k != ZP_WAIT || __atomic_load_n(&s->go_waits, SEQ)) { // an end, a rejoin, a fault: Go says it
-            result = FALLBACK;
-            break;
-        }
-        if (timeout_ms == 0) {
-            static const char msg[] = "no frame to read yet";
-            zct_set_last_error(msg, sizeof msg - 1, 0);
-            result = ZCT_E_EMPTY;
-            break;
-        }
-        if (__atomic_load_n(&s->handle, SEQ) != h) {
-            result = FALLBACK; // closed: Go says so
-            break;
-        }
-        int64_t ns = STREAM_RECHECK_NS;
-        if (deadline != 0) {
-            int64_t left = deadline - now_ns();
-            if (left <= 0) {
-                static const char msg[] = "no frame to read yet";
-                zct_set_last_error(msg, sizeof msg - 1, 0);
-                result = ZCT_E_EMPTY;
-                break;
-            }
-            if (left < ns) {
-                ns = left;
-            }
-        }
-        if (!asleep) {
-            if (zp_spin(word, out.seen, SPIN_NS) != ZP_WAIT) { // moved, or faulted: the step says which
-                continue;
-            }
-            if (count_sleeper(waiters, 1) != ZP_OK) { // a shrunk file: Go says so
-                result = FALLBACK;
-                break;
-            }
-            asleep = 1;
-            continue; // look again now that a publish wakes this one
-        }
-        struct timespec ts = {ns / 1000000000LL, ns % 1000000000LL};
-        long w = syscall(SYS_futex, word, FUTEX_WAIT, out.seen, &ts, NULL, 0);
-        if (w != 0 && errno == EINTR) {
-            zct_set_last_error("interrupted by a signal", 23, EINTR);
-            result = ZCT_E_INTERRUPTED;
-            break;
-        }
-        if (w != 0 && errno == EFAULT) {
-            result = FALLBACK;
-            break;
-        }
-    }
-    if (asleep) {
-        count_sleeper(waiters, -1); // a shrunk file: nothing to take back
-    }
-    if (result == FALLBACK && deadline != 0) {
-        int64_t left = (deadline - now_ns()) / 1000000LL;
-        *left_ms = left > 0 ? left : 0;
-    }
-    return result;
-}
-
-int zct_stream_read_look(zct_handle h, int64_t timeout_ms, int32_t *slot_out) {
-    if (slot_out != NULL) {
-        slot *s = acquire_reader(h);
-        if (s != NULL) {
-            int64_t r = FALLBACK, left = timeout_ms;
-            if (zp_reader_enter(s->r)) { // else a call of Go's has it: Go waits for it
-                r = look_waiting(s, h, timeout_ms, slot_out, &left);
-                zp_reader_leave(s->r);
-            }
-            release(s);
-            if (r != FALLBACK) {
-                return (int)r;
-            }
-            timeout_ms = left;
-        }
-    }
-    return zctipc_go_stream_read_look(h, timeout_ms, slot_out);
-}
-
-// faulted says that the reader's memory faulted in a step that changed its
-// state: Go cannot run it again, so it is said here, as Go says it.
-static int faulted(void) {
-    static const char msg[] = "shared memory faulted: another process shrank a segment file this process maps";
-    zct_set_last_error(msg, sizeof msg - 1, 0);
-    return ZCT_E_CORRUPT;
+    looking l = {s->r, slot_out};
+    waiting w = {s, h, (uint32_t *)(s->r->data + ZP_STREAM_DATA_SEQ), STREAM_RECHECK_NS, "no frame to read yet",
+                 look_look, look_arm, look_disarm, &l};
+    return wait_for(&w, timeout_ms, left_ms);
 }
 
 int zct_stream_read_increment(zct_handle h, int32_t *whole) {
@@ -611,37 +578,51 @@ int zct_stream_read_increment(zct_handle h, int32_t *whole) {
     return zctipc_go_stream_read_increment(h, whole);
 }
 
-int zct_stream_read_next(zct_handle h, int64_t timeout_ms, int32_t *slot_out, int32_t *whole) {
-    if (slot_out != NULL && whole != NULL) {
-        slot *s = acquire_reader(h);
-        if (s != NULL) {
-            int64_t r = FALLBACK, left = timeout_ms;
-            int incremented = 0;
-            if (zp_reader_enter(s->r)) {
+// read_next is zct_stream_read_next, and with whole NULL zct_stream_read_look:
+// the frame looked at let go of (next only), then a look that waits as
+// wait_for does.
+static int read_next(zct_handle h, int64_t timeout_ms, int32_t *slot_out, int32_t *whole) {
+    slot *s = slot_out != NULL ? acquire_reader(h) : NULL;
+    int incremented = 0;
+    if (s != NULL) {
+        int64_t r = FALLBACK, left = timeout_ms;
+        if (zp_reader_enter(s->r)) { // else a call of Go's has it: Go waits for it
+            zp_out out = {0};
+            if (whole != NULL) {
                 *whole = 1;
-                if (s->r->looking) {
-                    zp_out out = {0};
-                    if (zp_read_increment(s->r, whole, &out) != ZP_OK) {
-                        zp_reader_leave(s->r);
-                        release(s);
-                        return faulted();
-                    }
-                    incremented = 1;
+            }
+            if (whole != NULL && s->r->looking) {
+                if (zp_read_increment(s->r, whole, &out) != ZP_OK) {
+                    zp_reader_leave(s->r);
+                    release(s);
+                    return faulted();
                 }
-                r = look_waiting(s, h, timeout_ms, slot_out, &left);
-                zp_reader_leave(s->r);
+                incremented = 1;
             }
-            release(s);
-            if (r != FALLBACK) {
-                return (int)r;
-            }
-            if (incremented) {
-                // Released here: Go only looks, and *whole stays what the
-                // release said.
-                return zctipc_go_stream_read_look(h, left, slot_out);
-            }
-            timeout_ms = left;
+            r = look_waiting(s, h, timeout_ms, slot_out, &left);
+            zp_reader_leave(s->r);
         }
+        release(s);
+        if (r != FALLBACK) {
+            return (int)r;
+        }
+        timeout_ms = left;
+    }
+    if (whole == NULL || incremented) {
+        // After a release here, Go only looks, and *whole stays what the
+        // release said.
+        return zctipc_go_stream_read_look(h, timeout_ms, slot_out);
     }
     return zctipc_go_stream_read_next(h, timeout_ms, slot_out, whole);
+}
+
+int zct_stream_read_look(zct_handle h, int64_t timeout_ms, int32_t *slot_out) {
+    return read_next(h, timeout_ms, slot_out, NULL);
+}
+
+int zct_stream_read_next(zct_handle h, int64_t timeout_ms, int32_t *slot_out, int32_t *whole) {
+    if (whole == NULL) {
+        return zctipc_go_stream_read_next(h, timeout_ms, slot_out, whole); // Go says what is wrong
+    }
+    return read_next(h, timeout_ms, slot_out, whole);
 }

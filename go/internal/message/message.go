@@ -488,15 +488,11 @@ func EncodeInline(dst []byte, dt dtype.DType, flags uint8, shape []int64) int {
 // holds; Data aliases the payload.
 func DecodeInline(payload []byte) (Inline, error) {
 	dt, flags, shape, at, bad := plane.ReadInline(payload)
-	if bad == plane.InlineBadHeader {
-		ndim := 0
-		if len(payload) >= InlineHeaderSize {
-			ndim = int(payload[3])
-		}
-		if len(payload) < InlineHeaderSize {
-			return Inline{}, fmt.Errorf("%w: an inline array of %d bytes", ErrMalformed, len(payload))
-		}
-		return Inline{}, fmt.Errorf("%w: an inline array header (ndim %d, flags %#x)", ErrMalformed, ndim, flags)
+	switch {
+	case len(payload) < InlineHeaderSize:
+		return Inline{}, fmt.Errorf("%w: an inline array of %d bytes", ErrMalformed, len(payload))
+	case bad == plane.InlineBadHeader: // its shape, past MaxNDim, is not read
+		return Inline{}, fmt.Errorf("%w: an inline array header (ndim %d, flags %#x)", ErrMalformed, payload[3], flags)
 	}
 	in := Inline{DType: dtype.DType(dt), Flags: flags, Shape: shape, Data: payload[at:]}
 	if err := in.broken(bad); err != nil {

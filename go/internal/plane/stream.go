@@ -8,6 +8,7 @@ import "C"
 
 import (
 	"runtime"
+	"sync/atomic"
 	"time"
 	"unsafe"
 )
@@ -60,10 +61,13 @@ func (r *Reader) Free() { C.free(unsafe.Pointer(r)) }
 
 // Enter takes r for one call, waiting for the call that has it: a step of
 // the C ABI's, or its wait for a frame, which a frame, its timeout or a
-// close ends (as a Look of Go's holds the reader while it waits).
+// close ends (as a Look of Go's holds the reader while it waits). It and
+// Leave take the busy word as zp_reader_enter and zp_reader_leave do, with
+// Go's atomics, which are the same on the same word, and no cgo call.
 func (r *Reader) Enter() {
+	busy := (*int32)(unsafe.Pointer(&r.busy))
 	pause := 10 * time.Microsecond
-	for i := 0; C.zp_reader_enter((*C.zp_reader)(r)) == 0; i++ {
+	for i := 0; !atomic.CompareAndSwapInt32(busy, 0, 1); i++ {
 		if i < 64 {
 			runtime.Gosched()
 			continue
@@ -74,7 +78,7 @@ func (r *Reader) Enter() {
 }
 
 // Leave lets r go after a call.
-func (r *Reader) Leave() { C.zp_reader_leave((*C.zp_reader)(r)) }
+func (r *Reader) Leave() { atomic.StoreInt32((*int32)(unsafe.Pointer(&r.busy)), 0) }
 
 // Look runs the look step (zp_read_look): the slot of the next frame, and
 // the step's result.

@@ -36,11 +36,12 @@
 
 typedef struct slot {
     uint64_t handle;  // 0: free; UINT64_MAX: being claimed or closed
-    int32_t users;    // calls here that hold the queue or the reader
+    int32_t users;    // calls here that hold the queue, the reader or the writer
     int32_t armed[3]; // a queue's sleeps armed through this handle (ZCT_WAIT_*) not taken back
     int32_t go_waits; // the handle's wait policy is not the default: its waits are Go's
     const zp_queue *q; // a queue's handle
     zp_reader *r;      // or a stream reader's
+    zp_writer *w;      // or a stream writer's
 } slot;
 
 static slot slots[SLOTS];
@@ -48,9 +49,9 @@ static int poisoned;
 
 static uint32_t hash(uint64_t h) { return (uint32_t)((h * 0x9E3779B97F4A7C15ull) >> 54); }
 
-// enter puts the queue q or the stream reader r (one of them) in the table
-// under handle h.
-static void enter(uint64_t h, const zp_queue *q, zp_reader *r) {
+// enter puts the queue q, the stream reader r or the stream writer w (one
+// of them) in the table under handle h.
+static void enter(uint64_t h, const zp_queue *q, zp_reader *r, zp_writer *w) {
     for (uint32_t i = 0; i < PROBE; i++) {
         slot *s = &slots[(hash(h) + i) % SLOTS];
         uint64_t free = 0;
@@ -61,6 +62,7 @@ static void enter(uint64_t h, const zp_queue *q, zp_reader *r) {
         if (__atomic_compare_exchange_n(&s->handle, &free, UINT64_MAX, 0, SEQ, SEQ)) {
             s->q = q;
             s->r = r;
+            s->w = w;
             memset(s->armed, 0, sizeof s->armed);
             s->go_waits = 0;
             __atomic_store_n(&s->handle, h, SEQ);
@@ -70,9 +72,11 @@ static void enter(uint64_t h, const zp_queue *q, zp_reader *r) {
     // Every slot taken: this handle's calls go through Go.
 }
 
-ZCT_HIDDEN void zct_fast_register(uint64_t h, void *q) { enter(h, q, NULL); }
+ZCT_HIDDEN void zct_fast_register(uint64_t h, void *q) { enter(h, q, NULL, NULL); }
 
-ZCT_HIDDEN void zct_fast_register_reader(uint64_t h, void *r) { enter(h, NULL, r); }
+ZCT_HIDDEN void zct_fast_register_reader(uint64_t h, void *r) { enter(h, NULL, r, NULL); }
+
+ZCT_HIDDEN void zct_fast_register_writer(uint64_t h, void *w) { enter(h, NULL, NULL, w); }
 
 // acquire returns the slot of handle h, holding it, or NULL.
 static slot *acquire_any(uint64_t h) {
@@ -97,7 +101,8 @@ static slot *acquire_any(uint64_t h) {
 static void release(slot *s) { __atomic_sub_fetch(&s->users, 1, SEQ); }
 
 // acquire returns the slot of queue handle h, holding it, or NULL (a
-// reader's handle among them); acquire_reader, of reader handle h.
+// stream endpoint's handle among them); acquire_reader, of reader handle
+// h; acquire_writer, of writer handle h.
 static slot *acquire(uint64_t h) {
     slot *s = acquire_any(h);
     if (s != NULL && s->q == NULL) {
@@ -116,8 +121,18 @@ static slot *acquire_reader(uint64_t h) {
     return s;
 }
 
+static slot *acquire_writer(uint64_t h) {
+    slot *s = acquire_any(h);
+    if (s != NULL && s->w == NULL) {
+        release(s);
+        return NULL;
+    }
+    return s;
+}
+
 // zct_fast_unregister takes handle h out of the table, waits until no call
-// here holds its queue, and takes back the sleeps armed through it.
+// here holds its queue, reader or writer, and takes back the sleeps armed
+// through it.
 ZCT_HIDDEN void zct_fast_unregister(uint64_t h) {
     for (uint32_t i = 0; i < PROBE; i++) {
         slot *s = &slots[(hash(h) + i) % SLOTS];
@@ -130,10 +145,10 @@ ZCT_HIDDEN void zct_fast_unregister(uint64_t h) {
         if (s->q != NULL) {
             zp_signal((uint32_t *)(s->q->data + ZP_OFF_DATA_SEQ), (uint32_t *)(s->q->data + ZP_OFF_DATA_WAITERS),
                       1 << 30);
-        } else {
+        } else if (s->r != NULL) {
             zp_signal((uint32_t *)(s->r->data + ZP_STREAM_DATA_SEQ),
                       (uint32_t *)(s->r->data + ZP_STREAM_DATA_WAITERS), 1 << 30);
-        }
+        } // a writer's steps here never wait
         while (__atomic_load_n(&s->users, SEQ) != 0) {
             sched_yield(); // steps never wait, and waits here end at once: this is short
         }
@@ -145,6 +160,7 @@ ZCT_HIDDEN void zct_fast_unregister(uint64_t h) {
         }
         s->q = NULL;
         s->r = NULL;
+        s->w = NULL;
         __atomic_store_n(&s->handle, 0, SEQ);
         return;
     }
@@ -502,6 +518,52 @@ int zct_queue_disarm(zct_handle h, int32_t which, int32_t pass_on) {
     return zctipc_go_queue_disarm(h, which, pass_on);
 }
 
+// -- stream writers ----------------------------------------------------------
+
+// A writer's claim and publish run here while the ring has room; a wait
+// for room (which evicts the readers that died), an end, a corrupt table
+// and a closed handle go to Go, which runs the same step again and says
+// what it met.
+
+int zct_stream_write_look(zct_handle h, int64_t timeout_ms, int32_t *slot_out) {
+    if (slot_out != NULL) {
+        slot *s = acquire_writer(h);
+        if (s != NULL) {
+            int k = ZP_BUSY; // a call of Go's has it: Go waits for it
+            if (zp_enter(&s->w->busy)) {
+                zp_out out = {0};
+                k = zp_write_look(s->w, slot_out, &out);
+                zp_leave(&s->w->busy);
+            }
+            release(s);
+            if (k == ZP_OK) {
+                return ZCT_OK;
+            }
+        }
+    }
+    return zctipc_go_stream_write_look(h, timeout_ms, slot_out);
+}
+
+int zct_stream_write_increment(zct_handle h) {
+    slot *s = acquire_writer(h);
+    if (s != NULL) {
+        int k = ZP_BUSY;
+        if (zp_enter(&s->w->busy)) {
+            zp_out out = {0};
+            k = zp_write_increment(s->w, &out);
+            zp_leave(&s->w->busy);
+        }
+        release(s);
+        if (k == ZP_OK) {
+            return ZCT_OK;
+        }
+        if (k == ZP_FAULT) {
+            return faulted(); // the frame may be published: Go cannot run it again
+        }
+    }
+    return zctipc_go_stream_write_increment(h);
+}
+
 // -- stream readers ----------------------------------------------------------
 
 // count_sleeper adds delta to a stream's count of the data word's sleepers,
@@ -561,10 +623,10 @@ int zct_stream_read_increment(zct_handle h, int32_t *whole) {
         slot *s = acquire_reader(h);
         if (s != NULL) {
             int k = ZP_NO_FRAME; // Go says why
-            if (zp_reader_enter(s->r)) {
+            if (zp_enter(&s->r->busy)) {
                 zp_out out = {0};
                 k = zp_read_increment(s->r, whole, &out);
-                zp_reader_leave(s->r);
+                zp_leave(&s->r->busy);
             }
             release(s);
             if (k == ZP_OK) {
@@ -586,21 +648,21 @@ static int read_next(zct_handle h, int64_t timeout_ms, int32_t *slot_out, int32_
     int incremented = 0;
     if (s != NULL) {
         int64_t r = FALLBACK, left = timeout_ms;
-        if (zp_reader_enter(s->r)) { // else a call of Go's has it: Go waits for it
+        if (zp_enter(&s->r->busy)) { // else a call of Go's has it: Go waits for it
             zp_out out = {0};
             if (whole != NULL) {
                 *whole = 1;
             }
             if (whole != NULL && s->r->looking) {
                 if (zp_read_increment(s->r, whole, &out) != ZP_OK) {
-                    zp_reader_leave(s->r);
+                    zp_leave(&s->r->busy);
                     release(s);
                     return faulted();
                 }
                 incremented = 1;
             }
             r = look_waiting(s, h, timeout_ms, slot_out, &left);
-            zp_reader_leave(s->r);
+            zp_leave(&s->r->busy);
         }
         release(s);
         if (r != FALLBACK) {

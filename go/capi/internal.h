@@ -13,6 +13,7 @@ ZCT_HIDDEN const char *zct_library_path(void);
 // in package plane).
 ZCT_HIDDEN void zct_fast_register(uint64_t h, void *q);
 ZCT_HIDDEN void zct_fast_register_reader(uint64_t h, void *r);
+ZCT_HIDDEN void zct_fast_register_writer(uint64_t h, void *w);
 ZCT_HIDDEN void zct_fast_unregister(uint64_t h);
 ZCT_HIDDEN void zct_fast_poison(void);
 ZCT_HIDDEN void zct_fast_set_wait(uint64_t h, int32_t go_waits);

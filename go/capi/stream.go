@@ -134,13 +134,21 @@ func zct_stream_writer(h C.zct_handle, out *C.zct_handle) C.int {
 		if err != nil {
 			return err
 		}
-		*out = C.zct_handle(writers.put(w))
+		wh := writers.put(w)
+		// fast.c runs the writer's steps without Go (Note [a data plane the
+		// runtime never enters] in package plane).
+		C.zct_fast_register_writer(C.uint64_t(wh), unsafe.Pointer(w.Plane()))
+		*out = C.zct_handle(wh)
 		return nil
 	})
 }
 
-//export zct_stream_write_look
-func zct_stream_write_look(h C.zct_handle, timeoutMS C.int64_t, slot *C.int32_t) C.int {
+// zctipc_go_stream_write_look and _increment are zct_stream_write_look and
+// _increment (fast.c) for what the data plane does not finish: a wait for
+// room, an end, an error to say.
+//
+//export zctipc_go_stream_write_look
+func zctipc_go_stream_write_look(h C.zct_handle, timeoutMS C.int64_t, slot *C.int32_t) C.int {
 	return with(writers, uint64(h), func(w *stream.Writer) error {
 		i, err := w.Look(deadline(timeoutMS))
 		*slot = C.int32_t(i)
@@ -148,8 +156,8 @@ func zct_stream_write_look(h C.zct_handle, timeoutMS C.int64_t, slot *C.int32_t)
 	})
 }
 
-//export zct_stream_write_increment
-func zct_stream_write_increment(h C.zct_handle) C.int {
+//export zctipc_go_stream_write_increment
+func zctipc_go_stream_write_increment(h C.zct_handle) C.int {
 	return with(writers, uint64(h), func(w *stream.Writer) error {
 		return w.Increment()
 	})
@@ -158,6 +166,7 @@ func zct_stream_write_increment(h C.zct_handle) C.int {
 //export zct_stream_writer_close
 func zct_stream_writer_close(h C.zct_handle) C.int {
 	return closing(writers, uint64(h), func(w *stream.Writer) error {
+		C.zct_fast_unregister(C.uint64_t(h)) // no step of fast.c runs on w after this
 		return w.Close()
 	})
 }

@@ -219,6 +219,8 @@ enum {
     ZP_STREAM_SPACE_WAITERS = 452,
     ZP_STREAM_WANTED = 456,
     ZP_STREAM_DROPPED = 512,
+    ZP_STREAM_READERS_AT = 576, /* the table of readers: ZP_READER_SIZE bytes each */
+    ZP_READER_SIZE = 64,
     /* A reader slot's fields, from its start. */
     ZP_READER_WORD = 0,
     ZP_READER_POSITION = 8,
@@ -236,7 +238,7 @@ enum {
 
 /* A reader of a stream as this process holds it: package stream's Reader
  * keeps it in C memory, so that the C ABI's calls run its steps too. Its
- * calls are one at a time: whoever runs a step holds busy (zp_reader_enter). */
+ * calls are one at a time: whoever runs a step holds busy (zp_enter). */
 typedef struct zp_reader {
     uint8_t *data;     /* the stream's data region */
     uint8_t *slot;     /* this reader's slot in the table of readers */
@@ -249,9 +251,10 @@ typedef struct zp_reader {
     int32_t busy;      /* a call runs on the reader */
 } zp_reader;
 
-/* Take the reader for one call (1), or find it taken (0); let it go. */
-ZP_API int zp_reader_enter(zp_reader *r);
-ZP_API void zp_reader_leave(zp_reader *r);
+/* Take a reader or a writer for one call by its busy word (1), or find it
+ * taken (0); let it go. */
+ZP_API int zp_enter(int32_t *busy);
+ZP_API void zp_leave(int32_t *busy);
 
 /* Look at the next frame without waiting: ZP_OK with its slot; ZP_WAIT
  * with out->seen, the data word to sleep on; ZP_ENDED; ZP_REJOIN; ZP_CORRUPT
@@ -261,6 +264,56 @@ ZP_API int zp_read_look(zp_reader *r, int32_t *slot, zp_out *out);
 /* Let go of the frame looked at: ZP_OK with *whole, whether the writer
  * left its slot alone meanwhile; ZP_NO_FRAME; ZP_FAULT. */
 ZP_API int zp_read_increment(zp_reader *r, int32_t *whole, zp_out *out);
+
+/* -- the stream's writer (stream.c) -------------------------------------- */
+
+/* What a writer's ZP_CORRUPT met. */
+enum {
+    ZP_BAD_SLOT = 1,    /* the table says frame out->filled lives in slot out->need, past the ring */
+    ZP_NO_FREE_SLOT = 2, /* no slot is free with out->filled frames in flight: the table holds one twice */
+};
+
+/* The writer of a stream as this process holds it: package stream's Writer
+ * keeps it in C memory, as a reader's. Under Block the slots that no frame
+ * in flight holds are free: the warm ones, at most warm_slots, released
+ * most recently, oldest first (a ring of frames entries from warm_head);
+ * and the cold ones (a stack of up to frames entries), which the writer
+ * takes while fewer than warm_slots are warm. freed is the position below
+ * which every frame's slot was put back. */
+typedef struct zp_writer {
+    uint8_t *data;       /* the stream's data region */
+    uint64_t frames;     /* slots in the ring */
+    uint64_t table;      /* where the slot table starts in data */
+    uint32_t readers;    /* reader slots */
+    int32_t block;       /* the policy is Block */
+    int32_t refresh;     /* read the readers on every claim (a ring larger than the warm slots) */
+    uint32_t warm_slots; /* how many free slots to keep warm */
+    int32_t busy;        /* a call runs on the writer */
+    int32_t claimed;     /* a frame is claimed and not yet published */
+    int32_t slot;        /* the slot of the frame claimed */
+    uint32_t warm_head;
+    uint32_t warm_n;
+    uint32_t cold_n;
+    uint64_t next;       /* the position of the next frame to claim */
+    uint64_t min_pos;    /* the slowest reader's position when last read */
+    uint64_t freed;
+    int32_t *warm;       /* frames entries each */
+    int32_t *cold;
+} zp_writer;
+
+/* Claim the next frame without waiting: ZP_OK with its slot (the same
+ * again until zp_write_increment); ZP_WAIT when a live reader still holds
+ * it (the caller waits for room, evicting the readers that died, then
+ * calls again); ZP_ENDED; ZP_CORRUPT with out->what a ZP_BAD_SLOT or
+ * ZP_NO_FREE_SLOT; ZP_FAULT. */
+ZP_API int zp_write_look(zp_writer *w, int32_t *slot, zp_out *out);
+
+/* Publish the frame claimed: ZP_OK, ZP_NO_FRAME, ZP_FAULT. */
+ZP_API int zp_write_increment(zp_writer *w, zp_out *out);
+
+/* Read the live readers' positions: the lowest, or the next frame when
+ * none is live, into w->min_pos and *low. ZP_OK or ZP_FAULT. */
+ZP_API int zp_write_slowest(zp_writer *w, uint64_t *low, zp_out *out);
 
 /* The views a record of type typ and ndesc descriptors gives its taker. */
 static inline int32_t zp_views(uint8_t typ, uint16_t ndesc) { return typ == ZP_TYPE_INLINE ? ndesc + 1 : ndesc; }

@@ -1,10 +1,11 @@
-// The steps of a stream's reader: looking at the next frame and letting it
-// go (package stream's documentation describes the stream: frames in
-// slots, the claim and the publish of the writer, readers that are evicted
-// and rejoin). This file is that protocol for a reader, and the only copy
-// of it: package stream's Reader runs these steps through cgo, and the C
-// ABI's reader calls run them directly. What a step cannot finish (a wait,
-// a rejoin) is the caller's. Words are read and written with sequentially
+// The steps of a stream's reader, looking at the next frame and letting it
+// go, and of its writer, claiming a frame and publishing it (package
+// stream's documentation describes the stream: frames in slots, the claim
+// and the publish of the writer, readers that are evicted and rejoin).
+// This file is that protocol, and the only copy of it: package stream's
+// Reader and Writer run these steps through cgo, and the C ABI's calls run
+// them directly. What a step cannot finish (a wait, a rejoin, an eviction)
+// is the caller's. Words are read and written with sequentially
 // consistent atomics, as Go's sync/atomic does.
 #define _GNU_SOURCE
 #include <string.h>
@@ -17,12 +18,12 @@
 static inline uint64_t *w64(uint8_t *p, int off) { return (uint64_t *)(p + off); }
 static inline uint32_t *w32(uint8_t *p, int off) { return (uint32_t *)(p + off); }
 
-int zp_reader_enter(zp_reader *r) {
+int zp_enter(int32_t *busy) {
     int32_t free = 0;
-    return __atomic_compare_exchange_n(&r->busy, &free, 1, 0, SEQ, SEQ);
+    return __atomic_compare_exchange_n(busy, &free, 1, 0, SEQ, SEQ);
 }
 
-void zp_reader_leave(zp_reader *r) { __atomic_store_n(&r->busy, 0, SEQ); }
+void zp_leave(int32_t *busy) { __atomic_store_n(busy, 0, SEQ); }
 
 // seen notes that the reader is alive now (Note [waiting is alive] in
 // package stream): the wall clock, as Go's time.Now().UnixNano().
@@ -129,3 +130,156 @@ int zp_read_increment(zp_reader *r, int32_t *whole, zp_out *out) {
     increment_args a = {r, whole};
     return zp_guarded(increment, &a, out);
 }
+
+// -- the writer --------------------------------------------------------------
+
+// slowest returns the lowest position of the live readers (the next frame
+// when there is none).
+static uint64_t slowest(const zp_writer *w) {
+    uint64_t low = w->next;
+    for (uint32_t i = 0; i < w->readers; i++) {
+        uint8_t *slot = w->data + ZP_STREAM_READERS_AT + (uint64_t)i * ZP_READER_SIZE;
+        if ((__atomic_load_n(w64(slot, ZP_READER_WORD), SEQ) & 3) == 1) { // active
+            uint64_t pos = __atomic_load_n(w64(slot, ZP_READER_POSITION), SEQ);
+            low = pos < low ? pos : low;
+        }
+    }
+    return low;
+}
+
+typedef struct slowest_args {
+    zp_writer *w;
+    uint64_t *low;
+} slowest_args;
+
+static int read_slowest(void *arg) {
+    slowest_args *a = arg;
+    a->w->min_pos = slowest(a->w);
+    *a->low = a->w->min_pos;
+    return ZP_OK;
+}
+
+int zp_write_slowest(zp_writer *w, uint64_t *low, zp_out *out) {
+    slowest_args a = {w, low};
+    return zp_guarded(read_slowest, &a, out);
+}
+
+static uint32_t *table_entry(const zp_writer *w, uint64_t pos) {
+    return w32(w->data, (int)(w->table + 4 * (pos % w->frames)));
+}
+
+// release puts the slots of the frames every reader has passed back among
+// the warm ones, and the warm ones beyond warm_slots, oldest first, among
+// the cold ones. A table that gives a slot past the ring, or more free
+// slots than the ring has (one slot twice), is corrupt.
+static int release_slots(zp_writer *w, zp_out *out) {
+    for (; w->freed < w->min_pos; w->freed++) {
+        uint32_t i = __atomic_load_n(table_entry(w, w->freed), SEQ);
+        if (i >= w->frames) {
+            out->what = ZP_BAD_SLOT;
+            out->need = i;
+            out->filled = w->freed;
+            return ZP_CORRUPT;
+        }
+        if (w->warm_n == w->warm_slots) {
+            if (w->cold_n == w->frames) {
+                out->what = ZP_NO_FREE_SLOT;
+                out->filled = w->next - w->min_pos;
+                return ZP_CORRUPT;
+            }
+            w->cold[w->cold_n++] = w->warm[w->warm_head];
+            w->warm_head = (w->warm_head + 1) % (uint32_t)w->frames;
+            w->warm_n--;
+        }
+        w->warm[(w->warm_head + w->warm_n) % (uint32_t)w->frames] = (int32_t)i;
+        w->warm_n++;
+    }
+    return ZP_OK;
+}
+
+// take gives the free slot for the next frame: the warm one released
+// longest ago once there are warm_slots of them, and a cold one before
+// (while the writer starts, or when readers fall behind), so that a slot
+// comes round again only after warm_slots others. 0 when none is free.
+static int take_slot(zp_writer *w, int32_t *slot) {
+    if (w->warm_n > 0 && (w->warm_n >= w->warm_slots || w->cold_n == 0)) {
+        *slot = w->warm[w->warm_head];
+        w->warm_head = (w->warm_head + 1) % (uint32_t)w->frames;
+        w->warm_n--;
+        return 1;
+    }
+    if (w->cold_n > 0) {
+        *slot = w->cold[--w->cold_n];
+        return 1;
+    }
+    return 0;
+}
+
+typedef struct write_look_args {
+    zp_writer *w;
+    int32_t *slot;
+    zp_out *out;
+} write_look_args;
+
+static int write_look(void *arg) {
+    write_look_args *a = arg;
+    zp_writer *w = a->w;
+    if (w->claimed) {
+        *a->slot = w->slot;
+        return ZP_OK;
+    }
+    if (__atomic_load_n(w32(w->data, ZP_STREAM_ENDED), SEQ) != 0) {
+        return ZP_ENDED;
+    }
+    int32_t slot = (int32_t)(w->next % w->frames);
+    if (w->block) {
+        // When the ring is larger than the warm slots, read the readers on
+        // every claim, so that the slots they released go back among the
+        // warm ones at once.
+        if (w->next >= w->min_pos + w->frames || w->refresh) {
+            w->min_pos = slowest(w);
+        }
+        if (w->next >= w->min_pos + w->frames) {
+            return ZP_WAIT;
+        }
+        int k = release_slots(w, a->out);
+        if (k != ZP_OK) {
+            return k;
+        }
+        if (!take_slot(w, &slot)) {
+            a->out->what = ZP_NO_FREE_SLOT;
+            a->out->filled = w->next - w->min_pos;
+            return ZP_CORRUPT;
+        }
+        __atomic_store_n(table_entry(w, w->next), (uint32_t)slot, SEQ);
+    }
+    // The claim is stored before the slot is handed out: readers of the
+    // frame this slot held learn that it is being overwritten.
+    uint64_t *claim = w64(w->data, ZP_STREAM_CLAIM);
+    if (__atomic_load_n(claim, SEQ) < w->next + 1) {
+        __atomic_store_n(claim, w->next + 1, SEQ);
+    }
+    w->slot = slot;
+    w->claimed = 1;
+    *a->slot = slot;
+    return ZP_OK;
+}
+
+int zp_write_look(zp_writer *w, int32_t *slot, zp_out *out) {
+    write_look_args a = {w, slot, out};
+    return zp_guarded(write_look, &a, out);
+}
+
+static int write_increment(void *arg) {
+    zp_writer *w = arg;
+    if (!w->claimed) {
+        return ZP_NO_FRAME;
+    }
+    __atomic_store_n(w64(w->data, ZP_STREAM_PUBLISHED), w->next + 1, SEQ);
+    w->claimed = 0;
+    w->next++;
+    zp_signal_word(w32(w->data, ZP_STREAM_DATA_SEQ), w32(w->data, ZP_STREAM_DATA_WAITERS), INT32_MAX);
+    return ZP_OK;
+}
+
+int zp_write_increment(zp_writer *w, zp_out *out) { return zp_guarded(write_increment, w, out); }

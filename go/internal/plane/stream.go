@@ -13,7 +13,8 @@ import (
 	"unsafe"
 )
 
-// Results of a reader's steps (plane.h), beside OK, Wait, Corrupt and Fault.
+// Results of a reader's and a writer's steps (plane.h), beside OK, Wait,
+// Corrupt and Fault.
 const (
 	Ended   = C.ZP_ENDED
 	Rejoin  = C.ZP_REJOIN
@@ -37,11 +38,46 @@ const (
 	ReaderSeenAt       = C.ZP_READER_SEEN
 	ReaderDroppedAt    = C.ZP_READER_DROPPED
 	ReaderReceivedAt   = C.ZP_READER_RECEIVED
+	StreamReadersAt    = C.ZP_STREAM_READERS_AT
+	ReaderSize         = C.ZP_READER_SIZE
 )
+
+// What a writer's Corrupt met (Out's What): a slot past the ring in the
+// table, or no free slot at all.
+const (
+	BadSlot    = C.ZP_BAD_SLOT
+	NoFreeSlot = C.ZP_NO_FREE_SLOT
+)
+
+// Hold is the busy word of a stream's reader or writer: its calls hold it
+// one at a time, a step of the C ABI's (zp_enter) or a call of Go's
+// (Enter).
+type Hold C.int32_t
+
+// Enter takes b for one call, waiting for the call that has it: a step of
+// the C ABI's, or its wait for a frame, which a frame, its timeout or a
+// close ends (as a Look of Go's holds the reader while it waits). It and
+// Leave take the busy word as zp_enter and zp_leave do, with Go's atomics,
+// which are the same on the same word, and no cgo call.
+func (b *Hold) Enter() {
+	busy := (*int32)(unsafe.Pointer(b))
+	pause := 10 * time.Microsecond
+	for i := 0; !atomic.CompareAndSwapInt32(busy, 0, 1); i++ {
+		if i < 64 {
+			runtime.Gosched()
+			continue
+		}
+		time.Sleep(pause)
+		pause = min(2*pause, time.Millisecond)
+	}
+}
+
+// Leave lets b go after a call.
+func (b *Hold) Leave() { atomic.StoreInt32((*int32)(unsafe.Pointer(b)), 0) }
 
 // Reader is a stream reader's state, in C memory so that the C ABI may run
 // its steps between calls: NewReader makes it, Free lets it go once no
-// step runs. Its calls are one at a time (Enter).
+// step runs. Its calls are one at a time (Hold).
 type Reader C.zp_reader
 
 // NewReader makes the Reader of the reader slot at slot in the stream
@@ -59,26 +95,8 @@ func NewReader(data, slot unsafe.Pointer, frames int, table uint64) *Reader {
 // Free lets r go.
 func (r *Reader) Free() { C.free(unsafe.Pointer(r)) }
 
-// Enter takes r for one call, waiting for the call that has it: a step of
-// the C ABI's, or its wait for a frame, which a frame, its timeout or a
-// close ends (as a Look of Go's holds the reader while it waits). It and
-// Leave take the busy word as zp_reader_enter and zp_reader_leave do, with
-// Go's atomics, which are the same on the same word, and no cgo call.
-func (r *Reader) Enter() {
-	busy := (*int32)(unsafe.Pointer(&r.busy))
-	pause := 10 * time.Microsecond
-	for i := 0; !atomic.CompareAndSwapInt32(busy, 0, 1); i++ {
-		if i < 64 {
-			runtime.Gosched()
-			continue
-		}
-		time.Sleep(pause)
-		pause = min(2*pause, time.Millisecond)
-	}
-}
-
-// Leave lets r go after a call.
-func (r *Reader) Leave() { atomic.StoreInt32((*int32)(unsafe.Pointer(&r.busy)), 0) }
+// Hold returns r's busy word, which its calls take (Hold.Enter).
+func (r *Reader) Hold() *Hold { return (*Hold)(unsafe.Pointer(&r.busy)) }
 
 // Look runs the look step (zp_read_look): the slot of the next frame, and
 // the step's result.
@@ -106,3 +124,92 @@ func (r *Reader) SetWord(w uint64) { r.word = C.uint64_t(w) }
 
 // Looking reports whether a frame is looked at.
 func (r *Reader) Looking() bool { return r.looking != 0 }
+
+// Writer is a stream writer's state, in C memory so that the C ABI may run
+// its steps between calls: NewWriter makes it, Free lets it go once no
+// step runs. Its calls are one at a time (Hold).
+type Writer C.zp_writer
+
+// WriterConfig is what a writer's steps know of its stream, beside its
+// data region.
+type WriterConfig struct {
+	Frames  int
+	Table   uint64 // where the slot table starts
+	Readers int
+	Block   bool // the policy is Block
+	// Refresh reads the readers on every claim; WarmSlots bounds the free
+	// slots kept warm.
+	Refresh   bool
+	WarmSlots int
+}
+
+// NewWriter makes the Writer of the stream data region data, which stays
+// mapped for as long as the Writer lives, at position next.
+func NewWriter(data unsafe.Pointer, cfg WriterConfig, next uint64) *Writer {
+	frames := C.size_t(cfg.Frames)
+	w := (*C.zp_writer)(C.calloc(1, C.sizeof_zp_writer+2*frames*C.sizeof_int32_t))
+	w.data = (*C.uint8_t)(data)
+	w.frames = C.uint64_t(cfg.Frames)
+	w.table = C.uint64_t(cfg.Table)
+	w.readers = C.uint32_t(cfg.Readers)
+	w.block = C.int32_t(boolInt(cfg.Block))
+	w.refresh = C.int32_t(boolInt(cfg.Refresh))
+	w.warm_slots = C.uint32_t(cfg.WarmSlots)
+	w.next = C.uint64_t(next)
+	lists := unsafe.Add(unsafe.Pointer(w), C.sizeof_zp_writer)
+	w.warm = (*C.int32_t)(lists)
+	w.cold = (*C.int32_t)(unsafe.Add(lists, uintptr(frames)*C.sizeof_int32_t))
+	return (*Writer)(w)
+}
+
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// Free lets w go.
+func (w *Writer) Free() { C.free(unsafe.Pointer(w)) }
+
+// Hold returns w's busy word, which its calls take (Hold.Enter).
+func (w *Writer) Hold() *Hold { return (*Hold)(unsafe.Pointer(&w.busy)) }
+
+// Look runs the claim step (zp_write_look): the slot of the next frame,
+// and the step's result.
+func (w *Writer) Look(out *Out) (int, int) {
+	var slot C.int32_t
+	res := int(C.zp_write_look((*C.zp_writer)(w), &slot, out))
+	return int(slot), res
+}
+
+// Increment runs the publish step (zp_write_increment).
+func (w *Writer) Increment(out *Out) int {
+	return int(C.zp_write_increment((*C.zp_writer)(w), out))
+}
+
+// Slowest reads the live readers' positions (zp_write_slowest): the
+// lowest, or the next frame when none is live; and the step's result.
+func (w *Writer) Slowest(out *Out) (uint64, int) {
+	var low C.uint64_t
+	res := int(C.zp_write_slowest((*C.zp_writer)(w), &low, out))
+	return uint64(low), res
+}
+
+// Next returns the position of the next frame to claim.
+func (w *Writer) Next() uint64 { return uint64(w.next) }
+
+// Freed returns the position below which every frame's slot is free;
+// SetFreed sets it.
+func (w *Writer) Freed() uint64     { return uint64(w.freed) }
+func (w *Writer) SetFreed(p uint64) { w.freed = C.uint64_t(p); w.min_pos = C.uint64_t(p) }
+
+// PushCold adds slot i to the cold free slots (at most Frames of them).
+func (w *Writer) PushCold(i int) {
+	unsafe.Slice(w.cold, int(w.frames))[w.cold_n] = C.int32_t(i)
+	w.cold_n++
+}
+
+// Frame is the position a writer's Corrupt met: the frame whose slot is
+// past the ring (BadSlot), or the frames in flight (NoFreeSlot).
+func Frame(o *Out) uint64 { return uint64(o.filled) }

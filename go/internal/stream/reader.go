@@ -99,7 +99,7 @@ func (r *Reader) claim(i int) bool {
 		if atomic.CompareAndSwapUint64(word, w, joining) {
 			r.index, r.slot = i, slot
 			r.c = plane.NewReader(ptr(r.s.data, 0), ptr(slot, 0), r.s.cfg.Frames, r.s.table)
-			r.hold = r.c
+			r.hold = r.c.Hold()
 			atomic.StoreUint64(u64(slot, rDropped), 0)
 			atomic.StoreUint64(u64(slot, rReceived), 0)
 			r.activate(joining)

@@ -408,9 +408,10 @@ type calls struct {
 	guard  guard.Guard
 	mu     sync.Mutex
 	policy futex.Policy // how waiting calls wait (SetWait)
-	// hold, a reader's state in C memory, is held by each call too: the C
-	// ABI runs the reader's steps on it without this mutex.
-	hold *plane.Reader
+	// hold, the busy word of a reader's or a writer's state in C memory,
+	// is held by each call too: the C ABI runs their steps on it without
+	// this mutex.
+	hold *plane.Hold
 }
 
 // SetWait says how the endpoint's calls wait, a reader's for frames and a

@@ -4,14 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"sync/atomic"
 	"time"
 	"unsafe"
 
+	"github.com/zctipc/zctipc/go/internal/fault"
 	"github.com/zctipc/zctipc/go/internal/futex"
 	"github.com/zctipc/zctipc/go/internal/header"
 	"github.com/zctipc/zctipc/go/internal/lock"
+	"github.com/zctipc/zctipc/go/internal/plane"
 	"github.com/zctipc/zctipc/go/internal/proc"
 	"github.com/zctipc/zctipc/go/internal/shm"
 	"golang.org/x/sys/unix"
@@ -30,21 +31,16 @@ const takeWriterFor = 200 * time.Millisecond
 // may be called while another goroutine waits in Look, which then returns
 // ErrClosed.
 type Writer struct {
-	calls   // serialized: they move next and claimed
-	s       *Stream
-	seg     *shm.Segment // the writer's own handle: the memory outlives the stream's
-	role    lock.Mutex
-	claimed bool   // a frame is claimed and not yet published
-	slot    int    // the slot of the frame claimed
-	next    uint64 // the position of the next frame to claim
-	minPos  uint64 // the slowest reader's position when last read
-	// Under Block, the slots no frame in flight holds: the warm ones, at
-	// most warmSlots, released most recently, oldest first; the cold ones,
-	// which the writer takes while fewer than warmSlots are warm. freed is
-	// the position below which every frame's slot was put back.
-	warm  slotQueue
-	cold  []int
-	freed uint64
+	calls // serialized, with the steps of the C ABI too (calls.hold)
+	s     *Stream
+	seg   *shm.Segment // the writer's own handle: the memory outlives the stream's
+	role  lock.Mutex
+	// c is the state the writer's steps (package plane) move: the frame
+	// claimed and its slot, the next position, the slowest reader's
+	// position when last read, and under Block the free slots.
+	c *plane.Writer
+	// final is the position c had when the writer closed (Position).
+	final uint64
 	// blockedFor is the position the writer last waited for every reader
 	// to reach, and blockedSince when it began to (ns, as rSeen): a reader
 	// holds the writer back only from then (Note [waiting is alive]).
@@ -55,25 +51,6 @@ type Writer struct {
 	// which the writer keeps saying what it waits for (offWanted).
 	armed    futex.Armed
 	sleepers int
-}
-
-// slotQueue is a first-in first-out queue of slots, at most a ring's worth.
-type slotQueue struct {
-	slots []int // len is the ring's frames
-	head  int
-	n     int
-}
-
-func (q *slotQueue) push(i int) {
-	q.slots[(q.head+q.n)%len(q.slots)] = i
-	q.n++
-}
-
-func (q *slotQueue) pop() int {
-	i := q.slots[q.head]
-	q.head = (q.head + 1) % len(q.slots)
-	q.n--
-	return i
 }
 
 // warmBytes bounds the slots the writer keeps in circulation while readers
@@ -105,22 +82,41 @@ func (s *Stream) Writer() (*Writer, error) {
 	// A claim the writer before left unpublished stays claimed: a reader of
 	// the frame that slot held must still see it as overwritten.
 	published := atomic.LoadUint64(u64(s.data, offPublished))
-	w := &Writer{calls: calls{policy: futex.NewSleeping()}, s: s, seg: seg, role: role, next: published}
-	w.minPos = w.slowest()
+	frames := uint64(s.cfg.Frames)
+	c := plane.NewWriter(ptr(s.data, 0), plane.WriterConfig{
+		Frames:  s.cfg.Frames,
+		Table:   s.table,
+		Readers: s.cfg.Readers,
+		Block:   s.cfg.Policy == Block,
+		// When the ring is larger than the warm slots, the writer reads
+		// the readers on every claim, so that the slots they released go
+		// back among the warm ones at once.
+		Refresh:   frames*s.stride > warmBytes,
+		WarmSlots: int(min(frames, max(1, warmBytes/s.stride))),
+	}, published)
+	w := &Writer{calls: calls{policy: futex.NewSleeping(), hold: c.Hold()}, s: s, seg: seg, role: role, c: c}
 	if s.cfg.Policy == Block {
 		if err := w.findFree(); err != nil {
+			c.Free()
 			return nil, errors.Join(err, role.Unlock(), seg.Close())
 		}
 	}
 	return w, nil
 }
 
-// findFree fills the free list from the slot table: every slot but those of
-// the frames readers have yet to release.
+// Plane returns the writer's state as the data plane's steps take it, for
+// the C ABI to run them on (it lives until Close).
+func (w *Writer) Plane() *plane.Writer { return w.c }
+
+// findFree fills the free slots from the slot table: every slot but those
+// of the frames readers have yet to release.
 func (w *Writer) findFree() error {
 	held := make([]bool, w.s.cfg.Frames)
-	w.warm = slotQueue{slots: make([]int, w.s.cfg.Frames)}
-	for p := w.minPos; p < w.next; p++ {
+	low, err := w.slowest()
+	if err != nil {
+		return err
+	}
+	for p := low; p < w.c.Next(); p++ {
 		i, err := w.s.slotOf(p)
 		if err != nil {
 			return err
@@ -129,49 +125,11 @@ func (w *Writer) findFree() error {
 	}
 	for i := len(held) - 1; i >= 0; i-- { // slot 0 on top
 		if !held[i] {
-			w.cold = append(w.cold, i)
+			w.c.PushCold(i)
 		}
 	}
-	w.freed = w.minPos
+	w.c.SetFreed(low)
 	return nil
-}
-
-// warmSlots is how many free slots the writer keeps warm.
-func (w *Writer) warmSlots() int {
-	return int(min(uint64(w.s.cfg.Frames), max(1, warmBytes/w.s.stride)))
-}
-
-// release puts the slots of the frames every reader has passed back among
-// the warm ones, and the warm ones beyond warmSlots, oldest first, among
-// the cold ones.
-func (w *Writer) release() error {
-	for ; w.freed < w.minPos; w.freed++ {
-		i, err := w.s.slotOf(w.freed)
-		if err != nil {
-			return err
-		}
-		if w.warm.n == w.warmSlots() {
-			w.cold = append(w.cold, w.warm.pop())
-		}
-		w.warm.push(i)
-	}
-	return nil
-}
-
-// take returns the free slot for the next frame: the warm one released
-// longest ago once there are warmSlots of them, and a cold one before
-// (while the writer starts, or when readers fall behind), so that a slot
-// comes round again only after warmSlots others.
-func (w *Writer) take() (int, bool) {
-	if w.warm.n > 0 && (w.warm.n >= w.warmSlots() || len(w.cold) == 0) {
-		return w.warm.pop(), true
-	}
-	if n := len(w.cold); n > 0 {
-		i := w.cold[n-1]
-		w.cold = w.cold[:n-1]
-		return i, true
-	}
-	return 0, false
 }
 
 // Look claims the next frame and returns its slot, waiting for room until
@@ -191,44 +149,30 @@ func (w *Writer) LookContext(ctx context.Context) (int, error) {
 
 func (w *Writer) look(u futex.Until) (int, error) {
 	s := w.s
-	frames := uint64(s.cfg.Frames)
-	if w.claimed {
-		return w.slot, nil
-	}
-	if s.ended() {
-		return 0, ErrEnded
-	}
-	w.slot = int(w.next % frames)
-	if s.cfg.Policy == Block {
-		// When the ring is larger than the warm slots, read the readers on
-		// every claim, so that the slots they released go back among the
-		// warm ones at once.
-		if w.next >= w.minPos+frames || frames*s.stride > warmBytes {
-			w.minPos = w.slowest()
-		}
-		if w.next >= w.minPos+frames {
+	for {
+		var out plane.Out
+		slot, res := w.c.Look(&out) // the data plane's step, the C ABI's too
+		switch res {
+		case plane.OK:
+			return slot, nil
+		case plane.Ended:
+			return 0, ErrEnded
+		case plane.Wait:
 			if err := w.waitForRoom(u); err != nil {
 				return 0, err
 			}
+		case plane.Corrupt:
+			if _, _, what := plane.Need(&out); what == plane.NoFreeSlot {
+				return 0, fmt.Errorf("stream %q: %w: no free slot with %d frames in flight",
+					s.seg.Name(), header.ErrCorrupt, plane.Frame(&out))
+			}
+			at, _, _ := plane.Need(&out)
+			return 0, fmt.Errorf("stream %q: %w: frame %d in slot %d of %d", s.seg.Name(), header.ErrCorrupt,
+				plane.Frame(&out), at, s.cfg.Frames)
+		default:
+			return 0, &fault.Error{Addr: plane.Addr(&out)}
 		}
-		if err := w.release(); err != nil {
-			return 0, err
-		}
-		slot, ok := w.take()
-		if !ok { // a corrupt table: a slot held twice
-			return 0, fmt.Errorf("stream %q: %w: no free slot with %d frames in flight",
-				s.seg.Name(), header.ErrCorrupt, w.next-w.minPos)
-		}
-		w.slot = slot
-		s.setSlot(w.next, w.slot)
 	}
-	// The claim is stored before the slot is handed out: readers of the
-	// frame this slot held learn that it is being overwritten.
-	if claim := u64(s.data, offClaim); atomic.LoadUint64(claim) < w.next+1 {
-		atomic.StoreUint64(claim, w.next+1)
-	}
-	w.claimed = true
-	return w.slot, nil
 }
 
 // Increment publishes the frame claimed by Look.
@@ -237,21 +181,27 @@ func (w *Writer) Increment() error {
 		return err
 	}
 	defer w.leave()
-	if !w.claimed {
+	var out plane.Out
+	switch w.c.Increment(&out) { // the data plane's step, the C ABI's too
+	case plane.OK:
+		return nil
+	case plane.NoFrame:
 		return ErrNoFrame
+	default:
+		return &fault.Error{Addr: plane.Addr(&out)}
 	}
-	w.claimed = false
-	w.next++
-	atomic.StoreUint64(u64(w.s.data, offPublished), w.next)
-	return w.s.dataSeq().Signal(math.MaxInt32)
 }
 
 // Position returns the number of frames this writer has published (a
 // closed writer keeps the number it had).
 func (w *Writer) Position() uint64 {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.next
+	if err := w.enter(); err != nil {
+		w.mu.Lock() // Close wrote final under it
+		defer w.mu.Unlock()
+		return w.final
+	}
+	defer w.leave()
+	return w.c.Next()
 }
 
 // Close gives up the writer role; a frame claimed and not published is not
@@ -263,22 +213,24 @@ func (w *Writer) Close() error {
 		return ErrClosed
 	}
 	w.armed.Release(0, w.s.spaceSeq())
+	w.mu.Lock()
 	w.sleepers = 0
 	w.unwant()
+	w.final = w.c.Next()
+	w.c.Free() // no call runs on it now: Go's waited out, the C ABI's table let it go first
+	w.c, w.hold = nil, nil
+	w.mu.Unlock()
 	return errors.Join(w.role.Unlock(), w.seg.Close())
 }
 
-// slowest returns the lowest position of the live readers (the next frame
-// when there is none).
-func (w *Writer) slowest() uint64 {
-	low := w.next
-	for i := range w.s.cfg.Readers {
-		slot := w.s.slot(i)
-		if state(atomic.LoadUint64(u64(slot, rWord))) == slotActive {
-			low = min(low, atomic.LoadUint64(u64(slot, rPosition)))
-		}
+// slowest reads the live readers' positions (the data plane's step): the
+// lowest, or the next frame when none is live, which the writer keeps.
+func (w *Writer) slowest() (uint64, error) {
+	var out plane.Out
+	if low, res := w.c.Slowest(&out); res == plane.OK {
+		return low, nil
 	}
-	return low
+	return 0, &fault.Error{Addr: plane.Addr(&out)}
 }
 
 // waitForRoom waits until every live reader has released the frame in the
@@ -287,7 +239,7 @@ func (w *Writer) slowest() uint64 {
 func (w *Writer) waitForRoom(u futex.Until) error {
 	s := w.s
 	frames := uint64(s.cfg.Frames)
-	need := w.next - frames + 1 // every reader must be at least here
+	need := w.c.Next() - frames + 1 // every reader must be at least here
 	space := s.spaceSeq()
 	wanted := u64(s.data, offWanted)
 	defer w.unwant()
@@ -300,7 +252,11 @@ func (w *Writer) waitForRoom(u futex.Until) error {
 		// moves after we read it then sees it and wakes us.
 		atomic.StoreUint64(wanted, need)
 		seen := space.Load()
-		if w.minPos = w.slowest(); w.minPos >= need {
+		low, err := w.slowest()
+		if err != nil {
+			return err
+		}
+		if low >= need {
 			return nil
 		}
 		if s.ended() {
@@ -356,10 +312,10 @@ func (w *Writer) ArmWait() (*uint32, uint32, error) {
 	}
 	defer w.leave()
 	frames := uint64(w.s.cfg.Frames)
-	if w.s.cfg.Policy == Block && w.next >= frames {
+	if next := w.c.Next(); w.s.cfg.Policy == Block && next >= frames {
 		// Stored before the word is read: a reader that moves after the
 		// host looked sees it and bumps the word.
-		atomic.StoreUint64(u64(w.s.data, offWanted), w.next-frames+1)
+		atomic.StoreUint64(u64(w.s.data, offWanted), next-frames+1)
 	}
 	w.sleepers++
 	space := w.s.spaceSeq()

@@ -38,7 +38,7 @@ typedef struct slot {
     uint64_t handle;  // 0: free; UINT64_MAX: being claimed or closed
     int32_t users;    // calls here that hold the queue, the reader or the writer
     int32_t armed[3]; // a queue's sleeps armed through this handle (ZCT_WAIT_*) not taken back
-    int32_t go_waits; // the handle's wait policy is not the default: its waits are Go's
+    int32_t waits;    // how the handle's calls wait (ZCT_FAST_*, internal.h): here, or in Go
     const zp_queue *q; // a queue's handle
     zp_reader *r;      // or a stream reader's
     zp_writer *w;      // or a stream writer's
@@ -64,7 +64,7 @@ static void enter(uint64_t h, const zp_queue *q, zp_reader *r, zp_writer *w) {
             s->r = r;
             s->w = w;
             memset(s->armed, 0, sizeof s->armed);
-            s->go_waits = 0;
+            s->waits = ZCT_FAST_SLEEP;
             __atomic_store_n(&s->handle, h, SEQ);
             return;
         }
@@ -168,12 +168,13 @@ ZCT_HIDDEN void zct_fast_unregister(uint64_t h) {
 
 ZCT_HIDDEN void zct_fast_poison(void) { __atomic_store_n(&poisoned, 1, SEQ); }
 
-// zct_fast_set_wait says that handle h waits as Go's policy other than the
-// default says (zct_queue_set_wait): its waits go to Go.
-ZCT_HIDDEN void zct_fast_set_wait(uint64_t h, int32_t go_waits) {
+// zct_fast_set_wait says how handle h waits (zct_queue_set_wait): here,
+// sleeping as the default policy or polling for ever; or as another policy
+// of Go's, in Go.
+ZCT_HIDDEN void zct_fast_set_wait(uint64_t h, int32_t waits) {
     slot *s = acquire_any(h);
     if (s != NULL) {
-        __atomic_store_n(&s->go_waits, go_waits, SEQ);
+        __atomic_store_n(&s->waits, waits, SEQ);
         release(s);
     }
 }
@@ -332,8 +333,8 @@ static int64_t take_inline(const uint8_t *rec, uint32_t plen, zct_view *views, i
 }
 
 // waiting is a wait as the default policy waits (a spin, then a sleep on
-// a sequence word among its sleepers): what a queue's take and a stream
-// reader's look share. look runs the step once: a status or a result to
+// a sequence word among its sleepers), or as the policy that polls for
+// ever: what a queue's take and a stream reader's look share. look runs the step once: a status or a result to
 // return, FALLBACK, or AGAIN with *seen the word's value to sleep on; arm
 // counts the caller among the word's sleepers (ZP_OK, else Go waits), and
 // disarm takes that back when the wait ends with result.
@@ -374,12 +375,17 @@ static int64_t wait_for(const waiting *w, int64_t timeout_ms, int64_t *left_ms) 
             result = ZCT_E_EMPTY;
             break;
         }
-        if (__atomic_load_n(&w->s->go_waits, SEQ) || __atomic_load_n(&w->s->handle, SEQ) != w->h) {
+        int32_t waits = __atomic_load_n(&w->s->waits, SEQ);
+        if (waits == ZCT_FAST_GO || __atomic_load_n(&w->s->handle, SEQ) != w->h) {
             result = FALLBACK; // another policy's wait, or a closed handle: Go's
             break;
         }
+        if (waits == ZCT_FAST_POLL && !asleep) {
+            zp_spin(w->word, seen, ns, 1); // moved, faulted or not: the step says which
+            continue;
+        }
         if (!asleep) {
-            if (zp_spin(w->word, seen, SPIN_NS) != ZP_WAIT) { // moved, or faulted: the step says which
+            if (zp_spin(w->word, seen, SPIN_NS, 0) != ZP_WAIT) { // moved, or faulted: the step says which
                 continue;
             }
             if (w->arm(w->ctx) != ZP_OK) { // a shrunk file: Go says so

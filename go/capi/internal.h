@@ -16,7 +16,10 @@ ZCT_HIDDEN void zct_fast_register_reader(uint64_t h, void *r);
 ZCT_HIDDEN void zct_fast_register_writer(uint64_t h, void *w);
 ZCT_HIDDEN void zct_fast_unregister(uint64_t h);
 ZCT_HIDDEN void zct_fast_poison(void);
-ZCT_HIDDEN void zct_fast_set_wait(uint64_t h, int32_t go_waits);
+/* How a handle's calls wait (zct_fast_set_wait): as the default policy,
+   here; polling for ever, here; as another policy, in Go. */
+enum { ZCT_FAST_SLEEP = 0, ZCT_FAST_POLL = 1, ZCT_FAST_GO = 2 };
+ZCT_HIDDEN void zct_fast_set_wait(uint64_t h, int32_t waits);
 
 // Const-qualified spellings, so that the prototypes cgo generates for the
 // exports match the hand-written ones in zctipc.h exactly.

@@ -242,20 +242,24 @@ func setWait[T interface{ SetWait(futex.Policy) error }](t *table[T], h C.zct_ha
 	})
 }
 
-// goWaits says whether a handle given the wait policy of poll and spinNS
-// waits in Go: fast.c waits as the default policy does; any other is Go's.
-func goWaits(poll C.int32_t, spinNS C.int64_t) C.int32_t {
-	if poll != 0 || spinNS >= 0 {
-		return 1
+// fastWaits says where a handle given the wait policy of poll and spinNS
+// waits: fast.c waits as the default policy does and as the policy that
+// polls for ever; any other is Go's.
+func fastWaits(poll C.int32_t, spinNS C.int64_t) C.int32_t {
+	switch {
+	case poll != 0 && spinNS < 0:
+		return C.ZCT_FAST_POLL
+	case poll != 0 || spinNS >= 0:
+		return C.ZCT_FAST_GO
 	}
-	return 0
+	return C.ZCT_FAST_SLEEP
 }
 
 //export zct_queue_set_wait
 func zct_queue_set_wait(h C.zct_handle, poll C.int32_t, spinNS C.int64_t) C.int {
 	status := setWait(queues, h, poll, spinNS)
 	if status == C.ZCT_OK {
-		C.zct_fast_set_wait(C.uint64_t(h), goWaits(poll, spinNS))
+		C.zct_fast_set_wait(C.uint64_t(h), fastWaits(poll, spinNS))
 	}
 	return status
 }

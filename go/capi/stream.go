@@ -248,7 +248,7 @@ func zct_stream_reader_stats(h C.zct_handle, position, received, dropped *C.uint
 func zct_stream_reader_set_wait(h C.zct_handle, poll C.int32_t, spinNS C.int64_t) C.int {
 	status := setWait(readers, h, poll, spinNS)
 	if status == C.ZCT_OK {
-		C.zct_fast_set_wait(C.uint64_t(h), goWaits(poll, spinNS))
+		C.zct_fast_set_wait(C.uint64_t(h), fastWaits(poll, spinNS))
 	}
 	return status
 }

@@ -227,10 +227,6 @@ var Sleeping = Policy{Spin: 50 * time.Microsecond}
 // sleeper to stop.
 const briefWait = 2 * time.Millisecond
 
-// pollsPerClockRead is how many looks a polling waiter takes between
-// readings of the clock.
-const pollsPerClockRead = 256
-
 // A Seq is a sequence word that signallers bump and waiters sleep on, with
 // the count of its sleepers beside it so that a signal with nobody asleep
 // costs no system call. It is safe for concurrent use by any number of
@@ -310,22 +306,20 @@ func (s Seq) Sleep(seen uint32, p Policy, deadline time.Time, recheck time.Durat
 // poll looks at the word without yielding, for spin or until deadline: it
 // reports whether the word moved, and ErrTimeout at the deadline.
 func (s Seq) poll(seen uint32, spin time.Duration, deadline time.Time) (bool, error) {
-	until := time.Now().Add(spin)
-	for i := 1; ; i++ {
-		if atomic.LoadUint32(s.Word) != seen {
-			return true, nil
+	if !deadline.IsZero() {
+		left := time.Until(deadline)
+		if left <= 0 {
+			return false, ErrTimeout
 		}
-		pause()
-		if i%pollsPerClockRead == 0 {
-			now := time.Now()
-			if !deadline.IsZero() && !now.Before(deadline) {
-				return false, ErrTimeout
-			}
-			if now.After(until) {
-				return false, nil
-			}
-		}
+		spin = min(spin, left)
 	}
+	if plane.Poll(s.Word, seen, spin) { // the data plane's poll, the C ABI's too
+		return true, nil
+	}
+	if !deadline.IsZero() && !time.Now().Before(deadline) {
+		return false, ErrTimeout
+	}
+	return false, nil
 }
 
 // spin looks at the word for spin, yielding the CPU between looks after

@@ -232,10 +232,15 @@ func Unlock(p unsafe.Pointer) error {
 	return nil
 }
 
-// Spin looks at word for d (zp_spin): whether it moved from seen, or its
-// memory faulted.
+// Spin looks at word for d, yielding the CPU between looks (zp_spin):
+// whether it moved from seen, or its memory faulted.
 func Spin(word *uint32, seen uint32, d time.Duration) bool {
-	return C.zp_spin((*C.uint32_t)(unsafe.Pointer(word)), C.uint32_t(seen), C.int64_t(d)) != Wait
+	return C.zp_spin((*C.uint32_t)(unsafe.Pointer(word)), C.uint32_t(seen), C.int64_t(d), 0) != Wait
+}
+
+// Poll is Spin keeping the CPU between looks (zp_spin's poll).
+func Poll(word *uint32, seen uint32, d time.Duration) bool {
+	return C.zp_spin((*C.uint32_t)(unsafe.Pointer(word)), C.uint32_t(seen), C.int64_t(d), 1) != Wait
 }
 
 // Signal bumps word and wakes up to n of its sleepers (zp_signal); an

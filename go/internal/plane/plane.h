@@ -154,9 +154,11 @@ ZP_API int zp_unlock(uint32_t *lock);
 ZP_API int zp_signal(uint32_t *word, uint32_t *waiters, int32_t n);
 
 /* Look at word for spin_ns, yielding the CPU between looks after the first
- * 64 (package futex, Note [paced spin]): ZP_OK once it moved from seen,
- * ZP_WAIT when it did not, ZP_FAULT when its memory faulted. */
-ZP_API int zp_spin(const uint32_t *word, uint32_t seen, int64_t spin_ns);
+ * 64 (package futex, Note [paced spin]); or, with poll, keeping the CPU, a
+ * spin-wait hint between looks (package futex's Policy.Poll): ZP_OK once
+ * it moved from seen, ZP_WAIT when it did not, ZP_FAULT when its memory
+ * faulted. */
+ZP_API int zp_spin(const uint32_t *word, uint32_t seen, int64_t spin_ns, int32_t poll);
 
 /* -- inline arrays (inline.c) ------------------------------------------- */
 

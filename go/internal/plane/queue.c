@@ -791,9 +791,38 @@ static int64_t now_ns(void) {
     return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
+// spin_hint is the processor's spin-wait hint: it lets a sibling hardware
+// thread run, and saves power, between looks.
+static inline void spin_hint(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+// polled is zp_spin's poll: the clock is read every POLLS_PER_CLOCK looks.
+#define POLLS_PER_CLOCK 256
+static int polled(const uint32_t *word, uint32_t seen, int64_t spin_ns) {
+    int64_t now = now_ns();
+    int64_t until = spin_ns > INT64_MAX - now ? INT64_MAX : now + spin_ns;
+    for (uint32_t i = 1;; i++) {
+        if (ld32(word) != seen) {
+            return ZP_OK;
+        }
+        spin_hint();
+        if (i % POLLS_PER_CLOCK == 0 && now_ns() > until) {
+            return ZP_WAIT;
+        }
+    }
+}
+
 // spun is zp_spin's look: the clock is read only once the spin has gone
 // on past its first looks.
-static int spun(const uint32_t *word, uint32_t seen, int64_t spin_ns) {
+static int spun(const uint32_t *word, uint32_t seen, int64_t spin_ns, int32_t poll) {
+    if (poll) {
+        return polled(word, seen, spin_ns);
+    }
     int64_t until = 0;
     for (int i = 0;; i++) {
         if (ld32(word) != seen) {
@@ -815,7 +844,9 @@ static int spun(const uint32_t *word, uint32_t seen, int64_t spin_ns) {
     }
 }
 
-int zp_spin(const uint32_t *word, uint32_t seen, int64_t spin_ns) { GUARDED(NULL, spun(word, seen, spin_ns)); }
+int zp_spin(const uint32_t *word, uint32_t seen, int64_t spin_ns, int32_t poll) {
+    GUARDED(NULL, spun(word, seen, spin_ns, poll));
+}
 
 int zp_try_lock(uint32_t *lock, uint32_t pid, uint64_t start) { GUARDED(NULL, locked(lock, pid, start)); }
 

@@ -1,6 +1,0 @@
-//go:build !amd64
-
-package futex
-
-// pause is a no-op where there is no spin-wait hint to give.
-func pause() {}

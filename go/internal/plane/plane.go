@@ -1,7 +1,7 @@
 // Package plane is the data plane: the steps that every message of a queue
-// takes (put, get, the locks and sequence words they use, an inline
-// array's codec) and a stream reader's look and release, written once in
-// C. The Go packages call them through cgo; the C ABI calls them directly,
+// takes (put, get, the locks and sequence words they use, the spin and the
+// poll of a wait, an inline array's codec), a stream reader's look and
+// release and a stream writer's claim and publish, written once in C. The Go packages call them through cgo; the C ABI calls them directly,
 // so that a host that puts and gets through it never enters the Go runtime
 // on the way (Note [a data plane the runtime never enters]).
 //

@@ -116,7 +116,13 @@ func (w *Writer) findFree() error {
 	if err != nil {
 		return err
 	}
-	for p := low; p < w.c.Next(); p++ {
+	// No frame more than a ring behind is in flight: a reader's position
+	// further back (forged) holds no slot.
+	next := w.c.Next()
+	if frames := uint64(w.s.cfg.Frames); next-low > frames {
+		low = next - frames
+	}
+	for p := low; p < next; p++ {
 		i, err := w.s.slotOf(p)
 		if err != nil {
 			return err

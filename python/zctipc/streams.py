@@ -672,7 +672,10 @@ class StreamReader(_Endpoint):
     def frames(self, torch: bool = False) -> Iterator[NDArray[Any] | torch.Tensor]:
         """Iterate over the frames as zero-copy views until the stream ends;
         each is released when the next is asked for (one native call per
-        frame)."""
+        frame). A reader has one position: iterate it in one thread at a
+        time, since the next frame any thread asks for releases the one
+        another iteration holds (a reader each, for threads that read
+        alongside)."""
         next_frame = native.lib().zct_stream_read_next
         out = self._out
         handle, slot, whole = self._live(), out.slot, out.whole

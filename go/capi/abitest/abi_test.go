@@ -165,6 +165,14 @@ func TestCPrograms(t *testing.T) {
 		// steps and sleeps: no message duplicated or lost beyond the
 		// documented rule, and the dead's locks taken over.
 		{"CPlaneCrashes", []program{{"abi_plane_crashes", true}}},
+		// CStreamWriterAttacks: a stream writer's claim and publish, run
+		// in C: slot table entries forged past the ring, twice or moved
+		// are refused as corrupt, saying the frame and the slots, the
+		// same every time; positions past 2^31 and 2^32; threads that
+		// claim, publish, read the counts and peek while the writer is
+		// closed under them, and its stale handle after; a file shrunk
+		// under the writer.
+		{"CStreamWriterAttacks", []program{{"abi_stream_writer_attacks", false}}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()

@@ -272,7 +272,9 @@ ZP_API int zp_read_increment(zp_reader *r, int32_t *whole, zp_out *out);
 /* What a writer's ZP_CORRUPT met. */
 enum {
     ZP_BAD_SLOT = 1,    /* the table says frame out->filled lives in slot out->need, past the ring */
-    ZP_NO_FREE_SLOT = 2, /* no slot is free with out->filled frames in flight: the table holds one twice */
+    ZP_NO_FREE_SLOT = 2, /* no slot is free with out->filled frames in flight */
+    ZP_MOVED_SLOT = 3,   /* the table says frame out->filled lives in slot out->need, where this writer
+                            put it in slot out->need_views (one slot twice, or a slot moved) */
 };
 
 /* The writer of a stream as this process holds it: package stream's Writer
@@ -281,7 +283,10 @@ enum {
  * most recently, oldest first (a ring of frames entries from warm_head);
  * and the cold ones (a stack of up to frames entries), which the writer
  * takes while fewer than warm_slots are warm. freed is the position below
- * which every frame's slot was put back. */
+ * which every frame's slot was put back. given is the slot the writer gave
+ * each frame from freed on, by its position mod frames: the slots it takes
+ * back are those, never what the shared table says (Note [the slots a
+ * writer takes back] in stream.c). */
 typedef struct zp_writer {
     uint8_t *data;       /* the stream's data region */
     uint64_t frames;     /* slots in the ring */
@@ -301,13 +306,14 @@ typedef struct zp_writer {
     uint64_t freed;
     int32_t *warm;       /* frames entries each */
     int32_t *cold;
+    int32_t *given;
 } zp_writer;
 
 /* Claim the next frame without waiting: ZP_OK with its slot (the same
  * again until zp_write_increment); ZP_WAIT when a live reader still holds
  * it (the caller waits for room, evicting the readers that died, then
- * calls again); ZP_ENDED; ZP_CORRUPT with out->what a ZP_BAD_SLOT or
- * ZP_NO_FREE_SLOT; ZP_FAULT. */
+ * calls again); ZP_ENDED; ZP_CORRUPT with out->what a ZP_BAD_SLOT,
+ * ZP_NO_FREE_SLOT or ZP_MOVED_SLOT; ZP_FAULT. */
 ZP_API int zp_write_look(zp_writer *w, int32_t *slot, zp_out *out);
 
 /* Publish the frame claimed: ZP_OK, ZP_NO_FRAME, ZP_FAULT. */

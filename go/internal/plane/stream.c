@@ -168,16 +168,31 @@ static uint32_t *table_entry(const zp_writer *w, uint64_t pos) {
     return w32(w->data, (int)(w->table + 4 * (pos % w->frames)));
 }
 
+// Note [the slots a writer takes back]. The slot table is shared memory,
+// which any process of the user may write. A writer that took back the
+// slot the table names for each frame its readers passed would, given one
+// slot twice (the entry of frame 1 forged to frame 0's slot), hold that
+// slot twice among its free ones and hand it to two frames in flight at
+// once, each published whole, and lose the other slot for good; given the
+// slot of a frame still in flight, it would fill that slot under its
+// reader. So the writer keeps the slot it gave each frame in flight
+// (given, in its own memory, from its claim; or, for the frames in flight
+// when it took the role over, read once from the table and checked to be
+// distinct), takes back only that, and refuses a table whose entry says
+// otherwise: readers read the slots from the table, so it is corrupt.
+
 // release puts the slots of the frames every reader has passed back among
 // the warm ones, and the warm ones beyond warm_slots, oldest first, among
-// the cold ones. A table that gives a slot past the ring, or more free
-// slots than the ring has (one slot twice), is corrupt.
+// the cold ones. A table entry that is not the slot this writer gave the
+// frame (past the ring, or another) is corrupt.
 static int release_slots(zp_writer *w, zp_out *out) {
     for (; w->freed < w->min_pos; w->freed++) {
         uint32_t i = __atomic_load_n(table_entry(w, w->freed), SEQ);
-        if (i >= w->frames) {
-            out->what = ZP_BAD_SLOT;
+        uint32_t given = (uint32_t)w->given[w->freed % w->frames];
+        if (i != given) {
+            out->what = i >= w->frames ? ZP_BAD_SLOT : ZP_MOVED_SLOT;
             out->need = i;
+            out->need_views = given;
             out->filled = w->freed;
             return ZP_CORRUPT;
         }
@@ -251,6 +266,7 @@ static int write_look(void *arg) {
             a->out->filled = w->next - w->min_pos;
             return ZP_CORRUPT;
         }
+        w->given[w->next % w->frames] = slot;
         __atomic_store_n(table_entry(w, w->next), (uint32_t)slot, SEQ);
     }
     // The claim is stored before the slot is handed out: readers of the

@@ -43,10 +43,12 @@ const (
 )
 
 // What a writer's Corrupt met (Out's What): a slot past the ring in the
-// table, or no free slot at all.
+// table, no free slot at all, or a table entry that is not the slot the
+// writer gave the frame.
 const (
 	BadSlot    = C.ZP_BAD_SLOT
 	NoFreeSlot = C.ZP_NO_FREE_SLOT
+	MovedSlot  = C.ZP_MOVED_SLOT
 )
 
 // Hold is the busy word of a stream's reader or writer: its calls hold it
@@ -147,7 +149,7 @@ type WriterConfig struct {
 // mapped for as long as the Writer lives, at position next.
 func NewWriter(data unsafe.Pointer, cfg WriterConfig, next uint64) *Writer {
 	frames := C.size_t(cfg.Frames)
-	w := (*C.zp_writer)(C.calloc(1, C.sizeof_zp_writer+2*frames*C.sizeof_int32_t))
+	w := (*C.zp_writer)(C.calloc(1, C.sizeof_zp_writer+3*frames*C.sizeof_int32_t))
 	w.data = (*C.uint8_t)(data)
 	w.frames = C.uint64_t(cfg.Frames)
 	w.table = C.uint64_t(cfg.Table)
@@ -159,6 +161,7 @@ func NewWriter(data unsafe.Pointer, cfg WriterConfig, next uint64) *Writer {
 	lists := unsafe.Add(unsafe.Pointer(w), C.sizeof_zp_writer)
 	w.warm = (*C.int32_t)(lists)
 	w.cold = (*C.int32_t)(unsafe.Add(lists, uintptr(frames)*C.sizeof_int32_t))
+	w.given = (*C.int32_t)(unsafe.Add(lists, 2*uintptr(frames)*C.sizeof_int32_t))
 	return (*Writer)(w)
 }
 
@@ -210,6 +213,13 @@ func (w *Writer) PushCold(i int) {
 	w.cold_n++
 }
 
+// SetGiven notes that frame p, in flight, is in slot i (a writer that
+// takes the role over reads the frames in flight from the table).
+func (w *Writer) SetGiven(p uint64, i int) {
+	unsafe.Slice(w.given, int(w.frames))[p%uint64(w.frames)] = C.int32_t(i)
+}
+
 // Frame is the position a writer's Corrupt met: the frame whose slot is
-// past the ring (BadSlot), or the frames in flight (NoFreeSlot).
+// past the ring (BadSlot) or not the one given (MovedSlot), or the frames
+// in flight (NoFreeSlot).
 func Frame(o *Out) uint64 { return uint64(o.filled) }

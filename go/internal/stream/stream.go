@@ -376,11 +376,6 @@ func (s *Stream) slotOf(p uint64) (int, error) {
 	return int(i), nil
 }
 
-// setSlot records the slot of frame p, before it is published.
-func (s *Stream) setSlot(p uint64, slot int) {
-	atomic.StoreUint32(u32(s.data, int(s.table+4*(p%uint64(s.cfg.Frames)))), uint32(slot))
-}
-
 func u32(d []byte, off int) *uint32 { return (*uint32)(unsafe.Pointer(&d[off])) }
 func u64(d []byte, off int) *uint64 { return (*uint64)(unsafe.Pointer(&d[off])) }
 

@@ -109,32 +109,41 @@ func (s *Stream) Writer() (*Writer, error) {
 func (w *Writer) Plane() *plane.Writer { return w.c }
 
 // findFree fills the free slots from the slot table: every slot but those
-// of the frames readers have yet to release.
+// of the frames readers have yet to release, which the writer notes as
+// given (Note [the slots a writer takes back] in package plane's
+// stream.c), each once. A reader more than a ring behind (one caught
+// joining, or a forged position) holds no more than the ring: the table's
+// entries of the frames before are those of the frames a ring later.
 func (w *Writer) findFree() error {
-	held := make([]bool, w.s.cfg.Frames)
+	frames := uint64(w.s.cfg.Frames)
+	held := make([]uint64, frames) // the position of the frame in each slot, plus one
 	low, err := w.slowest()
 	if err != nil {
 		return err
 	}
-	// No frame more than a ring behind is in flight: a reader's position
-	// further back (forged) holds no slot.
-	next := w.c.Next()
-	if frames := uint64(w.s.cfg.Frames); next-low > frames {
-		low = next - frames
+	next := w.c.Next() // slowest gives no more
+	from := low
+	if next-low > frames {
+		from = next - frames
 	}
-	for p := low; p < next; p++ {
+	for p := from; p < next; p++ {
 		i, err := w.s.slotOf(p)
 		if err != nil {
 			return err
 		}
-		held[i] = true
+		if held[i] != 0 {
+			return fmt.Errorf("stream %q: %w: frames %d and %d in flight both in slot %d",
+				w.s.seg.Name(), header.ErrCorrupt, held[i]-1, p, i)
+		}
+		held[i] = p + 1
+		w.c.SetGiven(p, i)
 	}
 	for i := len(held) - 1; i >= 0; i-- { // slot 0 on top
-		if !held[i] {
+		if held[i] == 0 {
 			w.c.PushCold(i)
 		}
 	}
-	w.c.SetFreed(low)
+	w.c.SetFreed(from)
 	return nil
 }
 
@@ -168,11 +177,15 @@ func (w *Writer) look(u futex.Until) (int, error) {
 				return 0, err
 			}
 		case plane.Corrupt:
-			if _, _, what := plane.Need(&out); what == plane.NoFreeSlot {
+			at, given, what := plane.Need(&out)
+			switch what {
+			case plane.NoFreeSlot:
 				return 0, fmt.Errorf("stream %q: %w: no free slot with %d frames in flight",
 					s.seg.Name(), header.ErrCorrupt, plane.Frame(&out))
+			case plane.MovedSlot:
+				return 0, fmt.Errorf("stream %q: %w: frame %d in slot %d, where its writer put it in slot %d",
+					s.seg.Name(), header.ErrCorrupt, plane.Frame(&out), at, given)
 			}
-			at, _, _ := plane.Need(&out)
 			return 0, fmt.Errorf("stream %q: %w: frame %d in slot %d of %d", s.seg.Name(), header.ErrCorrupt,
 				plane.Frame(&out), at, s.cfg.Frames)
 		default:

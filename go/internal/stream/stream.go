@@ -124,8 +124,8 @@ const (
 	offSpaceWaiter = plane.StreamSpaceWaiters // u32
 	offWanted      = plane.StreamWanted       // u64 the position the writer waits for every reader to reach, 0 when it does not wait
 	offDropped     = plane.StreamDropped      // u64 frames lost by all readers
-	readersAt      = 576
-	readerSize     = 64
+	readersAt      = plane.StreamReadersAt
+	readerSize     = plane.ReaderSize
 )
 
 // LayoutVersion is the stream layout this package writes and reads: version

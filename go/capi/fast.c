@@ -1,16 +1,19 @@
-// The queue calls that run without entering Go: a put of a plain record or
-// of an inline array, a take of either (waiting as the default policy
-// does), arming and disarming a sleep (Note [a data plane
-// the runtime never enters] in package plane). Each runs the data plane's
-// step on the queue its handle names here; whatever that step cannot finish
-// (a wait, a record with views, an error to report in full) goes to the
+// The calls that run without entering Go (Note [a data plane the runtime
+// never enters] in package plane): a queue's put of a plain record or of
+// an inline array, its take of either (waiting as the default policy does,
+// or polling), arming and disarming a sleep; a stream reader's look and
+// release, and its arm and disarm; a stream writer's claim and publish.
+// Each runs the data plane's step on the queue, reader or writer its
+// handle names here; whatever that step cannot finish (a wait of another
+// policy, a record with views, an error to report in full) goes to the
 // export in Go (zctipc_go_*), which runs the same step again.
 //
 // Threat model: any code in the process may call with any handle. A handle
 // is looked up in a table of this file, which Go fills when it opens a
-// queue and empties before it closes one, waiting until no call here holds
-// the queue: a stale or forged handle finds nothing (Go then says
-// ZCT_E_CLOSED), and a queue is never let go while a step runs on it.
+// queue, reader or writer and empties before it closes one, waiting until
+// no call here holds it: a stale or forged handle finds nothing (Go then
+// says ZCT_E_CLOSED), and what it named is never let go while a step runs
+// on it.
 #define _GNU_SOURCE
 #include <errno.h>
 #include <linux/futex.h>
@@ -37,7 +40,7 @@
 typedef struct slot {
     uint64_t handle;  // 0: free; UINT64_MAX: being claimed or closed
     int32_t users;    // calls here that hold the queue, the reader or the writer
-    int32_t armed[3]; // a queue's sleeps armed through this handle (ZCT_WAIT_*) not taken back
+    int32_t armed[3]; // sleeps armed through this handle (a queue's ZCT_WAIT_*, a reader's 0) not taken back
     int32_t waits;    // how the handle's calls wait (ZCT_FAST_*, internal.h): here, or in Go
     const zp_queue *q; // a queue's handle
     zp_reader *r;      // or a stream reader's
@@ -152,10 +155,13 @@ ZCT_HIDDEN void zct_fast_unregister(uint64_t h) {
         while (__atomic_load_n(&s->users, SEQ) != 0) {
             sched_yield(); // steps never wait, and waits here end at once: this is short
         }
-        for (int w = 0; w < 3 && s->q != NULL; w++) {
+        for (int w = 0; w < 3 && s->w == NULL; w++) {
             int32_t n = __atomic_exchange_n(&s->armed[w], 0, SEQ);
-            if (n > 0) {
+            zp_out out = {0};
+            if (n > 0 && s->q != NULL) {
                 zp_unarm(s->q, w, (uint32_t)n); // a shrunk file: nothing to take back
+            } else if (n > 0) {
+                zp_read_disarm(s->r, (uint32_t)n, &out); // likewise
             }
         }
         s->q = NULL;
@@ -572,26 +578,6 @@ int zct_stream_write_increment(zct_handle h) {
 
 // -- stream readers ----------------------------------------------------------
 
-// count_sleeper adds delta to a stream's count of the data word's sleepers,
-// under the fault guard: ZP_FAULT when another process shrank the file
-// (its pages are gone from the mapping, live reader or not).
-typedef struct sleepers_arg {
-    uint32_t *waiters;
-    int32_t delta;
-} sleepers_arg;
-
-static int add_sleepers(void *arg) {
-    sleepers_arg *a = arg;
-    __atomic_add_fetch(a->waiters, (uint32_t)a->delta, SEQ);
-    return ZP_OK;
-}
-
-static int count_sleeper(uint32_t *waiters, int32_t delta) {
-    sleepers_arg a = {waiters, delta};
-    zp_out out = {0};
-    return zp_guarded(add_sleepers, &a, &out);
-}
-
 // A look of a stream reader's: the reader, and where the slot goes.
 typedef struct looking {
     zp_reader *r;
@@ -607,12 +593,15 @@ static int64_t look_look(void *ctx, uint32_t *seen) {
 }
 
 static int look_arm(void *ctx) {
-    return count_sleeper((uint32_t *)(((looking *)ctx)->r->data + ZP_STREAM_DATA_WAITERS), 1);
+    uint32_t *unused, seen;
+    zp_out out = {0};
+    return zp_read_arm(((looking *)ctx)->r, &unused, &seen, &out);
 }
 
 static void look_disarm(void *ctx, int64_t result) {
     (void)result; // a publish wakes every sleeper: none passes a wake-up on
-    count_sleeper((uint32_t *)(((looking *)ctx)->r->data + ZP_STREAM_DATA_WAITERS), -1); // a shrunk file: nothing to take back
+    zp_out out = {0};
+    zp_read_disarm(((looking *)ctx)->r, 1, &out); // a shrunk file: nothing to take back
 }
 
 // look_waiting looks at the next frame of the reader in s (which the caller
@@ -693,4 +682,46 @@ int zct_stream_read_next(zct_handle h, int64_t timeout_ms, int32_t *slot_out, in
         return zctipc_go_stream_read_next(h, timeout_ms, slot_out, whole); // Go says what is wrong
     }
     return read_next(h, timeout_ms, slot_out, whole);
+}
+
+// A reader's arm and disarm for a sleep outside the library (zct_sleep)
+// count the sleeper on the stream's data word here; an arm or a disarm
+// that meets a shrunk file goes to Go, or says so.
+
+int zct_stream_reader_arm(zct_handle h, uint32_t **word, uint32_t *seen) {
+    if (word != NULL && seen != NULL) {
+        slot *s = acquire_reader(h);
+        if (s != NULL) {
+            __atomic_add_fetch(&s->armed[0], 1, SEQ);
+            zp_out out = {0};
+            int r = zp_read_arm(s->r, word, seen, &out);
+            if (r != ZP_OK) {
+                __atomic_sub_fetch(&s->armed[0], 1, SEQ);
+            }
+            release(s);
+            if (r == ZP_OK) {
+                return ZCT_OK;
+            }
+        }
+    }
+    return zctipc_go_stream_reader_arm(h, word, seen);
+}
+
+int zct_stream_reader_disarm(zct_handle h) {
+    slot *s = acquire_reader(h);
+    if (s == NULL) {
+        return zctipc_go_stream_reader_disarm(h);
+    }
+    int32_t n = __atomic_load_n(&s->armed[0], SEQ);
+    while (n > 0 && !__atomic_compare_exchange_n(&s->armed[0], &n, n - 1, 0, SEQ, SEQ)) {
+    }
+    zp_out out = {0};
+    int r = n > 0 ? zp_read_disarm(s->r, 1, &out) : ZP_RANGE;
+    release(s);
+    if (n <= 0) {
+        static const char msg[] = "the reader's wait word was not armed: invalid argument";
+        zct_set_last_error(msg, sizeof msg - 1, EINVAL);
+        return ZCT_E_INVALID;
+    }
+    return r == ZP_OK ? ZCT_OK : faulted(); // the arm is taken back from this handle, and Go's count never held it
 }

@@ -266,11 +266,12 @@ func zct_stream_reader_close(h C.zct_handle) C.int {
 	})
 }
 
-// zct_stream_reader_arm and zct_stream_reader_disarm have the threat model
-// of zct_queue_arm (queue.go).
-
-//export zct_stream_reader_arm
-func zct_stream_reader_arm(h C.zct_handle, word **C.uint32_t, seen *C.uint32_t) C.int {
+// zctipc_go_stream_reader_arm and _disarm are zct_stream_reader_arm and
+// _disarm (fast.c) for a handle that fast.c does not hold, and a shrunk
+// file; they have the threat model of zct_queue_arm (queue.go).
+//
+//export zctipc_go_stream_reader_arm
+func zctipc_go_stream_reader_arm(h C.zct_handle, word **C.uint32_t, seen *C.uint32_t) C.int {
 	return with(readers, uint64(h), func(r *stream.Reader) error {
 		if word == nil || seen == nil {
 			return fmt.Errorf("zct_stream_reader_arm: a NULL out-parameter: %w", unix.EINVAL)
@@ -284,8 +285,8 @@ func zct_stream_reader_arm(h C.zct_handle, word **C.uint32_t, seen *C.uint32_t) 
 	})
 }
 
-//export zct_stream_reader_disarm
-func zct_stream_reader_disarm(h C.zct_handle) C.int {
+//export zctipc_go_stream_reader_disarm
+func zctipc_go_stream_reader_disarm(h C.zct_handle) C.int {
 	return with(readers, uint64(h), func(r *stream.Reader) error { return r.DisarmWait() })
 }
 

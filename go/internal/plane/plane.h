@@ -267,6 +267,13 @@ ZP_API int zp_read_look(zp_reader *r, int32_t *slot, zp_out *out);
  * left its slot alone meanwhile; ZP_NO_FRAME; ZP_FAULT. */
 ZP_API int zp_read_increment(zp_reader *r, int32_t *whole, zp_out *out);
 
+/* Count a sleeper on the stream's data word, which every publish bumps,
+ * and give the word and its value to sleep on; take n sleepers back. They
+ * touch the stream's words only, and so need no turn of the reader's.
+ * ZP_OK or ZP_FAULT. */
+ZP_API int zp_read_arm(const zp_reader *r, uint32_t **word, uint32_t *seen, zp_out *out);
+ZP_API int zp_read_disarm(const zp_reader *r, uint32_t n, zp_out *out);
+
 /* -- the stream's writer (stream.c) -------------------------------------- */
 
 /* What a writer's ZP_CORRUPT met. */

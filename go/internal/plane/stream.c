@@ -131,6 +131,37 @@ int zp_read_increment(zp_reader *r, int32_t *whole, zp_out *out) {
     return zp_guarded(increment, &a, out);
 }
 
+typedef struct arm_args {
+    const zp_reader *r;
+    uint32_t **word;
+    uint32_t *seen;
+    uint32_t n;
+} arm_args;
+
+static int read_arm(void *arg) {
+    arm_args *a = arg;
+    __atomic_add_fetch(w32(a->r->data, ZP_STREAM_DATA_WAITERS), 1, SEQ);
+    *a->word = w32(a->r->data, ZP_STREAM_DATA_SEQ);
+    *a->seen = __atomic_load_n(*a->word, SEQ);
+    return ZP_OK;
+}
+
+int zp_read_arm(const zp_reader *r, uint32_t **word, uint32_t *seen, zp_out *out) {
+    arm_args a = {r, word, seen, 0};
+    return zp_guarded(read_arm, &a, out);
+}
+
+static int read_disarm(void *arg) {
+    arm_args *a = arg;
+    __atomic_sub_fetch(w32(a->r->data, ZP_STREAM_DATA_WAITERS), a->n, SEQ);
+    return ZP_OK;
+}
+
+int zp_read_disarm(const zp_reader *r, uint32_t n, zp_out *out) {
+    arm_args a = {r, NULL, NULL, n};
+    return zp_guarded(read_disarm, &a, out);
+}
+
 // -- the writer --------------------------------------------------------------
 
 // slowest returns the lowest position of the live readers (the next frame

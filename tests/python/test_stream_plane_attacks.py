@@ -299,3 +299,33 @@ def test_an_evicted_reader_rejoins_through_go_and_counts_what_it_skipped():
     assert idle._counts() == (7, 1, 6)
     for e in (w, idle, busy, s):
         e.close()
+
+
+def test_a_readers_arms_are_counted_on_the_data_word_and_a_close_takes_back_what_it_left():
+    """zct_stream_reader_arm and _disarm count the sleeper in C: two arms
+    are two sleepers on the data word (388: its count), a disarm takes one
+    back, one more than were armed is refused, and a close takes back what
+    its handle left armed, so a publish after it costs no wake-up call."""
+    lib, ffi = native.lib(), native.ffi()
+    s = zctipc.Stream.create(shape=4, frames=2, readers=2)
+    r, other = s.reader(), s.reader()
+    _, u32 = words(s)
+    word, seen = ffi.new("uint32_t **"), ffi.new("uint32_t *")
+    for reader in (r, r, other):
+        assert lib.zct_stream_reader_arm(reader._handle, word, seen) == 0
+        assert word[0] == u32 + 384 // 4 and seen[0] == u32[384 // 4]
+    assert u32[388 // 4] == 3
+    assert lib.zct_stream_reader_disarm(other._handle) == 0
+    status = lib.zct_stream_reader_disarm(other._handle)
+    assert status == lib.ZCT_E_INVALID
+    assert "not armed" in str(native.error(status))
+    assert u32[388 // 4] == 2
+    r.close()
+    assert u32[388 // 4] == 0
+    assert lib.zct_stream_reader_disarm(r._handle) == lib.ZCT_E_CLOSED
+    w = s.writer()
+    w.write(np.arange(4, dtype=np.float32))
+    assert np.array_equal(other.read(timeout=10), np.arange(4, dtype=np.float32))
+    other.close()
+    w.close()
+    s.close()

@@ -34,15 +34,25 @@ IDLE_WAKEUPS_PER_SECOND = 100
 
 
 def _switches(pid):
-    """Context switches (voluntary and not) of every thread of pid, summed."""
+    """Voluntary context switches of every thread of pid, summed: one for
+    each time a thread that woke blocked again. (A thread preempted while
+    it runs, which a loaded machine does often, switches involuntarily:
+    those say nothing of how often it woke.)"""
     total = 0
     for tid in os.listdir(f"/proc/{pid}/task"):
         try:
             with open(f"/proc/{pid}/task/{tid}/status") as f:
-                total += sum(int(line.split()[1]) for line in f if "ctxt_switches" in line)
+                total += sum(int(line.split()[1]) for line in f if line.startswith("voluntary_ctxt_switches"))
         except FileNotFoundError:  # a thread that ended
             pass
     return total
+
+
+def _cpu_seconds(pid):
+    """User and system CPU time of pid, all its threads, in seconds."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 _IDLE_CHILD = """
@@ -82,16 +92,20 @@ def test_an_idle_waiter_does_not_wake(kind):
 
 
 def assert_waits_quietly(child, what):
-    """child, once it printed "ready", stays blocked and wakes less than
-    IDLE_WAKEUPS_PER_SECOND over two seconds; it is killed afterwards."""
+    """child, once it printed "ready", stays blocked, wakes less than
+    IDLE_WAKEUPS_PER_SECOND and takes under a tenth of a core over two
+    seconds; it is killed afterwards."""
     try:
         assert child.stdout.readline() == "ready\n"
         time.sleep(0.5)  # past the first spin and brief wait
-        before, start = _switches(child.pid), time.monotonic()
+        before, cpu, start = _switches(child.pid), _cpu_seconds(child.pid), time.monotonic()
         time.sleep(2)
-        rate = (_switches(child.pid) - before) / (time.monotonic() - start)
+        elapsed = time.monotonic() - start
+        rate = (_switches(child.pid) - before) / elapsed
+        busy = (_cpu_seconds(child.pid) - cpu) / elapsed
         assert child.poll() is None, f"the call returned while {what}"
         assert rate < IDLE_WAKEUPS_PER_SECOND, f"{rate:.0f} wake-ups a second while {what}"
+        assert busy < 0.1, f"{busy:.0%} of a core while {what}"
     finally:
         child.kill()
         child.wait()

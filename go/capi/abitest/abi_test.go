@@ -173,6 +173,18 @@ func TestCPrograms(t *testing.T) {
 		// closed under them, and its stale handle after; a file shrunk
 		// under the writer.
 		{"CStreamWriterAttacks", []program{{"abi_stream_writer_attacks", false}}},
+		// CPollPlaneAttacks: takes and looks that poll in C, and a stream
+		// reader's arms counted in C: timeouts of 0, 1 ms, 200 ms, negative
+		// and past the clock's range under every poll policy (never cut
+		// short); policies switched while a take or a look waits, and calls
+		// on a reader that looks again and again not starved; a close while
+		// pollers wait; more pollers than cores on one queue and one
+		// reader, each message and frame taken once; arms from many
+		// threads, out of balance, after a close, through forged and other
+		// kinds' handles and past the C table; a close while threads sleep
+		// on the armed word; a reader killed while armed; files shrunk
+		// under pollers and an armed reader.
+		{"CPollPlaneAttacks", []program{{"abi_poll_plane_attacks", true}}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()

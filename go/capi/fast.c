@@ -417,8 +417,13 @@ static int64_t wait_for(const waiting *w, int64_t timeout_ms, int64_t *left_ms) 
         w->disarm(w->ctx, result);
     }
     if (result == FALLBACK && deadline != 0) {
-        int64_t left = (deadline - now_ns()) / 1000000LL;
-        *left_ms = left > 0 ? left : 0;
+        // Rounded up, so that Go's wait ends at the deadline or within a
+        // millisecond after it, never before: rounded down, the last part
+        // of a millisecond left was a timeout of 0, which does not wait
+        // (a take of 1 ms on a handle whose policy waits in Go returned
+        // empty at once).
+        int64_t left = deadline - now_ns();
+        *left_ms = left > 0 ? (left + 999999) / 1000000LL : 0;
     }
     return result;
 }

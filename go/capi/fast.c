@@ -670,13 +670,27 @@ static int read_next(zct_handle h, int64_t timeout_ms, int32_t *slot_out, int32_
         }
         timeout_ms = left;
     }
-    if (whole == NULL || incremented) {
-        // After a release here, Go only looks, and *whole stays what the
-        // release said.
+    if (whole == NULL) {
         return zctipc_go_stream_read_look(h, timeout_ms, slot_out);
+    }
+    if (incremented) {
+        // Note [the rest of a next in Go].
+        int32_t released = *whole;
+        int k = zctipc_go_stream_read_next(h, timeout_ms, slot_out, whole);
+        *whole = *whole && released;
+        return k;
     }
     return zctipc_go_stream_read_next(h, timeout_ms, slot_out, whole);
 }
+
+// Note [the rest of a next in Go]. A next whose release ran here and whose
+// look goes to Go (a wait of another policy, an end, a rejoin) lets the
+// reader go in between, and another thread's look or next may run then
+// and leave the reader looking at the next frame. A look in Go handed that
+// frame out a second time: two nexts, one frame. So the rest is Go's next,
+// which first releases a frame looked at meanwhile, as this next would
+// have had it come after the other thread's; *whole is 0 when either
+// frame it released was not whole.
 
 int zct_stream_read_look(zct_handle h, int64_t timeout_ms, int32_t *slot_out) {
     return read_next(h, timeout_ms, slot_out, NULL);

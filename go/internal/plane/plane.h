@@ -250,11 +250,13 @@ typedef struct zp_reader {
     uint64_t pos;      /* the next frame to read */
     int32_t looking;   /* look gave frame pos, and increment has not passed it */
     int32_t at;        /* its slot, while looking */
-    int32_t busy;      /* a call runs on the reader */
+    int32_t busy;      /* a call runs on the reader (ZP_BUSY_HELD), one of Go's waits for it (ZP_BUSY_WANTED) */
 } zp_reader;
 
 /* Take a reader or a writer for one call by its busy word (1), or find it
- * taken (0); let it go. */
+ * taken, or wanted by a call of Go's (0); let it go. Note [a call of Go's
+ * waits for the busy word] in stream.c. */
+enum { ZP_BUSY_HELD = 1, ZP_BUSY_WANTED = 2 };
 ZP_API int zp_enter(int32_t *busy);
 ZP_API void zp_leave(int32_t *busy);
 
@@ -302,7 +304,7 @@ typedef struct zp_writer {
     int32_t block;       /* the policy is Block */
     int32_t refresh;     /* read the readers on every claim (a ring larger than the warm slots) */
     uint32_t warm_slots; /* how many free slots to keep warm */
-    int32_t busy;        /* a call runs on the writer */
+    int32_t busy;        /* a call runs on the writer, one of Go's waits for it: as a reader's */
     int32_t claimed;     /* a frame is claimed and not yet published */
     int32_t slot;        /* the slot of the frame claimed */
     uint32_t warm_head;

@@ -18,12 +18,24 @@
 static inline uint64_t *w64(uint8_t *p, int off) { return (uint64_t *)(p + off); }
 static inline uint32_t *w32(uint8_t *p, int off) { return (uint32_t *)(p + off); }
 
+// Note [a call of Go's waits for the busy word]. A step of the C ABI's
+// takes a reader or a writer by its busy word for one call, a reader's
+// look for the whole of its wait; a call of Go's (Hold.Enter in package
+// plane) waits for the word between tries. A thread that looks again and
+// again, each look waiting a while (Python's waits, in slices of 50 ms),
+// gives the word back for a few nanoseconds between two looks, which the
+// tries of Go's almost never met: a set_wait or a stats call of another
+// thread waited for tens of seconds. So a call of Go's that finds the word
+// held says that it waits (ZP_BUSY_WANTED), a step here then does not take
+// the word but goes to Go (which queues it behind that call), and a step
+// that lets the word go leaves the mark for the call of Go's, which takes
+// the word once the step in flight ends.
 int zp_enter(int32_t *busy) {
     int32_t free = 0;
-    return __atomic_compare_exchange_n(busy, &free, 1, 0, SEQ, SEQ);
+    return __atomic_compare_exchange_n(busy, &free, ZP_BUSY_HELD, 0, SEQ, SEQ);
 }
 
-void zp_leave(int32_t *busy) { __atomic_store_n(busy, 0, SEQ); }
+void zp_leave(int32_t *busy) { __atomic_and_fetch(busy, ~ZP_BUSY_HELD, SEQ); }
 
 // seen notes that the reader is alive now (Note [waiting is alive] in
 // package stream): the wall clock, as Go's time.Now().UnixNano().

@@ -51,6 +51,13 @@ const (
 	MovedSlot  = C.ZP_MOVED_SLOT
 )
 
+// The busy word's bits (plane.h): a call holds it, a call of Go's waits
+// for it.
+const (
+	busyHeld   = C.ZP_BUSY_HELD
+	busyWanted = C.ZP_BUSY_WANTED
+)
+
 // Hold is the busy word of a stream's reader or writer: its calls hold it
 // one at a time, a step of the C ABI's (zp_enter) or a call of Go's
 // (Enter).
@@ -58,13 +65,23 @@ type Hold C.int32_t
 
 // Enter takes b for one call, waiting for the call that has it: a step of
 // the C ABI's, or its wait for a frame, which a frame, its timeout or a
-// close ends (as a Look of Go's holds the reader while it waits). It and
+// close ends (as a Look of Go's holds the reader while it waits). While it
+// waits, the word says so, and the C ABI's steps leave it to this call
+// (Note [a call of Go's waits for the busy word] in stream.c). It and
 // Leave take the busy word as zp_enter and zp_leave do, with Go's atomics,
-// which are the same on the same word, and no cgo call.
+// which are the same on the same word, and no cgo call. The calls of Go's
+// on one word are one at a time (package stream's calls).
 func (b *Hold) Enter() {
 	busy := (*int32)(unsafe.Pointer(b))
 	pause := 10 * time.Microsecond
-	for i := 0; !atomic.CompareAndSwapInt32(busy, 0, 1); i++ {
+	for i := 0; ; i++ {
+		v := atomic.LoadInt32(busy)
+		if v&busyHeld == 0 && atomic.CompareAndSwapInt32(busy, v, busyHeld) {
+			return // the mark of this call's wait goes with it
+		}
+		if v&busyHeld != 0 && v&busyWanted == 0 {
+			atomic.CompareAndSwapInt32(busy, v, v|busyWanted)
+		}
 		if i < 64 {
 			runtime.Gosched()
 			continue
@@ -75,7 +92,7 @@ func (b *Hold) Enter() {
 }
 
 // Leave lets b go after a call.
-func (b *Hold) Leave() { atomic.StoreInt32((*int32)(unsafe.Pointer(b)), 0) }
+func (b *Hold) Leave() { atomic.AndInt32((*int32)(unsafe.Pointer(b)), ^int32(busyHeld)) }
 
 // Reader is a stream reader's state, in C memory so that the C ABI may run
 // its steps between calls: NewReader makes it, Free lets it go once no

@@ -340,10 +340,11 @@ static int64_t take_inline(const uint8_t *rec, uint32_t plen, zct_view *views, i
 
 // waiting is a wait as the default policy waits (a spin, then a sleep on
 // a sequence word among its sleepers), or as the policy that polls for
-// ever: what a queue's take and a stream reader's look share. look runs the step once: a status or a result to
-// return, FALLBACK, or AGAIN with *seen the word's value to sleep on; arm
-// counts the caller among the word's sleepers (ZP_OK, else Go waits), and
-// disarm takes that back when the wait ends with result.
+// ever: what a queue's take and a stream reader's look share. look runs
+// the step once: a status or a result to return, FALLBACK, or AGAIN with
+// *seen the word's value to sleep on; arm counts the caller among the
+// word's sleepers (ZP_OK, else Go waits), and disarm takes that back when
+// the wait ends with result.
 typedef struct waiting {
     slot *s;
     uint64_t h;         // the handle, whose close ends the wait: Go says so

@@ -85,3 +85,15 @@ def closed_while_blocked(call, close, n, hang, asleep=0.3):
     for t in threads:
         t.join(hang)
     return outcome, [t for t in threads if t.is_alive()]
+
+
+def settle(condition, timeout=60, every=0.002):
+    """Wait until condition() holds, looking every so often; False if it
+    did not within timeout seconds (by default far above what any behaviour
+    needs: only a hang reaches it)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(every)
+    return True

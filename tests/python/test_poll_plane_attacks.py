@@ -26,7 +26,7 @@ import time
 
 import numpy as np
 import pytest
-from _procs import closed_while_blocked
+from _procs import closed_while_blocked, settle
 from conftest import with_pythonpath
 
 import zctipc
@@ -59,16 +59,6 @@ def start(target, *args):
 def sleepers(stream):
     """The count of the stream's readers asleep on its data word."""
     return native.ffi().cast("uint32_t *", stream._memory)[SLEEPERS]
-
-
-def settle(condition, timeout=HANG):
-    """Wait until condition() holds; False if it never did."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.002)
-    return True
 
 
 def frame(i):

@@ -15,6 +15,7 @@ import time
 
 import pytest
 from _procs import closed_while_blocked
+from _procs import settle as _settle
 from conftest import with_pythonpath
 
 import zctipc
@@ -27,16 +28,6 @@ ENV = {**os.environ, "PYTHONPATH": with_pythonpath(PACKAGE)}
 
 # Far above anything the behaviour needs: only a hang reaches it.
 HANG = 60
-
-
-def _settle(condition, timeout=HANG):
-    """Wait until condition() holds; False if it never did."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.002)
-    return True
 
 
 # -- the readiness thread -------------------------------------------------------------------

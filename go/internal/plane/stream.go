@@ -219,9 +219,8 @@ func (w *Writer) Slowest(out *Out) (uint64, int) {
 // Next returns the position of the next frame to claim.
 func (w *Writer) Next() uint64 { return uint64(w.next) }
 
-// Freed returns the position below which every frame's slot is free;
-// SetFreed sets it.
-func (w *Writer) Freed() uint64     { return uint64(w.freed) }
+// SetFreed says that every frame's slot below position p is free, and
+// that no reader is below it.
 func (w *Writer) SetFreed(p uint64) { w.freed = C.uint64_t(p); w.min_pos = C.uint64_t(p) }
 
 // PushCold adds slot i to the cold free slots (at most Frames of them).

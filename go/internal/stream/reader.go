@@ -9,7 +9,6 @@ import (
 
 	"github.com/zctipc/zctipc/go/internal/fault"
 	"github.com/zctipc/zctipc/go/internal/futex"
-	"github.com/zctipc/zctipc/go/internal/header"
 	"github.com/zctipc/zctipc/go/internal/plane"
 	"github.com/zctipc/zctipc/go/internal/proc"
 	"github.com/zctipc/zctipc/go/internal/shm"
@@ -187,8 +186,7 @@ func (r *Reader) look(u futex.Until) (int, error) {
 			return 0, ErrEnded
 		case plane.Corrupt:
 			at, _, _ := plane.Need(&out)
-			return 0, fmt.Errorf("stream %q: %w: frame %d in slot %d of %d", s.seg.Name(), header.ErrCorrupt,
-				r.c.Pos(), at, s.cfg.Frames)
+			return 0, s.pastTheRing(r.c.Pos(), at)
 		case plane.Fault:
 			return 0, &fault.Error{Addr: plane.Addr(&out)}
 		}

@@ -371,9 +371,15 @@ func layoutOf(d []byte) (layout, error) {
 func (s *Stream) slotOf(p uint64) (int, error) {
 	i := atomic.LoadUint32(u32(s.data, int(s.table+4*(p%uint64(s.cfg.Frames)))))
 	if int(i) >= s.cfg.Frames {
-		return 0, fmt.Errorf("stream %q: %w: frame %d in slot %d of %d", s.seg.Name(), header.ErrCorrupt, p, i, s.cfg.Frames)
+		return 0, s.pastTheRing(p, i)
 	}
 	return int(i), nil
+}
+
+// pastTheRing is the error of a slot table that puts frame p in slot i,
+// past the ring.
+func (s *Stream) pastTheRing(p uint64, i uint32) error {
+	return fmt.Errorf("stream %q: %w: frame %d in slot %d of %d", s.seg.Name(), header.ErrCorrupt, p, i, s.cfg.Frames)
 }
 
 func u32(d []byte, off int) *uint32 { return (*uint32)(unsafe.Pointer(&d[off])) }

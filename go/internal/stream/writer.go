@@ -186,8 +186,7 @@ func (w *Writer) look(u futex.Until) (int, error) {
 				return 0, fmt.Errorf("stream %q: %w: frame %d in slot %d, where its writer put it in slot %d",
 					s.seg.Name(), header.ErrCorrupt, plane.Frame(&out), at, given)
 			}
-			return 0, fmt.Errorf("stream %q: %w: frame %d in slot %d of %d", s.seg.Name(), header.ErrCorrupt,
-				plane.Frame(&out), at, s.cfg.Frames)
+			return 0, s.pastTheRing(plane.Frame(&out), at)
 		default:
 			return 0, &fault.Error{Addr: plane.Addr(&out)}
 		}

@@ -680,15 +680,15 @@ class StreamReader(_Endpoint):
         out = self._out
         handle, slot, whole = self._live(), out.slot, out.whole
         views = self._tensor_views() if torch else self._frames
-        empty = native.E_EMPTY
+        empty, ended = native.E_EMPTY, native.E_ENDED
         try:
             while True:
                 status = next_frame(handle, 0, slot, whole)
                 self._pending = False
+                if status == empty:
+                    status = self._wait(lambda ms: next_frame(handle, ms, slot, whole), None)
                 if status != 0:
-                    if status == empty:
-                        status = self._wait(lambda ms: next_frame(handle, ms, slot, whole), None)
-                    if status == native.E_ENDED:
+                    if status == ended:
                         return
                     native.check(status)
                 self._pending = True

@@ -21,7 +21,7 @@ from . import args, native
 
 TYPE_CHECKING = False  # Note [types without typing] in zctipc._core.native
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator
+    from collections.abc import Callable
     from typing import Any
 
 # Longest single wait inside the library, so that Ctrl-C is seen in time.
@@ -49,28 +49,6 @@ def policy(wait: str, spin: float | None) -> tuple[bool, int]:
     return wait == "poll", -1 if spin is None else int(args.timeout(spin, "spin") * 1e9)
 
 
-def wait_slices(block: bool, timeout: float | None) -> Iterator[int]:
-    """Yield how long each native wait may last (in ms) until the deadline:
-    0 once when not blocking; slices of WAIT_SLICE otherwise. Raises
-    TypeError or ValueError for a bad timeout."""
-    if not block:
-        yield 0
-        return
-    timeout = args.timeout(timeout)
-    if timeout is None:
-        while True:
-            yield int(WAIT_SLICE * 1000)
-    # Slices until the deadline, however early a wait returned (a signal
-    # ends one at once), and one last try at it.
-    deadline = time.monotonic() + timeout
-    while True:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            yield 0
-            return
-        yield math.ceil(min(left, WAIT_SLICE) * 1000)
-
-
 class Armed(threading.local):
     """Per-thread out-parameters of the calls that arm a wait (zct_queue_arm,
     zct_stream_reader_arm, zct_stream_writer_arm): the word to sleep on, and
@@ -86,13 +64,31 @@ def retry(call: Callable[[int], int], again: int, block: bool = True, timeout: f
     """The status of call(ms), a native call that waits up to ms, called
     again in wait slices while it returns again (the status of a wait that
     timed out: nothing yet) or was interrupted by a signal, until block and
-    timeout say to stop. The caller checks what it returns."""
-    status = again
-    for ms in wait_slices(block, timeout):
-        status = call(ms)
-        if status != again and status != native.E_INTERRUPTED:
+    timeout say to stop: 0 once when not blocking; slices of WAIT_SLICE
+    until the deadline otherwise, however early a wait returned (a signal
+    ends one at once), and one last try at it. The caller checks what it
+    returns; a bad timeout raises TypeError or ValueError.
+
+    Plain loops, not a generator of slices: what follows a wait's end is a
+    waiter's latency, and closing a generator there cost a microsecond."""
+    if not block:
+        return call(0)
+    interrupted = native.E_INTERRUPTED
+    timeout = args.timeout(timeout)
+    if timeout is None:
+        ms = int(WAIT_SLICE * 1000)
+        while True:
+            status = call(ms)
+            if status != again and status != interrupted:
+                return status
+    deadline = time.monotonic() + timeout
+    while True:
+        left = deadline - time.monotonic()
+        status = call(0 if left <= 0 else math.ceil(min(left, WAIT_SLICE) * 1000))
+        if status != again and status != interrupted:
             return status
-    return again
+        if left <= 0:
+            return again
 
 
 def sleep_outside(

@@ -80,6 +80,12 @@ class Channel:
     copies = False
     #: The protocol of the channel's plain pickles.
     protocol = pickle.HIGHEST_PROTOCOL
+    #: bound()'s table for this channel, with the modules it was made for.
+    #: An attribute as any other: reading the instance's __dict__ instead
+    #: made Python keep it as a dict, and every attribute store on the
+    #: channel (a queue pickler's, several per message) cost three times
+    #: as much.
+    _bound: tuple[tuple[bool, ...], dict[type[Any], Callable[[Any], Reduction]]] | None = None
 
     def send(self, e: Export, obj: Any) -> Reduction:
         """The reduction that carries e, the buffer of obj; the count e
@@ -257,12 +263,12 @@ def bound(ch: Channel) -> dict[type[Any], Callable[[Any], Reduction]]:
     (MARK), so that a registry of reducers can tell zctipc's from
     those registered before."""
     key = modules()
-    cached: tuple[tuple[bool, ...], dict[type[Any], Callable[[Any], Reduction]]] | None = ch.__dict__.get("_bound")
+    cached = ch._bound
     if cached is not None and cached[0] == key:
         return cached[1]
     whole = ch.whole if type(ch).whole is not Channel.whole else None
     reducers = {t: _bind(reduce, ch, whole) for t, reduce in table().items()}
-    ch.__dict__["_bound"] = (key, reducers)
+    ch._bound = (key, reducers)
     return reducers
 
 

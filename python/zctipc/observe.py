@@ -712,9 +712,11 @@ def _build_all(views: Any, n: int) -> list[Any]:
     holding its view's ref (a _Gone for a view without one). When one
     cannot be built, the refs of those not built yet are released."""
     built: list[Any] = []
+    ffi = native.ffi()
+    vbuf, size = ffi.buffer(views), ffi.sizeof("zct_view")
     try:
         for i in range(n):
-            built.append(exports.build(views[i]) if views[i].ref else _Gone(views[i]))
+            built.append(exports.build(vbuf, i * size) if views[i].ref else _Gone(views[i]))
     except BaseException:
         for i in range(len(built) + 1, n):
             if views[i].ref:

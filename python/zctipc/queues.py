@@ -536,8 +536,8 @@ class Queue:
                     return _loads(s.payload)  # a pickle ends at its STOP
                 if typ == _INLINE:
                     return exports.build_inline(s.mem, s.vbuf, 0)
-                return records.decode(s.mem, typ, off, r & _FIELD_MASK, s.views, 0)
-            return records.decode(s.mem, typ, off, r & _FIELD_MASK, s.views, s.nviews[0])
+                return records.decode(s.mem, typ, off, r & _FIELD_MASK, s.vbuf, 0, 0)
+            return records.decode(s.mem, typ, off, r & _FIELD_MASK, s.vbuf, 0, s.nviews[0])
         finally:
             free.append(s)
 
@@ -677,7 +677,7 @@ class Queue:
         if self._ready is not None:
             self._ready.rearm(self._empty)
         out: list[Any] = []
-        append, mem, views, vbuf, size = out.append, s.mem, s.views, s.vbuf, native.ffi().sizeof("zct_view")
+        append, mem, vbuf, size = out.append, s.mem, s.vbuf, native.ffi().sizeof("zct_view")
         # One unpickler reads every pickle in place: each stops at its STOP
         # opcode, and memo entries of one are never read by the next.
         stream = io.BytesIO(mem[: filled[0]])
@@ -699,8 +699,7 @@ class Queue:
                         append(_Failed(refused))  # type: ignore[arg-type]  # a record is refused only with a status
                         failed = True
                     else:
-                        parts = [views[v + k] for k in range(nviews)]
-                        append(records.decode(mem, typ, off, r.payload_len, parts, nviews))
+                        append(records.decode(mem, typ, off, r.payload_len, vbuf, v * size, nviews))
                 except Exception as exc:  # this message's alone (Note [a bad message among good ones])
                     # Its traceback from the builder on: this frame, which
                     # holds the messages, would make a cycle through it.
@@ -709,6 +708,7 @@ class Queue:
                     load = pickle.Unpickler(stream).load  # one that failed midway keeps its stack
                 v = given
         except BaseException:  # Ctrl-C: the counts of the messages not built yet go
+            views = s.views
             for k in range(given, s.nviews[0]):
                 if views[k].ref:
                     memory.release_ref(views[k].ref)

@@ -503,6 +503,42 @@ def test_zctipc_arrays_go_in_one_call_and_a_full_queue_keeps_no_count():
     assert zctipc.pool_stats().slots_in_use == slots, "every count went back"
 
 
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda a: a,  # 1-D, C order
+        lambda a: a[:0],  # no elements
+        lambda a: a[:24].reshape(2, 3, 4),
+        lambda a: a[:24].reshape(4, 6).T,  # Fortran order
+        lambda a: a[1:13:3],  # 1-D, strided
+        lambda a: a[:1].reshape(()),  # no dimensions
+        lambda a: a.view(np.uint8)[3:11],  # 1-D of another dtype, at an odd offset
+    ],
+    ids=["1d", "empty", "3d", "fortran", "strided", "0d", "bytes"],
+)
+def test_a_received_array_has_the_senders_shape_strides_and_memory(q, make):
+    """A get builds the array of a descriptor from the view's bytes (Note
+    [reading a view at once] in zctipc._core.memory): every layout comes
+    back as it went, writable and over the sender's memory, and its count
+    goes back with it."""
+    gc.collect()
+    slots = zctipc.pool_stats().slots_in_use
+    base = zctipc.empty(64, np.float32)
+    base[:] = np.arange(64)
+    sent = make(base)
+    q.put(sent)
+    got = q.get()
+    assert (got.shape, got.dtype) == (sent.shape, sent.dtype)
+    assert got.strides == sent.strides or not sent.size, "strides, where an element is"
+    assert np.array_equal(got, sent) and got.flags.writeable
+    if sent.size:
+        got[(0,) * got.ndim] = 77
+        assert sent[(0,) * sent.ndim] == 77, "the same memory as the sender's"
+    del got, sent, base
+    gc.collect()
+    assert zctipc.pool_stats().slots_in_use == slots, "every count went back"
+
+
 def test_requires_grad_is_kept_and_non_leaf_refused(q):
     w = torch.ones(3, requires_grad=True)
     q.put(w)

@@ -18,6 +18,7 @@ them, and the mark would cost every get.
 
 from __future__ import annotations
 
+import struct
 import threading
 import warnings
 
@@ -169,27 +170,83 @@ def release_ref(ref: int) -> None:
     native.finalize("zct_ref_release", ref, "releasing a buffer")
 
 
-def from_view(view: Any, pytype: int | None = None) -> NDArray[Any] | torch.Tensor:
-    """The NumPy array (or torch tensor) a received zct_view describes; it
-    holds the view's ref until it is collected."""
-    code = view.dtype
-    ndim = view.ndim
-    if ndim == 1:  # the common case, without slicing the arrays
-        shape, strides = (view.shape[0],), (view.strides[0],)
-    else:
-        shape, strides = tuple(view.shape[0:ndim]), tuple(view.strides[0:ndim])
-    # owner() and ndarray() written out: through them a get takes 0.35 us
-    # more here (2.4 against 2.75 us for this function).
+# Note [reading a view at once]: the library gives a received array as a
+# zct_view it filled, and reading its fields one by one through cffi costs
+# more than the copy of a small array's elements (an inline array), and a
+# microsecond of a hand-off's. So the views a get fills are read as bytes
+# (ffi.buffer over the array of them), each with one struct unpack of its
+# fields and one of its shape and strides, at the offsets cffi gives for
+# zctipc.h's zct_view (view_layout, once the library is loaded): no layout
+# is Python's own.
+VIEW = struct.Struct("=0x")  # ref, data, offset, nbytes, dtype, ndim, kind, flags of a zct_view (view_layout)
+VIEW_SIZE = VIEW_SHAPE = VIEW_STRIDES = 0  # sizeof(zct_view), where its shape and its strides start
+VIEW_DIMS: list[struct.Struct] = []  # ndim int64s (a shape, or strides), by ndim
+
+
+def view_layout() -> None:
+    """Read where zct_view's fields lie from the library's bindings (Note
+    [reading a view at once])."""
+    global VIEW, VIEW_SIZE, VIEW_SHAPE, VIEW_STRIDES, VIEW_DIMS
     ffi = native.ffi()
-    ref = view.ref
-    memory = ffi.gc(ffi.cast("char *", view.data), lambda _: native.finalize("zct_ref_release", ref, _RELEASING))
-    flags = view.flags
-    kind = flags & TYPE_MASK if pytype is None else pytype
-    if kind == TORCH:
-        return _tensor(ndarray(memory, view.nbytes, dtypes.storage_dtype(code), shape, strides), code)
+    word = "Q" if ffi.sizeof("void *") == 8 else "I"
+    fmt, at = "=", 0
+    for name, code in (
+        ("ref", "Q"),
+        ("data", word),
+        ("offset", "Q"),
+        ("nbytes", "Q"),
+        ("dtype", "i"),
+        ("ndim", "i"),
+        ("kind", "i"),
+        ("flags", "i"),
+    ):
+        field = ffi.offsetof("zct_view", name)
+        if field < at:
+            raise ImportError(f"zct_view.{name} is out of the order zctipc expects")
+        fmt += f"{field - at}x{code}"
+        at = field + struct.calcsize("=" + code)
+    VIEW_DIMS = [struct.Struct(f"={n}q") for n in range(native.MAX_NDIM + 1)]
+    VIEW_SHAPE, VIEW_STRIDES = ffi.offsetof("zct_view", "shape"), ffi.offsetof("zct_view", "strides")
+    VIEW_SIZE = ffi.sizeof("zct_view")
+    VIEW = struct.Struct(fmt)
+
+
+def view_ref(views: Any, at: int) -> int:
+    """The ref of the zct_view at byte at of views (its bytes)."""
+    if not VIEW_SIZE:
+        view_layout()
+    ref: int = VIEW.unpack_from(views, at)[0]
+    return ref
+
+
+_NUMPY_DTYPES: dict[int, np.dtype[Any]] = {}  # code -> NumPy dtype, as met
+
+
+def from_view(views: Any, at: int) -> NDArray[Any] | torch.Tensor:
+    """The NumPy array (or torch tensor) that the received zct_view at
+    byte at of views (their bytes) describes; it holds the view's ref until
+    it is collected."""
+    if not VIEW_SIZE:
+        view_layout()
+    ref, data, _, nbytes, code, ndim, _, flags = VIEW.unpack_from(views, at)
+    dims = VIEW_DIMS[ndim]
+    shape, strides = dims.unpack_from(views, at + VIEW_SHAPE), dims.unpack_from(views, at + VIEW_STRIDES)
+    # owner() and ndarray() written out: a hand-off's get pays for every
+    # call made here.
+    ffi = native.ffi()
+    memory = ffi.gc(ffi.cast("char *", data), lambda _: native.finalize("zct_ref_release", ref, _RELEASING))
+    if flags & TYPE_MASK == TORCH:
+        return _tensor(ndarray(memory, nbytes, dtypes.storage_dtype(code), shape, strides), code)
+    dt = _NUMPY_DTYPES.get(code)
+    if dt is None:
+        dt = _NUMPY_DTYPES[code] = dtypes.numpy_dtype(code)
     if flags & READONLY:
-        return ndarray(memory, view.nbytes, dtypes.numpy_dtype(code), shape, strides, True)
-    return np.ndarray(shape, dtype=dtypes.numpy_dtype(code), buffer=ffi.buffer(memory, view.nbytes), strides=strides)
+        return ndarray(memory, nbytes, dt, shape, strides, True)
+    if ndim == 1 and strides[0] == dt.itemsize:
+        # np.frombuffer takes a third of np.ndarray's time, which parses
+        # its keywords, shape and strides.
+        return np.frombuffer(ffi.buffer(memory, nbytes), dt, shape[0])
+    return np.ndarray(shape, dtype=dt, buffer=ffi.buffer(memory, nbytes), strides=strides)
 
 
 _RELEASING = "releasing a buffer"

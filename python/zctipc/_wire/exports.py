@@ -13,7 +13,6 @@ zctipc cannot share, do not go out of band: the caller pickles them in band.
 from __future__ import annotations
 
 import os
-import struct
 import threading
 import warnings
 
@@ -555,35 +554,6 @@ def in_zctipc_memory(arr: NDArray[Any]) -> bool:
     return memory.zctipc_memory(arr.__array_interface__["data"][0], extent)
 
 
-# Note [reading a view at once]: a get gives an inline record's array as a
-# zct_view that the library decoded (Note [inline arrays]); reading its
-# fields one by one through cffi costs more than the copy of a small
-# array's elements. So the views a get fills are read as bytes, with one
-# struct unpack of the fields an inline array needs, at the offsets cffi
-# gives for zctipc.h's zct_view (read_view_layout, at the first inline
-# array, when the library has been loaded): no layout is Python's own.
-_VIEW_HEAD = struct.Struct("=0x")  # offset, nbytes, dtype, ndim, flags of a zct_view (read_view_layout)
-_VIEW_SHAPE = 0  # where a zct_view's shape starts
-_VIEW_SHAPES: list[struct.Struct] = []  # the shape of a view of ndim dimensions, by ndim
-
-
-def read_view_layout() -> None:
-    """Read where zct_view's fields lie from the library's bindings (Note
-    [reading a view at once])."""
-    global _VIEW_HEAD, _VIEW_SHAPE, _VIEW_SHAPES
-    ffi = native.ffi()
-    fmt, at = "=", 0
-    for name, code in (("offset", "Q"), ("nbytes", "Q"), ("dtype", "i"), ("ndim", "i"), ("flags", "i")):
-        field = ffi.offsetof("zct_view", name)
-        if field < at:
-            raise ImportError(f"zct_view.{name} is out of the order zctipc expects")
-        fmt += f"{field - at}x{code}"
-        at = field + struct.calcsize("=" + code)
-    _VIEW_HEAD = struct.Struct(fmt)
-    _VIEW_SHAPE = ffi.offsetof("zct_view", "shape")
-    _VIEW_SHAPES = [struct.Struct(f"={n}q") for n in range(native.MAX_NDIM + 1)]
-
-
 _NUMPY_DTYPES: dict[int, np.dtype[Any]] = {}  # code -> NumPy dtype, as met
 
 
@@ -593,9 +563,9 @@ def build_inline(mem: memoryview, views: Any, at: int) -> NDArray[Any] | torch.T
     views (ZCT_REF_INLINE: the view's offset is in mem); or the torch tensor
     its flags ask for (a Go program passing on a torch tensor that came to
     it, one of bfloat16 among them, which NumPy has no type for)."""
-    if not _VIEW_SHAPES:
-        read_view_layout()
-    start, nbytes, code, ndim, flags = _VIEW_HEAD.unpack_from(views, at)
+    if not memory.VIEW_SIZE:
+        memory.view_layout()
+    _, _, start, nbytes, code, ndim, _, flags = memory.VIEW.unpack_from(views, at)
     dt: np.dtype[Any] | None
     if flags & _TYPE_MASK == _TORCH:
         dt = dtypes.storage_dtype(code)
@@ -605,14 +575,14 @@ def build_inline(mem: memoryview, views: Any, at: int) -> NDArray[Any] | torch.T
             dt = _NUMPY_DTYPES[code] = dtypes.numpy_dtype(code)
         if not flags:  # writable NumPy, the common case
             arr = np.frombuffer(mem, dt, nbytes // dt.itemsize, start).copy() if nbytes else np.empty(0, dt)
-            return arr if ndim == 1 else arr.reshape(_VIEW_SHAPES[ndim].unpack_from(views, at + _VIEW_SHAPE))
+            return arr if ndim == 1 else arr.reshape(memory.VIEW_DIMS[ndim].unpack_from(views, at + memory.VIEW_SHAPE))
     if flags & _READONLY:
         # The sender's was read-only: a copy over bytes, which stays so.
         arr = np.frombuffer(bytes(mem[start : start + nbytes]), dt, nbytes // dt.itemsize)
     else:
         arr = np.frombuffer(mem, dt, nbytes // dt.itemsize, start).copy() if nbytes else np.empty(0, dt)
     if ndim != 1:
-        arr = arr.reshape(_VIEW_SHAPES[ndim].unpack_from(views, at + _VIEW_SHAPE))
+        arr = arr.reshape(memory.VIEW_DIMS[ndim].unpack_from(views, at + memory.VIEW_SHAPE))
     return memory.copy_tensor(arr, code, bool(flags & _READONLY)) if flags & _TYPE_MASK == _TORCH else arr
 
 
@@ -636,16 +606,22 @@ def rebuild_in_band(code: int, shape: tuple[int, ...], data: bytes | bytearray) 
     return arr if len(shape) == 1 else arr.reshape(shape)
 
 
-def build(view: Any) -> NDArray[Any] | torch.Tensor | SharedTensor:
-    """The object a received zct_view stands for; it holds the view's ref."""
-    lib = native.lib()
-    if view.flags & memory.TYPE_MASK == memory.SHARED_TENSOR and view.kind == lib.ZCT_REF_SEGMENT:
-        ffi = native.ffi()
-        handle = ffi.new("zct_handle *")
-        info = ffi.new("zct_info *")
-        native.check(lib.zct_ref_segment(view.ref, handle, info))
-        return SharedTensor._wrap(handle[0], info)
-    return memory.from_view(view)
+def build(views: Any, at: int) -> NDArray[Any] | torch.Tensor | SharedTensor:
+    """The object that the received zct_view at byte at of views (their
+    bytes: Note [reading a view at once] in zctipc._core.memory) stands
+    for; it holds the view's ref."""
+    if not memory.VIEW_SIZE:
+        memory.view_layout()
+    ref, _, _, _, _, _, kind, flags = memory.VIEW.unpack_from(views, at)
+    if flags & memory.TYPE_MASK == memory.SHARED_TENSOR:
+        lib = native.lib()
+        if kind == lib.ZCT_REF_SEGMENT:
+            ffi = native.ffi()
+            handle = ffi.new("zct_handle *")
+            info = ffi.new("zct_info *")
+            native.check(lib.zct_ref_segment(ref, handle, info))
+            return SharedTensor._wrap(handle[0], info)
+    return memory.from_view(views, at)
 
 
 def encode(export: Export) -> bytes:
@@ -705,6 +681,7 @@ def decode(data: bytes, requires_grad: bool = False) -> Any:
 def _received(data: bytes, read: Callable[..., int]) -> Any:
     """The object data stands for, its view given by read (zct_ref_decode
     or zct_ref_attach)."""
-    view = native.ffi().new("zct_view *")
+    ffi = native.ffi()
+    view = ffi.new("zct_view *")
     native.check(read(data, len(data), view))
-    return build(view)
+    return build(ffi.buffer(view), 0)

@@ -67,7 +67,7 @@ def _rebuild(index: int, requires_grad: bool = False) -> Any:
     ctx = _receiving.ctx
     obj = ctx.objects[index]
     if obj is None:
-        obj = ctx.objects[index] = exports.build(ctx.views[index])
+        obj = ctx.objects[index] = exports.build(ctx.views, ctx.at + index * memory.VIEW_SIZE)
     if requires_grad:
         obj.requires_grad_()
     return obj
@@ -276,19 +276,23 @@ def dumps(
 
 
 class _Receiving:
-    __slots__ = ("views", "objects")
+    __slots__ = ("views", "at", "objects")
 
-    views: Any  # zct_view structs
+    views: Any  # the bytes of zct_view structs
+    at: int  # where the message's first is in them
     objects: list[Any]
 
 
-def loads(data: bytes | memoryview, views: Any, nviews: int) -> Any:
-    """Unpickle a queue message whose buffers are views[0:nviews]. A buffer
-    the pickle does not use is released."""
+def loads(data: bytes | memoryview, views: Any, at: int, nviews: int) -> Any:
+    """Unpickle a queue message whose buffers are the nviews zct_views from
+    byte at of views (their bytes: Note [reading a view at once] in
+    zctipc._core.memory). A buffer the pickle does not use is released."""
     if nviews == 0:
         return pickle.loads(data)
+    if not memory.VIEW_SIZE:
+        memory.view_layout()
     ctx = _Receiving()
-    ctx.views = views
+    ctx.views, ctx.at = views, at
     ctx.objects = [None] * nviews
     saved = getattr(_receiving, "ctx", None)
     _receiving.ctx = ctx
@@ -298,4 +302,4 @@ def loads(data: bytes | memoryview, views: Any, nviews: int) -> Any:
         _receiving.ctx = saved
         for i in range(nviews):
             if ctx.objects[i] is None:
-                memory.release_ref(views[i].ref)
+                memory.release_ref(memory.view_ref(views, at + i * memory.VIEW_SIZE))

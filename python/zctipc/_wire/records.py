@@ -100,12 +100,13 @@ class Scratch:
         return self.typ, self.off, self.plen, self.views, self.vcap, self.nviews
 
 
-def decode(mem: memoryview, typ: int, off: int, plen: int, views: Any, nviews: int) -> Any:
+def decode(mem: memoryview, typ: int, off: int, plen: int, views: Any, at: int, nviews: int) -> Any:
     """The object of a record taken into mem whose payload is at off, plen
-    bytes, with nviews views (gets read a plain pickle and an inline array
-    themselves)."""
+    bytes, with the nviews views from byte at of views (their bytes: Note
+    [reading a view at once] in zctipc._core.memory); gets read a plain
+    pickle and an inline array themselves."""
     if typ == BYTES:
         return bytes(mem[off : off + plen])
     if typ == TENSOR:
-        return exports.build(views[0])
-    return pickler.loads(mem[off : off + plen], views, nviews)
+        return exports.build(views, at)
+    return pickler.loads(mem[off : off + plen], views, at, nviews)

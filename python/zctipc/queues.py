@@ -537,6 +537,8 @@ class Queue:
                 if typ == _INLINE:
                     return exports.build_inline(s.mem, s.vbuf, 0)
                 return records.decode(s.mem, typ, off, r & _FIELD_MASK, s.vbuf, 0, 0)
+            if typ == _TENSOR:  # a bare array's (a hand-off's): its one view
+                return exports.build(s.vbuf, 0)
             return records.decode(s.mem, typ, off, r & _FIELD_MASK, s.vbuf, 0, s.nviews[0])
         finally:
             free.append(s)

@@ -268,12 +268,20 @@ def contiguous_address(arr: NDArray[Any]) -> Any:
 
 def contiguous_view(arr: NDArray[Any]) -> tuple[int, int, Any] | None:
     """(type code, descriptor flags, address) of a C-contiguous NumPy array
-    of some bytes that a descriptor can hold, else None."""
-    code = code_of(arr.dtype) if arr.ndim <= native.MAX_NDIM else None
-    if code is None:
+    of some bytes that a descriptor can hold, else None. On a hand-off's
+    path: code_of, contiguous_address and _numpy_flags written out, the
+    array's flags read once."""
+    code = _CODES.get(arr.dtype, -1)
+    if code == -1:
+        code = code_of(arr.dtype)
+    aflags = arr.flags
+    if code is None or not aflags.c_contiguous or arr.ndim > _MAX_NDIM or not arr.nbytes:
         return None
-    address = contiguous_address(arr)
-    return None if address is None else (code, _numpy_flags(arr.flags), address)
+    try:
+        address = native.ffi().from_buffer(arr)
+    except (TypeError, ValueError, BufferError):  # a dtype the buffer protocol cannot say
+        return None
+    return code, _NUMPY if aflags.writeable else _NUMPY | _READONLY, address
 
 
 def find_array(arr: NDArray[Any]) -> Export | None:

@@ -3,10 +3,13 @@ package handover_test
 import (
 	"testing"
 	"time"
+	"unsafe"
 
+	"github.com/zctipc/zctipc/go/internal/buffer"
 	"github.com/zctipc/zctipc/go/internal/dtype"
 	"github.com/zctipc/zctipc/go/internal/handover"
 	"github.com/zctipc/zctipc/go/internal/message"
+	"github.com/zctipc/zctipc/go/internal/pool"
 	"github.com/zctipc/zctipc/go/internal/queue"
 )
 
@@ -67,4 +70,51 @@ func putAndTake(q *queue.Queue, rec *message.Record, buf []byte, m *handover.Mes
 		err = m.Adopt()
 	}
 	return err
+}
+
+// BenchmarkDescriptor is the library's share of a hand-off of an array in
+// zctipc memory, as a queue's put and get of it go: finding the slot that
+// holds the array and a count on it, describing it, putting the record
+// with its count, taking the record, decoding it, taking its count over,
+// and giving that count up (the receiver's array collected).
+func BenchmarkDescriptor(b *testing.B) {
+	q := benchQueue(b)
+	p := pool.New(64 << 20)
+	b.Cleanup(func() { p.Close() })
+	s, err := p.Alloc(1<<20, time.Time{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Release()
+	addr, buf := uintptr(unsafe.Pointer(&s.Data()[0])), make([]byte, 4096)
+	shape, strides := []int64{1 << 18}, []int64{4}
+	b.ReportAllocs()
+	for b.Loop() {
+		r, off, ok, err := buffer.Find(addr, 1<<20)
+		if err != nil || !ok {
+			b.Fatal(ok, err)
+		}
+		d, err := r.Describe(off, dtype.Float32, shape, strides, 0)
+		if err != nil {
+			b.Fatal(err)
+		}
+		rec := message.Record{Type: message.TypeTensor, Descriptors: []message.Descriptor{d}}
+		if _, err := handover.Put(q, &rec, []*buffer.Ref{r}, time.Time{}); err != nil {
+			b.Fatal(err)
+		}
+		var m handover.Message
+		n, err := q.Get(buf, message.MaxDescriptors, time.Time{})
+		if err == nil {
+			err = m.Decode(buf[:n])
+		}
+		if err == nil {
+			err = m.Adopt()
+		}
+		if err == nil {
+			err = m.Release()
+		}
+		if err != nil {
+			b.Fatal(err)
+		}
+	}
 }

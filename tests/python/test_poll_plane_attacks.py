@@ -524,36 +524,85 @@ def test_a_close_while_threads_sleep_outside_takes_their_arms_back():
 
 
 _ARMED_READER = """
-import sys, zctipc
+import sys, threading, zctipc
 s = zctipc.Stream.attach(sys.argv[1])
 r = s.reader()
+if sys.argv[2] != "default":
+    r.set_wait("sleep", spin=float(sys.argv[2]))  # a policy that waits in Go
+for _ in range(int(sys.argv[3]) - 1):
+    threading.Thread(target=r.look, daemon=True).start()
 print("ready", flush=True)
-r.read()  # asleep outside the library, armed
+r.look()  # asleep, armed: outside the library (default), or in Go
 """
+
+#: A reader's wait: the default (outside the library, armed through C),
+#: and a spin then a sleep, which waits in Go.
+WAITS = pytest.mark.parametrize("wait", ["default", "20e-6"], ids=["in-c", "in-go"])
+
+
+def armed_reader(s, wait, threads=1):
+    """A process with a reader of s asleep in threads threads, armed."""
+    before = sleepers(s)
+    child = subprocess.Popen(
+        [sys.executable, "-c", _ARMED_READER, s.name, wait, str(threads)], stdout=subprocess.PIPE, text=True, env=ENV
+    )
+    assert child.stdout.readline() == "ready\n"
+    assert settle(lambda: sleepers(s) == before + threads)
+    return child
 
 
 @pytest.mark.slow
-def test_a_reader_killed_while_armed_leaves_the_writer_and_the_other_readers_unaffected():
-    """Nobody takes a dead process's arm back: its sleeper stays counted on
-    the data word, which costs each publish a wake-up call and nothing
-    else. The writer evicts the dead reader (it held the ring), the other
+@WAITS
+def test_a_reader_killed_while_armed_is_evicted_with_its_sleepers(wait):
+    """The writer that evicts a reader killed asleep (it held the ring)
+    takes its sleepers back (Note [a dead party's sleepers] in package
+    futex): publishing wakes nobody for nothing after that, the other
     reader reads every frame, and the slot is free again."""
     s = zctipc.Stream.create(shape=4, frames=2, readers=2)
     w, r = s.writer(), s.reader()
-    child = subprocess.Popen([sys.executable, "-c", _ARMED_READER, s.name], stdout=subprocess.PIPE, text=True, env=ENV)
+    child = armed_reader(s, wait, threads=3)
     try:
-        assert child.stdout.readline() == "ready\n"
-        assert settle(lambda: sleepers(s) == 1)
         child.kill()
         child.wait()
+        assert sleepers(s) == 3, "nobody took them back yet"
         for i in range(8):  # past the ring: the dead reader held it
             assert w.write(frame(i), timeout=HANG)
             np.testing.assert_array_equal(r.read(timeout=HANG), frame(i))
-        assert sleepers(s) == 1  # what the dead left armed
+        assert sleepers(s) == 0, "the eviction took the dead reader's sleepers back"
         again = s.reader()
         again.close()
     finally:
         child.kill()
         child.wait()
         for e in (w, r, s):
+            e.close()
+
+
+@pytest.mark.slow
+@WAITS
+def test_a_reader_that_takes_a_dead_readers_slot_takes_its_sleepers_back(wait):
+    """Under the overwrite policy nobody is evicted: the reader that takes
+    the slot of one killed asleep takes back what it had armed, and a live
+    reader's sleepers stay counted, and woken."""
+    s = zctipc.Stream.create(shape=4, frames=2, readers=2, policy="overwrite")
+    w, live = s.writer(), s.reader()
+    got = []
+    t = start(lambda: got.append(live.read(timeout=HANG)))
+    assert settle(lambda: sleepers(s) == 1)
+    child = armed_reader(s, wait, threads=2)
+    try:
+        assert sleepers(s) == 3
+        child.kill()
+        child.wait()
+        again = s.reader()  # the only slot left is the dead one's
+        assert sleepers(s) == 1, "the dead reader's two taken back, the live one's kept"
+        w.write(frame(1))
+        t.join(HANG)
+        np.testing.assert_array_equal(got[0], frame(1))
+        assert sleepers(s) == 0
+        again.close()
+    finally:
+        child.kill()
+        child.wait()
+        for e in (w, live, s):
             e.close()

@@ -43,3 +43,69 @@ func TestArmedModel(t *testing.T) {
 		}
 	}
 }
+
+// TestDeadPartysSleepersModel: a model of one word's sleepers, some of a
+// party that counts its own (Seq.Mine) and some of others. Random arms and
+// disarms of both, the party's death (its arms then never come back) with
+// a TakeBack, and, for a party that was only evicted alive, TakeBack while
+// it still holds arms it later takes back itself: the waiter count always
+// holds at least the live sleepers' arms (none of them is skipped by a
+// signal), never wraps below zero, and once every live arm is taken back
+// holds only the dead party's arms made after its TakeBack (none).
+func TestDeadPartysSleepersModel(t *testing.T) {
+	t.Parallel()
+	for seed := int64(0); seed < 300; seed++ {
+		rng := rand.New(rand.NewSource(seed))
+		var word, waiters, mine uint32
+		party := futex.Seq{Word: &word, Waiters: &waiters, Mine: &mine}
+		other := futex.Seq{Word: &word, Waiters: &waiters}
+		partyArms, otherArms := 0, 0 // armed and not yet taken back by their own
+		dead := false
+		for range rng.Intn(80) {
+			switch k := rng.Intn(6); {
+			case k == 0 && !dead:
+				party.Arm()
+				partyArms++
+			case k == 1 && !dead && partyArms > 0:
+				party.Disarm()
+				partyArms--
+			case k == 2:
+				other.Arm()
+				otherArms++
+			case k == 3 && otherArms > 0:
+				other.Disarm()
+				otherArms--
+			case k == 4 && !dead && rng.Intn(4) == 0:
+				dead = true // killed: its arms stay, until TakeBack
+			case k == 5:
+				futex.TakeBack(&waiters, &mine)
+				if dead {
+					partyArms = 0
+				}
+			}
+			w := atomic.LoadUint32(&waiters)
+			require.GreaterOrEqual(t, w, uint32(otherArms), "seed %d: a live sleeper would be skipped", seed)
+			require.Less(t, w, uint32(1<<20), "seed %d: wrapped below zero", seed)
+		}
+		for ; otherArms > 0; otherArms-- {
+			other.Disarm()
+		}
+		if !dead {
+			for ; partyArms > 0; partyArms-- {
+				party.Disarm()
+			}
+		}
+		futex.TakeBack(&waiters, &mine) // the party's slot, taken by the next
+		require.Zero(t, atomic.LoadUint32(&waiters), "seed %d", seed)
+	}
+}
+
+// TestTakeBackOfAForgedCount: a count of the party's own larger than the
+// word's sleepers takes them all and no more.
+func TestTakeBackOfAForgedCount(t *testing.T) {
+	t.Parallel()
+	waiters, mine := uint32(2), uint32(1<<31)
+	futex.TakeBack(&waiters, &mine)
+	require.Zero(t, waiters)
+	require.Zero(t, mine)
+}

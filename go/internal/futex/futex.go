@@ -234,6 +234,63 @@ const briefWait = 2 * time.Millisecond
 type Seq struct {
 	Word    *uint32 // bumped by every Signal
 	Waiters *uint32 // how many are asleep on Word, or about to be
+	// Mine, when not nil, counts the sleepers among Waiters that one
+	// party armed (a stream reader, in its slot), so that another can take
+	// them back once that party died (TakeBack; Note [a dead party's
+	// sleepers]).
+	Mine *uint32
+}
+
+// Note [a dead party's sleepers]: a process killed while asleep on a word
+// never takes its sleeper back, and every signal after that makes a
+// system call for nobody. Where the sleepers belong to a party whose
+// death another process sees (a stream reader, which the writer evicts or
+// a new reader takes the slot of), the party counts its own (Seq.Mine)
+// and the other takes them back (TakeBack). An arm adds one to Waiters and
+// then to Mine, and a disarm takes one from Mine, when Mine has one, and
+// then from Waiters: a process killed between the two leaves one too many
+// in Waiters (a wasted wake-up), never one too few (a lost one), and a
+// disarm that finds Mine taken back leaves Waiters alone, since TakeBack
+// took its sleeper from it.
+
+// count counts a sleeper.
+func (s Seq) count() {
+	atomic.AddUint32(s.Waiters, 1)
+	if s.Mine != nil {
+		atomic.AddUint32(s.Mine, 1)
+	}
+}
+
+// uncount takes back n sleepers: of those still in Mine, when there is
+// one.
+func (s Seq) uncount(n uint32) {
+	if s.Mine != nil {
+		n = takeUpTo(s.Mine, n)
+	}
+	if n > 0 {
+		atomic.AddUint32(s.Waiters, -n)
+	}
+}
+
+// TakeBack takes the sleepers that mine counts out of waiters, for a
+// party that died armed (Note [a dead party's sleepers]). It takes no more
+// than waiters holds: a forged count cannot make it wrap round.
+func TakeBack(waiters, mine *uint32) {
+	if n := atomic.SwapUint32(mine, 0); n > 0 {
+		takeUpTo(waiters, n)
+	}
+}
+
+// takeUpTo takes up to n from *word, never below zero, and returns how
+// many it took.
+func takeUpTo(word *uint32, n uint32) uint32 {
+	for {
+		w := atomic.LoadUint32(word)
+		k := min(w, n)
+		if k == 0 || atomic.CompareAndSwapUint32(word, w, w-k) {
+			return k
+		}
+	}
 }
 
 // Load returns the sequence word's value, to be passed to Sleep once the
@@ -275,7 +332,7 @@ func (s Seq) Sleep(seen uint32, p Policy, deadline time.Time, recheck time.Durat
 		}
 		timeout = min(timeout, left)
 	}
-	atomic.AddUint32(s.Waiters, 1)
+	s.count()
 	// The first part of the sleep holds on to the scheduler's processor
 	// (waitBriefly), so that an event that comes soon wakes the waiter in
 	// one futex wake-up; the rest lets the processor go.
@@ -290,7 +347,7 @@ func (s Seq) Sleep(seen uint32, p Policy, deadline time.Time, recheck time.Durat
 	if errors.Is(err, ErrTimeout) && timeout > brief && atomic.LoadUint32(s.Word) == seen {
 		err = Wait(s.Word, seen, timeout-brief)
 	}
-	atomic.AddUint32(s.Waiters, ^uint32(0))
+	s.uncount(1)
 	switch {
 	case errors.Is(err, ErrTimeout):
 		if !deadline.IsZero() && !time.Now().Before(deadline) {
@@ -355,12 +412,12 @@ func (s Seq) spin(seen uint32, spin time.Duration) bool {
 // the caller looks at its condition after Arm, and sleeps only if it still
 // must wait.
 func (s Seq) Arm() uint32 {
-	atomic.AddUint32(s.Waiters, 1)
+	s.count()
 	return s.Load()
 }
 
 // Disarm takes back one Arm, once its sleeper is awake.
-func (s Seq) Disarm() { atomic.AddUint32(s.Waiters, ^uint32(0)) }
+func (s Seq) Disarm() { s.uncount(1) }
 
 // Armed counts the Arms of one handle on up to four words that it has not
 // taken back: Close gives them up (Release), so that a host thread still
@@ -393,7 +450,7 @@ func (a *Armed) Disarm(i int, s Seq) bool {
 // closes (after its calls in flight ended).
 func (a *Armed) Release(i int, s Seq) {
 	if n := a.n[i].Swap(0); n > 0 {
-		atomic.AddUint32(s.Waiters, ^uint32(n-1))
+		s.uncount(uint32(n))
 	}
 }
 

@@ -229,6 +229,7 @@ enum {
     ZP_READER_SEEN = 32,
     ZP_READER_DROPPED = 40,
     ZP_READER_RECEIVED = 48,
+    ZP_READER_ARMED = 56, /* u32: the reader's sleepers among the data word's (Note [a dead party's sleepers]) */
 };
 
 /* More results, of the reader's steps. */

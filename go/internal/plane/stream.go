@@ -38,6 +38,7 @@ const (
 	ReaderSeenAt       = C.ZP_READER_SEEN
 	ReaderDroppedAt    = C.ZP_READER_DROPPED
 	ReaderReceivedAt   = C.ZP_READER_RECEIVED
+	ReaderArmedAt      = C.ZP_READER_ARMED
 	StreamReadersAt    = C.ZP_STREAM_READERS_AT
 	ReaderSize         = C.ZP_READER_SIZE
 )

@@ -96,6 +96,7 @@ func (r *Reader) claim(i int) bool {
 		}
 		joining := slotWord(r.self.PID, generation(w)+1, slotJoining)
 		if atomic.CompareAndSwapUint64(word, w, joining) {
+			r.s.takeBackSleepers(slot) // of a reader that died armed, if it did
 			r.index, r.slot = i, slot
 			r.c = plane.NewReader(ptr(r.s.data, 0), ptr(slot, 0), r.s.cfg.Frames, r.s.table)
 			r.hold = r.c.Hold()
@@ -123,6 +124,14 @@ func (r *Reader) activate(held uint64) {
 	// past the position it saw, but not past this one.
 	r.c.SetPos(atomic.LoadUint64(u64(r.s.data, offPublished)))
 	atomic.StoreUint64(u64(slot, rPosition), r.c.Pos())
+}
+
+// dataSeq is the stream's data word, with this reader's count of its
+// sleepers on it (Note [a dead party's sleepers] in package futex).
+func (r *Reader) dataSeq() futex.Seq {
+	s := r.s.dataSeq()
+	s.Mine = u32(r.slot, rArmed)
+	return s
 }
 
 // Plane returns the reader's state as the data plane's steps take it, for
@@ -170,7 +179,7 @@ func (r *Reader) LookContext(ctx context.Context) (int, error) {
 
 func (r *Reader) look(u futex.Until) (int, error) {
 	s := r.s
-	data := s.dataSeq()
+	data := r.dataSeq()
 	for {
 		var out plane.Out
 		slot, res := r.c.Look(&out) // the data plane's step, the C ABI's too
@@ -283,7 +292,7 @@ func (r *Reader) ArmWait() (*uint32, uint32, error) {
 		return nil, 0, ErrClosed
 	}
 	defer r.guard.Leave()
-	s := r.s.dataSeq()
+	s := r.dataSeq()
 	return s.Word, r.armed.Arm(0, s), nil
 }
 
@@ -294,7 +303,7 @@ func (r *Reader) DisarmWait() error {
 		return ErrClosed
 	}
 	defer r.guard.Leave()
-	if !r.armed.Disarm(0, r.s.dataSeq()) {
+	if !r.armed.Disarm(0, r.dataSeq()) {
 		return fmt.Errorf("the reader's wait word was not armed: %w", unix.EINVAL)
 	}
 	return nil
@@ -308,7 +317,7 @@ func (r *Reader) Close() error {
 	if !r.guard.Close(r.s.wakeAll) {
 		return ErrClosed
 	}
-	r.armed.Release(0, r.s.dataSeq())
+	r.armed.Release(0, r.dataSeq())
 	word := u64(r.slot, rWord)
 	w := atomic.LoadUint64(word)
 	if slotPID(w) == r.self.PID && (w == r.c.Word() || state(w) == slotEvicted) {

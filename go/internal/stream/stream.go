@@ -146,6 +146,7 @@ const (
 	rSeen     = plane.ReaderSeenAt     // i64 when the reader was last seen, CLOCK_REALTIME ns
 	rDropped  = plane.ReaderDroppedAt  // u64 frames this reader lost
 	rReceived = plane.ReaderReceivedAt // u64 frames this reader took whole
+	rArmed    = plane.ReaderArmedAt    // u32 this reader's sleepers among the data word's
 )
 
 // Reader slot states.
@@ -533,6 +534,13 @@ func (s *Stream) wakeAll() {
 
 func (s *Stream) dataSeq() futex.Seq {
 	return futex.Seq{Word: u32(s.data, offDataSeq), Waiters: u32(s.data, offDataWaiters)}
+}
+
+// takeBackSleepers takes the sleepers that the reader of slot counted on
+// the data word out of its count, for a reader whose process died (Note
+// [a dead party's sleepers] in package futex).
+func (s *Stream) takeBackSleepers(slot []byte) {
+	futex.TakeBack(u32(s.data, offDataWaiters), u32(slot, rArmed))
 }
 
 func (s *Stream) spaceSeq() futex.Seq {

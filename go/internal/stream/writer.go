@@ -383,11 +383,16 @@ func (w *Writer) evictStale(need uint64) bool {
 		}
 		seen := max(int64(atomic.LoadUint64(u64(slot, rSeen))), w.blockedSince)
 		stale := timeout > 0 && now-seen > timeout
-		if !stale && !readerGone(slot, word) {
+		gone := readerGone(slot, word)
+		if !stale && !gone {
 			continue
 		}
 		evict := slotWord(slotPID(word), generation(word), slotEvicted)
 		if atomic.CompareAndSwapUint64(u64(slot, rWord), word, evict) {
+			if gone {
+				// A reader that is alive takes its own back when it wakes.
+				s.takeBackSleepers(slot)
+			}
 			evicted = true
 		}
 	}

@@ -329,3 +329,35 @@ def test_a_readers_arms_are_counted_on_the_data_word_and_a_close_takes_back_what
     other.close()
     w.close()
     s.close()
+
+
+def test_endpoints_closed_after_the_file_shrank_let_go_of_what_they_hold(isolated):
+    """Closing a reader and a writer whose stream's file shrank says so
+    (CorruptHeader), and still lets go of what they hold in this process:
+    their state in C memory and the mapping (it was kept, and the C state
+    leaked, when the fault came before them)."""
+    code = textwrap.dedent("""
+        import gc, os, numpy as np, zctipc
+        s = zctipc.Stream.create(shape=4, frames=2, readers=1)
+        name, r, w = s.name, s.reader(), s.writer()
+        w.write(np.ones(4, np.float32))
+        os.truncate(os.path.join(os.environ["ZCTIPC_SHM_DIR"], name), 0)
+        said = []
+        for e in (r, w, s):
+            try:
+                e.close()
+                said.append("closed")
+            except zctipc.CorruptHeader:
+                said.append("CorruptHeader")
+        del r, w, s
+        gc.collect()
+        with open("/proc/self/maps") as f:
+            mapped = name in f.read()
+        print(" ".join(said), "mapped" if mapped else "unmapped", flush=True)
+    """)
+    child = subprocess.run([sys.executable, "-c", code], env=isolated, capture_output=True, text=True, timeout=120)
+    assert child.returncode == 0, child.stderr
+    reader, writer, stream, mapping = child.stdout.split()
+    assert (reader, writer) == ("CorruptHeader", "CorruptHeader")
+    assert mapping == "unmapped", child.stdout
+    assert stream in ("closed", "CorruptHeader")

@@ -184,18 +184,30 @@ func (f *file) letGo() error {
 		return nil
 	}
 	var err error
+	kept := false
 	if f.counted {
 		spare := f.spareable() // before unrecord forgets the tracker
 		f.unrecord()
-		var n int64
-		if n, err = f.decrement(); n == 0 {
-			if spare && keepSpare(f) {
-				return nil
+		// The count lies in the file, which another process may have shrunk
+		// under its holders: the fault says so, and the mapping goes all the
+		// same (what it held is lost for all of them).
+		err = fault.Catch(func() error {
+			n, err := f.decrement()
+			if n == 0 {
+				if kept = spare && keepSpare(f); !kept {
+					err = f.remove()
+				}
 			}
-			err = f.remove()
+			return err
+		})
+		if kept {
+			return nil
+		}
+		if errors.Is(err, fault.ErrFault) {
+			return errors.Join(fmt.Errorf("segment %q: %w", f.name, err), forget(f))
 		}
 	}
-	if !mapCache.Load() || atomic.LoadInt64(f.rc) <= 0 || registry.files[f.key] != f {
+	if n, ferr := fault.LoadInt64(f.rc); !mapCache.Load() || ferr != nil || n <= 0 || registry.files[f.key] != f {
 		return errors.Join(err, forget(f))
 	}
 	f.idle = time.Now()

@@ -312,21 +312,25 @@ func (r *Reader) DisarmWait() error {
 // Close leaves the stream: the slot is free for another reader, and the
 // writer no longer waits for this one. A Look waiting in another goroutine
 // returns ErrClosed, and a host thread asleep outside Go (ArmWait) wakes;
-// closing twice returns ErrClosed.
-func (r *Reader) Close() error {
+// closing twice returns ErrClosed. What the reader holds in this process
+// (its state in C memory, its mapping) goes even when the shared memory
+// faults under the close (a file shrunk: the caller's fault.Catch says so).
+func (r *Reader) Close() (err error) {
 	if !r.guard.Close(r.s.wakeAll) {
 		return ErrClosed
 	}
+	defer func() {
+		r.c.Free() // no call runs on it now: Go's waited out, the C ABI's table let it go first
+		err = errors.Join(err, r.seg.Close())
+	}()
 	r.armed.Release(0, r.dataSeq())
 	word := u64(r.slot, rWord)
 	w := atomic.LoadUint64(word)
 	if slotPID(w) == r.self.PID && (w == r.c.Word() || state(w) == slotEvicted) {
 		atomic.CompareAndSwapUint64(word, w, slotWord(0, generation(w), slotFree))
 	}
-	var err error
 	if atomic.LoadUint64(u64(r.s.data, offWanted)) != 0 {
-		err = r.s.spaceSeq().Signal(1)
+		return r.s.spaceSeq().Signal(1)
 	}
-	r.c.Free() // no call runs on it now: Go's waited out, the C ABI's table let it go first
-	return errors.Join(err, r.seg.Close())
+	return nil
 }

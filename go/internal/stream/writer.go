@@ -226,19 +226,25 @@ func (w *Writer) Position() uint64 {
 // published. The stream goes on: another writer may take over. A Look
 // waiting in another goroutine returns ErrClosed, and a host thread asleep
 // outside Go (ArmWait) wakes; closing twice returns ErrClosed.
-func (w *Writer) Close() error {
+func (w *Writer) Close() (err error) {
 	if !w.guard.Close(w.s.wakeAll) {
 		return ErrClosed
 	}
-	w.armed.Release(0, w.s.spaceSeq())
+	// What the writer holds in this process goes even when the shared
+	// memory faults under the close (a file shrunk: the caller's
+	// fault.Catch says so), as Reader.Close's does.
 	w.mu.Lock()
-	w.sleepers = 0
-	w.unwant()
 	w.final = w.c.Next()
-	w.c.Free() // no call runs on it now: Go's waited out, the C ABI's table let it go first
-	w.c, w.hold = nil, nil
-	w.mu.Unlock()
-	return errors.Join(w.role.Unlock(), w.seg.Close())
+	defer func() {
+		w.c.Free() // no call runs on it now: Go's waited out, the C ABI's table let it go first
+		w.c, w.hold = nil, nil
+		w.mu.Unlock()
+		err = errors.Join(err, w.seg.Close())
+	}()
+	w.sleepers = 0
+	w.armed.Release(0, w.s.spaceSeq())
+	w.unwant()
+	return w.role.Unlock()
 }
 
 // slowest reads the live readers' positions (the data plane's step): the

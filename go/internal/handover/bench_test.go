@@ -102,19 +102,26 @@ func BenchmarkDescriptor(b *testing.B) {
 		if _, err := handover.Put(q, &rec, []*buffer.Ref{r}, time.Time{}); err != nil {
 			b.Fatal(err)
 		}
-		var m handover.Message
-		n, err := q.Get(buf, message.MaxDescriptors, time.Time{})
-		if err == nil {
-			err = m.Decode(buf[:n])
-		}
-		if err == nil {
-			err = m.Adopt()
-		}
-		if err == nil {
-			err = m.Release()
-		}
-		if err != nil {
+		if err := takeAndRelease(q, buf, message.MaxDescriptors); err != nil {
 			b.Fatal(err)
 		}
 	}
+}
+
+// takeAndRelease takes q's next record into buf, with room for views
+// views, decodes it, takes its counts over and gives them up, as a
+// receiver that drops what it got.
+func takeAndRelease(q *queue.Queue, buf []byte, views int) error {
+	n, err := q.Get(buf, views, time.Time{})
+	var m handover.Message
+	if err == nil {
+		err = m.Decode(buf[:n])
+	}
+	if err == nil {
+		err = m.Adopt()
+	}
+	if err == nil {
+		err = m.Release()
+	}
+	return err
 }

@@ -360,18 +360,7 @@ func TestConcurrentPutsAndTakes(t *testing.T) {
 		wg.Go(func() {
 			buf := make([]byte, 4096)
 			for range each {
-				n, err := q.Get(buf, 1, time.Time{})
-				var m handover.Message
-				if err == nil {
-					err = m.Decode(buf[:n])
-				}
-				if err == nil {
-					err = m.Adopt()
-				}
-				if err == nil {
-					err = m.Release()
-				}
-				if err != nil {
+				if err := takeAndRelease(q, buf, 1); err != nil {
 					errs <- err
 					return
 				}

@@ -185,6 +185,15 @@ func TestCPrograms(t *testing.T) {
 		// on the armed word; a reader killed while armed; files shrunk
 		// under pollers and an armed reader.
 		{"CPollPlaneAttacks", []program{{"abi_poll_plane_attacks", true}}},
+		// CPlaneFixAttacks: the busy word's WANTED mark, a next whose look
+		// goes to Go, and the time a wait hands to Go: Go's calls from many
+		// threads against C steps on one reader and writer, not starved,
+		// and the steps going on after them; a close while Go's calls wait
+		// for a look in C; many threads calling next on one reader while
+		// its policy switches, each frame once and whole; timeouts of 0 to
+		// 3 ms, negative and past the clock's range on every policy, never
+		// empty before the deadline.
+		{"CPlaneFixAttacks", []program{{"abi_plane_fix_attacks", false}}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()

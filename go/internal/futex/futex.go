@@ -262,13 +262,15 @@ func (s Seq) count() {
 }
 
 // uncount takes back n sleepers: of those still in Mine, when there is
-// one.
+// one, and never below zero: a count forged in Mine (or a TakeBack of one)
+// may have taken this party's sleepers from Waiters already, and Waiters
+// must not wrap round (every signal would then make a system call).
 func (s Seq) uncount(n uint32) {
 	if s.Mine != nil {
 		n = takeUpTo(s.Mine, n)
 	}
 	if n > 0 {
-		atomic.AddUint32(s.Waiters, -n)
+		takeUpTo(s.Waiters, n)
 	}
 }
 

@@ -183,9 +183,11 @@ static uint32_t take_up_to(uint32_t *word, uint32_t n) {
 
 static int read_disarm(void *arg) {
     arm_args *a = arg;
+    // Never below zero: a count forged in the slot, taken back by whoever
+    // took another slot, may have taken this reader's sleepers already.
     uint32_t n = take_up_to(w32(a->r->slot, ZP_READER_ARMED), a->n);
     if (n > 0) {
-        __atomic_sub_fetch(w32(a->r->data, ZP_STREAM_DATA_WAITERS), n, SEQ);
+        take_up_to(w32(a->r->data, ZP_STREAM_DATA_WAITERS), n);
     }
     return ZP_OK;
 }

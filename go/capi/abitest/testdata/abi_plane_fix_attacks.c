@@ -18,19 +18,9 @@
 #include <time.h>
 #include <unistd.h>
 #include "check.h"
+#include "clock.h"
 
 #define SEQ __ATOMIC_SEQ_CST
-
-static int64_t now_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
-}
-
-static void sleep_ms(int64_t ms) {
-    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000};
-    nanosleep(&ts, NULL);
-}
 
 /* -- a stream ------------------------------------------------------------ */
 

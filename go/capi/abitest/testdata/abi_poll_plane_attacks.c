@@ -19,22 +19,12 @@
 #include <sys/wait.h>
 #include <time.h>
 #include "mapped.h"
+#include "clock.h"
 
 #define SEQ __ATOMIC_SEQ_CST
 #define STREAM_DATA_WORD 384
 #define STREAM_DATA_WAITERS 388
 #define HANG_NS (10 * 1000000000LL) /* far above what a call needs: only a hang or a starved call reaches it */
-
-static int64_t now_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
-}
-
-static void sleep_ms(int64_t ms) {
-    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000};
-    nanosleep(&ts, NULL);
-}
 
 /* The wait policies of zct_queue_set_wait and zct_stream_reader_set_wait
    that poll: for ever (in C, whatever the negative spin), and for a while

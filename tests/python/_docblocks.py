@@ -263,7 +263,7 @@ def run(command, env, cwd, timeout=120, linger=15):
             done = subprocess.run(command, env=env, cwd=cwd, stdout=out, stderr=err, timeout=timeout)
     finally:
         deadline = time.monotonic() + linger
-        while (left := processes_with(mark)) and time.monotonic() < deadline:
+        while (left := processes_with(mark) or _again(mark)) and time.monotonic() < deadline:
             time.sleep(0.1)
         for pid in left:
             try:
@@ -272,6 +272,14 @@ def run(command, env, cwd, timeout=120, linger=15):
                 pass
     with open(out_path) as out, open(err_path) as err:
         return Outcome(done.returncode, out.read(), err.read(), left)
+
+
+def _again(mark):
+    """processes_with(mark) once more, a moment later: a process in the
+    middle of an exec (a block's `setsid cmd &`) can read as having no
+    environment, and the one look that met it found none."""
+    time.sleep(0.05)
+    return processes_with(mark)
 
 
 def processes_with(mark):

@@ -219,7 +219,9 @@ def view_ref(views: Any, at: int) -> int:
     return ref
 
 
-_NUMPY_DTYPES: dict[int, np.dtype[Any]] = {}  # code -> NumPy dtype, as met
+#: code -> NumPy dtype, as met (a get's array is made with it: a lookup of
+#: dtypes.numpy_dtype costs more than the dict's)
+NUMPY_DTYPES: dict[int, np.dtype[Any]] = {}
 
 
 def from_view(views: Any, at: int) -> NDArray[Any] | torch.Tensor:
@@ -237,9 +239,9 @@ def from_view(views: Any, at: int) -> NDArray[Any] | torch.Tensor:
     memory = ffi.gc(ffi.cast("char *", data), lambda _: native.finalize("zct_ref_release", ref, _RELEASING))
     if flags & TYPE_MASK == TORCH:
         return _tensor(ndarray(memory, nbytes, dtypes.storage_dtype(code), shape, strides), code)
-    dt = _NUMPY_DTYPES.get(code)
+    dt = NUMPY_DTYPES.get(code)
     if dt is None:
-        dt = _NUMPY_DTYPES[code] = dtypes.numpy_dtype(code)
+        dt = NUMPY_DTYPES[code] = dtypes.numpy_dtype(code)
     if flags & READONLY:
         return ndarray(memory, nbytes, dt, shape, strides, True)
     if ndim == 1 and strides[0] == dt.itemsize:

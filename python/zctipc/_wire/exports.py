@@ -562,9 +562,6 @@ def in_zctipc_memory(arr: NDArray[Any]) -> bool:
     return memory.zctipc_memory(arr.__array_interface__["data"][0], extent)
 
 
-_NUMPY_DTYPES: dict[int, np.dtype[Any]] = {}  # code -> NumPy dtype, as met
-
-
 def build_inline(mem: memoryview, views: Any, at: int) -> NDArray[Any] | torch.Tensor:
     """A new NumPy array of an inline record's array, which a get took into
     mem and gave as the zct_view at byte at of views, the bytes of its
@@ -578,9 +575,9 @@ def build_inline(mem: memoryview, views: Any, at: int) -> NDArray[Any] | torch.T
     if flags & _TYPE_MASK == _TORCH:
         dt = dtypes.storage_dtype(code)
     else:
-        dt = _NUMPY_DTYPES.get(code)
+        dt = memory.NUMPY_DTYPES.get(code)
         if dt is None:
-            dt = _NUMPY_DTYPES[code] = dtypes.numpy_dtype(code)
+            dt = memory.NUMPY_DTYPES[code] = dtypes.numpy_dtype(code)
         if not flags:  # writable NumPy, the common case
             arr = np.frombuffer(mem, dt, nbytes // dt.itemsize, start).copy() if nbytes else np.empty(0, dt)
             return arr if ndim == 1 else arr.reshape(memory.VIEW_DIMS[ndim].unpack_from(views, at + memory.VIEW_SHAPE))

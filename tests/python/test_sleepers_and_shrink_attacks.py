@@ -97,7 +97,10 @@ def test_a_forged_count_on_a_free_slot_never_makes_the_word_wrap_in_go():
         assert settle(lambda: sleepers(s) == 1)
         armed(s, 1)[0] = 0x80000000
         taker = s.reader(1)
-        assert sleepers(s) == 0
+        # The take removed the live sleeper from the word; the reader may
+        # have armed again since (Python waits in slices of 50 ms, each
+        # one a disarm and an arm), so 1 is right too.
+        assert sleepers(s) in (0, 1), f"{sleepers(s):#x}"
         w.write(frame(1))
         t.join(HANG)
         assert not t.is_alive()

@@ -49,8 +49,20 @@ func Catch(fn func() error) (err error) {
 	return fn()
 }
 
+// Must panics with err, a fault met outside Go (a data plane step that
+// reported one), as a Go access to the same memory would: Catch recovers
+// it. It does nothing when err is nil.
+func Must(err error) {
+	if err != nil {
+		panic(err)
+	}
+}
+
 // asFault reports whether a recovered value is a memory fault.
 func asFault(r any) (*Error, bool) {
+	if f, ok := r.(*Error); ok {
+		return f, true
+	}
 	re, ok := r.(runtime.Error)
 	if !ok {
 		return nil, false

@@ -2,10 +2,16 @@ package futex_test
 
 import (
 	"math/rand"
+	"os"
+	"path/filepath"
 	"sync/atomic"
 	"testing"
+	"unsafe"
 
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+
+	"github.com/zctipc/zctipc/go/internal/fault"
 	"github.com/zctipc/zctipc/go/internal/futex"
 )
 
@@ -108,4 +114,35 @@ func TestTakeBackOfAForgedCount(t *testing.T) {
 	futex.TakeBack(&waiters, &mine)
 	require.Zero(t, waiters)
 	require.Zero(t, mine)
+}
+
+// TestACountOnShrunkMemoryIsAFault: the counts are the data plane's C
+// steps; when another process shrank the file they lie in, an arm, a
+// disarm and a take-back each end in the caller's fault.Catch as an
+// ErrFault, as an access in Go would, and never kill the process.
+func TestACountOnShrunkMemoryIsAFault(t *testing.T) {
+	f, err := os.Create(filepath.Join(t.TempDir(), "words"))
+	require.NoError(t, err)
+	defer f.Close()
+	page := os.Getpagesize()
+	require.NoError(t, f.Truncate(int64(page)))
+	mem, err := unix.Mmap(int(f.Fd()), 0, page, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	require.NoError(t, err)
+	defer unix.Munmap(mem)
+	word := (*uint32)(unsafe.Pointer(&mem[0]))
+	waiters := (*uint32)(unsafe.Pointer(&mem[4]))
+	mine := (*uint32)(unsafe.Pointer(&mem[8]))
+	s := futex.Seq{Word: word, Waiters: waiters, Mine: mine}
+	s.Arm()
+	require.Equal(t, uint32(1), *waiters)
+	require.NoError(t, f.Truncate(0)) // the hostile process
+
+	for what, call := range map[string]func(){
+		"arm":       func() { s.Arm() },
+		"disarm":    s.Disarm,
+		"take back": func() { futex.TakeBack(waiters, mine) },
+	} {
+		err := fault.Catch(func() error { call(); return nil })
+		require.ErrorIs(t, err, fault.ErrFault, what)
+	}
 }

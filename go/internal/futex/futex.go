@@ -9,6 +9,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/zctipc/zctipc/go/internal/fault"
 	"github.com/zctipc/zctipc/go/internal/plane"
 	"golang.org/x/sys/unix"
 )
@@ -253,47 +254,21 @@ type Seq struct {
 // disarm that finds Mine taken back leaves Waiters alone, since TakeBack
 // took its sleeper from it.
 
-// count counts a sleeper.
-func (s Seq) count() {
-	atomic.AddUint32(s.Waiters, 1)
-	if s.Mine != nil {
-		atomic.AddUint32(s.Mine, 1)
-	}
-}
+// count counts a sleeper, and uncount takes back n, of those still in
+// Mine when there is one and never below zero: a count forged in Mine (or
+// a TakeBack of one) may have taken this party's sleepers from Waiters
+// already, and Waiters must not wrap round (every signal would then make
+// a system call). Both are the data plane's steps (package plane); a
+// fault on their memory panics as a Go access to it would, for the
+// caller's fault.Catch.
+func (s Seq) count() { fault.Must(plane.CountSleeper(s.Waiters, s.Mine)) }
 
-// uncount takes back n sleepers: of those still in Mine, when there is
-// one, and never below zero: a count forged in Mine (or a TakeBack of one)
-// may have taken this party's sleepers from Waiters already, and Waiters
-// must not wrap round (every signal would then make a system call).
-func (s Seq) uncount(n uint32) {
-	if s.Mine != nil {
-		n = takeUpTo(s.Mine, n)
-	}
-	if n > 0 {
-		takeUpTo(s.Waiters, n)
-	}
-}
+func (s Seq) uncount(n uint32) { fault.Must(plane.UncountSleepers(s.Waiters, s.Mine, n)) }
 
 // TakeBack takes the sleepers that mine counts out of waiters, for a
 // party that died armed (Note [a dead party's sleepers]). It takes no more
 // than waiters holds: a forged count cannot make it wrap round.
-func TakeBack(waiters, mine *uint32) {
-	if n := atomic.SwapUint32(mine, 0); n > 0 {
-		takeUpTo(waiters, n)
-	}
-}
-
-// takeUpTo takes up to n from *word, never below zero, and returns how
-// many it took.
-func takeUpTo(word *uint32, n uint32) uint32 {
-	for {
-		w := atomic.LoadUint32(word)
-		k := min(w, n)
-		if k == 0 || atomic.CompareAndSwapUint32(word, w, w-k) {
-			return k
-		}
-	}
-}
+func TakeBack(waiters, mine *uint32) { fault.Must(plane.TakeBackSleepers(waiters, mine)) }
 
 // Load returns the sequence word's value, to be passed to Sleep once the
 // caller has found it must wait.

@@ -251,3 +251,32 @@ func Signal(word, waiters *uint32, n int) error {
 	}
 	return nil
 }
+
+// Sleepers, on a sequence word's waiters and a party's own count mine (nil
+// when none): package futex's Note [a dead party's sleepers], as the C
+// steps count them (zp_sleepers). Each fails only when the memory faulted.
+
+// CountSleeper counts one sleeper.
+func CountSleeper(waiters, mine *uint32) error {
+	return sleepers(C.ZP_COUNT, waiters, mine, 0)
+}
+
+// UncountSleepers takes back n sleepers: what mine still has of them,
+// when there is a mine, and never below zero.
+func UncountSleepers(waiters, mine *uint32, n uint32) error {
+	return sleepers(C.ZP_UNCOUNT, waiters, mine, n)
+}
+
+// TakeBackSleepers takes every sleeper mine counts out of waiters, for a
+// party that died armed.
+func TakeBackSleepers(waiters, mine *uint32) error {
+	return sleepers(C.ZP_TAKE_BACK, waiters, mine, 0)
+}
+
+func sleepers(op C.int32_t, waiters, mine *uint32, n uint32) error {
+	r := C.zp_sleepers(op, (*C.uint32_t)(unsafe.Pointer(waiters)), (*C.uint32_t)(unsafe.Pointer(mine)), C.uint32_t(n))
+	if r != OK {
+		return &fault.Error{Addr: uintptr(unsafe.Pointer(waiters))}
+	}
+	return nil
+}

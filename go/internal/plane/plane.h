@@ -203,6 +203,23 @@ ZP_API int zp_inline_read(const uint8_t *payload, uint64_t len, zp_inline *out);
  * (unguarded: for a step that runs under its own guard). */
 ZP_API void zp_signal_word(uint32_t *word, uint32_t *waiters, int32_t n);
 
+/* The sleepers of a sequence word, counted on its waiters word and, for a
+ * party whose death another process sees (a stream reader, in its slot),
+ * on mine as well (NULL when none): package futex's Note [a dead party's
+ * sleepers]. A count adds one to waiters, then to mine; an uncount takes n
+ * from mine (only what it has, when there is a mine), then as many from
+ * waiters, never below zero; a take-back takes all of mine from waiters,
+ * for a party that died. Unguarded, for a step under its own guard. */
+ZP_API void zp_count_sleeper(uint32_t *waiters, uint32_t *mine);
+ZP_API void zp_uncount_sleepers(uint32_t *waiters, uint32_t *mine, uint32_t n);
+ZP_API void zp_take_back_sleepers(uint32_t *waiters, uint32_t *mine);
+
+/* The same, guarded, for package futex: op ZP_COUNT, ZP_UNCOUNT (n) or
+ * ZP_TAKE_BACK (mine not NULL): ZP_OK, ZP_RANGE for a bad op, ZP_FAULT
+ * when the memory faulted. */
+enum { ZP_COUNT = 0, ZP_UNCOUNT = 1, ZP_TAKE_BACK = 2 };
+ZP_API int zp_sleepers(int32_t op, uint32_t *waiters, uint32_t *mine, uint32_t n);
+
 /* Run step(arg) under the fault guard, as every step of queue.c runs:
  * ZP_FAULT, with out->addr, when its memory faulted. */
 ZP_API int zp_guarded(int (*step)(void *), void *arg, zp_out *out);

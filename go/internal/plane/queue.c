@@ -89,6 +89,44 @@ static void let_go(uint32_t *volatile *at) {
     *at = NULL;
 }
 
+// take_up_to takes up to n from *word, never below zero, and returns how
+// many it took.
+static uint32_t take_up_to(uint32_t *word, uint32_t n) {
+    uint32_t w = ld32(word);
+    for (;;) {
+        uint32_t k = w < n ? w : n;
+        if (k == 0 || __atomic_compare_exchange_n(word, &w, w - k, 0, SEQ, SEQ)) {
+            return k;
+        }
+    }
+}
+
+void zp_count_sleeper(uint32_t *waiters, uint32_t *mine) {
+    __atomic_add_fetch(waiters, 1, SEQ);
+    if (mine != NULL) {
+        __atomic_add_fetch(mine, 1, SEQ);
+    }
+}
+
+void zp_uncount_sleepers(uint32_t *waiters, uint32_t *mine, uint32_t n) {
+    if (mine != NULL) {
+        // Only what mine still has: a count forged there, or taken back by
+        // whoever took the party's place, may have taken this party's
+        // sleepers from the word already.
+        n = take_up_to(mine, n);
+    }
+    if (n > 0) {
+        take_up_to(waiters, n);
+    }
+}
+
+void zp_take_back_sleepers(uint32_t *waiters, uint32_t *mine) {
+    uint32_t n = __atomic_exchange_n(mine, 0, SEQ);
+    if (n > 0) {
+        take_up_to(waiters, n);
+    }
+}
+
 void zp_signal_word(uint32_t *word, uint32_t *waiters, int32_t n) {
     __atomic_add_fetch(word, 1, SEQ);
     if (ld32(waiters) != 0) {
@@ -673,14 +711,14 @@ static const int wait_words[3][2] = {{ZP_OFF_DATA_SEQ, ZP_OFF_DATA_WAITERS},
 
 static int arm(const zp_queue *q, int32_t which, uint32_t **word, uint32_t *seen) {
     uint32_t *w = u32(q, wait_words[which][0]);
-    __atomic_add_fetch(u32(q, wait_words[which][1]), 1, SEQ);
+    zp_count_sleeper(u32(q, wait_words[which][1]), NULL);
     *word = w;
     *seen = ld32(w);
     return ZP_OK;
 }
 
 static int disarm(const zp_queue *q, int32_t which, int32_t pass_on) {
-    __atomic_sub_fetch(u32(q, wait_words[which][1]), 1, SEQ);
+    zp_uncount_sleepers(u32(q, wait_words[which][1]), NULL, 1);
     if (pass_on && which == 0 && count_of(ld64(u64(q, ZP_OFF_TAIL))) != count_of(ld64(u64(q, ZP_OFF_HEAD)))) {
         zp_signal_word(u32(q, ZP_OFF_DATA_SEQ), u32(q, ZP_OFF_DATA_WAITERS), 1);
     }
@@ -688,7 +726,7 @@ static int disarm(const zp_queue *q, int32_t which, int32_t pass_on) {
 }
 
 static int unarm(const zp_queue *q, int32_t which, uint32_t n) {
-    __atomic_sub_fetch(u32(q, wait_words[which][1]), n, SEQ);
+    zp_uncount_sleepers(u32(q, wait_words[which][1]), NULL, n);
     return ZP_OK;
 }
 
@@ -853,5 +891,29 @@ int zp_try_lock(uint32_t *lock, uint32_t pid, uint64_t start) { GUARDED(NULL, lo
 int zp_unlock(uint32_t *lock) { GUARDED(NULL, unlocked(lock)); }
 
 int zp_signal(uint32_t *word, uint32_t *waiters, int32_t n) { GUARDED(NULL, signalled(word, waiters, n)); }
+
+static int sleepers(int32_t op, uint32_t *waiters, uint32_t *mine, uint32_t n) {
+    switch (op) {
+    case ZP_COUNT:
+        zp_count_sleeper(waiters, mine);
+        break;
+    case ZP_UNCOUNT:
+        zp_uncount_sleepers(waiters, mine, n);
+        break;
+    case ZP_TAKE_BACK:
+        zp_take_back_sleepers(waiters, mine);
+        break;
+    default:
+        return ZP_RANGE;
+    }
+    return ZP_OK;
+}
+
+int zp_sleepers(int32_t op, uint32_t *waiters, uint32_t *mine, uint32_t n) {
+    if (op == ZP_TAKE_BACK && mine == NULL) {
+        return ZP_RANGE;
+    }
+    GUARDED(NULL, sleepers(op, waiters, mine, n));
+}
 
 int zp_guarded(int (*step)(void *), void *arg, zp_out *out) { GUARDED(out, step(arg)); }

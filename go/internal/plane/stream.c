@@ -150,15 +150,12 @@ typedef struct arm_args {
     uint32_t n;
 } arm_args;
 
-// A reader's sleepers are counted on the data word and then in its slot,
-// and taken back from the slot (when it still has them) and then from the
-// word, as package futex's Seq with Mine counts them (Note [a dead party's
-// sleepers] there): a writer that evicts a dead reader, or a reader that
-// takes its slot, takes back what the slot counts.
+// A reader's sleepers are counted on the data word and in its slot
+// (zp_count_sleeper's mine): a writer that evicts a dead reader, or a
+// reader that takes its slot, takes back what the slot counts.
 static int read_arm(void *arg) {
     arm_args *a = arg;
-    __atomic_add_fetch(w32(a->r->data, ZP_STREAM_DATA_WAITERS), 1, SEQ);
-    __atomic_add_fetch(w32(a->r->slot, ZP_READER_ARMED), 1, SEQ);
+    zp_count_sleeper(w32(a->r->data, ZP_STREAM_DATA_WAITERS), w32(a->r->slot, ZP_READER_ARMED));
     *a->word = w32(a->r->data, ZP_STREAM_DATA_SEQ);
     *a->seen = __atomic_load_n(*a->word, SEQ);
     return ZP_OK;
@@ -169,26 +166,9 @@ int zp_read_arm(const zp_reader *r, uint32_t **word, uint32_t *seen, zp_out *out
     return zp_guarded(read_arm, &a, out);
 }
 
-// take_up_to takes up to n from *word, never below zero, and returns how
-// many it took.
-static uint32_t take_up_to(uint32_t *word, uint32_t n) {
-    uint32_t w = __atomic_load_n(word, SEQ);
-    for (;;) {
-        uint32_t k = w < n ? w : n;
-        if (k == 0 || __atomic_compare_exchange_n(word, &w, w - k, 0, SEQ, SEQ)) {
-            return k;
-        }
-    }
-}
-
 static int read_disarm(void *arg) {
     arm_args *a = arg;
-    // Never below zero: a count forged in the slot, taken back by whoever
-    // took another slot, may have taken this reader's sleepers already.
-    uint32_t n = take_up_to(w32(a->r->slot, ZP_READER_ARMED), a->n);
-    if (n > 0) {
-        take_up_to(w32(a->r->data, ZP_STREAM_DATA_WAITERS), n);
-    }
+    zp_uncount_sleepers(w32(a->r->data, ZP_STREAM_DATA_WAITERS), w32(a->r->slot, ZP_READER_ARMED), a->n);
     return ZP_OK;
 }
 

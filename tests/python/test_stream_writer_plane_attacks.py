@@ -855,9 +855,11 @@ class StreamWriterModel(RuleBasedStateMachine):
         big=st.booleans(),
     )
     def setup(self, frames, nreaders, policy, big):
-        # Frames of 1 MiB: a ring larger than the 4 MiB of warm slots once
-        # it has more than 4, whose writer reads the readers on every claim.
-        self.shape = (1 << 18,) if big else (3,)
+        # Frames of 4 MiB: a ring larger than the writer's warm slots (4
+        # MiB, or twice the L3 on AMD: 16 MiB on the CI machine, so once it
+        # has more than 4 frames there), whose writer reads the readers on
+        # every claim.
+        self.shape = (1 << 20,) if big else (3,)
         self.s = zctipc.Stream.create(shape=self.shape, frames=frames, readers=nreaders, policy=policy)
         self.w = self.s.writer()
         self.frames, self.nreaders, self.block = frames, nreaders, policy == "block"

@@ -53,13 +53,6 @@ type Writer struct {
 	sleepers int
 }
 
-// warmBytes bounds the slots the writer keeps in circulation while readers
-// keep up. Reusing a slot that a reader released a moment ago writes lines
-// still in that reader's core's cache (each one fetched from it), and going
-// round the whole ring writes lines long gone to memory; a few megabytes
-// apart is past a core's L2 cache and inside the shared L3.
-const warmBytes = 4 << 20
-
 // Writer makes this process the stream's writer. When the writer before it
 // died, it takes the role over, and the frame that writer had claimed but
 // not published is never published.
@@ -88,11 +81,12 @@ func (s *Stream) Writer() (*Writer, error) {
 		Table:   s.table,
 		Readers: s.cfg.Readers,
 		Block:   s.cfg.Policy == Block,
+		// The warm slots: Note [how far apart a writer reuses a slot].
 		// When the ring is larger than the warm slots, the writer reads
 		// the readers on every claim, so that the slots they released go
 		// back among the warm ones at once.
-		Refresh:   frames*s.stride > warmBytes,
-		WarmSlots: int(min(frames, max(1, warmBytes/s.stride))),
+		Refresh:   frames*s.stride > warmBytes(),
+		WarmSlots: int(min(frames, max(1, warmBytes()/s.stride))),
 	}, published)
 	w := &Writer{calls: calls{policy: futex.NewSleeping(), hold: c.Hold()}, s: s, seg: seg, role: role, c: c}
 	if s.cfg.Policy == Block {

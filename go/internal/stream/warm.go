@@ -26,8 +26,12 @@ import (
 //     memory. On an EPYC (family 23) virtual machine with an L3 of 8 MiB,
 //     1 MiB frames and one reader moved 40 Gbit/s with 4 MiB warm and 54
 //     with 16 MiB or the whole ring; with four readers 81-87 against 91-93.
+//
 // So the distance is 4 MiB, and on AMD twice the L3 (at least 4 MiB), as
 // the machine reports them.
+
+// warmDefault is the distance where Note [how far apart a writer reuses a
+// slot] says nothing else.
 const warmDefault = 4 << 20
 
 // warmBytes is that distance for this machine, read once.

@@ -19,9 +19,13 @@ import (
 // (or the one asked for is).
 var ErrNoSlot = fmt.Errorf("no free reader slot: %w", unix.EBUSY)
 
-// slotJoining is the state of a slot while a reader sets it up; the writer
-// ignores it.
+// slotJoining is the state of a slot while a reader sets it up, or while
+// the writer evicts a dead one; the writer ignores it.
 const slotJoining = 3
+
+// joinWait bounds how long a reader waits for a slot that another holds
+// joining before it calls the slot taken.
+const joinWait = 200 * time.Millisecond
 
 // Reader is one reader of a stream, in this process: one position in it.
 // It is safe for concurrent use: its calls are serialized, so goroutines
@@ -85,14 +89,28 @@ func (s *Stream) Reader(index int) (*Reader, error) {
 func (r *Reader) claim(i int) bool {
 	slot := r.s.slot(i)
 	word := u64(slot, rWord)
+	joinBy := time.Time{}
 	for {
 		w := atomic.LoadUint64(word)
 		switch state(w) {
 		case slotActive, slotJoining, slotEvicted:
 			// Evicted readers may come back: only their death frees the slot.
-			if !readerGone(slot, w) {
+			if readerGone(slot, w) {
+				break
+			}
+			// A slot joining is held for a moment (a reader setting it up,
+			// or the writer evicting a dead one: Note [evicting a dead
+			// reader] in writer.go): wait for it a little.
+			if state(w) != slotJoining {
 				return false
 			}
+			if joinBy.IsZero() {
+				joinBy = time.Now().Add(joinWait)
+			} else if time.Now().After(joinBy) {
+				return false
+			}
+			time.Sleep(50 * time.Microsecond)
+			continue
 		}
 		joining := slotWord(r.self.PID, generation(w)+1, slotJoining)
 		if atomic.CompareAndSwapUint64(word, w, joining) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"sync/atomic"
 	"time"
 	"unsafe"
@@ -387,16 +388,48 @@ func (w *Writer) evictStale(need uint64) bool {
 		if !stale && !gone {
 			continue
 		}
+		if gone {
+			evicted = w.evictGone(slot, word) || evicted
+			continue
+		}
+		// A reader that is alive takes its own sleepers back when it wakes.
 		evict := slotWord(slotPID(word), generation(word), slotEvicted)
 		if atomic.CompareAndSwapUint64(u64(slot, rWord), word, evict) {
-			if gone {
-				// A reader that is alive takes its own back when it wakes.
-				s.takeBackSleepers(slot)
-			}
 			evicted = true
 		}
 	}
 	return evicted
+}
+
+// Note [evicting a dead reader]. The writer takes back the sleepers a
+// reader whose process died left counted (Note [a dead party's sleepers]
+// in package futex). Were the slot evicted first, a new reader could take
+// it, take those sleepers back itself and go to sleep, before the writer
+// came to take back what the slot then counts: the new reader's own
+// sleeper, whose wake-up would be lost until its recheck. So the writer
+// holds the slot as a joining reader would, under its own pid, while it
+// takes them back, and only then leaves it evicted; a reader that finds a
+// slot joining waits for it a moment (Reader.claim). A writer killed in
+// between leaves a joining slot of a dead process, which a reader takes.
+
+// evictingHook, when set (by tests), runs while the writer holds the slot
+// of a dead reader it evicts.
+var evictingHook func()
+
+// evictGone evicts the reader of slot, whose word was word and whose
+// process is gone, as Note [evicting a dead reader] says, and reports
+// whether it did (another took the slot first).
+func (w *Writer) evictGone(slot []byte, word uint64) bool {
+	held := slotWord(int64(os.Getpid()), generation(word)+1, slotJoining)
+	if !atomic.CompareAndSwapUint64(u64(slot, rWord), word, held) {
+		return false
+	}
+	if evictingHook != nil {
+		evictingHook()
+	}
+	w.s.takeBackSleepers(slot)
+	atomic.StoreUint64(u64(slot, rWord), slotWord(slotPID(word), generation(held), slotEvicted))
+	return true
 }
 
 // readerGone reports whether the process holding a reader slot is gone.

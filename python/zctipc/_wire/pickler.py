@@ -22,6 +22,7 @@ import sys
 import threading
 
 from .._core import memory
+from ..errors import CorruptHeader
 from . import exports, reductions
 
 TYPE_CHECKING = False  # Note [types without typing] in zctipc._core.native
@@ -62,10 +63,25 @@ _receiving = threading.local()
 _sending = threading.local()
 
 
+# Note [a buffer index]: a pickle names each of its buffers by its index
+# among its message's views, and the view of index i is read at byte
+# at + i * VIEW_SIZE of the views' bytes, which hold the messages before
+# it too (get_many) or views left from an earlier get. A negative index,
+# which only a forged pickle holds, would read one of those: an array over
+# memory whose count another message's array holds, released twice once
+# both are collected (the memory then freed under the other). So it is
+# refused, as an index past the message's last is.
+
+
 def _rebuild(index: int, requires_grad: bool = False) -> Any:
     """Unpickle the buffer at index of the message being received."""
     ctx = _receiving.ctx
-    obj = ctx.objects[index]
+    try:
+        if index < 0:  # the list would take it from its end (Note [a buffer index])
+            raise IndexError
+        obj = ctx.objects[index]
+    except IndexError:
+        raise CorruptHeader(f"malformed message: its pickle asks for buffer {index} of {len(ctx.objects)}") from None
     if obj is None:
         obj = ctx.objects[index] = exports.build(ctx.views, ctx.at + index * memory.VIEW_SIZE)
     if requires_grad:

@@ -710,3 +710,44 @@ def test_a_pickle_of_many_buffers_and_mixed_records_in_one_get_many(q):
     st.close()
     del msgs, got, m, g, z, a
     assert slots() == before
+
+
+# -- a view that cannot be built ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("how", ["bare, get", "bare, get_many", "in a tuple, get", "in a tuple, get_many"])
+def test_a_view_numpy_cannot_type_raises_once_and_costs_its_count_once(q, how):
+    """A sender with ml_dtypes sends a NumPy bfloat16 array (a NumPy view
+    of code bfloat16) to a receiver without it: building the view raises
+    UnsupportedDtype after the view's memory took its ref (a bare array's
+    TENSOR shortcut, or a pickle's buffer, whose loads releases what was
+    not built too). The count goes back, no other array loses its memory,
+    and the queue goes on. (The sender's side is made by telling zctipc
+    that V2 is bfloat16, as ml_dtypes' dtype is.)"""
+    from zctipc._core import dtypes
+    from zctipc._wire import exports
+
+    v2 = np.dtype("V2")
+    keep = zctipc.empty(1000, np.uint16)
+    keep[:] = 1
+    before = slots()
+    dtypes._code_of[v2] = dtypes.BFLOAT16
+    exports._CODES.pop(v2, None)
+    try:
+        z = zctipc.empty(1000, np.uint16).view(v2)
+        q.put(z if how.startswith("bare") else (z,))
+    finally:
+        dtypes._code_of.pop(v2)
+        exports._CODES.pop(v2, None)
+    del z
+    if dtypes._ml_bfloat16() is None:
+        with pytest.raises(zctipc.UnsupportedDtype, match="bfloat16"):
+            q.get(timeout=HANG) if how.endswith(", get") else q.get_many(2, timeout=HANG)
+    else:
+        q.get(timeout=HANG) if how.endswith(", get") else q.get_many(2, timeout=HANG)
+    assert slots() == before
+    other = zctipc.empty(1000, np.uint16)
+    other[:] = 7
+    assert (keep == 1).all()
+    q.put("next")
+    assert q.get(timeout=HANG) == "next"

@@ -86,6 +86,11 @@ def test_retry_not_blocking_looks_once_without_waiting(clock):
     call, asked = waiting(clock, [0])
     assert wait.retry(call, AGAIN, False, None) == 0
     assert asked == [0]
+    # A look that a signal ended says nothing yet, as a blocking one's
+    # last look would: the caller raises Empty or Full, not InterruptedError.
+    call, asked = waiting(clock, [native.E_INTERRUPTED])
+    assert wait.retry(call, AGAIN, False, None) == AGAIN
+    assert asked == [0]
 
 
 @pytest.mark.parametrize("timeout", [0, 0.0, 1e-9, 0.001, 0.0499, 0.05, 0.0501, 0.12, 0.3333])

@@ -71,9 +71,10 @@ def retry(call: Callable[[int], int], again: int, block: bool = True, timeout: f
 
     Plain loops, not a generator of slices: what follows a wait's end is a
     waiter's latency, and closing a generator there cost a microsecond."""
-    if not block:
-        return call(0)
     interrupted = native.E_INTERRUPTED
+    if not block:
+        status = call(0)
+        return again if status == interrupted else status
     timeout = args.timeout(timeout)
     if timeout is None:
         ms = int(WAIT_SLICE * 1000)

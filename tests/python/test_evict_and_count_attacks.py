@@ -503,3 +503,47 @@ def test_frames_stay_whole_around_the_warm_distance(frame_bytes, frames):
 def test_a_large_frame_ring_of_two_keeps_every_frame():
     """A 64 MiB frame, two of them: far past any warm distance."""
     _check_stream(64 * MiB, 2, readers=1, count=4, lag=0)
+
+
+_SHRUNK_IN_EVICTION = """
+import os, subprocess, sys, zctipc
+import numpy as np
+s = zctipc.Stream.create(shape=4, frames=2, readers=1)
+w = s.writer()
+sleepy = subprocess.Popen([sys.executable, "-c", sys.argv[1], s.name, "0"], stdout=subprocess.PIPE, text=True)
+assert sleepy.stdout.readline() == "joined\\n"
+w.write(np.zeros(4, np.float32))
+w.write(np.zeros(4, np.float32))
+sleepy.kill()
+sleepy.wait()
+sleepy.stdout.close()
+os.truncate(os.path.join(os.environ.get("ZCTIPC_SHM_DIR", "/dev/shm"), s.name), int(sys.argv[2]))
+said = []
+for call in (lambda: w.write(np.zeros(4, np.float32), timeout=1), w.close, s.close):
+    try:
+        call()
+        said.append("ok")
+    except zctipc.ZctipcError as e:
+        said.append(type(e).__name__)
+print(" ".join(said), flush=True)
+"""
+
+
+def test_a_file_shrunk_under_an_eviction_is_an_error_not_a_crash(isolated):
+    """The stream's file shrunk to nothing (by another process of the
+    user) once its reader died asleep: the writer that waits for room, to
+    evict the dead reader and take its sleepers back, meets the fault as an
+    error, never a crash or a hang, and closes after. (A file cut only past
+    the words, through the frames, lets the look succeed: the caller's own
+    copy into the frame's view then faults, as any write to a mapping of a
+    shrunk file does.)"""
+    child = subprocess.run(
+        [sys.executable, "-c", _SHRUNK_IN_EVICTION, _SLEEPY_READER, "0"],
+        env=isolated,
+        capture_output=True,
+        text=True,
+        timeout=HANG,
+    )
+    assert child.returncode == 0, child.stderr
+    said = child.stdout.split()
+    assert len(said) == 3 and said[0] != "ok", child.stdout

@@ -392,7 +392,12 @@ func (w *Writer) evictStale(need uint64) bool {
 			evicted = w.evictGone(slot, word) || evicted
 			continue
 		}
-		// A reader that is alive takes its own sleepers back when it wakes.
+		// A reader that is alive but stale: its sleepers are taken back
+		// first, so that none stays counted if its process dies evicted
+		// (the writer looks only at active slots). Its disarm then finds
+		// them taken and leaves the word alone; one it arms before the
+		// eviction below stays counted, and it takes that back itself.
+		s.takeBackSleepers(slot)
 		evict := slotWord(slotPID(word), generation(word), slotEvicted)
 		if atomic.CompareAndSwapUint64(u64(slot, rWord), word, evict) {
 			evicted = true

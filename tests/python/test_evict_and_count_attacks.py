@@ -20,6 +20,7 @@ import threading
 
 import numpy as np
 import pytest
+from _stream_words import WRAPPED, sleepers, slot_word
 from conftest import with_pythonpath
 
 import zctipc
@@ -30,13 +31,8 @@ ENV = {**os.environ, "PYTHONPATH": with_pythonpath(os.path.join(os.path.dirname(
 
 #: Far above anything the behaviour needs: only a hang reaches it.
 HANG = 60
-#: Far above any count of real sleepers: a count here wrapped round.
-WRAPPED = 1 << 20
 #: A queue's three waiters words (docs/format.md, "Queues"): data, space, join.
 QUEUE_WAITERS = (260, 324, 388)
-#: The stream data word's sleepers, the reader slot table, its slot size,
-#: and a slot's word (u64) and `armed` (u32).
-SLEEPERS, READERS_AT, READER_SIZE, WORD, ARMED = 388, 576, 64, 0, 56
 JOINING = 3
 
 
@@ -226,22 +222,6 @@ def test_processes_killed_in_queue_arm_loops_never_make_a_word_wrap(fs_queue):
 
 
 # -- a stream's eviction and joins -------------------------------------------------------------
-
-
-def u32(stream, offset):
-    return native.ffi().cast("uint32_t *", stream._memory + offset)
-
-
-def u64(stream, offset):
-    return native.ffi().cast("uint64_t *", stream._memory + offset)
-
-
-def sleepers(stream):
-    return u32(stream, SLEEPERS)[0]
-
-
-def slot_word(stream, index):
-    return u64(stream, READERS_AT + index * READER_SIZE + WORD)
 
 
 def frame(i, n=4):

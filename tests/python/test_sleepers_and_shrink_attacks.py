@@ -17,6 +17,7 @@ import threading
 import numpy as np
 import pytest
 from _procs import settle
+from _stream_words import WRAPPED, armed, sleepers
 from conftest import with_pythonpath
 
 import zctipc
@@ -27,23 +28,6 @@ ENV = {**os.environ, "PYTHONPATH": with_pythonpath(os.path.join(os.path.dirname(
 
 #: Far above anything the behaviour needs: only a hang reaches it.
 HANG = 60
-#: The data word's sleepers (u32), and a reader slot's table and size
-#: (docs/format.md, "Streams"), with the slot's `armed` (u32).
-SLEEPERS, READERS_AT, READER_SIZE, ARMED = 388, 576, 64, 56
-#: Far above any count of real sleepers: a count here wrapped round.
-WRAPPED = 1 << 20
-
-
-def u32(stream, offset):
-    return native.ffi().cast("uint32_t *", stream._memory + offset)
-
-
-def sleepers(stream):
-    return u32(stream, SLEEPERS)[0]
-
-
-def armed(stream, index):
-    return u32(stream, READERS_AT + index * READER_SIZE + ARMED)
 
 
 def frame(i):

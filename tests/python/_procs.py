@@ -33,6 +33,19 @@ def held(code, *args, env):
         p.wait()
 
 
+def killed_at_random(code, *args, env, rng):
+    """Run a Python child that runs code with args and prints "ready", and
+    SIGKILL it a random moment (up to 30 ms, from rng) after it did."""
+    child = subprocess.Popen([sys.executable, "-c", code, *args], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert child.stdout.readline() == "ready\n"
+        threading.Event().wait(rng.uniform(0, 0.03))
+    finally:
+        child.kill()
+        child.wait()
+        child.stdout.close()
+
+
 def go_on(p):
     """Tell a child that waits for a line on its stdin (held) to go on."""
     p.stdin.write("\n")

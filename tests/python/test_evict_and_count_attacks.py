@@ -20,6 +20,7 @@ import threading
 
 import numpy as np
 import pytest
+from _procs import killed_at_random
 from _stream_words import WRAPPED, sleepers, slot_word
 from conftest import with_pythonpath
 
@@ -201,16 +202,7 @@ def test_processes_killed_in_queue_arm_loops_never_make_a_word_wrap(fs_queue):
     rng = random.Random(11)
     rounds = 6
     for _ in range(rounds):
-        child = subprocess.Popen(
-            [sys.executable, "-c", _QUEUE_LOOPER, q.name], stdout=subprocess.PIPE, text=True, env=ENV
-        )
-        try:
-            assert child.stdout.readline() == "ready\n"
-            threading.Event().wait(rng.uniform(0, 0.03))
-        finally:
-            child.kill()
-            child.wait()
-            child.stdout.close()
+        killed_at_random(_QUEUE_LOOPER, q.name, env=ENV, rng=rng)
         q.put("x", timeout=HANG)
         assert q.get(timeout=HANG) == "x"
     for which in range(3):

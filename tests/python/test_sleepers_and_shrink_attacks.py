@@ -16,7 +16,7 @@ import threading
 
 import numpy as np
 import pytest
-from _procs import settle
+from _procs import killed_at_random, settle
 from _stream_words import WRAPPED, armed, sleepers
 from conftest import with_pythonpath
 
@@ -127,16 +127,7 @@ def test_readers_killed_at_random_in_arm_and_disarm_loops_never_lose_a_live_slee
     rounds = 8
     try:
         for _ in range(rounds):
-            child = subprocess.Popen(
-                [sys.executable, "-c", _LOOPER, s.name, "1"], stdout=subprocess.PIPE, text=True, env=ENV
-            )
-            try:
-                assert child.stdout.readline() == "ready\n"
-                threading.Event().wait(rng.uniform(0, 0.03))
-            finally:
-                child.kill()
-                child.wait()
-                child.stdout.close()
+            killed_at_random(_LOOPER, s.name, "1", env=ENV, rng=rng)
             assert 1 <= sleepers(s) < WRAPPED, f"{sleepers(s):#x}"
             w.write(frame(0))  # publishes go on
         taker = s.reader(1)  # takes back what the last one left

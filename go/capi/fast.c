@@ -133,6 +133,16 @@ static slot *acquire_writer(uint64_t h) {
     return s;
 }
 
+// Note [an arm is the handle's once counted]: an arm counts its sleeper on
+// the word (and a reader's in its slot) first, and only then in its
+// handle's armed, which any thread's disarm on the handle takes from (arms
+// are counted, not owned). Counted in armed first, a disarm on another
+// thread could take it back while the sleeper was half counted: it took
+// from the slot's count before the arm had added to it, left the word's
+// alone, and the arm then left one sleeper too many on the word. A close
+// waits for the calls that hold the handle, so it still takes back an arm
+// that counts itself last.
+
 // zct_fast_unregister takes handle h out of the table, waits until no call
 // here holds its queue, reader or writer, and takes back the sleeps armed
 // through it.
@@ -498,10 +508,9 @@ int zct_queue_arm(zct_handle h, int32_t which, uint32_t **word, uint32_t *seen) 
     if (which >= 0 && which < 3 && word != NULL && seen != NULL) {
         slot *s = acquire(h);
         if (s != NULL) {
-            __atomic_add_fetch(&s->armed[which], 1, SEQ);
             int r = zp_arm(s->q, which, word, seen);
-            if (r != ZP_OK) {
-                __atomic_sub_fetch(&s->armed[which], 1, SEQ);
+            if (r == ZP_OK) {
+                __atomic_add_fetch(&s->armed[which], 1, SEQ); // once counted (Note [an arm is the handle's once counted])
             }
             release(s);
             if (r == ZP_OK) {
@@ -712,11 +721,10 @@ int zct_stream_reader_arm(zct_handle h, uint32_t **word, uint32_t *seen) {
     if (word != NULL && seen != NULL) {
         slot *s = acquire_reader(h);
         if (s != NULL) {
-            __atomic_add_fetch(&s->armed[0], 1, SEQ);
             zp_out out = {0};
             int r = zp_read_arm(s->r, word, seen, &out);
-            if (r != ZP_OK) {
-                __atomic_sub_fetch(&s->armed[0], 1, SEQ);
+            if (r == ZP_OK) {
+                __atomic_add_fetch(&s->armed[0], 1, SEQ); // once counted (Note [an arm is the handle's once counted])
             }
             release(s);
             if (r == ZP_OK) {

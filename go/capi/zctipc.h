@@ -51,7 +51,8 @@ typedef enum zct_status {
     ZCT_E_RANGE = -11,       /* an output buffer is too small; the needed size was written */
     ZCT_E_FULL = -12,        /* a queue or the pool is full, and the timeout passed */
     ZCT_E_EMPTY = -13,       /* a queue is empty, and the timeout passed */
-    ZCT_E_INTERRUPTED = -14, /* a signal arrived while waiting: run its handler, then call again */
+    ZCT_E_INTERRUPTED = -14, /* a signal arrived while waiting: run its handler, then call again (the Go
+                                runtime's own preemption signal can end a wait so, with no handler to run) */
     ZCT_E_NO_DAEMON = -15,   /* the cleanup daemon zctipcd cannot be reached (file_descriptor needs it) */
     ZCT_E_BUSY = -16,        /* a stream's writer role, or every reader slot, is held by a live process
                                 (zct_last_errno EBUSY); or the process that shares a CUDA allocation

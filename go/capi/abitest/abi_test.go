@@ -8,6 +8,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -76,11 +77,29 @@ func runC(t *testing.T, lib, program string, args ...string) {
 	out, err := exec.Command("gcc", "-std=c11", "-Wall", "-Werror", "-pthread", "-I", filepath.Dir(headerPath),
 		"testdata/"+program+".c", "-o", bin, "-L", filepath.Dir(lib), "-lzctipc", "-Wl,-rpath,"+filepath.Dir(lib)).CombinedOutput()
 	require.NoError(t, err, "gcc: %s", out)
+	// Its output goes to files, and it runs in a process group of its own,
+	// which goes with it: a program that forks (a crash test's driver) and
+	// fails leaves no child behind, nor one holding its output open, which
+	// would have kept the test waiting until go test's timeout, its output
+	// unseen.
+	dir := t.TempDir()
+	stdout, err := os.Create(filepath.Join(dir, "stdout"))
+	require.NoError(t, err)
+	stderr, err := os.Create(filepath.Join(dir, "stderr"))
+	require.NoError(t, err)
 	cmd := exec.Command(bin, args...)
 	cmd.Dir = testenv.ModuleRoot()
-	out, err = cmd.Output()
-	require.NoError(t, err, "%s: %s", program, out)
-	require.Equal(t, "ok\n", string(out))
+	cmd.Stdout, cmd.Stderr = stdout, stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	require.NoError(t, cmd.Start())
+	err = cmd.Wait()
+	_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+	require.NoError(t, stdout.Close())
+	require.NoError(t, stderr.Close())
+	out, _ = os.ReadFile(stdout.Name())
+	errOut, _ := os.ReadFile(stderr.Name())
+	require.NoError(t, err, "%s: %s%s", program, out, errOut)
+	require.Equal(t, "ok\n", string(out), "%s: %s", program, errOut)
 }
 
 // program is a C program of testdata and whether it takes a segment name

@@ -402,10 +402,14 @@ func (s Seq) Disarm() { s.uncount(1) }
 // concurrent use.
 type Armed struct{ n [4]atomic.Int32 }
 
-// Arm arms s as word i of the handle.
+// Arm arms s as word i of the handle. The handle counts the arm once the
+// word counts its sleeper: a Disarm on another goroutine, which may take
+// any of the handle's arms, never takes back one half counted (Note [an
+// arm is the handle's once counted] in go/capi/fast.c).
 func (a *Armed) Arm(i int, s Seq) uint32 {
+	seen := s.Arm()
 	a.n[i].Add(1)
-	return s.Arm()
+	return seen
 }
 
 // Disarm takes back an Arm of word i, and reports false when there was

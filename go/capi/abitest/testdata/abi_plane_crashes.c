@@ -54,7 +54,11 @@ static int producer(zct_handle q, uint32_t id) {
    outside it (arm, look, zct_sleep, disarm). */
 static int64_t take(zct_handle q, uint8_t *buf, uint64_t cap, int outside) {
     if (!outside) {
-        return take_plain(q, buf, cap, -1);
+        int64_t r;
+        do { /* a signal (the Go runtime's own): call again, as zctipc.h says */
+            r = take_plain(q, buf, cap, -1);
+        } while (r == ZCT_E_INTERRUPTED);
+        return r;
     }
     for (;;) {
         int64_t r = take_plain(q, buf, cap, 0);
@@ -66,8 +70,11 @@ static int64_t take(zct_handle q, uint8_t *buf, uint64_t cap, int outside) {
         r = take_plain(q, buf, cap, 0);
         int woken = 0;
         if (r == ZCT_E_EMPTY) {
+            /* A signal ends a sleep early (ZCT_E_INTERRUPTED): the Go
+               runtime's preemption signal can reach this thread, which
+               has run Go code. Not woken: look again. */
             int s = zct_sleep(word, seen, 50);
-            CHECK(s == ZCT_OK || s == ZCT_E_EMPTY);
+            CHECK(s == ZCT_OK || s == ZCT_E_EMPTY || s == ZCT_E_INTERRUPTED);
             woken = s == ZCT_OK;
         }
         CHECK(zct_queue_disarm(q, ZCT_WAIT_DATA, woken && r == ZCT_E_EMPTY) == ZCT_OK);

@@ -26,7 +26,7 @@ $(VENV)/.base: constraints.txt pyproject.toml
 	touch $@
 
 $(VENV)/.deps: $(VENV)/.base
-	$(PIP) install --quiet -c constraints.txt pytest pytest-timeout hypothesis import-linter ruff mypy torch pyarrow pandas polars ray mkdocs mkdocs-material mkdocstrings-python
+	$(PIP) install --quiet -c constraints.txt pytest pytest-timeout pytest-xdist hypothesis import-linter ruff mypy torch pyarrow pandas polars ray mkdocs mkdocs-material mkdocstrings-python
 	touch $@
 
 # The package, installed editable from python/: setup.py builds
@@ -65,8 +65,13 @@ gotest:
 gounit:
 	$(GO) test -count=1 -short ./go/...
 
+# The suite in PYTEST_WORKERS pytest-xdist workers, a test file to each
+# at a time (Note [a worker's own directories] in tests/python/conftest.py);
+# PYTEST_WORKERS=1 runs it in one process.
+PYTEST_WORKERS ?= 2
 pytest: install $(VENV)/.deps
-	ZCTIPC_SOAK_SECONDS=$${ZCTIPC_SOAK_SECONDS:-10} $(PY) -m pytest -q -rs --durations=30 --timeout=300 tests/python
+	ZCTIPC_SOAK_SECONDS=$${ZCTIPC_SOAK_SECONDS:-10} $(PY) -m pytest -q -rs --durations=30 --timeout=300 \
+		$(if $(filter-out 1,$(PYTEST_WORKERS)),-n $(PYTEST_WORKERS) --dist loadfile) tests/python
 
 # The one-minute loop, before each commit (CONTRIBUTING.md): vet, the
 # lints, Go's unit tests (gounit) and the Python tests not marked slow, the
@@ -78,11 +83,20 @@ check: install $(VENV)/.deps vet lint
 pyfast: install $(VENV)/.deps
 	$(PY) -m pytest -q -x -m "not slow" --timeout=120 -p no:cacheprovider tests/python
 
-# The Go tests run beside the wheel's: both mostly wait (for processes they
-# start and kill, for pip), and the Go tests keep their segments in a
-# directory of their own.
-test: install vet lint docs pytest
-	$(MAKE) --no-print-directory -j2 gotest wheel-test
+# What CI runs. The lints and the docs site, the Python suite (in
+# PYTEST_WORKERS workers) and the wheel's tests run side by side: each
+# suite keeps its segments and its cleanup daemon in directories of its own
+# (Note [a worker's own directories] in tests/python/conftest.py,
+# .ci/wheel_test.py's own_dirs), and the tests mostly wait for the
+# processes they start. Then the Go tests, whose -race runs take both
+# cores.
+test: install
+	$(MAKE) --no-print-directory -j3 static pytest wheel-test
+	$(MAKE) --no-print-directory gotest
+
+# What reads the code without running it: go vet, the lints, the docs site.
+.PHONY: static
+static: vet lint docs
 
 # The documentation site (mkdocs.yml): the pages in docs/, and the API
 # reference that mkdocstrings makes from the package's docstrings (read from

@@ -8,14 +8,19 @@ pyarrow, pandas and polars are made visible too (a .pth line; the
 development venv's editable zctipc is not), and a set of test files that
 need them (WITH_EXTRAS) runs as well. Then the
 sdist, built from source by pip in one more venv. And the wheel's native
-files must carry no run path but their own directory.
+files must carry no run path but their own directory. Each run keeps its
+segments in a directory of its own (own_dirs), so that make test runs this
+beside the source tree's suite.
 
     python .ci/wheel_test.py --venv-python .venv/bin/python PYTHON [PYTHON ...]
 """
 
 import argparse
+import contextlib
 import glob
 import os
+import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -100,8 +105,34 @@ def check_run_paths(wheel):
     print(f"run paths: every native file of {os.path.basename(wheel)} looks only beside itself", flush=True)
 
 
+@contextlib.contextmanager
+def own_dirs(tmp):
+    """The environment of a test run with a segment directory on /dev/shm's
+    tmpfs and a runtime directory (so a cleanup daemon) of its own: make
+    test runs this beside the source tree's suite, whose leak checks look at
+    /dev/shm. Afterwards the daemon is stopped, and the directory must be
+    empty."""
+    shm_dir = tempfile.mkdtemp(prefix="wheel-test-", dir="/dev/shm")
+    run_dir = os.path.join(tmp, "run")
+    os.mkdir(run_dir, 0o700)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ZCTIPC_LIBRARY") and k != "PYTHONPATH"}
+    env.update(ZCTIPC_SHM_DIR=shm_dir, ZCTIPC_RUNTIME_DIR=run_dir)
+    try:
+        yield env
+        left = os.listdir(shm_dir)
+        if left:
+            sys.exit(f"the installed package left {len(left)} files in {shm_dir}: {sorted(left)[:10]}")
+    finally:
+        try:
+            with open(os.path.join(run_dir, "daemon.lock")) as f:
+                os.kill(int(f.read().strip()), signal.SIGKILL)
+        except (OSError, ValueError):
+            pass  # no daemon ran, or it is gone
+        shutil.rmtree(shm_dir, ignore_errors=True)
+
+
 def test_wheel(python, wheel, dev_python, dev_version):
-    with tempfile.TemporaryDirectory(prefix="zctipc-wheel-test-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="zctipc-wheel-test-") as tmp, own_dirs(tmp) as env:
         venv = os.path.join(tmp, "venv")
         run([python, "-m", "venv", venv])
         vpy = python_of(venv)
@@ -128,6 +159,7 @@ def test_wheel(python, wheel, dev_python, dev_version):
         where = subprocess.run(
             [vpy, "-c", "import zctipc._core.native as n; print(n.__file__)"],
             cwd=tmp,
+            env=env,
             capture_output=True,
             text=True,
             check=True,
@@ -135,7 +167,6 @@ def test_wheel(python, wheel, dev_python, dev_version):
         if not where.startswith(venv):
             sys.exit(f"Python {version}: zctipc was imported from {where}, not from the installed wheel")
         print(f"Python {version}: zctipc from {where}; {len(files)} test files", flush=True)
-        env = {k: v for k, v in os.environ.items() if not k.startswith("ZCTIPC_LIBRARY") and k != "PYTHONPATH"}
         run(
             [
                 vpy,
@@ -165,7 +196,7 @@ def test_wheel(python, wheel, dev_python, dev_version):
 
 
 def test_sdist(python, sdist):
-    with tempfile.TemporaryDirectory(prefix="zctipc-sdist-test-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="zctipc-sdist-test-") as tmp, own_dirs(tmp) as env:
         venv = os.path.join(tmp, "venv")
         run([python, "-m", "venv", venv])
         vpy = python_of(venv)
@@ -175,7 +206,7 @@ def test_sdist(python, sdist):
             "t = zctipc.create_shared_tensor(data=np.ones(3)); "
             "print(q.get()['a'].sum(), t.numpy().sum(), zctipc.__version__); t.close(); q.close()"
         )
-        out = subprocess.run([vpy, "-c", code], cwd=tmp, capture_output=True, text=True, check=True).stdout
+        out = subprocess.run([vpy, "-c", code], cwd=tmp, env=env, capture_output=True, text=True, check=True).stdout
         version = os.path.basename(sdist).removeprefix("zctipc-").removesuffix(".tar.gz")
         if out.split() != ["6", "3.0", version]:
             sys.exit(f"the package built from the sdist printed {out!r}")

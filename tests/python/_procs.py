@@ -110,3 +110,12 @@ def settle(condition, timeout=60, every=0.002):
             return False
         time.sleep(every)
     return True
+
+
+def exited(pid):
+    """Whether pid has exited (a zombie nobody reaped has)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except (FileNotFoundError, ProcessLookupError):  # reaped, before the open or the read
+        return True

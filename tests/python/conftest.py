@@ -10,12 +10,29 @@ import fcntl
 import os
 import shutil
 import signal
+import tempfile
 import time
 import uuid
 
 import pytest
 
-import zctipc
+# Note [a worker's own directories]: make test runs the suite in two
+# pytest-xdist workers. Each gives itself a segment directory on /dev/shm's
+# tmpfs and a runtime directory (so a cleanup daemon) of its own, set before
+# zctipc is imported, for itself and every process its tests start: one
+# worker's files never show in the other's leak checks, and the session
+# check below counts what this worker's tests left. A run that sets
+# ZCTIPC_SHM_DIR itself keeps it.
+WORKER = os.environ.get("PYTEST_XDIST_WORKER")
+OWN_DIRS: tuple[str, str] | None = None
+if WORKER and "ZCTIPC_SHM_DIR" not in os.environ:
+    OWN_DIRS = (
+        tempfile.mkdtemp(prefix=f"pytest-{WORKER}-", dir="/dev/shm"),
+        tempfile.mkdtemp(prefix=f"pytest-{WORKER}-run-"),
+    )
+    os.environ["ZCTIPC_SHM_DIR"], os.environ["ZCTIPC_RUNTIME_DIR"] = OWN_DIRS
+
+import zctipc  # noqa: E402  (after the worker's directories are set)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 # Where segments live: the library honours ZCTIPC_SHM_DIR, and so does the suite.
@@ -59,6 +76,16 @@ def no_leaked_segments():
     # long as it does); what is left then was leaked.
     zctipc.cleanup_all_segments()
     left = wait_until_gone(library_files() - before - own_ledgers())
+    if OWN_DIRS is not None:
+        shm_dir, run_dir = OWN_DIRS
+        pid = daemon_pid(run_dir)
+        if pid:
+            os.kill(pid, signal.SIGKILL)
+        strays = sorted(set(os.listdir(shm_dir)) - set(left) - own_ledgers())
+        shutil.rmtree(run_dir, ignore_errors=True)
+        if not left and not strays:
+            shutil.rmtree(shm_dir, ignore_errors=True)
+        left += strays
     if left:
         pytest.fail(f"the test suite left {len(left)} zctipc files in {SHM}: {left[:10]}", pytrace=False)
 
@@ -145,10 +172,14 @@ def daemon_pid(run_dir):
 def pytest_terminal_summary(terminalreporter):
     """Print the counts of CPython's multiprocessing tests run against
     zctipc (test_cpython_conformance.py), when they ran."""
-    import sys
-
-    module = sys.modules.get("test_cpython_conformance")
-    if module is not None and module.SUMMARY_LINES:
+    lines = [
+        line
+        for report in terminalreporter.stats.get("passed", []) + terminalreporter.stats.get("failed", [])
+        for name, value in getattr(report, "user_properties", ())
+        if name == "conformance"
+        for line in value
+    ]
+    if lines:
         terminalreporter.section("CPython's multiprocessing tests with zctipc")
-        for line in module.SUMMARY_LINES:
+        for line in lines:
             terminalreporter.write_line(line)

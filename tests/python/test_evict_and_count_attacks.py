@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 from _procs import killed_at_random
 from _stream_words import WRAPPED, sleepers, slot_word
-from conftest import with_pythonpath
+from conftest import SHM, with_pythonpath
 
 import zctipc
 from zctipc._core import native
@@ -45,7 +45,7 @@ class QueueWords:
     the segment header's data_offset)."""
 
     def __init__(self, q):
-        fd = os.open(f"/dev/shm/{q.name}", os.O_RDWR)
+        fd = os.open(os.path.join(SHM, q.name), os.O_RDWR)
         try:
             self._map = mmap.mmap(fd, os.fstat(fd).st_size)
         finally:

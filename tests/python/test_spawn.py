@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import torch
 import torch.multiprocessing
+from _procs import exited
 from conftest import HERE, library_files, own_ledgers, wait_until_gone, with_pythonpath
 
 import zctipc as mp
@@ -137,15 +138,6 @@ def test_without_join_the_context_is_joined_until_all_are_done(leaves_nothing):
     assert [p.exitcode for p in ctx.processes] == [0, 0, 0]
 
 
-def gone(pid):
-    """Whether pid has exited (a zombie nobody reaped has)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except FileNotFoundError:
-        return True
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("method", ["spawn", "forkserver"])
 def test_ranks_end_when_their_parent_dies(method, leaves_nothing):
@@ -160,9 +152,9 @@ def test_ranks_end_when_their_parent_dies(method, leaves_nothing):
     pids = [int(pid) for pid in parent.stdout.split()]
     assert len(pids) == 2, parent.stdout
     deadline = time.monotonic() + 30
-    while not all(gone(pid) for pid in pids) and time.monotonic() < deadline:
+    while not all(exited(pid) for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert all(gone(pid) for pid in pids), "a rank outlived its parent"
+    assert all(exited(pid) for pid in pids), "a rank outlived its parent"
     assert "KeyboardInterrupt" not in parent.stderr  # the ranks end quietly
 
 
@@ -174,8 +166,8 @@ def test_fork_is_refused():
 
 def test_the_exceptions_pickle_with_their_fields():
     raised = mp.ProcessRaisedException("trace", 2, 1234)
-    exited = mp.ProcessExitedException("killed", 1, 99, -9, "SIGKILL")
-    for e in (raised, exited):
+    ended = mp.ProcessExitedException("killed", 1, 99, -9, "SIGKILL")
+    for e in (raised, ended):
         again = pickle.loads(pickle.dumps(e))
         assert type(again) is type(e) and vars(again) == vars(e) and str(again) == str(e)
     assert issubclass(mp.ProcessRaisedException, mp.ProcessException)

@@ -21,6 +21,7 @@ import time
 
 import _spawn_attack_workers as w
 import pytest
+from _procs import exited
 from conftest import HERE, library_files, own_ledgers, wait_until_gone, with_pythonpath
 
 import zctipc as mp
@@ -46,15 +47,6 @@ def leaves_nothing():
     left = wait_until_gone(library_files() - before - own_ledgers())
     assert left == [], left
     assert error_files() - files == set()
-
-
-def gone(pid):
-    """Whether pid has exited (a zombie nobody reaped has)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except FileNotFoundError:
-        return True
 
 
 def settle(condition, timeout=HANG):
@@ -137,7 +129,7 @@ def test_all_ranks_failing_at_once_raise_one_rank_and_leave_no_file(leaves_nothi
     e = info.value
     assert f"ValueError: rank {e.error_index} fails" in str(e)
     assert e.error_pid == ctx.pids()[e.error_index]
-    assert all(gone(pid) for pid in ctx.pids())
+    assert all(exited(pid) for pid in ctx.pids())
     assert not any(os.path.exists(f) for f in ctx.error_files)
 
 
@@ -238,7 +230,7 @@ def test_a_rank_stopped_then_killed_is_reported_as_killed(leaves_nothing):
             pass
     e = info.value
     assert (e.error_index, e.error_pid, e.exit_code, e.signal_name) == (1, pids[1], -9, "SIGKILL")
-    assert all(gone(pid) for pid in pids.values())
+    assert all(exited(pid) for pid in pids.values())
 
 
 @pytest.mark.slow
@@ -253,7 +245,7 @@ def test_a_stopped_rank_is_killed_after_the_grace_period(leaves_nothing):
         while not ctx.join(grace_period=0.2):
             pass
     assert ctx.processes[0].exitcode == -signal.SIGKILL
-    assert all(gone(pid) for pid in pids.values())
+    assert all(exited(pid) for pid in pids.values())
 
 
 class Interrupts:
@@ -299,7 +291,7 @@ def test_a_join_interrupted_while_it_ends_the_ranks_kills_them_and_raises_later(
                 pass
         interrupts.disarm()
         interrupter.join()
-        assert ctx.processes[0].exitcode == -signal.SIGKILL and all(gone(pid) for pid in pids.values())
+        assert ctx.processes[0].exitcode == -signal.SIGKILL and all(exited(pid) for pid in pids.values())
         with pytest.raises(mp.ProcessRaisedException, match="RuntimeError: rank 1 fails"):
             ctx.join()
     finally:
@@ -332,7 +324,7 @@ def test_an_interrupted_spawn_ends_its_ranks(leaves_nothing):
         interrupts.disarm()
         stop.set()
         interrupter.join()
-        assert len(pids) == 2 and all(gone(pid) for pid in pids)
+        assert len(pids) == 2 and all(exited(pid) for pid in pids)
     finally:
         interrupts.disarm()
         stop.set()
@@ -351,7 +343,7 @@ def test_ranks_that_find_their_parent_gone_as_they_start_end_quietly(method, tmp
     ends without a KeyboardInterrupt traceback, wherever SIGINT lands."""
     pids = [int(pid) for pid in run_parent(f"die_as_ranks_start({method!r}, 4)", tmp_path / "stderr")]
     try:
-        assert settle(lambda: all(gone(pid) for pid in pids)), "a rank outlived its parent"
+        assert settle(lambda: all(exited(pid) for pid in pids)), "a rank outlived its parent"
         assert "KeyboardInterrupt" not in (tmp_path / "stderr").read_text()
     finally:
         kill_all(pids)
@@ -365,7 +357,7 @@ def test_ranks_of_a_rank_end_when_the_outer_parent_dies(tmp_path, leaves_nothing
     pids = [int(pid) for pid in run_parent("die_under_nested_ranks('forkserver')", tmp_path / "stderr")]
     assert len(pids) == 3
     try:
-        assert settle(lambda: all(gone(pid) for pid in pids)), [pid for pid in pids if not gone(pid)]
+        assert settle(lambda: all(exited(pid) for pid in pids)), [pid for pid in pids if not exited(pid)]
     finally:
         kill_all(pids)
 
@@ -377,7 +369,7 @@ def test_an_orphaned_rank_that_raises_leaves_no_traceback_file(tmp_path, leaves_
     words = run_parent("die_under_converting_rank('forkserver')", tmp_path / "stderr")
     error_file, pid = words[0], int(words[1])
     try:
-        assert settle(lambda: gone(pid))
+        assert settle(lambda: exited(pid))
         assert not os.path.exists(error_file) and not os.path.exists(error_file + ".part")
     finally:
         kill_all([pid])
@@ -392,7 +384,7 @@ def test_ranks_holding_zctipc_memory_when_killed_leave_nothing(leaves_nothing):
     with pytest.raises(mp.ProcessRaisedException, match="rank 1 fails while rank 0 holds zctipc memory"):
         mp.spawn(w.hold_and_block, args=(ready, barrier, forever), nprocs=2, start_method="forkserver")
     pids = dict(ready.get(timeout=HANG) for _ in range(2))
-    assert all(gone(pid) for pid in pids.values())
+    assert all(exited(pid) for pid in pids.values())
     ready.close()
     forever.close()
 

@@ -24,10 +24,11 @@ EXPECT = re.compile(r"#\s*expect:\s*(?P<code>[a-z-]+)\s*$")
 
 
 @pytest.fixture(scope="module")
-def mypy_cache(tmp_path_factory):
-    """One cache for the module's runs: the second reads NumPy's and torch's
-    types from it instead of analysing them again."""
-    return tmp_path_factory.mktemp("mypy-cache")
+def mypy_cache():
+    """The project's cache, which make lint's mypy run (before the tests in
+    make test) leaves warm: the runs here read the package's, NumPy's and
+    torch's types from it instead of analysing them again."""
+    return os.path.join(ROOT, ".mypy_cache")
 
 
 def mypy(cache, *paths):

@@ -16,13 +16,13 @@ import uuid
 
 import pytest
 
-# Note [a worker's own directories]: make test runs the suite in two
-# pytest-xdist workers. Each gives itself a segment directory on /dev/shm's
-# tmpfs and a runtime directory (so a cleanup daemon) of its own, set before
-# zctipc is imported, for itself and every process its tests start: one
-# worker's files never show in the other's leak checks, and the session
-# check below counts what this worker's tests left. A run that sets
-# ZCTIPC_SHM_DIR itself keeps it.
+# Note [a worker's own directories]: make pytest PYTEST_WORKERS=2 runs the
+# suite in two pytest-xdist workers. Each gives itself a segment directory
+# on /dev/shm's tmpfs and a runtime directory (so a cleanup daemon) of its
+# own, set before zctipc is imported, for itself and every process its
+# tests start: one worker's files never show in the other's leak checks,
+# and the session check below counts what this worker's tests left. A run
+# that sets ZCTIPC_SHM_DIR itself keeps it.
 WORKER = os.environ.get("PYTEST_XDIST_WORKER")
 OWN_DIRS: tuple[str, str] | None = None
 if WORKER and "ZCTIPC_SHM_DIR" not in os.environ:

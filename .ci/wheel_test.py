@@ -9,8 +9,8 @@ development venv's editable zctipc is not), and a set of test files that
 need them (WITH_EXTRAS) runs as well. Then the
 sdist, built from source by pip in one more venv. And the wheel's native
 files must carry no run path but their own directory. Each run keeps its
-segments in a directory of its own (own_dirs), so that make test runs this
-beside the source tree's suite.
+segments and its cleanup daemon in directories of its own (own_dirs), so
+that what it leaves is its own, whatever else runs on the machine.
 
     python .ci/wheel_test.py --venv-python .venv/bin/python PYTHON [PYTHON ...]
 """
@@ -108,10 +108,9 @@ def check_run_paths(wheel):
 @contextlib.contextmanager
 def own_dirs(tmp):
     """The environment of a test run with a segment directory on /dev/shm's
-    tmpfs and a runtime directory (so a cleanup daemon) of its own: make
-    test runs this beside the source tree's suite, whose leak checks look at
-    /dev/shm. Afterwards the daemon is stopped, and the directory must be
-    empty."""
+    tmpfs and a runtime directory (so a cleanup daemon) of its own, apart
+    from any other suite's (whose leak checks look at /dev/shm). Afterwards
+    the daemon is stopped, and the directory must be empty."""
     shm_dir = tempfile.mkdtemp(prefix="wheel-test-", dir="/dev/shm")
     run_dir = os.path.join(tmp, "run")
     os.mkdir(run_dir, 0o700)

@@ -213,6 +213,16 @@ func TestCPrograms(t *testing.T) {
 		// 3 ms, negative and past the clock's range on every policy, never
 		// empty before the deadline.
 		{"CPlaneFixAttacks", []program{{"abi_plane_fix_attacks", false}}},
+		// CArmModel: a model of the sleepers that a handle's arms count
+		// (Note [an arm is the handle's once counted] in fast.c): threads
+		// arm and disarm a queue's words and a reader's at random, each in
+		// balance, beside another handle's arms; at each stop the counts on
+		// the words and in the reader's slot are the model's, a thread's
+		// disarm of its own arm is never refused, and a close under the
+		// threads takes back theirs alone. Counts forged in the file never
+		// wrap round on a disarm or a close, and a sleeper armed after the
+		// forgery is woken by a put or a publish.
+		{"CArmModel", []program{{"abi_arm_model", true}}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()

@@ -4,6 +4,7 @@ import (
 	"math/rand"
 	"os"
 	"path/filepath"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"unsafe"
@@ -145,4 +146,56 @@ func TestACountOnShrunkMemoryIsAFault(t *testing.T) {
 		err := fault.Catch(func() error { call(); return nil })
 		require.ErrorIs(t, err, fault.ErrFault, what)
 	}
+}
+
+// TestArmedModelConcurrent: goroutines of one handle arm and disarm its
+// words at random, each keeping its own arms in balance (a disarm of an
+// arm it holds is never refused, whoever's arm the handle takes back), in
+// rounds; after each round the counts on the words, and a party's own
+// count (Seq.Mine), equal the model's sum of the arms not taken back, and
+// Release at the end leaves none.
+func TestArmedModelConcurrent(t *testing.T) {
+	t.Parallel()
+	const goroutines, rounds, ops = 6, 20, 300
+	var words, waiters, mine [2]uint32
+	seqs := [2]futex.Seq{{Word: &words[0], Waiters: &waiters[0]}, {Word: &words[1], Waiters: &waiters[1], Mine: &mine[1]}}
+	var armed futex.Armed
+	local := make([][2]int, goroutines)
+	for round := range rounds {
+		var wg sync.WaitGroup
+		for g := range goroutines {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				rng := rand.New(rand.NewSource(int64(round*goroutines + g)))
+				for range ops {
+					i := rng.Intn(2)
+					if rng.Intn(2) == 0 {
+						armed.Arm(i, seqs[i])
+						local[g][i]++
+					} else if local[g][i] > 0 {
+						if !armed.Disarm(i, seqs[i]) {
+							t.Errorf("round %d: a disarm of an arm held was refused", round)
+							return
+						}
+						local[g][i]--
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		for i := range 2 {
+			model := 0
+			for g := range goroutines {
+				model += local[g][i]
+			}
+			require.Equal(t, uint32(model), atomic.LoadUint32(&waiters[i]), "round %d word %d", round, i)
+		}
+		require.Equal(t, atomic.LoadUint32(&waiters[1]), atomic.LoadUint32(&mine[1]), "round %d", round)
+	}
+	for i := range 2 {
+		armed.Release(i, seqs[i])
+		require.Zero(t, atomic.LoadUint32(&waiters[i]))
+	}
+	require.Zero(t, atomic.LoadUint32(&mine[1]))
 }

@@ -33,3 +33,27 @@ func TestADisarmAfterAForgedTakeBackDoesNotWrap(t *testing.T) {
 	a.Release(0, party)
 	require.Zero(t, atomic.LoadUint32(&waiters), "wrapped round")
 }
+
+// TestAnArmOverAForgedFullCountStaysCounted: a count forged to 2^32 - 1
+// (by another process writing the segment file) must not wrap round to 0
+// when a sleeper counts itself: a signal wakes only when the count is not
+// 0, and the sleeper would sleep to its timeout. Held at 2^32 - 1, the
+// forgery costs only wake-ups for nobody; a disarm after it never wraps.
+func TestAnArmOverAForgedFullCountStaysCounted(t *testing.T) {
+	t.Parallel()
+	var word uint32
+	waiters, mine := uint32(1<<32-1), uint32(1<<32-1)
+	for _, s := range []futex.Seq{{Word: &word, Waiters: &waiters}, {Word: &word, Waiters: &waiters, Mine: &mine}} {
+		atomic.StoreUint32(&waiters, 1<<32-1)
+		atomic.StoreUint32(&mine, 1<<32-1)
+		s.Arm()
+		require.NotZero(t, atomic.LoadUint32(&waiters), "the sleeper is not counted: a signal skips it")
+		var a futex.Armed
+		a.Arm(0, s)
+		require.NotZero(t, atomic.LoadUint32(&waiters))
+		require.True(t, a.Disarm(0, s))
+		s.Disarm()
+		require.LessOrEqual(t, atomic.LoadUint32(&waiters), uint32(1<<32-1))
+		require.Greater(t, atomic.LoadUint32(&waiters), uint32(1<<31), "wrapped round")
+	}
+}

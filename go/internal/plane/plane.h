@@ -206,7 +206,8 @@ ZP_API void zp_signal_word(uint32_t *word, uint32_t *waiters, int32_t n);
 /* The sleepers of a sequence word, counted on its waiters word and, for a
  * party whose death another process sees (a stream reader, in its slot),
  * on mine as well (NULL when none): package futex's Note [a dead party's
- * sleepers]. A count adds one to waiters, then to mine; an uncount takes n
+ * sleepers]. A count adds one to waiters, then to mine (never past 2^32 - 1:
+ * a forged count must not wrap round to 0); an uncount takes n
  * from mine (only what it has, when there is a mine), then as many from
  * waiters, never below zero; a take-back takes all of mine from waiters,
  * for a party that died. Unguarded, for a step under its own guard. */

@@ -101,10 +101,21 @@ static uint32_t take_up_to(uint32_t *word, uint32_t n) {
     }
 }
 
+// count_up adds one to *word, never past 2^32 - 1. A sleeper count forged
+// to 2^32 - 1 by another process would otherwise wrap round to 0 as a
+// sleeper counts itself, and a signal, which wakes only when the count is
+// not 0, would leave that sleeper to its timeout (a lost wake-up); held at
+// 2^32 - 1, a forged count costs wake-ups for nobody, no more.
+static void count_up(uint32_t *word) {
+    uint32_t w = ld32(word);
+    while (w != UINT32_MAX && !__atomic_compare_exchange_n(word, &w, w + 1, 0, SEQ, SEQ)) {
+    }
+}
+
 void zp_count_sleeper(uint32_t *waiters, uint32_t *mine) {
-    __atomic_add_fetch(waiters, 1, SEQ);
+    count_up(waiters);
     if (mine != NULL) {
-        __atomic_add_fetch(mine, 1, SEQ);
+        count_up(mine);
     }
 }
 

@@ -42,6 +42,7 @@ typedef struct slot {
     int32_t users;    // calls here that hold the queue, the reader or the writer
     int32_t armed[3]; // sleeps armed through this handle (a queue's ZCT_WAIT_*, a reader's 0) not taken back
     int32_t waits;    // how the handle's calls wait (ZCT_FAST_*, internal.h): here, or in Go
+    int64_t asked;    // a writer's: when its look last went to Go for the dead (now_ns), under its busy word
     const zp_queue *q; // a queue's handle
     zp_reader *r;      // or a stream reader's
     zp_writer *w;      // or a stream writer's
@@ -68,6 +69,7 @@ static void enter(uint64_t h, const zp_queue *q, zp_reader *r, zp_writer *w) {
             s->w = w;
             memset(s->armed, 0, sizeof s->armed);
             s->waits = ZCT_FAST_SLEEP;
+            s->asked = 0;
             __atomic_store_n(&s->handle, h, SEQ);
             return;
         }
@@ -550,21 +552,50 @@ int zct_queue_disarm(zct_handle h, int32_t which, int32_t pass_on) {
 // A writer's claim and publish run here while the ring has room; a wait
 // for room (which evicts the readers that died), an end, a corrupt table
 // and a closed handle go to Go, which runs the same step again and says
-// what it met.
+// what it met. A look that does not wait, with no room, says so here
+// unless a reader may be evicted (look_for_the_dead).
+
+#define ASK_GO_NS 5000000000LL // a dead reader whose pid another process took is evicted this late
+
+// look_for_the_dead says whether a writer's look that found no room and
+// does not wait must go to Go, which evicts the readers that died: when
+// the data plane suspects a reader, or Go last looked ASK_GO_NS ago (Note
+// [a writer's look for the dead] in package plane). Its caller holds the
+// writer's busy word.
+static int look_for_the_dead(slot *s) {
+    int64_t now = now_ns();
+    if (now - s->asked < ASK_GO_NS) {
+        struct timespec wall;
+        clock_gettime(CLOCK_REALTIME, &wall);
+        int32_t suspect = 1;
+        zp_out out = {0};
+        if (zp_write_suspects(s->w, (int64_t)wall.tv_sec * 1000000000LL + wall.tv_nsec, &suspect, &out) == ZP_OK &&
+            !suspect) {
+            return 0;
+        }
+    }
+    s->asked = now;
+    return 1;
+}
 
 int zct_stream_write_look(zct_handle h, int64_t timeout_ms, int32_t *slot_out) {
     if (slot_out != NULL) {
         slot *s = acquire_writer(h);
         if (s != NULL) {
             int k = ZP_BUSY; // a call of Go's has it: Go waits for it
+            int full = 0;
             if (zp_enter(&s->w->busy)) {
                 zp_out out = {0};
                 k = zp_write_look(s->w, slot_out, &out);
+                full = k == ZP_WAIT && timeout_ms == 0 && !look_for_the_dead(s);
                 zp_leave(&s->w->busy);
             }
             release(s);
             if (k == ZP_OK) {
                 return ZCT_OK;
+            }
+            if (full) {
+                return ZCT_E_FULL;
             }
         }
     }

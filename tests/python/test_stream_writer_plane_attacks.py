@@ -421,6 +421,36 @@ def test_looks_that_do_not_wait_evict_a_reader_as_soon_as_it_is_dead(children):
         e.close()
 
 
+#: A reader slot's start time (u64) within it: its process's, recorded
+#: after its claim (docs/format.md, "Streams").
+START_AT = 16
+
+
+@pytest.mark.slow
+def test_a_waiting_writer_evicts_a_reader_whose_pid_another_process_took():
+    """A reader holds the ring, and its slot now names a live process that
+    is not it (its recorded start time forged, as when its pid went to a new
+    process): the data plane sees the pid alive and never suspects it
+    (Note [a writer's look for the dead]), but a writer asleep for room
+    still asks Go now and then, which tells by the start time, evicts it and
+    writes."""
+    s = zctipc.Stream.create(shape=4, frames=4, readers=2, policy="block")
+    mine, stuck = s.reader(), s.reader()
+    w = filled(s, 4, [mine])
+    results = {}
+    t = start(_write_into, w, results, "write", True, JOIN_S)
+    t.join(0.3)
+    assert t.is_alive(), "a live reader holds the ring"
+    start_time = native.ffi().cast("uint64_t *", s._memory + 576 + 64 * stuck.index + START_AT)
+    start_time[0] += 1  # while the writer sleeps: only a later look of Go's sees it
+    t.join(JOIN_S)
+    assert results["write"] is True, "the reader was never evicted"
+    assert s.readers == 1
+    assert float(mine.read(timeout=0)[0]) == 4
+    for e in (w, mine, stuck, s):
+        e.close()
+
+
 def _write_into(w, results, key, *args):
     try:
         results[key] = w.write(np.full(4, 4, np.float32), *args)

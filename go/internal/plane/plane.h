@@ -332,6 +332,7 @@ typedef struct zp_writer {
     uint64_t next;       /* the position of the next frame to claim */
     uint64_t min_pos;    /* the slowest reader's position when last read */
     uint64_t freed;
+    int64_t reader_timeout; /* ns a live reader may go unseen before it is evicted; 0: for ever */
     int32_t *warm;       /* frames entries each */
     int32_t *cold;
     int32_t *given;
@@ -350,6 +351,15 @@ ZP_API int zp_write_increment(zp_writer *w, zp_out *out);
 /* Read the live readers' positions: the lowest, or the next frame when
  * none is live, into w->min_pos and *low. ZP_OK or ZP_FAULT. */
 ZP_API int zp_write_slowest(zp_writer *w, uint64_t *low, zp_out *out);
+
+/* Whether a wait for room may evict a reader now, by what the data plane
+ * tells: *suspect is 1 when a reader that holds the writer back (active,
+ * below the position the next claim needs) has no process, is a zombie, or
+ * was not seen for longer than reader_timeout by the wall clock now_ns; 0
+ * when none is. ZP_OK or ZP_FAULT. A reader whose pid another process took
+ * is the caller's to find (package proc, by start time): Note [a writer's
+ * look for the dead] in stream.c. */
+ZP_API int zp_write_suspects(zp_writer *w, int64_t now_ns, int32_t *suspect, zp_out *out);
 
 /* The views a record of type typ and ndesc descriptors gives its taker. */
 static inline int32_t zp_views(uint8_t typ, uint16_t ndesc) { return typ == ZP_TYPE_INLINE ? ndesc + 1 : ndesc; }

@@ -8,8 +8,12 @@
 // is the caller's. Words are read and written with sequentially
 // consistent atomics, as Go's sync/atomic does.
 #define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "plane.h"
 
@@ -208,6 +212,75 @@ static int read_slowest(void *arg) {
 int zp_write_slowest(zp_writer *w, uint64_t *low, zp_out *out) {
     slowest_args a = {w, low};
     return zp_guarded(read_slowest, &a, out);
+}
+
+// Note [a writer's look for the dead]. A writer that waits for room looks
+// now and then for readers to evict: those that died without a word, and,
+// with a reader timeout, those not seen for that long. Package stream's
+// look (evictStale) tells a dead reader by its pid and start time, in Go;
+// but each call into Go after an idle spell wakes the runtime's monitor
+// thread, some sixty times under load, so a writer blocked for room that
+// asked Go five times a second woke its process three hundred times a
+// second. So the C ABI's looks first ask this step, which reads the table
+// and each holding reader's /proc entry, and go to Go only when a reader
+// is suspect or Go has not looked for a while. A suspect is a reader with
+// no process (or a pid out of range), a zombie (which holds no mapping),
+// or not seen for longer than the timeout by its slot: Go then evicts it,
+// or finds it alive (blocked on for less than the timeout, say). What only
+// Go tells, a pid another process took since, waits for Go's next look.
+
+// gone_here says whether the process pid looks gone by its /proc entry:
+// there is none, or it is a zombie. An entry that cannot be read is alive.
+static int gone_here(uint64_t pid) {
+    if (pid == 0 || pid > INT32_MAX) {
+        return 1;
+    }
+    char path[32], stat[512];
+    snprintf(path, sizeof path, "/proc/%u/stat", (unsigned)pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        return errno == ENOENT || errno == ESRCH;
+    }
+    ssize_t n = read(fd, stat, sizeof stat - 1);
+    int err = errno;
+    close(fd);
+    if (n <= 0) {
+        return n < 0 && err == ESRCH; // it exited while read
+    }
+    stat[n] = 0;
+    const char *end = strrchr(stat, ')'); // the name may hold one: the state follows the last
+    return end != NULL && end[1] == ' ' && (end[2] == 'Z' || end[2] == 'X' || end[2] == 'x');
+}
+
+typedef struct suspects_args {
+    zp_writer *w;
+    int64_t now;
+    int32_t *suspect;
+} suspects_args;
+
+static int find_suspects(void *arg) {
+    suspects_args *a = arg;
+    zp_writer *w = a->w;
+    uint64_t need = w->next - w->frames + 1; // as package stream's waitForRoom
+    *a->suspect = 0;
+    for (uint32_t i = 0; i < w->readers; i++) {
+        uint8_t *slot = w->data + ZP_STREAM_READERS_AT + (uint64_t)i * ZP_READER_SIZE;
+        uint64_t word = __atomic_load_n(w64(slot, ZP_READER_WORD), SEQ);
+        if ((word & 3) != 1 || __atomic_load_n(w64(slot, ZP_READER_POSITION), SEQ) >= need) {
+            continue; // not active, or not holding the writer back
+        }
+        int64_t seen = __atomic_load_n((int64_t *)(slot + ZP_READER_SEEN), SEQ);
+        if ((w->reader_timeout > 0 && seen < a->now - w->reader_timeout) || gone_here(word >> 32)) {
+            *a->suspect = 1;
+            return ZP_OK;
+        }
+    }
+    return ZP_OK;
+}
+
+int zp_write_suspects(zp_writer *w, int64_t now_ns, int32_t *suspect, zp_out *out) {
+    suspects_args a = {w, now_ns, suspect};
+    return zp_guarded(find_suspects, &a, out);
 }
 
 static uint32_t *table_entry(const zp_writer *w, uint64_t pos) {

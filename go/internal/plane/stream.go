@@ -161,6 +161,9 @@ type WriterConfig struct {
 	// slots kept warm.
 	Refresh   bool
 	WarmSlots int
+	// ReaderTimeout is how long a live reader may go unseen before a
+	// wait for room evicts it (0: for ever); Suspects reads it.
+	ReaderTimeout time.Duration
 }
 
 // NewWriter makes the Writer of the stream data region data, which stays
@@ -175,6 +178,7 @@ func NewWriter(data unsafe.Pointer, cfg WriterConfig, next uint64) *Writer {
 	w.block = C.int32_t(boolInt(cfg.Block))
 	w.refresh = C.int32_t(boolInt(cfg.Refresh))
 	w.warm_slots = C.uint32_t(cfg.WarmSlots)
+	w.reader_timeout = C.int64_t(cfg.ReaderTimeout.Nanoseconds())
 	w.next = C.uint64_t(next)
 	lists := unsafe.Add(unsafe.Pointer(w), C.sizeof_zp_writer)
 	w.warm = (*C.int32_t)(lists)
@@ -215,6 +219,15 @@ func (w *Writer) Slowest(out *Out) (uint64, int) {
 	var low C.uint64_t
 	res := int(C.zp_write_slowest((*C.zp_writer)(w), &low, out))
 	return uint64(low), res
+}
+
+// Suspects runs zp_write_suspects: whether a reader that holds the writer
+// back may be evicted, by what the data plane tells without /proc, at the
+// wall clock now (Unix ns); and the step's result.
+func (w *Writer) Suspects(now int64, out *Out) (bool, int) {
+	var suspect C.int32_t
+	res := int(C.zp_write_suspects((*C.zp_writer)(w), C.int64_t(now), &suspect, out))
+	return suspect != 0, res
 }
 
 // Next returns the position of the next frame to claim.

@@ -86,8 +86,9 @@ func (s *Stream) Writer() (*Writer, error) {
 		// When the ring is larger than the warm slots, the writer reads
 		// the readers on every claim, so that the slots they released go
 		// back among the warm ones at once.
-		Refresh:   frames*s.stride > warmBytes(),
-		WarmSlots: int(min(frames, max(1, warmBytes()/s.stride))),
+		Refresh:       frames*s.stride > warmBytes(),
+		WarmSlots:     int(min(frames, max(1, warmBytes()/s.stride))),
+		ReaderTimeout: s.cfg.ReaderTimeout,
 	}, published)
 	w := &Writer{calls: calls{policy: futex.NewSleeping(), hold: c.Hold()}, s: s, seg: seg, role: role, c: c}
 	if s.cfg.Policy == Block {

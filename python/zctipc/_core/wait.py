@@ -112,9 +112,9 @@ def sleep_outside(
 
     closed() says, without calling the library, whether the handle was
     closed (Note [a sleep across a close]). look_every: after that many
-    slices in a row that their timeout ended, look again all the same (0:
-    never), for a call whose look does more than read the word (a stream
-    writer's evicts readers that died)."""
+    slices in a row that their timeout ended, look again all the same,
+    still armed (0: never), for a call whose look does more than read the
+    word (a stream writer's evicts readers that died)."""
     if not block:
         return call(0)
     timeout = args.timeout(timeout)
@@ -140,11 +140,18 @@ def sleep_outside(
                 # Signal handlers run between these calls (Ctrl-C).
                 slept = sleep(word, seen, ms)
                 slices += 1
-                if slept != empty and slept != interrupted or closed() or slices == look_every:
+                if slept != empty and slept != interrupted or closed():
                     # Woken, or the word moved (or went with a close): look.
                     woken = slept != empty and slept != interrupted
                     status = call(0)
                     break
+                if slices == look_every:
+                    # Look, still armed: a look that finds nothing does
+                    # not cost an arm and a disarm.
+                    slices = 0
+                    status = call(0)
+                    if status != again:
+                        break
                 ms = left_ms()
                 if ms == 0:
                     return again

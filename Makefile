@@ -65,13 +65,11 @@ gotest:
 gounit:
 	$(GO) test -count=1 -short ./go/...
 
-# The suite in one process, or with PYTEST_WORKERS=2 in two pytest-xdist
-# workers, a test file to each at a time (Note [a worker's own
-# directories] in tests/python/conftest.py). Two workers saturate two
-# cores, and then a stream writer waiting for room, which waits in Go,
-# wakes more than test_waiting_attacks.py's bound (116-138 a second
-# measured): CI runs one.
-PYTEST_WORKERS ?= 1
+# The suite in two pytest-xdist workers, a test file to each at a time,
+# each with directories and a cleanup daemon of its own (Note [a worker's
+# own directories] in tests/python/conftest.py); PYTEST_WORKERS=1 runs it
+# in one process. The suite takes 0.72 of a core in one process, 1.1 in two.
+PYTEST_WORKERS ?= 2
 pytest: install $(VENV)/.deps
 	ZCTIPC_SOAK_SECONDS=$${ZCTIPC_SOAK_SECONDS:-10} $(PY) -m pytest -q -rs --durations=30 --timeout=300 \
 		$(if $(filter-out 1,$(PYTEST_WORKERS)),-n $(PYTEST_WORKERS) --dist loadfile) tests/python
@@ -86,11 +84,11 @@ check: install $(VENV)/.deps vet lint
 pyfast: install $(VENV)/.deps
 	$(PY) -m pytest -q -x -m "not slow" --timeout=120 -p no:cacheprovider tests/python
 
-# What CI runs: the Python suite alone (it takes 0.72 of a core on
-# average, but its children's starts, torch's import above all, come in
-# bursts: beside the wheel's tests it took 35 minutes instead of 25), then
-# the Go tests beside the wheel's, which keep their segments in
-# directories of their own (testenv.Main, .ci/wheel_test.py's own_dirs).
+# What CI runs: the Python suite alone, in two workers (its children's
+# starts, torch's import above all, come in bursts: beside the wheel's
+# tests, in one process, it took 35 minutes instead of 25), then the Go
+# tests beside the wheel's, which keep their segments in directories of
+# their own (testenv.Main, .ci/wheel_test.py's own_dirs).
 test: install vet lint docs pytest
 	$(MAKE) --no-print-directory -j2 gotest wheel-test
 
@@ -138,10 +136,14 @@ wheel: install
 	PATH="$(abspath $(VENV))/bin:$$PATH" $(VENV)/bin/auditwheel repair --plat $(WHEEL_PLAT) -w dist build/wheel/zctipc-*.whl
 	$(PY) -m build --sdist --no-isolation --outdir dist .
 
-# What users install, tested: the wheel in a fresh venv of every CPython
-# the machine has (3.10 to 3.13 under pyenv here), outside the source tree,
-# and the sdist built from source in one more.
-WHEEL_PYTHONS ?= $(sort $(wildcard $(HOME)/.pyenv/versions/3.1[0-3].*/bin/python3))
+# What users install, tested: the wheel (abi3) in a fresh venv of the
+# oldest and the newest CPython the machine has (3.10 and 3.13 under pyenv
+# here) and of the development venv's (which runs the extras' tests too),
+# outside the source tree; and the sdist built from source in one more.
+PYTHONS_HERE = $(sort $(wildcard $(HOME)/.pyenv/versions/3.1[0-3].*/bin/python3))
+DEV_MINOR = $(shell $(PY) -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+WHEEL_PYTHONS ?= $(sort $(firstword $(PYTHONS_HERE)) $(lastword $(PYTHONS_HERE)) \
+	$(foreach p,$(PYTHONS_HERE),$(if $(findstring /$(DEV_MINOR).,$(p)),$(p))))
 wheel-test: wheel $(VENV)/.deps
 	$(PY) .ci/wheel_test.py --venv-python $(abspath $(PY)) $(WHEEL_PYTHONS)
 

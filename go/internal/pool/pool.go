@@ -619,16 +619,17 @@ func (p *Pool) AllocLeaving(n, leave uint64, deadline time.Time) (Slot, error) {
 			time.Sleep(wait)
 			continue
 		}
-		seq := waitOn.u32(offFreeSeq)
-		seen := atomic.LoadUint32(seq)
-		atomic.AddUint32(waitOn.u32(offWaiters), 1)
+		// Counted as every sleeper is, so that a count another process
+		// forged neither wraps round to 0 (a lost wake-up) nor below it.
+		freed := futex.Seq{Word: waitOn.u32(offFreeSeq), Waiters: waitOn.u32(offWaiters)}
+		seen := freed.Arm()
 		if !waitOn.topReserved() { // a slot never used may be free: it is not the one waited for
-			if werr := futex.Wait(seq, seen, wait); werr != nil && !errors.Is(werr, futex.ErrTimeout) && !errors.Is(werr, futex.ErrInterrupted) {
-				atomic.AddUint32(waitOn.u32(offWaiters), ^uint32(0))
+			if werr := futex.Wait(freed.Word, seen, wait); werr != nil && !errors.Is(werr, futex.ErrTimeout) && !errors.Is(werr, futex.ErrInterrupted) {
+				freed.Disarm()
 				return Slot{}, werr
 			}
 		}
-		atomic.AddUint32(waitOn.u32(offWaiters), ^uint32(0))
+		freed.Disarm()
 	}
 }
 

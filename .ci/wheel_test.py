@@ -17,6 +17,7 @@ that what it leaves is its own, whatever else runs on the machine.
 
 import argparse
 import contextlib
+import fcntl
 import glob
 import os
 import shutil
@@ -124,9 +125,12 @@ def own_dirs(tmp):
     finally:
         try:
             with open(os.path.join(run_dir, "daemon.lock")) as f:
-                os.kill(int(f.read().strip()), signal.SIGKILL)
+                try:
+                    fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                except BlockingIOError:  # the daemon holds it while it runs: the pid is its own
+                    os.kill(int(f.read().strip()), signal.SIGKILL)
         except (OSError, ValueError):
-            pass  # no daemon ran, or it is gone
+            pass  # no daemon ran, or it is gone (its pid may be another process's now)
         shutil.rmtree(shm_dir, ignore_errors=True)
 
 

@@ -43,6 +43,7 @@ typedef struct slot {
     int32_t armed[3]; // sleeps armed through this handle (a queue's ZCT_WAIT_*, a reader's 0) not taken back
     int32_t waits;    // how the handle's calls wait (ZCT_FAST_*, internal.h): here, or in Go
     int64_t asked;    // a writer's: when its look last went to Go for the dead (now_ns), under its busy word
+    uint64_t asked_next; // and the frame it found no room for then (its next)
     const zp_queue *q; // a queue's handle
     zp_reader *r;      // or a stream reader's
     zp_writer *w;      // or a stream writer's
@@ -70,6 +71,7 @@ static void enter(uint64_t h, const zp_queue *q, zp_reader *r, zp_writer *w) {
             memset(s->armed, 0, sizeof s->armed);
             s->waits = ZCT_FAST_SLEEP;
             s->asked = 0;
+            s->asked_next = 0;
             __atomic_store_n(&s->handle, h, SEQ);
             return;
         }
@@ -560,11 +562,15 @@ int zct_queue_disarm(zct_handle h, int32_t which, int32_t pass_on) {
 // look_for_the_dead says whether a writer's look that found no room and
 // does not wait must go to Go, which evicts the readers that died: when
 // the data plane suspects a reader, or Go last looked ASK_GO_NS ago (Note
-// [a writer's look for the dead] in package plane). Its caller holds the
-// writer's busy word.
+// [a writer's look for the dead] in package plane); and, with a reader
+// timeout, when the writer finds no room for a frame Go did not look for:
+// Go counts a reader's time unseen from the moment it first learns that
+// the writer waits for that frame (Note [waiting is alive] in package
+// stream), so a look that did not tell it would evict a stopped reader up
+// to a whole timeout late. Its caller holds the writer's busy word.
 static int look_for_the_dead(slot *s) {
     int64_t now = now_ns();
-    if (now - s->asked < ASK_GO_NS) {
+    if (now - s->asked < ASK_GO_NS && (s->w->reader_timeout <= 0 || s->asked_next == s->w->next)) {
         struct timespec wall;
         clock_gettime(CLOCK_REALTIME, &wall);
         int32_t suspect = 1;
@@ -575,6 +581,7 @@ static int look_for_the_dead(slot *s) {
         }
     }
     s->asked = now;
+    s->asked_next = s->w->next;
     return 1;
 }
 
@@ -595,6 +602,8 @@ int zct_stream_write_look(zct_handle h, int64_t timeout_ms, int32_t *slot_out) {
                 return ZCT_OK;
             }
             if (full) {
+                static const char msg[] = "the stream's ring is full"; // as Go's (stream.ErrFull)
+                zct_set_last_error(msg, sizeof msg - 1, 0);
                 return ZCT_E_FULL;
             }
         }

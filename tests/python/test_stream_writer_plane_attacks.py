@@ -1079,3 +1079,199 @@ class StreamWriterModel(RuleBasedStateMachine):
 
 StreamWriterModel.TestCase.settings = settings(max_examples=150, stateful_step_count=80, deadline=None)
 test_a_writer_and_its_readers_against_a_model = StreamWriterModel.TestCase
+
+
+#: The space word's waiting writer (u32) and `wanted` (u64) in the data
+#: region (docs/format.md, "Streams").
+SPACE_WAITERS, WANTED = 452, 456
+
+#: A reader timeout, seconds: the tests below wait half of one more.
+TIMEOUT_S = 0.5
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("look", ["block=False", "c look 0"])
+def test_a_polling_writer_evicts_an_unseen_reader_a_timeout_after_it_first_found_no_room(look):
+    """Note [waiting is alive]: a reader unseen is evicted a reader timeout
+    after the later of its seen time and the moment the writer began to
+    wait for the frame it has not passed. A writer that only polls (looks
+    that do not wait, which the data plane answers) finds no room for a
+    frame a moment after its reader was seen, and looks again once a
+    timeout and a half passed without the reader moving: that look evicts
+    it. The data plane's first look used to tell Go nothing (the reader was
+    not suspect, and Go had looked a moment before), so Go began to count
+    at the second look, and the reader held the ring a whole timeout more."""
+    s = zctipc.Stream.create(shape=4, frames=2, readers=1, reader_timeout=TIMEOUT_S)
+    r, w = s.reader(), s.writer()
+
+    def poll():
+        if look == "block=False":
+            return w.look(block=False) is not None
+        status, _ = c_write_look(w, 0)
+        assert status in (0, native.E_FULL), last_error()
+        return status == 0
+
+    for i in range(2):
+        assert w.write(np.full(4, i, np.float32), block=False)
+    assert not poll(), "the reader holds the ring"  # Go looks here: its first
+    assert float(r.read(timeout=0)[0]) == 0  # seen now, at frame 1
+    assert w.write(np.full(4, 2, np.float32), block=False)
+    assert not poll(), "the reader, seen a moment ago, holds frame 1"
+    time.sleep(TIMEOUT_S * 1.5)
+    assert poll(), "the reader was not seen for a timeout and a half since the writer waited for it"
+    assert s.readers == 0
+    for e in (w, r, s):
+        e.close()
+
+
+def stopped_reader(children, reader_timeout):
+    """A stream of 4 frames full under block, with a local reader that keeps
+    up and a reader process that holds the first frame, stopped (SIGSTOP):
+    its process lives (state T) and never moves."""
+    s = zctipc.Stream.create(shape=4, frames=4, readers=2, policy="block", reader_timeout=reader_timeout)
+    mine = s.reader()
+    p = reader_process(children, s, "hold")
+    w = s.writer()
+    for i in range(4):
+        assert w.write(np.full(4, i, np.float32), block=False)
+        if i == 0:
+            held(p)
+        assert float(mine.read(timeout=0)[0]) == i
+    os.kill(p.pid, signal.SIGSTOP)
+    deadline = time.monotonic() + JOIN_S
+    while state(p.pid) != "T":
+        assert time.monotonic() < deadline, "the reader never stopped"
+        time.sleep(0.01)
+    return s, w, mine, p
+
+
+def left_no_waiter(s):
+    u32 = native.ffi().cast("uint32_t *", s._memory + SPACE_WAITERS)
+    u64 = native.ffi().cast("uint64_t *", s._memory + WANTED)
+    assert u32[0] == 0, "a writer's sleep stayed counted on the space word"
+    assert u64[0] == 0, "the writer still says it waits"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("wait", ["sleep", "poll"])
+def test_a_stopped_reader_is_alive_without_a_timeout_and_evicted_once_a_zombie(children, wait):
+    """A reader process stopped by SIGSTOP holds the ring: the data plane
+    does not take it for dead (its /proc state is T), and without a reader
+    timeout a writer waiting across several of its periodic looks (still
+    armed, Python's sleep) gives up at its own timeout, leaving no sleeper
+    counted and the reader joined. Killed into a zombie, the next wait
+    evicts it, and the writer goes on."""
+    s, w, mine, p = stopped_reader(children, None)
+    w.set_wait(wait)
+    assert w.write(np.full(4, 4, np.float32), timeout=1.5) is False, "a stopped reader is alive"
+    assert s.readers == 2
+    left_no_waiter(s)
+    assert w.look(block=False) is None and w.look(timeout=0) is None
+    kill(p, reap=False)  # a zombie: /proc shows it, and it holds no mapping
+    assert w.write(np.full(4, 4, np.float32), timeout=JOIN_S)
+    left_no_waiter(s)
+    assert float(mine.read(timeout=0)[0]) == 4
+    goes_on(s, w, mine, 5)
+    for e in (w, mine, s):
+        e.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("wait", ["sleep", "poll"])
+def test_a_stopped_reader_is_evicted_by_the_reader_timeout(children, wait):
+    """With a reader timeout, a stopped reader process (alive to /proc)
+    holding the ring is evicted by a writer that waits, asleep (its looks
+    every few slices answered by the data plane while armed) or polling in
+    Go; the wait leaves no sleeper counted."""
+    s, w, mine, p = stopped_reader(children, TIMEOUT_S)
+    w.set_wait(wait)
+    assert w.write(np.full(4, 4, np.float32), timeout=JOIN_S)
+    assert s.readers == 1
+    assert state(p.pid) == "T"
+    left_no_waiter(s)
+    assert float(mine.read(timeout=0)[0]) == 4
+    goes_on(s, w, mine, 5)
+    for e in (w, mine, s):
+        e.close()
+
+
+@pytest.mark.slow
+def test_threads_looking_at_once_without_waiting_evict_a_killed_reader_and_claim_once(children):
+    """Four threads call zct_stream_write_look(0) at once on one full
+    writer while the reader that holds the ring is killed: each call says
+    full or claims, no call fails, and every claim is the one frame's slot
+    (a look again before the increment). The writer then goes on."""
+    s, w, mine, p = full_with_a_reader_process(children, "hold")
+    barrier = threading.Barrier(5)
+    statuses, slots = [], []
+
+    def looker():
+        barrier.wait()
+        deadline = time.monotonic() + JOIN_S
+        while time.monotonic() < deadline:
+            status, slot = c_write_look(w, 0)
+            statuses.append(status)
+            if status == 0:
+                slots.append(slot)
+                if len(slots) >= 20:
+                    return
+
+    threads = [start(looker) for _ in range(4)]
+    barrier.wait()
+    kill(p, reap=False)
+    for t in threads:
+        t.join(JOIN_S)
+        assert not t.is_alive()
+    assert set(statuses) <= {0, native.E_FULL}, (set(statuses), last_error())
+    assert len(set(slots)) == 1, "one claim, however many looks"
+    w._frames[slots[0]][:] = 4
+    w.increment()
+    assert float(mine.read(timeout=0)[0]) == 4
+    goes_on(s, w, mine, 5)
+    for e in (w, mine, s):
+        e.close()
+
+
+@pytest.mark.slow
+def test_a_polling_writer_evicts_a_reader_whose_pid_another_process_took():
+    """The reader holding the ring names a live process that is not it (its
+    recorded start time forged): the data plane never suspects it, and a
+    writer that only polls (looks that do not wait, answered in C) still
+    evicts it, through the look that goes to Go every few seconds (Note [a
+    writer's look for the dead])."""
+    s = zctipc.Stream.create(shape=4, frames=4, readers=2, policy="block")
+    mine, stuck = s.reader(), s.reader()
+    w = filled(s, 4, [mine])
+    assert w.look(block=False) is None, "a live reader holds the ring"
+    start_time = native.ffi().cast("uint64_t *", s._memory + 576 + 64 * stuck.index + START_AT)
+    start_time[0] += 1
+    deadline = time.monotonic() + JOIN_S
+    while (view := w.look(block=False)) is None:
+        assert time.monotonic() < deadline, "the reader was never evicted"
+        time.sleep(0.01)
+    view[:] = 4
+    w.increment()
+    assert s.readers == 1
+    assert float(mine.read(timeout=0)[0]) == 4
+    for e in (w, mine, stuck, s):
+        e.close()
+
+
+def test_a_full_ring_answered_in_c_says_why_as_go_does():
+    """The C ABI's rule: after a failure, zct_last_error and _errno say why,
+    for the calling thread. A look that does not wait on a full ring, once
+    the data plane answers it (Note [a writer's look for the dead]), says
+    what Go's look said, not the thread's failure before it."""
+    s = zctipc.Stream.create(shape=4, frames=2, readers=1, policy="block")
+    r = s.reader()
+    w = filled(s, 2)
+    assert c_write_look(w, 0)[0] == native.E_FULL  # the first goes to Go
+    said = last_error()
+    slot = native.ffi().new("int32_t *")
+    assert native.lib().zct_stream_write_look(0, 0, slot) != 0  # no such writer
+    assert last_error() != said
+    assert c_write_look(w, 0)[0] == native.E_FULL  # the data plane's answer
+    assert last_error() == said
+    assert native.lib().zct_last_errno() == 0
+    for e in (w, r, s):
+        e.close()

@@ -228,6 +228,11 @@ int zp_write_slowest(zp_writer *w, uint64_t *low, zp_out *out) {
 // or not seen for longer than the timeout by its slot: Go then evicts it,
 // or finds it alive (blocked on for less than the timeout, say). What only
 // Go tells, a pid another process took since, waits for Go's next look.
+// With a reader timeout, the first look that finds no room for a frame
+// goes to Go all the same: Go counts a reader's time unseen from when it
+// learned that the writer waits for it (Note [waiting is alive] in package
+// stream), and a writer that polled without telling it evicted a stopped
+// reader a whole timeout late.
 
 // gone_here says whether the process pid looks gone by its /proc entry:
 // there is none, or it is a zombie. An entry that cannot be read is alive.

@@ -371,6 +371,15 @@ def full_with_a_reader_process(children, how, policy="block", readers=2):
     return s, w, mine, p
 
 
+def goes_on_from_4(s, w, mine):
+    """mine reads frame 4, which the writer wrote once the ring had room;
+    then the writer goes on (goes_on), and all three close."""
+    assert float(mine.read(timeout=0)[0]) == 4
+    goes_on(s, w, mine, 5)
+    for e in (w, mine, s):
+        e.close()
+
+
 def goes_on(s, w, mine, first, n=20):
     """The writer writes n frames from first on without waiting for anyone
     but mine, which reads every one of them."""
@@ -397,10 +406,7 @@ def test_a_look_that_does_not_wait_evicts_a_killed_reader(children, how, reap, l
     assert view is not None, "the dead reader was evicted"
     view[:] = 4
     w.increment()
-    assert float(mine.read(timeout=0)[0]) == 4
-    goes_on(s, w, mine, 5)
-    for e in (w, mine, s):
-        e.close()
+    goes_on_from_4(s, w, mine)
 
 
 @pytest.mark.slow
@@ -415,10 +421,7 @@ def test_looks_that_do_not_wait_evict_a_reader_as_soon_as_it_is_dead(children):
         assert time.monotonic() < deadline, "the dead reader was never evicted"
     view[:] = 4
     w.increment()
-    assert float(mine.read(timeout=0)[0]) == 4
-    goes_on(s, w, mine, 5)
-    for e in (w, mine, s):
-        e.close()
+    goes_on_from_4(s, w, mine)
 
 
 #: A reader slot's start time (u64) within it: its process's, recorded
@@ -487,10 +490,7 @@ def test_a_writer_waiting_for_room_evicts_a_reader_killed_meanwhile(children, wa
         w.increment()
     else:
         assert results["look"] is True
-    assert float(mine.read(timeout=0)[0]) == 4
-    goes_on(s, w, mine, 5)
-    for e in (w, mine, s):
-        e.close()
+    goes_on_from_4(s, w, mine)
 
 
 @pytest.mark.slow
@@ -1170,10 +1170,7 @@ def test_a_stopped_reader_is_alive_without_a_timeout_and_evicted_once_a_zombie(c
     kill(p, reap=False)  # a zombie: /proc shows it, and it holds no mapping
     assert w.write(np.full(4, 4, np.float32), timeout=JOIN_S)
     left_no_waiter(s)
-    assert float(mine.read(timeout=0)[0]) == 4
-    goes_on(s, w, mine, 5)
-    for e in (w, mine, s):
-        e.close()
+    goes_on_from_4(s, w, mine)
 
 
 @pytest.mark.slow
@@ -1189,10 +1186,7 @@ def test_a_stopped_reader_is_evicted_by_the_reader_timeout(children, wait):
     assert s.readers == 1
     assert state(p.pid) == "T"
     left_no_waiter(s)
-    assert float(mine.read(timeout=0)[0]) == 4
-    goes_on(s, w, mine, 5)
-    for e in (w, mine, s):
-        e.close()
+    goes_on_from_4(s, w, mine)
 
 
 @pytest.mark.slow
@@ -1226,10 +1220,7 @@ def test_threads_looking_at_once_without_waiting_evict_a_killed_reader_and_claim
     assert len(set(slots)) == 1, "one claim, however many looks"
     w._frames[slots[0]][:] = 4
     w.increment()
-    assert float(mine.read(timeout=0)[0]) == 4
-    goes_on(s, w, mine, 5)
-    for e in (w, mine, s):
-        e.close()
+    goes_on_from_4(s, w, mine)
 
 
 @pytest.mark.slow

@@ -222,8 +222,9 @@ func (w *Writer) Slowest(out *Out) (uint64, int) {
 }
 
 // Suspects runs zp_write_suspects: whether a reader that holds the writer
-// back may be evicted, by what the data plane tells without /proc, at the
-// wall clock now (Unix ns); and the step's result.
+// back may be evicted, by the slot table and the reader's /proc entry
+// (not its start time: package proc's), at the wall clock now (Unix ns);
+// and the step's result.
 func (w *Writer) Suspects(now int64, out *Out) (bool, int) {
 	var suspect C.int32_t
 	res := int(C.zp_write_suspects((*C.zp_writer)(w), C.int64_t(now), &suspect, out))

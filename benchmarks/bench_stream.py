@@ -20,9 +20,11 @@ poll (yielding the CPU between polls, its best case on a busy machine).
                                       [--json PATH]
 """
 
+import contextlib
 import ctypes
 import multiprocessing
 import os
+import shutil
 import sys
 import time
 
@@ -320,6 +322,32 @@ def _ice(svc, nbytes, readers):
     )
     event = node.service_builder(iox2.ServiceName.new(svc + "/data")).event().open_or_create()
     return iox2, node, pubsub, event
+
+
+# Where iceoryx2 keeps its state by default: files in /dev/shm whose names
+# start with this, and a directory.
+ICEORYX2_SHM_PREFIX, ICEORYX2_ROOT = "iox2_", "/tmp/iceoryx2"
+
+
+@contextlib.contextmanager
+def _iceoryx2_leaves_nothing():
+    """Remove, once every process of the runs inside has ended, what
+    iceoryx2 made on this machine during them and keeps after its last node
+    ends (its global management segment, its root directory), so that the
+    benchmark leaves /dev/shm as it found it. What was there before (another
+    iceoryx2 user's) stays."""
+    shm = "/dev/shm"
+    before = {n for n in os.listdir(shm) if n.startswith(ICEORYX2_SHM_PREFIX)}
+    root_was_there = os.path.exists(ICEORYX2_ROOT)
+    try:
+        yield
+    finally:
+        for name in os.listdir(shm):
+            if name.startswith(ICEORYX2_SHM_PREFIX) and name not in before:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(os.path.join(shm, name))
+        if not root_was_there:
+            shutil.rmtree(ICEORYX2_ROOT, ignore_errors=True)
 
 
 END = 8  # a payload of 8 bytes ends the run
@@ -634,8 +662,9 @@ def main(argv=None):
             report["skipped_peers"][peer] = missing
     report["memcpy_bytes_per_s"] = memcpy_bytes_per_s()
     print(f"  floor: single-core memcpy {report['memcpy_bytes_per_s'] * 8 / 1e9:.1f} Gbit/s", flush=True)
-    for name in args.only:
-        report["tables"][name] = SUITES[name](args, report)
+    with _iceoryx2_leaves_nothing():
+        for name in args.only:
+            report["tables"][name] = SUITES[name](args, report)
     finish(report, render(report), args.json)
 
 

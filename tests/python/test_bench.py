@@ -223,3 +223,36 @@ def test_without_torch_and_pyarrow_the_suites_that_need_them_are_skipped_and_say
     for s in handoff["skipped"] + queue["skipped"]:
         if s["peer"].startswith(("torch", "the state-dict")):
             assert "ZCTIPC_BENCH_WITHOUT" not in s["reason"] and "pip install torch brings it" in s["reason"]
+
+
+def test_the_stream_suite_removes_what_iceoryx2_keeps_and_only_that(tmp_path, monkeypatch):
+    """iceoryx2 keeps a management segment in /dev/shm and a root directory
+    after its last node ends: the stream suite removes what appeared during
+    its runs, and leaves what was there before (another user's)."""
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    try:
+        import bench_stream
+    finally:
+        sys.path.remove(os.path.join(ROOT, "benchmarks"))
+    prefix = f"zctipc-test-iox2-{os.getpid()}-"
+    monkeypatch.setattr(bench_stream, "ICEORYX2_SHM_PREFIX", prefix)
+    monkeypatch.setattr(bench_stream, "ICEORYX2_ROOT", str(tmp_path / "root"))
+    theirs = f"/dev/shm/{prefix}theirs"
+    open(theirs, "w").close()
+    try:
+        with bench_stream._iceoryx2_leaves_nothing():
+            for name in ("node.global_mgmt", "service"):
+                open(f"/dev/shm/{prefix}{name}", "w").close()
+            os.makedirs(tmp_path / "root" / "nodes")
+        left = sorted(n for n in os.listdir("/dev/shm") if n.startswith(prefix))
+        assert left == [f"{prefix}theirs"], left
+        assert not (tmp_path / "root").exists()
+        # A root that was there before stays.
+        os.makedirs(tmp_path / "root")
+        with bench_stream._iceoryx2_leaves_nothing():
+            pass
+        assert (tmp_path / "root").exists()
+    finally:
+        for n in os.listdir("/dev/shm"):
+            if n.startswith(prefix):
+                os.unlink(f"/dev/shm/{n}")

@@ -573,6 +573,30 @@ def share(obj: Any) -> Shared:
 _registered = False
 _register_lock = threading.Lock()
 
+# Note [one RDT manager per process]: Ray keeps a process's RDT objects in
+# the store of its RDT manager, which ray._private.worker.Worker makes on
+# first use, in a property that checks and assigns without a lock. In a
+# receiver, the first use is the first hand-off itself: the receive
+# (__ray_recv__, on the actor's transfer thread) adds the tensors to the
+# store of the manager it finds, while the task they are for (on another
+# thread) waits for them, in its argument's deserialization, in the store
+# of the manager it finds. Both are submitted together, so both can find
+# none and make one each; the receive's tensors then go to a store nobody
+# reads, and the task fails after Ray's transfer timeout (60 s) with
+# "not found in RDT object store". A thread switch inside that window is
+# rare on an idle machine and common on a loaded one, where a thread that
+# holds the GIL is descheduled past the interpreter's switch interval: CI
+# saw it once, in two pytest workers on two cores (the receive had ended
+# and Ray's failure monitor never aborted it; the task waited out 60 s).
+#
+# register() therefore makes the process's manager, once, under its lock,
+# when zctipc.ray is imported. A receiver imports it at the latest in the
+# task Ray runs on it to register the transport (it unpickles
+# ZctipcTransport), and every process that submits a hand-off waits for
+# that task before it submits the receive or the task it feeds, so the
+# manager exists before either runs. (A Ray fix would make the property
+# take a lock; this stays harmless then.)
+
 
 def register() -> None:
     """Register the transport in this process (done on import; Ray hands it
@@ -586,6 +610,8 @@ def register() -> None:
         if NAME.upper() not in util.transport_manager_info:
             register_tensor_transport(NAME, ["cpu"], ZctipcTransport, torch.Tensor)
         _refuse_receivers_without_transfer_thread()
+        # Made now, in one thread (Note [one RDT manager per process]).
+        _ = ray._private.worker.global_worker.rdt_manager
         if getattr(ray._private.worker.global_worker, "mode", None) == ray.WORKER_MODE:
             # A Ray worker loads the library now, and never warns that
             # zctipc chose its start method (Note [the start method

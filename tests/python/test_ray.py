@@ -5,6 +5,7 @@ leaves nothing behind, and bad input gets a clear error."""
 
 import os
 import signal
+import threading
 import time
 from unittest import mock
 
@@ -288,6 +289,51 @@ def test_every_receiver_made_with_the_flag_is_served(cluster):
     got = ray.get(relay.hand_off.remote(p, [*receivers, bad]), timeout=120)
     assert got[:-1] == [0] * len(receivers)
     assert "made without @ray.remote(enable_tensor_transport=True)" in got[-1]
+
+
+@ray.remote(enable_tensor_transport=True)
+class RacingConsumer:
+    """A receiver whose threads race to make Ray's RDT manager, as two threads
+    of a loaded machine can (Note [one RDT manager per process] in
+    zctipc.ray): from its creation on, whoever makes one waits until another
+    thread makes one too (or 20 s), so that a receive and the task it feeds
+    would each make one of their own, unless the process had one already."""
+
+    def __init__(self):
+        from ray.experimental.rdt import rdt_manager
+
+        init = rdt_manager.RDTManager.__init__
+        made = []
+        both = threading.Condition()
+
+        def racing_init(manager):
+            init(manager)
+            with both:
+                made.append(manager)
+                both.notify_all()
+                both.wait_for(lambda: len(made) > 1, timeout=20)
+
+        rdt_manager.RDTManager.__init__ = racing_init
+
+    def look(self, t):
+        return int(t[0])
+
+
+def test_a_receiver_whose_threads_race_gets_every_hand_off(cluster):
+    """The receive (on the actor's transfer thread) and the task it feeds
+    (on another) reach Ray's RDT manager at once in a fresh receiver: both
+    find the one the process made when it registered the transport, and the
+    hand-off arrives, whether or not the producer had finished first."""
+    p = Producer.options(**on("a")).remote()
+    ray.get(p.hold.remote(10))
+    for r in (
+        RacingConsumer.options(**on("a")).remote(),
+        RacingConsumer.options(max_concurrency=4, **on("a")).remote(),
+    ):
+        ref = p.same.remote()
+        ray.wait([ref])
+        assert ray.get(r.look.remote(ref), timeout=45) == 0
+        assert ray.get(r.look.remote(p.same.remote()), timeout=45) == 0
 
 
 def test_a_refused_receiver_leaves_nothing_held(cluster):

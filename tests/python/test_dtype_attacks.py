@@ -18,7 +18,7 @@ from multiprocessing.reduction import ForkingPickler
 import numpy as np
 import pytest
 import torch
-from conftest import SHM
+from conftest import SHM, slots_in_use
 
 import zctipc
 from zctipc import observe
@@ -306,7 +306,7 @@ FORGED_DESCRIPTORS = {
 
 @pytest.mark.parametrize("code", FORGED_DESCRIPTORS.values(), ids=FORGED_DESCRIPTORS.keys())
 def test_a_forged_descriptor_dtype_in_a_pickle_is_refused_and_takes_no_count(code):
-    before = zctipc.pool_stats().slots_in_use
+    before = slots_in_use()
     data, at = _pickled_array()
     with pytest.raises(zctipc.CorruptHeader, match="malformed"):
         pickle.loads(_patched(data, at, code))
@@ -321,7 +321,7 @@ def test_a_forged_descriptor_made_to_fit_past_its_slot_gives_up_its_count():
     """A descriptor whose bytes were widened to fit a larger dtype passes
     its own checks, and its count is taken; the array would reach past the
     slot, so it is refused, and the count given up, not left taken."""
-    before = zctipc.pool_stats().slots_in_use
+    before = slots_in_use()
     data, at = _pickled_array()
     with pytest.raises(zctipc.CorruptHeader, match="reaches past"):
         pickle.loads(_patched(data, at, dtypes.CODES["complex128"], nbytes=1 << 40))
@@ -332,7 +332,7 @@ def test_a_forged_descriptor_made_to_fit_past_its_slot_gives_up_its_count():
 
 
 def test_a_forged_descriptor_of_a_smaller_itemsize_stays_in_its_bytes():
-    before = zctipc.pool_stats().slots_in_use
+    before = slots_in_use()
     data, at = _pickled_array()
     a = pickle.loads(_patched(data, at, dtypes.CODES["uint8"]))
     assert (a.dtype, a.shape, a.strides) == (np.uint8, (6,), (4,))

@@ -9,6 +9,7 @@ import subprocess
 import numpy as np
 import pytest
 from _procs import go_echo
+from conftest import slots_in_use
 
 import zctipc
 
@@ -66,7 +67,7 @@ def test_go_producer_python_consumer_through_a_queue(go_bin):
 
 def test_python_producer_go_consumer_through_a_queue(go_bin):
     q = zctipc.Queue()
-    slots = zctipc.pool_stats().slots_in_use
+    slots = slots_in_use()
     consumer = subprocess.Popen([go_bin("consumer"), "queue", q.name], stdout=subprocess.PIPE, text=True)
     for k in range(3):
         a = zctipc.empty(1000, np.float32)  # zctipc memory: sent by descriptor

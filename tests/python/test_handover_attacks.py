@@ -20,7 +20,7 @@ import time
 import numpy as np
 import pytest
 from _procs import closed_while_blocked, go_echo, go_on, held, python
-from conftest import SWEEP_TIMEOUT, daemon_pid
+from conftest import SWEEP_TIMEOUT, daemon_pid, slots_in_use
 
 import zctipc
 from zctipc import queues
@@ -81,10 +81,6 @@ def ring_record(q, shm=SHM):
         head = struct.unpack_from("<Q", m, data + 160)[0] & 0xFFFFFFFF
         size = struct.unpack_from("<I", m, data + RING_AT + head)[0]
         return bytes(m[data + RING_AT + head : data + RING_AT + head + size])
-
-
-def slots():
-    return zctipc.pool_stats().slots_in_use
 
 
 @pytest.fixture
@@ -171,7 +167,7 @@ def test_get_many_gives_the_good_messages_around_a_bad_one(q):
     """Note [a bad message among good ones] in zctipc.queues: the messages
     before the bad one are returned, it raises at the next get, and those
     after it follow; no count is left behind."""
-    base = slots()
+    base = slots_in_use()
     big = np.arange(100_000, dtype=np.float64)  # past inline_bytes: a pool buffer
     q.put(big)
     q.put({"big": big + 1, "small": np.arange(3)})
@@ -179,7 +175,7 @@ def test_get_many_gives_the_good_messages_around_a_bad_one(q):
     q.put(np.arange(4))
     q.put(b"bytes")
     q.put((1, "two"))
-    assert slots() == base + 2
+    assert slots_in_use() == base + 2
     first = q.get_many(10, timeout=HANG)
     assert len(first) == 2
     assert np.array_equal(first[0], big) and zctipc.is_shared(first[0])
@@ -191,7 +187,7 @@ def test_get_many_gives_the_good_messages_around_a_bad_one(q):
     assert np.array_equal(rest[0], np.arange(4)) and rest[1:] == [b"bytes", (1, "two")]
     assert q.empty()
     del first
-    assert slots() == base
+    assert slots_in_use() == base
 
 
 def test_get_many_raises_at_once_for_a_bad_first_message(q):
@@ -222,7 +218,7 @@ def test_a_replayed_descriptor_costs_only_its_message(q):
     """A descriptor record's bytes, saved before its consumer took it and
     put again: the replay takes no count (DescriptorTaken), and the
     messages beside it in a get_many are given whole."""
-    base = slots()
+    base = slots_in_use()
     big = np.full(100_000, 7, np.uint8) + np.zeros(1, np.uint8)  # a pool buffer
     q.put(np.full(300_000, 3, np.uint8))
     saved = ring_record(q)
@@ -238,17 +234,17 @@ def test_a_replayed_descriptor_costs_only_its_message(q):
     assert np.array_equal(after, big)
     assert (first == 3).all(), "the replay took nothing from the first taker"
     del first, got, after
-    assert slots() == base
+    assert slots_in_use() == base
     forge(q, saved)
     with pytest.raises(zctipc.DescriptorTaken):
         q.get(timeout=HANG)
-    assert slots() == base
+    assert slots_in_use() == base
 
 
 def test_a_message_that_cannot_be_built_costs_only_itself(q):
     """A pickle that raises as it is built, among messages with pool
     buffers: the others are given, and none of their counts is lost."""
-    base = slots()
+    base = slots_in_use()
     for i in range(3):
         q.put(np.full(300_000, i, np.uint8))
         q.put(Unbuildable())
@@ -262,7 +258,7 @@ def test_a_message_that_cannot_be_built_costs_only_itself(q):
         assert (a == i).all()
     assert q.empty()
     del got, a
-    assert slots() == base
+    assert slots_in_use() == base
 
 
 def test_views_room_of_zero_and_one():

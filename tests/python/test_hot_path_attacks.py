@@ -21,18 +21,13 @@ import numpy as np
 import pytest
 import torch
 from _procs import closed_while_blocked
-from conftest import SHM
+from conftest import SHM, slots_in_use
 
 import zctipc
 from zctipc._core import native, wait
 from zctipc._wire import pickler, reductions
 
 HANG = 30  # seconds that only a hang takes
-
-
-def slots():
-    gc.collect()
-    return zctipc.pool_stats().slots_in_use
 
 
 @pytest.fixture
@@ -313,7 +308,7 @@ class Boom:
 def test_a_put_from_inside_a_reduce_into_another_queue_and_the_same_one(q):
     other = zctipc.Queue(max_bytes=1 << 22)
     try:
-        before = slots()
+        before = slots_in_use()
         big = np.arange(100_000, dtype=np.float64)
         z = zctipc.empty(100_000, np.float64)
         z[:] = 3
@@ -330,7 +325,7 @@ def test_a_put_from_inside_a_reduce_into_another_queue_and_the_same_one(q):
         assert np.array_equal(second[0], big) and second[1] == {"outer": True} and second[2] is not z
         assert np.array_equal(second[2], z)
         del outer, inner, first, second, z
-        assert slots() == before, "every count went back"
+        assert slots_in_use() == before, "every count went back"
     finally:
         other.close()
 
@@ -338,7 +333,7 @@ def test_a_put_from_inside_a_reduce_into_another_queue_and_the_same_one(q):
 def test_a_reduce_that_raises_midway_leaves_no_stale_buffer_for_the_next_put(q):
     z = zctipc.empty(1000, np.float32)
     z[:] = 5
-    before = slots()
+    before = slots_in_use()
     big = np.ones(50_000)
     for _ in range(5):
         with pytest.raises(RuntimeError, match="boom"):
@@ -346,7 +341,7 @@ def test_a_reduce_that_raises_midway_leaves_no_stale_buffer_for_the_next_put(q):
         with pytest.raises(RuntimeError, match="boom"):
             q.put_many([1, [big, z, Boom()]])
         assert q.get(timeout=HANG) == 1
-    assert slots() == before, "the failed puts kept no count"
+    assert slots_in_use() == before, "the failed puts kept no count"
     q.put([np.arange(3.0)])
     got = q.get(timeout=HANG)
     assert len(got) == 1 and np.array_equal(got[0], np.arange(3.0))
@@ -355,7 +350,7 @@ def test_a_reduce_that_raises_midway_leaves_no_stale_buffer_for_the_next_put(q):
     with pytest.raises(queue.Empty):
         q.get(timeout=0)
     del got
-    assert slots() == before
+    assert slots_in_use() == before
 
 
 def test_threads_put_through_their_picklers_while_others_pickle_zctipc_arrays(q):
@@ -513,7 +508,7 @@ LAYOUTS = {
 @pytest.mark.parametrize("readonly", [False, True])
 @pytest.mark.parametrize("how", ["get", "get_many"])
 def test_zctipc_arrays_of_every_layout_come_back_as_they_went(q, layout, readonly, how):
-    before = slots()
+    before = slots_in_use()
     base = zctipc.empty(64, np.float32)
     base[:] = np.arange(64)
     sent = layout(base)
@@ -525,7 +520,7 @@ def test_zctipc_arrays_of_every_layout_come_back_as_they_went(q, layout, readonl
     assert np.array_equal(got, sent)
     assert got.flags.writeable == sent.flags.writeable
     del got, sent, base
-    assert slots() == before
+    assert slots_in_use() == before
 
 
 def test_a_received_array_keeps_its_memory_after_the_queue_and_the_sender_went():
@@ -640,7 +635,7 @@ def test_a_pickle_that_names_a_buffer_out_of_its_message_is_refused(q, index, ho
     q.put(many)
     del many
     assert len(q.get(timeout=HANG)) == 20
-    before = slots()
+    before = slots_in_use()
     q.put(z)
     q.put([Index(index), b])
     q.put("after")
@@ -657,12 +652,12 @@ def test_a_pickle_that_names_a_buffer_out_of_its_message_is_refused(q, index, ho
             q.get_many(3)
         assert q.get_many(3) == ["after"]
     assert (first == 1).all()
-    assert slots() == before - 1, "the refused message's count went back, first's stays"
+    assert slots_in_use() == before - 1, "the refused message's count went back, first's stays"
     again = zctipc.empty(1000, np.float64)  # would take first's memory, were its count gone
     again[:] = 9
     assert (first == 1).all()
     del first, again
-    assert slots() == before - 2
+    assert slots_in_use() == before - 2
 
 
 # -- many buffers, mixed records --------------------------------------------------------------
@@ -673,7 +668,7 @@ def test_a_pickle_of_many_buffers_and_mixed_records_in_one_get_many(q):
     arrays, plain pickles, bare arrays, tensors and SharedTensors, taken by
     get_many in runs: each comes back in order and whole, and every count
     goes back."""
-    before = slots()
+    before = slots_in_use()
     st = zctipc.create_shared_tensor(shape=(16,), dtype="int32")
     st.numpy()[:] = 4
     msgs = []
@@ -714,7 +709,7 @@ def test_a_pickle_of_many_buffers_and_mixed_records_in_one_get_many(q):
             assert g == m
     st.close()
     del msgs, got, m, g, z, a
-    assert slots() == before
+    assert slots_in_use() == before
 
 
 # -- a view that cannot be built ----------------------------------------------------------------
@@ -735,7 +730,7 @@ def test_a_view_numpy_cannot_type_raises_once_and_costs_its_count_once(q, how):
     v2 = np.dtype("V2")
     keep = zctipc.empty(1000, np.uint16)
     keep[:] = 1
-    before = slots()
+    before = slots_in_use()
     dtypes._code_of[v2] = dtypes.BFLOAT16
     exports._CODES.pop(v2, None)
     try:
@@ -750,7 +745,7 @@ def test_a_view_numpy_cannot_type_raises_once_and_costs_its_count_once(q, how):
             q.get(timeout=HANG) if how.endswith(", get") else q.get_many(2, timeout=HANG)
     else:
         q.get(timeout=HANG) if how.endswith(", get") else q.get_many(2, timeout=HANG)
-    assert slots() == before
+    assert slots_in_use() == before
     other = zctipc.empty(1000, np.uint16)
     other[:] = 7
     assert (keep == 1).all()

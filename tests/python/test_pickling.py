@@ -12,6 +12,7 @@ import _workers
 import numpy as np
 import pytest
 import torch
+from conftest import slots_in_use
 
 import zctipc
 from zctipc._wire import reducers
@@ -80,7 +81,7 @@ def test_shared_tensor_through_a_pipe():
 
 def test_counts_in_flight_come_back():
     a, b = multiprocessing.Pipe()
-    before = zctipc.pool_stats().slots_in_use
+    before = slots_in_use()
     x = zctipc.empty(100)
     a.send(x)
     y = b.recv()
@@ -131,7 +132,7 @@ def test_sparse_tensors_release_everything_when_dropped(layout):
         "csc": dense.to_sparse_csc,
         "bsr": lambda: dense.to_sparse_bsr((1, 2)),
     }[layout]
-    before = zctipc.pool_stats().slots_in_use
+    before = slots_in_use()
     validate = torch._utils._get_sparse_tensors_to_validate()
     pending = len(validate)
     for _ in range(50):
@@ -153,7 +154,7 @@ def test_a_refused_pickle_gives_back_the_buffers_it_took(channel):
     import torch
 
     zctipc.empty(1)  # the pool exists
-    before = zctipc.pool_stats().slots_in_use
+    before = slots_in_use()
     leaf = torch.ones(4, requires_grad=True)
     a, b = multiprocessing.Pipe()
     q = zctipc.Queue()
@@ -182,7 +183,7 @@ def test_a_sparse_leaf_that_requires_grad_is_sent(layout):
     }[layout]
     q = zctipc.Queue()
     zctipc.empty(1)
-    before = zctipc.pool_stats().slots_in_use
+    before = slots_in_use()
     q.put([make().requires_grad_()])
     (got,) = q.get()
     assert got.requires_grad and got.is_leaf and got.layout == make().layout
@@ -217,7 +218,7 @@ def test_a_dump_refused_at_any_position_gives_back_every_count(where):
     none stays in use; a message made of the same parts then travels."""
     zctipc.empty(1)
     a, b = multiprocessing.Pipe()
-    before = zctipc.pool_stats().slots_in_use
+    before = slots_in_use()
     message = _carriers()
     message.insert(where, _Refused())
     with pytest.raises(RuntimeError, match="refused"):
@@ -253,7 +254,7 @@ def test_a_pickle_sent_during_a_dump_that_fails_keeps_its_counts():
     back, and the receiver read a stale slot, or another message's bytes."""
     zctipc.empty(1)
     a, b = multiprocessing.Pipe()
-    before = zctipc.pool_stats().slots_in_use
+    before = slots_in_use()
     array = np.full(reducers.COPY_BYTES // 8, 3.0)
     with pytest.raises(RuntimeError, match="refused"):
         multiprocessing.reduction.ForkingPickler.dumps([_SendsWhenPickled(a, array), _Refused()])
@@ -270,7 +271,7 @@ def test_a_refused_value_sent_to_a_manager_gives_back_its_counts():
     """A value that cannot be pickled, stored into a manager's dict after
     a large array, leaves no pool buffer in use; the manager goes on."""
     zctipc.empty(1)
-    before = zctipc.pool_stats().slots_in_use
+    before = slots_in_use()
     with zctipc.Manager() as m:
         d = m.dict()
         for where in range(2):
@@ -342,7 +343,7 @@ def test_a_pickle_loaded_twice_takes_its_count_once(what):
     import pickle
     from multiprocessing.reduction import ForkingPickler
 
-    before = zctipc.pool_stats().slots_in_use
+    before = slots_in_use()
     if what == "pool_array":
         obj = zctipc.empty(1000, "float64")
         obj[:] = 7.0

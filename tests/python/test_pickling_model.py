@@ -15,6 +15,7 @@ from collections import deque
 import numpy as np
 import pytest
 import torch
+from conftest import slots_in_use
 
 import zctipc
 
@@ -89,7 +90,7 @@ class Descriptors(RuleBasedStateMachine):
     @initialize()
     def record_the_pool(self):
         gc.collect()
-        self.start = zctipc.pool_stats().slots_in_use
+        self.start = slots_in_use()
 
     @rule(kind=st.sampled_from(sorted(KINDS)))
     def make(self, kind):

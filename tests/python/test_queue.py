@@ -18,7 +18,7 @@ import _workers
 import numpy as np
 import pytest
 import torch
-from conftest import wait_until_gone, with_pythonpath
+from conftest import slots_in_use, wait_until_gone, with_pythonpath
 
 import zctipc
 
@@ -227,7 +227,7 @@ def test_bad_arguments():
 
 
 def test_unpicklable_object_fails_in_the_producer_and_the_queue_stays_usable(q):
-    in_use = zctipc.pool_stats().slots_in_use
+    in_use = slots_in_use()
     with pytest.raises((pickle.PicklingError, AttributeError, TypeError)):
         q.put({"array": np.arange(1000), "fn": lambda: 1})
     assert zctipc.pool_stats().slots_in_use == in_use, "the array already copied out was given back"
@@ -346,7 +346,7 @@ INLINE_CASES = [
 @pytest.mark.parametrize("max_bytes", [None, 1 << 20])
 def test_small_arrays_travel_inline_as_private_copies(max_bytes):
     q = zctipc.Queue(max_bytes=max_bytes)
-    slots = zctipc.pool_stats().slots_in_use
+    slots = slots_in_use()
     for a in INLINE_CASES:
         q.put(a)
         q.put({"a": a, "n": 1})
@@ -473,7 +473,7 @@ def test_zctipc_arrays_go_in_one_call_and_a_full_queue_keeps_no_count():
     call (zct_queue_put_array); one the queue has no room for stays the
     sender's, with no count left taken on its buffer."""
     gc.collect()
-    slots = zctipc.pool_stats().slots_in_use
+    slots = slots_in_use()
     q = zctipc.Queue(maxsize=1)
     a = zctipc.empty(1 << 16, "float32")
     a[:] = 1
@@ -522,7 +522,7 @@ def test_a_received_array_has_the_senders_shape_strides_and_memory(q, make):
     back as it went, writable and over the sender's memory, and its count
     goes back with it."""
     gc.collect()
-    slots = zctipc.pool_stats().slots_in_use
+    slots = slots_in_use()
     base = zctipc.empty(64, np.float32)
     base[:] = np.arange(64)
     sent = make(base)
@@ -550,7 +550,7 @@ def test_requires_grad_is_kept_and_non_leaf_refused(q):
 
 def test_buffers_go_back_to_the_pool(q):
     gc.collect()  # what earlier tests left
-    in_use = zctipc.pool_stats().slots_in_use
+    in_use = slots_in_use()
     for _ in range(20):
         q.put({"x": np.ones(100000), "y": torch.ones(100)})
         got = q.get()

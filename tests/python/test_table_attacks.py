@@ -5,7 +5,6 @@ registration from many threads, subclasses and odd tensors through every
 channel, pickles that fail half way, the standard library's managers, and
 forked children."""
 
-import gc
 import io
 import json
 import multiprocessing
@@ -20,6 +19,7 @@ from multiprocessing.reduction import ForkingPickler
 import numpy as np
 import pytest
 import torch
+from conftest import slots_in_use
 
 import zctipc
 from zctipc._wire import reducers, reductions, values
@@ -383,11 +383,6 @@ class Closer:
         return int, (0,)
 
 
-def slots():
-    gc.collect()
-    return zctipc.pool_stats().slots_in_use
-
-
 def _mp_queue_put(q, obj):
     q.put(obj)
     q.put("after")  # the feeder thread pickles in order: once this is here, obj was tried
@@ -413,7 +408,7 @@ def test_a_failed_pickle_gives_back_every_count_it_took(queue, capfd):
     try:
         for channel, send in channels.items():
             for fails in (Boom(), torch.arange(2.0, requires_grad=True) * 2):
-                before = slots()
+                before = slots_in_use()
                 objs = [np.ones(MIB // 4), [torch.ones(MIB // 4), z], {"st": st, "fails": fails}]
                 if channel == "multiprocessing.Queue":
                     send(objs)  # the feeder thread says it failed, on stderr
@@ -421,7 +416,7 @@ def test_a_failed_pickle_gives_back_every_count_it_took(queue, capfd):
                     with pytest.raises(RuntimeError):
                         send(objs)
                 del objs
-                assert slots() == before, f"{channel}: a failed dump left pool buffers taken"
+                assert slots_in_use() == before, f"{channel}: a failed dump left pool buffers taken"
                 assert st.refcount == 1, f"{channel}: a failed dump left a count on the SharedTensor"
     finally:
         mp_queue.close()
@@ -442,12 +437,12 @@ def test_a_shared_tensor_closed_while_its_message_is_pickled(queue):
     got, _ = queue.get(timeout=30)
     assert st.closed and got.refcount == 1 and got.numpy()[0] == 3
     got.close()
-    before = slots()
+    before = slots_in_use()
     st = zctipc.create_shared_tensor(shape=(256,), dtype="float32")
     for send in (queue.put, ForkingPickler.dumps):
         with pytest.raises(zctipc.HandleClosed):
             send([np.ones(MIB // 4), Closer(st), st])
-    assert slots() == before and queue.empty()
+    assert slots_in_use() == before and queue.empty()
 
 
 # -- the standard library's managers -----------------------------------------------------
@@ -599,7 +594,7 @@ def test_ray_put_and_get_of_nested_objects():
         for key in ("non-leaf", "csr with grad", "quantized", "parameter"):
             assert_same(plain[key], got[key])
         assert type(got["matrix"]) is np.matrix and got["function"](1) == 2
-        before = zctipc.pool_stats().slots_in_use
+        before = slots_in_use()
         with pytest.raises(TypeError):
             zr.put({"t": torch.ones(3), "lock": threading.Lock()})
         assert zctipc.pool_stats().slots_in_use == before

@@ -9,7 +9,7 @@ import stat
 import numpy as np
 import pytest
 import torch
-from conftest import SHM, segment_exists
+from conftest import SHM, segment_exists, slots_in_use
 
 import zctipc
 
@@ -211,7 +211,7 @@ def test_empty_and_share():
     src_t = torch.arange(6.0).reshape(2, 3)[:, 1:]
     shared_t = zctipc.share(src_t)
     assert isinstance(shared_t, torch.Tensor) and torch.equal(shared_t, src_t) and shared_t.is_contiguous()
-    in_use = zctipc.pool_stats().slots_in_use
+    in_use = slots_in_use()
     names = {s.name for s in zctipc.list_segments()}
     del a, b, shared, shared_t
     gc.collect()

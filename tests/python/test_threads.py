@@ -11,6 +11,7 @@ import time
 
 import numpy as np
 import pytest
+from conftest import slots_in_use
 
 import zctipc
 
@@ -187,7 +188,7 @@ def test_events_pools_and_tensors_from_many_threads(switchy):
 
     run_threads(toggle, 4)
 
-    before = zctipc.pool_stats().slots_in_use
+    before = slots_in_use()
     t = zctipc.create_shared_tensor(data=np.arange(1000, dtype=np.float64))
 
     def use(i):

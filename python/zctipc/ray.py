@@ -594,8 +594,46 @@ _register_lock = threading.Lock()
 # task Ray runs on it to register the transport (it unpickles
 # ZctipcTransport), and every process that submits a hand-off waits for
 # that task before it submits the receive or the task it feeds, so the
-# manager exists before either runs. (A Ray fix would make the property
-# take a lock; this stays harmless then.)
+# manager exists before either runs.
+#
+# That task runs once per actor, not once per process: Ray sends it when
+# the actor is made (and when a process first submits to it), never to an
+# actor's restarted process, nor to one made before its maker imported
+# zctipc.ray. Such a receiver, when its class does not import zctipc.ray,
+# imports it first in the receive itself, unpickling the transport's
+# metadata on the transfer thread, while the task it feeds may already be
+# inside Ray's property on the other: making the manager at import comes
+# too late there. register() therefore also makes the property's store
+# keep the first manager (_keep_the_first_rdt_manager): Ray's property
+# stores what it made in Worker._rdt_manager and returns what that then
+# holds, so with a store that ignores a second manager, a thread that made
+# one in the window, even one inside the property before the import, gets
+# the first. (A Ray fix would make the property take a lock; this stays
+# harmless then.)
+
+
+def _keep_the_first_rdt_manager() -> None:
+    """Make ``Worker._rdt_manager`` keep the first RDT manager stored in it,
+    so that Ray's ``Worker.rdt_manager`` returns one manager to every
+    thread (Note [one RDT manager per process])."""
+    from ray._private.worker import Worker
+
+    if not isinstance(getattr(Worker, "rdt_manager", None), property):
+        return  # another Ray
+    if getattr(getattr(Worker.__dict__.get("_rdt_manager"), "fget", None), "_zctipc_keeps_the_first", False):
+        return
+    lock = threading.Lock()
+
+    def made(worker: Any) -> Any:
+        return worker.__dict__.get("_rdt_manager")
+
+    def keep(worker: Any, manager: Any) -> None:
+        with lock:
+            if manager is None or worker.__dict__.get("_rdt_manager") is None:
+                worker.__dict__["_rdt_manager"] = manager
+
+    made._zctipc_keeps_the_first = True  # type: ignore[attr-defined]
+    setattr(Worker, "_rdt_manager", property(made, keep))  # noqa: B010
 
 
 def register() -> None:
@@ -610,7 +648,9 @@ def register() -> None:
         if NAME.upper() not in util.transport_manager_info:
             register_tensor_transport(NAME, ["cpu"], ZctipcTransport, torch.Tensor)
         _refuse_receivers_without_transfer_thread()
-        # Made now, in one thread (Note [one RDT manager per process]).
+        # Made now, in one thread, and kept whoever else makes one (Note
+        # [one RDT manager per process]).
+        _keep_the_first_rdt_manager()
         _ = ray._private.worker.global_worker.rdt_manager
         if getattr(ray._private.worker.global_worker, "mode", None) == ray.WORKER_MODE:
             # A Ray worker loads the library now, and never warns that

@@ -336,6 +336,68 @@ def test_a_receiver_whose_threads_race_gets_every_hand_off(cluster):
         assert ray.get(r.look.remote(p.same.remote()), timeout=45) == 0
 
 
+def test_a_restarted_receiver_that_never_imported_zctipc_gets_every_hand_off(cluster, tmp_path):
+    """A receiver whose class knows nothing of zctipc, restarted: the process
+    that submits to it registered the transport on its first process only,
+    so the restarted one imports zctipc.ray first in its receive (to
+    unpickle the transport's metadata), while the task the receive feeds
+    already makes Ray's RDT manager on another thread. Forced to race (the
+    first maker waits for a second one and then stores last), both still
+    find one manager (Note [one RDT manager per process] in zctipc.ray)."""
+    started = str(tmp_path / "started")
+
+    @ray.remote(enable_tensor_transport=True)
+    class Restarted:  # made here: Ray pickles it by value, with no zctipc in it
+        def __init__(self, started):
+            if not os.path.exists(started):
+                open(started, "w").close()
+                return
+            from ray.experimental.rdt import rdt_manager
+
+            init = rdt_manager.RDTManager.__init__
+            made = []
+            both = threading.Condition()
+
+            def racing_init(manager):
+                init(manager)
+                with both:
+                    made.append(manager)
+                    both.notify_all()
+                    first = both.wait_for(lambda: len(made) > 1, timeout=20) and made[0] is manager
+                if first:
+                    time.sleep(1)  # the second maker stores its manager first
+
+            rdt_manager.RDTManager.__init__ = racing_init
+
+        def pid(self):
+            return os.getpid()
+
+        def die(self):
+            os._exit(1)
+
+        def look(self, t):
+            return int(t[0])
+
+    p = Producer.options(**on("a")).remote()
+    ray.get(p.hold.remote(10))
+    r = Restarted.options(max_restarts=1, **on("a")).remote(started)
+    assert ray.get(r.look.remote(p.same.remote()), timeout=45) == 0
+    first = ray.get(r.pid.remote())
+    r.die.remote()
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            if ray.get(r.pid.remote(), timeout=10) != first:
+                break
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+            pass
+        assert time.monotonic() < deadline, "the receiver was not restarted"
+        time.sleep(0.2)
+    ref = p.same.remote()
+    ray.wait([ref])
+    assert ray.get(r.look.remote(ref), timeout=45) == 0
+
+
 def test_a_refused_receiver_leaves_nothing_held(cluster):
     """One producer feeds a receiver made with the flag and receivers made
     without it (single-threaded, threaded, on the other node) in

@@ -576,7 +576,7 @@ _register_lock = threading.Lock()
 # Note [one RDT manager per process]: Ray keeps a process's RDT objects in
 # the store of its RDT manager, which ray._private.worker.Worker makes on
 # first use, in a property that checks and assigns without a lock. In a
-# receiver, the first use is the first hand-off itself: the receive
+# receiver, the first use is often the first hand-off itself: the receive
 # (__ray_recv__, on the actor's transfer thread) adds the tensors to the
 # store of the manager it finds, while the task they are for (on another
 # thread) waits for them, in its argument's deserialization, in the store
@@ -584,32 +584,19 @@ _register_lock = threading.Lock()
 # none and make one each; the receive's tensors then go to a store nobody
 # reads, and the task fails after Ray's transfer timeout (60 s) with
 # "not found in RDT object store". A thread switch inside that window is
-# rare on an idle machine and common on a loaded one, where a thread that
-# holds the GIL is descheduled past the interpreter's switch interval: CI
-# saw it once, in two pytest workers on two cores (the receive had ended
-# and Ray's failure monitor never aborted it; the task waited out 60 s).
+# rare on an idle machine and common on a loaded one (CI saw it, in two
+# pytest workers on two cores).
 #
-# register() therefore makes the process's manager, once, under its lock,
-# when zctipc.ray is imported. A receiver imports it at the latest in the
-# task Ray runs on it to register the transport (it unpickles
-# ZctipcTransport), and every process that submits a hand-off waits for
-# that task before it submits the receive or the task it feeds, so the
-# manager exists before either runs.
-#
-# That task runs once per actor, not once per process: Ray sends it when
-# the actor is made (and when a process first submits to it), never to an
-# actor's restarted process, nor to one made before its maker imported
-# zctipc.ray. Such a receiver, when its class does not import zctipc.ray,
-# imports it first in the receive itself, unpickling the transport's
-# metadata on the transfer thread, while the task it feeds may already be
-# inside Ray's property on the other: making the manager at import comes
-# too late there. register() therefore also makes the property's store
-# keep the first manager (_keep_the_first_rdt_manager): Ray's property
-# stores what it made in Worker._rdt_manager and returns what that then
-# holds, so with a store that ignores a second manager, a thread that made
-# one in the window, even one inside the property before the import, gets
-# the first. (A Ray fix would make the property take a lock; this stays
-# harmless then.)
+# Making the manager when zctipc.ray is imported would not be enough: a
+# receiver may import zctipc.ray first in the receive itself (unpickling
+# the transport's metadata), while the task it feeds is already inside
+# Ray's property (an actor's restarted process, which Ray's transport
+# registration task never reaches; an actor whose class knows nothing of
+# zctipc). So register() makes the property's store keep the first
+# manager (_keep_the_first_rdt_manager): Ray's property stores what it made
+# in Worker._rdt_manager and returns what that then holds, so every thread,
+# even one inside the property before the import, gets the first. (A Ray
+# fix would make the property take a lock; this stays harmless then.)
 
 
 def _keep_the_first_rdt_manager() -> None:
@@ -648,10 +635,7 @@ def register() -> None:
         if NAME.upper() not in util.transport_manager_info:
             register_tensor_transport(NAME, ["cpu"], ZctipcTransport, torch.Tensor)
         _refuse_receivers_without_transfer_thread()
-        # Made now, in one thread, and kept whoever else makes one (Note
-        # [one RDT manager per process]).
-        _keep_the_first_rdt_manager()
-        _ = ray._private.worker.global_worker.rdt_manager
+        _keep_the_first_rdt_manager()  # Note [one RDT manager per process]
         if getattr(ray._private.worker.global_worker, "mode", None) == ray.WORKER_MODE:
             # A Ray worker loads the library now, and never warns that
             # zctipc chose its start method (Note [the start method

@@ -17,8 +17,8 @@ import uuid
 
 import pytest
 
-# Note [a worker's own directories]: make pytest PYTEST_WORKERS=2 runs the
-# suite in two pytest-xdist workers. Each gives itself a segment directory
+# Note [a worker's own directories]: make pytest runs the suite in two
+# pytest-xdist workers (PYTEST_WORKERS). Each gives itself a segment directory
 # on /dev/shm's tmpfs and a runtime directory (so a cleanup daemon) of its
 # own, set before zctipc is imported, for itself and every process its
 # tests start: one worker's files never show in the other's leak checks,

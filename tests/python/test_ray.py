@@ -322,8 +322,9 @@ class RacingConsumer:
 def test_a_receiver_whose_threads_race_gets_every_hand_off(cluster):
     """The receive (on the actor's transfer thread) and the task it feeds
     (on another) reach Ray's RDT manager at once in a fresh receiver: both
-    find the one the process made when it registered the transport, and the
-    hand-off arrives, whether or not the producer had finished first."""
+    get the first one made (Note [one RDT manager per process] in
+    zctipc.ray), and the hand-off arrives, whether or not the producer had
+    finished first."""
     p = Producer.options(**on("a")).remote()
     ray.get(p.hold.remote(10))
     for r in (

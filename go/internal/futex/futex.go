@@ -31,7 +31,8 @@ const (
 // Wait sleeps while *addr == val, until a Wake on addr, the timeout (none if
 // negative), or a signal. It returns nil when woken or when *addr no longer
 // held val (callers re-check their condition), ErrTimeout when the timeout
-// passed, and ErrInterrupted when a signal arrived.
+// passed, ErrInterrupted when a signal arrived, and an error wrapping
+// fault.ErrFault when the word's page lies past the end of a shrunk file.
 func Wait(addr *uint32, val uint32, timeout time.Duration) error {
 	var ts *unix.Timespec
 	if timeout >= 0 {
@@ -40,7 +41,7 @@ func Wait(addr *uint32, val uint32, timeout time.Duration) error {
 	}
 	_, _, errno := unix.Syscall6(unix.SYS_FUTEX, uintptr(unsafe.Pointer(addr)), futexWait, uintptr(val),
 		uintptr(unsafe.Pointer(ts)), 0, 0)
-	return waitResult(errno)
+	return waitResult(addr, errno)
 }
 
 // waitBriefly is Wait for at most a short timeout without telling the Go
@@ -53,10 +54,10 @@ func waitBriefly(addr *uint32, val uint32, timeout time.Duration) error {
 	t := unix.NsecToTimespec(int64(timeout))
 	_, _, errno := unix.RawSyscall6(unix.SYS_FUTEX, uintptr(unsafe.Pointer(addr)), futexWait, uintptr(val),
 		uintptr(unsafe.Pointer(&t)), 0, 0)
-	return waitResult(errno)
+	return waitResult(addr, errno)
 }
 
-func waitResult(errno unix.Errno) error {
+func waitResult(addr *uint32, errno unix.Errno) error {
 	switch errno {
 	case 0, unix.EAGAIN:
 		return nil
@@ -64,6 +65,17 @@ func waitResult(errno unix.Errno) error {
 		return ErrTimeout
 	case unix.EINTR:
 		return ErrInterrupted
+	}
+	return callError(addr, errno)
+}
+
+// callError is the error of a futex call on addr that failed with errno.
+// The kernel reads the word itself, so a word on a page past the end of a
+// shrunk file fails with EFAULT where a load would fault: that is the
+// fault a load would have met (fault.ErrFault), and callers treat it so.
+func callError(addr *uint32, errno unix.Errno) error {
+	if errno == unix.EFAULT {
+		return &fault.Error{Addr: uintptr(unsafe.Pointer(addr))}
 	}
 	return errno
 }
@@ -74,7 +86,7 @@ func waitResult(errno unix.Errno) error {
 func Wake(addr *uint32, n int) (int, error) {
 	woken, _, errno := unix.RawSyscall6(unix.SYS_FUTEX, uintptr(unsafe.Pointer(addr)), futexWake, uintptr(n), 0, 0, 0)
 	if errno != 0 {
-		return 0, errno
+		return 0, callError(addr, errno)
 	}
 	return int(woken), nil
 }

@@ -1,12 +1,16 @@
 package futex_test
 
 import (
+	"os"
 	"sync/atomic"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/stretchr/testify/require"
+	"github.com/zctipc/zctipc/go/internal/fault"
 	"github.com/zctipc/zctipc/go/internal/futex"
+	"golang.org/x/sys/unix"
 )
 
 // TestSeqSleepPolicies: every policy wakes for a bump and times out at its
@@ -74,4 +78,25 @@ func TestPaceFollowsRecentWaits(t *testing.T) {
 		p.Observe(60 * time.Microsecond)
 	}
 	require.Less(t, n, 40, "forgotten within a few dozen waits")
+}
+
+// A word on a page past the end of a shrunk file: the kernel's read of it
+// fails (EFAULT), which is the fault a load would have met, so Wait and
+// Wake say fault.ErrFault as every step on that memory does.
+func TestAWordPastAShrunkFilesEndFaults(t *testing.T) {
+	f, err := os.CreateTemp(t.TempDir(), "word")
+	require.NoError(t, err)
+	defer f.Close()
+	require.NoError(t, f.Truncate(4096))
+	mem, err := unix.Mmap(int(f.Fd()), 0, 4096, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, unix.Munmap(mem)) }()
+	word := (*uint32)(unsafe.Pointer(&mem[0]))
+	require.NoError(t, futex.Wait(word, 1, time.Millisecond)) // the value differs: no sleep
+	require.NoError(t, f.Truncate(0))                         // the hostile process
+
+	err = futex.Wait(word, 0, time.Second)
+	require.ErrorIs(t, err, fault.ErrFault)
+	_, err = futex.Wake(word, 1)
+	require.ErrorIs(t, err, fault.ErrFault)
 }

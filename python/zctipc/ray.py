@@ -597,18 +597,49 @@ _register_lock = threading.Lock()
 # in Worker._rdt_manager and returns what that then holds, so every thread,
 # even one inside the property before the import, gets the first. (A Ray
 # fix would make the property take a lock; this stays harmless then.)
+#
+# Only that store keeps the first: the setter knows it by the caller's
+# code being the property's getter. Every other write (Ray's own None in
+# Worker.__init__, a test's mock.patch.object) stores what it is given, as
+# a plain attribute would. And Ray is changed only where it is the Ray
+# this was written for: rdt_manager a property whose getter names
+# _rdt_manager, and _rdt_manager no attribute of the class itself;
+# anything else is left as it is.
+#
+# What this cannot cover: a process where two threads both store a manager
+# before zctipc.ray is imported. The receive imports it first only where
+# nothing did before: a restarted receiver with max_concurrency > 1 given
+# two hand-offs at once can have both task threads make and store one
+# through Ray's plain store, and one hand-off is lost. Ray's registration
+# task (the only zctipc code Ray runs in a receiver unasked) reaches an
+# actor's first process only, and nothing zctipc can reach runs in a
+# restarted one before its task threads: a worker process setup hook is
+# the job's (fixed at ray.init, and the user's own), and the sender cannot
+# see that an actor has a new process. That race is Ray's own (two task
+# threads of any transport); the fix is a lock in Ray's property.
 
 
 def _keep_the_first_rdt_manager() -> None:
-    """Make ``Worker._rdt_manager`` keep the first RDT manager stored in it,
-    so that Ray's ``Worker.rdt_manager`` returns one manager to every
-    thread (Note [one RDT manager per process])."""
+    """Make the store that Ray's ``Worker.rdt_manager`` makes in
+    ``Worker._rdt_manager`` keep the first RDT manager, so that the property
+    returns one manager to every thread (Note [one RDT manager per
+    process]). Any other write (Ray's own None, a test's mock) stores what
+    it is given."""
+    import sys
+
     from ray._private.worker import Worker
 
-    if not isinstance(getattr(Worker, "rdt_manager", None), property):
-        return  # another Ray
     if getattr(getattr(Worker.__dict__.get("_rdt_manager"), "fget", None), "_zctipc_keeps_the_first", False):
         return
+    lazy = Worker.__dict__.get("rdt_manager")
+    making = getattr(getattr(lazy, "fget", None), "__code__", None)
+    if (
+        "_rdt_manager" in Worker.__dict__  # Ray's Worker has an _rdt_manager of its own
+        or not isinstance(lazy, property)
+        or making is None
+        or "_rdt_manager" not in making.co_names  # the property does not keep its manager there
+    ):
+        return  # another Ray: leave it as it is
     lock = threading.Lock()
 
     def made(worker: Any) -> Any:
@@ -616,7 +647,9 @@ def _keep_the_first_rdt_manager() -> None:
 
     def keep(worker: Any, manager: Any) -> None:
         with lock:
-            if manager is None or worker.__dict__.get("_rdt_manager") is None:
+            # Only the lazy creation keeps the first: that store is the one
+            # two threads race to; every other write means what it says.
+            if sys._getframe(1).f_code is not making or worker.__dict__.get("_rdt_manager") is None:
                 worker.__dict__["_rdt_manager"] = manager
 
     made._zctipc_keeps_the_first = True  # type: ignore[attr-defined]

@@ -296,8 +296,10 @@ class RacingConsumer:
     """A receiver whose threads race to make Ray's RDT manager, as two threads
     of a loaded machine can (Note [one RDT manager per process] in
     zctipc.ray): from its creation on, whoever makes one waits until another
-    thread makes one too (or 20 s), so that a receive and the task it feeds
-    would each make one of their own, unless the process had one already."""
+    thread makes one too (or 20 s), and the first maker then stores last, so
+    that a receive and the task it feeds would each make one of their own,
+    and the first one made be overwritten, unless the process had one
+    already."""
 
     def __init__(self):
         from ray.experimental.rdt import rdt_manager
@@ -311,7 +313,9 @@ class RacingConsumer:
             with both:
                 made.append(manager)
                 both.notify_all()
-                both.wait_for(lambda: len(made) > 1, timeout=20)
+                first = both.wait_for(lambda: len(made) > 1, timeout=20) and made[0] is manager
+            if first:
+                time.sleep(1)  # the second maker stores its manager first
 
         rdt_manager.RDTManager.__init__ = racing_init
 
@@ -335,6 +339,58 @@ def test_a_receiver_whose_threads_race_gets_every_hand_off(cluster):
         ray.wait([ref])
         assert ray.get(r.look.remote(ref), timeout=45) == 0
         assert ray.get(r.look.remote(p.same.remote()), timeout=45) == 0
+
+
+def test_only_rays_lazy_creation_keeps_the_first_rdt_manager():
+    """The store that keeps the first RDT manager is the one Ray's
+    rdt_manager property makes (Note [one RDT manager per process] in
+    zctipc.ray): any other write, a mock's or Ray's own reset, stores what
+    it is given."""
+    worker = ray._private.worker.Worker()
+    first = worker.rdt_manager
+    assert worker.rdt_manager is first
+    stand_in = object()
+    with mock.patch.object(worker, "_rdt_manager", stand_in):
+        assert worker._rdt_manager is stand_in
+        assert worker.rdt_manager is stand_in
+    assert worker.rdt_manager is first
+    worker._rdt_manager = None
+    assert worker.rdt_manager is not first  # made again
+
+
+class OtherRay:
+    """Ray's Worker as another Ray might write it: zctipc.ray must leave it be."""
+
+    def __init__(self):
+        self._rdt_manager = None
+        self._manager = None
+
+    @property
+    def rdt_manager(self):
+        if self._manager is None:
+            self._manager = object()
+        return self._manager
+
+
+class OwnAttribute(OtherRay):
+    _rdt_manager = None
+
+    @property
+    def rdt_manager(self):
+        if self._rdt_manager is None:
+            self._rdt_manager = object()
+        return self._rdt_manager
+
+
+@pytest.mark.parametrize("worker", [OtherRay, OwnAttribute])
+def test_a_ray_whose_rdt_manager_is_not_the_one_zctipc_knows_is_left_untouched(worker):
+    """zctipc.ray changes Ray's Worker only where rdt_manager is a property
+    that keeps its manager in _rdt_manager, and _rdt_manager is no
+    attribute of the class itself (Note [one RDT manager per process])."""
+    before = dict(worker.__dict__)
+    with mock.patch("ray._private.worker.Worker", worker):
+        zr._keep_the_first_rdt_manager()
+    assert dict(worker.__dict__) == before
 
 
 def test_a_restarted_receiver_that_never_imported_zctipc_gets_every_hand_off(cluster, tmp_path):

@@ -40,6 +40,18 @@ var ErrTaken = pool.ErrTaken
 // NewSlotRef returns a Ref that owns the count s.
 func NewSlotRef(s pool.Slot) *Ref { return recorded(&Ref{slot: s}) }
 
+// HeldSlotRef returns a Ref that owns the count s, which its ledger entry
+// entry records already (shm.NoEntry: none): a count that the C ABI took
+// and recorded without entering Go (Note [a ref made outside Go] in the
+// C ABI's handoff.c).
+func HeldSlotRef(s pool.Slot, entry int) *Ref {
+	r := &Ref{slot: s, entry: entry}
+	if entry != shm.NoEntry {
+		r.led = ledger.Current()
+	}
+	return r
+}
+
 // recorded records the count r owns in the ledger and returns r.
 func recorded(r *Ref) *Ref {
 	r.led = ledger.Current()
@@ -227,7 +239,7 @@ func Adopt(d *message.Descriptor) (*Ref, []byte, error) {
 	if err := take(d); err != nil {
 		return nil, nil, err
 	}
-	return open(d, false)
+	return opened(d, false) // take checked d
 }
 
 // take takes the ticket of descriptor d, which carries a count, once.
@@ -238,6 +250,19 @@ func take(d *message.Descriptor) error {
 	t := d.Ticket
 	if t.Arena == "" {
 		return fmt.Errorf("%w: a descriptor that carries a count has no ticket", message.ErrMalformed)
+	}
+	if d.Kind == message.RefSlot && pool.TicketLive(t.Arena, t.Slot, t.Generation, t.Nonce) == nil {
+		// The slot is checked before a live ticket is taken, as the C
+		// ABI's take checks it (handoff.c): a ticket taken for a slot that
+		// the descriptor then fails to name would leave its count with no
+		// one, neither the ticket nor a ref; a descriptor refused here
+		// leaves it with the ticket, for the genuine descriptor (or the
+		// sender's exit) to take. A ticket taken before is said to be so
+		// by TakeTicket below; an arena that is gone holds no count to
+		// lose.
+		if _, err := pool.Adopt(d.Name, d.Slot, d.Generation); err != nil && !errors.Is(err, unix.ENOENT) {
+			return fmt.Errorf("descriptor of %q: %w", d.Name, err)
+		}
 	}
 	if err := pool.TakeTicket(t.Arena, t.Slot, t.Generation, t.Nonce); err != nil {
 		if errors.Is(err, unix.ENOENT) && gone(d.Name) {
@@ -275,6 +300,12 @@ func open(d *message.Descriptor, attach bool) (*Ref, []byte, error) {
 	if err := d.Check(); err != nil {
 		return nil, nil, err
 	}
+	return opened(d, attach)
+}
+
+// opened is open of a descriptor checked already: a check is a call into
+// C (package plane), which a hand-off makes once at each step, not twice.
+func opened(d *message.Descriptor, attach bool) (*Ref, []byte, error) {
 	var r *Ref
 	switch d.Kind {
 	case message.RefSegment:

@@ -22,12 +22,14 @@
 package ledger
 
 import (
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
 	"unsafe"
 
 	"github.com/zctipc/zctipc/go/internal/header"
+	"github.com/zctipc/zctipc/go/internal/plane"
 	"github.com/zctipc/zctipc/go/internal/proc"
 	"github.com/zctipc/zctipc/go/internal/shm"
 	"golang.org/x/sys/unix"
@@ -35,49 +37,51 @@ import (
 
 // Entry states.
 const (
-	Free     = 0
-	Creating = 1 // a segment file being made under temporary name Name, to be renamed Final
-	Segment  = 2 // one count on segment Name
-	Slot     = 3 // one count on slot Index (of Generation) of arena Name
+	Free     = plane.LedgerFree
+	Creating = plane.LedgerCreating // a segment file being made under temporary name Name, to be renamed Final
+	Segment  = plane.LedgerSegment  // one count on segment Name
+	Slot     = plane.LedgerSlot     // one count on slot Index (of Generation) of arena Name
 )
 
-// Layout of a ledger's data region.
+// Layout of a ledger's data region (the entries' own is the plane's,
+// which writes them).
 const (
 	offCapacity    = 0  // u32 entries reserved so far
 	offSweeperPID  = 8  // u32 the process sweeping the ledger, 0 until one does
 	offSweeperTime = 16 // u64 its start time
-	entriesAt      = 64
-	entrySize      = 512
-	nameCap        = 240
-	firstEntries   = 64      // reserved when the ledger is made
-	MaxEntries     = 1 << 16 // the most counts one ledger records
+	entriesAt      = plane.LedgerEntriesAt
+	entrySize      = plane.LedgerEntrySize
+	nameCap        = plane.LedgerNameCap
+	firstEntries   = 64                     // reserved when the ledger is made
+	MaxEntries     = plane.LedgerMaxEntries // the most counts one ledger records
 	// Size is the size of a ledger's data region.
 	Size = entriesAt + MaxEntries*entrySize
 )
 
-// Entry field offsets.
+// Entry field offsets, as the plane writes them.
 const (
-	eState   = 0  // u32
-	eIndex   = 4  // u32 slot index
-	eGen     = 8  // u32 slot generation
-	eNameLen = 12 // u8
-	eFinLen  = 13 // u8
-	eDev     = 16 // u64 device of a Creating entry's temporary file, once made
-	eIno     = 24 // u64 its inode, 0 until made
-	eName    = 32
-	eFinal   = eName + nameCap
+	eState   = plane.LedgerEState    // u32
+	eIndex   = plane.LedgerEIndex    // u32 slot index
+	eGen     = plane.LedgerEGen      // u32 slot generation
+	eNameLen = plane.LedgerENameLen  // u8
+	eFinLen  = plane.LedgerEFinalLen // u8
+	eDev     = plane.LedgerEDev      // u64 device of a Creating entry's temporary file, once made
+	eIno     = plane.LedgerEIno      // u64 its inode, 0 until made
+	eName    = plane.LedgerEName
+	eFinal   = plane.LedgerEFinal
 )
 
-// Ledger is a process's own ledger. It is safe for concurrent use: a mutex
-// guards its free entries, and entries are written with atomic stores for
-// the daemon that reads them meanwhile.
+// Ledger is a process's own ledger. It is safe for concurrent use: its
+// entries are recorded and dropped by the data plane (plane.Ledger), which
+// keeps the free ones, so that the C ABI's calls that never enter Go record
+// counts in it too; mu serializes growing it.
 type Ledger struct {
 	mu       sync.Mutex
 	seg      *shm.Segment
 	fd       int
 	data     []byte
-	capacity int   // entries reserved
-	free     []int // free entry numbers
+	capacity int // entries reserved; under mu
+	c        *plane.Ledger
 }
 
 var current atomic.Pointer[Ledger]
@@ -98,20 +102,24 @@ func Enable() (*Ledger, error) {
 		return nil, fmt.Errorf("create the ledger of this process: %w", err)
 	}
 	l := &Ledger{seg: seg, fd: fd, data: seg.Data()}
+	if l.c = plane.NewLedger(l.data, 0); l.c == nil {
+		return nil, errors.Join(fmt.Errorf("create the ledger of this process: %w", unix.ENOMEM), l.remove())
+	}
 	l.setCapacity(firstEntries)
 	if !current.CompareAndSwap(nil, l) {
 		return current.Load(), l.remove()
 	}
+	plane.SetCurrent(l.c)
 	shm.SetTracker(tracker{l})
 	return l, nil
 }
 
+// setCapacity frees the entries up to n, whose pages are reserved. The
+// caller holds mu, or is the ledger's maker.
 func (l *Ledger) setCapacity(n int) {
-	for i := n - 1; i >= l.capacity; i-- {
-		l.free = append(l.free, i)
-	}
 	l.capacity = n
 	atomic.StoreUint32(u32(l.data, offCapacity), uint32(n))
+	l.c.Grow(n)
 }
 
 // Name returns the name of the ledger's segment.
@@ -126,6 +134,7 @@ func (l *Ledger) Close() error {
 	if !current.CompareAndSwap(l, nil) {
 		return nil
 	}
+	plane.SetCurrent(nil)
 	shm.SetTracker(nil)
 	return l.remove()
 }
@@ -152,34 +161,32 @@ func entry(d []byte, n int) []byte {
 	return d[at : at+entrySize : at+entrySize]
 }
 
-// record writes an entry, state last, and returns its number, or
-// shm.NoEntry when the ledger is full or the name does not fit.
+// record writes an entry, state last (plane.Ledger.Record), and returns
+// its number, or shm.NoEntry when the ledger is full, the name does not
+// fit, or the ledger's memory faulted.
 func (l *Ledger) record(state uint32, name, final string, index, gen uint32) int {
 	if l == nil || len(name) > nameCap || len(final) > nameCap {
 		return shm.NoEntry
 	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if len(l.free) == 0 && !l.grow() {
-		return shm.NoEntry
+	for {
+		n := l.c.Record(state, name, final, index, gen)
+		if n >= 0 {
+			return n
+		}
+		if n != plane.LedgerFull || !l.Grow() {
+			return shm.NoEntry
+		}
 	}
-	n := l.free[len(l.free)-1]
-	l.free = l.free[:len(l.free)-1]
-	e := entry(l.data, n)
-	*u32(e, eIndex) = index
-	*u32(e, eGen) = gen
-	*u64(e, eDev) = 0
-	*u64(e, eIno) = 0
-	e[eNameLen] = uint8(len(name))
-	e[eFinLen] = uint8(len(final))
-	copy(e[eName:eName+nameCap], name)
-	copy(e[eFinal:eFinal+nameCap], final)
-	atomic.StoreUint32(u32(e, eState), state)
-	return n
 }
 
-// grow reserves twice the entries. The caller holds l.mu.
-func (l *Ledger) grow() bool {
+// Grow reserves twice the entries, unless another call did since the
+// ledger was last found full, and reports whether there may be one free.
+func (l *Ledger) Grow() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.c.Free() > 0 {
+		return true // grown by another call meanwhile, or an entry dropped
+	}
 	if l.fd < 0 || l.capacity >= MaxEntries {
 		return false
 	}
@@ -204,10 +211,7 @@ func (l *Ledger) Drop(n int) {
 	if l == nil || n == shm.NoEntry {
 		return
 	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	atomic.StoreUint32(u32(entry(l.data, n), eState), Free)
-	l.free = append(l.free, n)
+	l.c.Drop(n)
 }
 
 // tracker makes a ledger package shm's Tracker.
@@ -218,28 +222,15 @@ func (t tracker) Holding(name string) int        { return t.l.HoldSegment(name) 
 func (t tracker) Dropped(n int)                  { t.l.Drop(n) }
 
 func (t tracker) Opened(n int, dev, ino uint64) {
-	if n == shm.NoEntry {
-		return
+	if n != shm.NoEntry {
+		t.l.c.Opened(n, dev, ino)
 	}
-	t.l.mu.Lock()
-	defer t.l.mu.Unlock()
-	e := entry(t.l.data, n)
-	atomic.StoreUint64(u64(e, eDev), dev)
-	atomic.StoreUint64(u64(e, eIno), ino)
 }
 
 func (t tracker) Created(n int) {
-	if n == shm.NoEntry {
-		return
+	if n != shm.NoEntry {
+		t.l.c.Created(n)
 	}
-	t.l.mu.Lock()
-	defer t.l.mu.Unlock()
-	e := entry(t.l.data, n)
-	// The final name becomes the name, then the state says so: a reader
-	// that sees Segment sees the name.
-	e[eNameLen] = e[eFinLen]
-	copy(e[eName:eName+nameCap], e[eFinal:eFinal+nameCap])
-	atomic.StoreUint32(u32(e, eState), Segment)
 }
 
 // Entry is one record of a ledger, as another process reads it.

@@ -12,7 +12,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"math/bits"
 	"slices"
 
 	"github.com/zctipc/zctipc/go/internal/dtype"
@@ -37,7 +36,6 @@ const (
 // Layout constants.
 const (
 	RecordHeaderSize = 16
-	descriptorBase   = 32
 	// MaxDescriptors bounds the descriptors of one record.
 	MaxDescriptors = 0xFFFF
 	// MaxViews is the most views a record's header can ask a get for
@@ -79,137 +77,137 @@ type Ticket struct {
 	Nonce      uint64
 }
 
-// flagTicket marks, in an encoded descriptor's flags, the ticket block that
-// follows its name.
-const flagTicket = 8
-
-// ticketBase is the size of a ticket block before its arena's name.
-const ticketBase = 24
+// Note [one descriptor codec]. A descriptor is read, checked and written
+// by package plane (descriptor.c), in C, so that the C ABI's calls that
+// never enter Go take the same bytes by the same rules as Go does; this
+// package turns a Descriptor into the plane's Desc and back, and words
+// what the plane refuses as it always has (ErrMalformed and the detail
+// that users and tests see). The plane checks in the order this package
+// always did, so a descriptor broken twice is refused for the same reason.
+//
+// Size alone is Go's own, the same sum of three lengths as zp_desc_size:
+// a put asks a record's size several times (Record.Size, Parts, Encode),
+// and a call into C costs more than the sum (about 65 ns a call on the
+// machine that measured it, against a nanosecond), which would have made
+// a descriptor's encoding several times slower. TestDescriptorSize holds
+// the two to each other over every ndim and name length the format has.
 
 // Size returns the encoded size of d, a multiple of 8.
 func (d *Descriptor) Size() int {
-	n := align8(descriptorBase + 16*len(d.Shape) + len(d.Name))
+	n := align8(plane.DescriptorBase + 16*len(d.Shape) + len(d.Name))
 	if d.Ticket.Arena != "" {
-		n += align8(ticketBase + len(d.Ticket.Arena))
+		n += align8(plane.TicketBase + len(d.Ticket.Arena))
 	}
 	return n
+}
+
+// toPlane writes d's fields into c, for the plane's check or encoder. A
+// Descriptor may hold what a Desc cannot (more than MaxNDim dimensions, or
+// strides that are not one for each): it is given NDim past MaxNDim, which
+// the plane refuses (plane.DescNDim) where this package always did. Names
+// past MaxName are given as MaxName + 1 bytes long, which the plane refuses.
+func (d *Descriptor) toPlane(c *plane.Desc) {
+	c.Kind, c.Flags, c.DType = d.Kind, d.Flags, uint16(d.DType)
+	c.Offset, c.NBytes, c.Slot, c.Generation = d.Offset, d.NBytes, d.Slot, d.Generation
+	c.NameLen, c.ArenaLen = uint32(min(len(d.Name), maxNameLen+1)), uint32(min(len(d.Ticket.Arena), maxNameLen+1))
+	c.Nonce, c.TicketSlot, c.TicketGeneration = d.Ticket.Nonce, d.Ticket.Slot, d.Ticket.Generation
+	if len(d.Shape) > header.MaxNDim || len(d.Strides) != len(d.Shape) {
+		c.NDim = header.MaxNDim + 1
+		return
+	}
+	c.NDim = uint32(len(d.Shape))
+	copy(c.Shape[:], d.Shape)
+	copy(c.Strides[:], d.Strides)
+}
+
+// fromPlane returns the descriptor c, read from src by the plane.
+func fromPlane(src []byte, c *plane.Desc) Descriptor {
+	ndim := int(c.NDim)
+	dims := make([]int64, 2*ndim) // the shape and the strides, in one allocation
+	copy(dims, c.Shape[:ndim])
+	copy(dims[ndim:], c.Strides[:ndim])
+	d := Descriptor{
+		Kind:       c.Kind,
+		Flags:      c.Flags,
+		DType:      dtype.DType(c.DType),
+		Shape:      dims[:ndim:ndim],
+		Strides:    dims[ndim:],
+		Name:       string(src[c.NameAt : c.NameAt+c.NameLen]),
+		Offset:     c.Offset,
+		NBytes:     c.NBytes,
+		Slot:       c.Slot,
+		Generation: c.Generation,
+	}
+	if c.ArenaLen > 0 {
+		d.Ticket = Ticket{Arena: string(src[c.ArenaAt : c.ArenaAt+c.ArenaLen]), Slot: c.TicketSlot,
+			Generation: c.TicketGeneration, Nonce: c.Nonce}
+	}
+	return d
+}
+
+// refused is the error of d, which breaks bad (a plane.Desc* from
+// plane.DescKind on), nil for plane.OK.
+func (d *Descriptor) refused(bad int) error {
+	switch bad {
+	case plane.OK:
+		return nil
+	case plane.DescKind:
+		return fmt.Errorf("%w: descriptor kind %d", ErrMalformed, d.Kind)
+	case plane.DescFlags:
+		return fmt.Errorf("%w: descriptor flags %#x", ErrMalformed, d.Flags)
+	case plane.DescNDim:
+		return fmt.Errorf("%w: descriptor ndim %d", ErrMalformed, len(d.Shape))
+	case plane.DescName:
+		return fmt.Errorf("%w: descriptor name of %d bytes", ErrMalformed, len(d.Name))
+	case plane.DescTicket:
+		return fmt.Errorf("%w: descriptor ticket of a %d-byte name and nonce %#x", ErrMalformed, len(d.Ticket.Arena), d.Ticket.Nonce)
+	case plane.DescDType:
+		return fmt.Errorf("%w: %w", ErrMalformed, d.DType.Check())
+	case plane.DescNegative:
+		return fmt.Errorf("%w: negative shape or stride in descriptor", ErrMalformed)
+	case plane.DescOverflow:
+		return fmt.Errorf("%w: descriptor shape %v overflows", ErrMalformed, d.Shape)
+	default:
+		return fmt.Errorf("%w: descriptor array reaches past its %d bytes", ErrMalformed, d.NBytes)
+	}
 }
 
 // Check validates d's fields: its kind, type, dimensions, name length, and
 // that the array fits in NBytes.
 func (d *Descriptor) Check() error {
-	switch {
-	case d.Kind != RefSegment && d.Kind != RefSlot:
-		return fmt.Errorf("%w: descriptor kind %d", ErrMalformed, d.Kind)
-	case d.Flags&^7 != 0:
-		return fmt.Errorf("%w: descriptor flags %#x", ErrMalformed, d.Flags)
-	case len(d.Shape) > header.MaxNDim || len(d.Strides) != len(d.Shape):
-		return fmt.Errorf("%w: descriptor ndim %d", ErrMalformed, len(d.Shape))
-	case len(d.Name) == 0 || len(d.Name) > maxNameLen:
-		return fmt.Errorf("%w: descriptor name of %d bytes", ErrMalformed, len(d.Name))
-	case len(d.Ticket.Arena) > maxNameLen || d.Ticket.Arena != "" && d.Ticket.Nonce == 0:
-		return fmt.Errorf("%w: descriptor ticket of a %d-byte name and nonce %#x", ErrMalformed, len(d.Ticket.Arena), d.Ticket.Nonce)
-	}
-	if err := d.DType.Check(); err != nil {
-		return fmt.Errorf("%w: %w", ErrMalformed, err)
-	}
-	for i := range d.Shape {
-		if d.Shape[i] < 0 || d.Strides[i] < 0 {
-			return fmt.Errorf("%w: negative shape or stride in descriptor", ErrMalformed)
-		}
-	}
-	if _, ok := header.ByteCount(d.Shape, d.DType.Size()); !ok {
-		return fmt.Errorf("%w: descriptor shape %v overflows", ErrMalformed, d.Shape)
-	}
-	extent, ok := header.Extent(d.Shape, d.Strides, d.DType.Size())
-	if _, carry := bits.Add64(d.Offset, d.NBytes, 0); !ok || extent > d.NBytes || carry != 0 {
-		return fmt.Errorf("%w: descriptor array reaches past its %d bytes", ErrMalformed, d.NBytes)
-	}
-	return nil
+	var c plane.Desc
+	d.toPlane(&c)
+	return d.refused(plane.CheckDescriptor(&c))
 }
 
 // Encode writes d into dst, which holds at least d.Size() bytes, and returns
-// the bytes written.
+// the bytes written. d checks (Check): Encode panics on dimensions or names
+// the format cannot hold.
 func (d *Descriptor) Encode(dst []byte) int {
-	n := d.Size()
-	ndim := len(d.Shape)
-	clear(dst[:n])
-	le.PutUint16(dst[0:], uint16(n))
-	dst[2] = d.Kind
-	dst[3] = d.Flags
-	if d.Ticket.Arena != "" {
-		dst[3] |= flagTicket
-	}
-	le.PutUint16(dst[4:], uint16(d.DType))
-	dst[6] = uint8(ndim)
-	dst[7] = uint8(len(d.Name))
-	le.PutUint64(dst[8:], d.Offset)
-	le.PutUint64(dst[16:], d.NBytes)
-	le.PutUint32(dst[24:], d.Slot)
-	le.PutUint32(dst[28:], d.Generation)
-	for i := range ndim {
-		le.PutUint64(dst[descriptorBase+8*i:], uint64(d.Shape[i]))
-		le.PutUint64(dst[descriptorBase+8*(ndim+i):], uint64(d.Strides[i]))
-	}
-	copy(dst[descriptorBase+16*ndim:], d.Name)
-	if d.Ticket.Arena != "" {
-		at := align8(descriptorBase + 16*ndim + len(d.Name))
-		le.PutUint64(dst[at:], d.Ticket.Nonce)
-		le.PutUint32(dst[at+8:], d.Ticket.Slot)
-		le.PutUint32(dst[at+12:], d.Ticket.Generation)
-		dst[at+16] = uint8(len(d.Ticket.Arena))
-		copy(dst[at+ticketBase:], d.Ticket.Arena)
-	}
-	return n
+	var c plane.Desc
+	d.toPlane(&c)
+	return plane.WriteDescriptor(dst, &c, d.Name, d.Ticket.Arena)
 }
 
 // DecodeDescriptor decodes and checks the descriptor at the start of src and
 // returns it with its encoded size.
 func DecodeDescriptor(src []byte) (Descriptor, int, error) {
-	if len(src) < descriptorBase {
+	var c plane.Desc
+	switch bad := plane.ReadDescriptor(src, &c); bad {
+	case plane.OK:
+		return fromPlane(src, &c), int(c.Size), nil
+	case plane.DescTruncated:
 		return Descriptor{}, 0, fmt.Errorf("%w: descriptor truncated", ErrMalformed)
+	case plane.DescTicketCut:
+		return Descriptor{}, 0, fmt.Errorf("%w: descriptor of %d bytes truncates its ticket", ErrMalformed, c.Size)
+	case plane.DescTicketSize:
+		return Descriptor{}, 0, fmt.Errorf("%w: descriptor of %d bytes with a %d-byte ticket name", ErrMalformed, c.Size, c.ArenaLen)
+	case plane.DescSize:
+		return Descriptor{}, 0, fmt.Errorf("%w: descriptor of %d bytes with ndim %d and a %d-byte name", ErrMalformed, c.Size, c.NDim, c.NameLen)
+	default:
+		d := fromPlane(src, &c)
+		return Descriptor{}, 0, d.refused(bad)
 	}
-	n := int(le.Uint16(src))
-	ndim := int(src[6])
-	nameLen := int(src[7])
-	base := align8(descriptorBase + 16*ndim + nameLen)
-	var ticket Ticket
-	if src[3]&flagTicket != 0 {
-		if base+ticketBase > min(n, len(src)) {
-			return Descriptor{}, 0, fmt.Errorf("%w: descriptor of %d bytes truncates its ticket", ErrMalformed, n)
-		}
-		ticket = Ticket{Nonce: le.Uint64(src[base:]), Slot: le.Uint32(src[base+8:]), Generation: le.Uint32(src[base+12:])}
-		tlen := int(src[base+16])
-		if tlen == 0 || n != base+align8(ticketBase+tlen) || n > len(src) {
-			return Descriptor{}, 0, fmt.Errorf("%w: descriptor of %d bytes with a %d-byte ticket name", ErrMalformed, n, tlen)
-		}
-		ticket.Arena = string(src[base+ticketBase : base+ticketBase+tlen])
-		base = n
-	}
-	if ndim > header.MaxNDim || n != base || n > len(src) {
-		return Descriptor{}, 0, fmt.Errorf("%w: descriptor of %d bytes with ndim %d and a %d-byte name", ErrMalformed, n, ndim, nameLen)
-	}
-	d := Descriptor{
-		Kind:       src[2],
-		Flags:      src[3] &^ flagTicket,
-		Ticket:     ticket,
-		DType:      dtype.DType(le.Uint16(src[4:])),
-		Shape:      make([]int64, ndim),
-		Strides:    make([]int64, ndim),
-		Offset:     le.Uint64(src[8:]),
-		NBytes:     le.Uint64(src[16:]),
-		Slot:       le.Uint32(src[24:]),
-		Generation: le.Uint32(src[28:]),
-	}
-	for i := range ndim {
-		d.Shape[i] = int64(le.Uint64(src[descriptorBase+8*i:]))
-		d.Strides[i] = int64(le.Uint64(src[descriptorBase+8*(ndim+i):]))
-	}
-	d.Name = string(src[descriptorBase+16*ndim : descriptorBase+16*ndim+nameLen])
-	if err := d.Check(); err != nil {
-		return Descriptor{}, 0, err
-	}
-	return d, n, nil
 }
 
 // Record is one message of a queue.
@@ -259,6 +257,11 @@ func (r *Record) Check() error {
 	if err := r.checkFraming(); err != nil {
 		return err
 	}
+	for i := range r.Descriptors {
+		if err := r.Descriptors[i].Check(); err != nil {
+			return err
+		}
+	}
 	switch {
 	case r.fromInline():
 		return r.Inline.Check()
@@ -269,7 +272,9 @@ func (r *Record) Check() error {
 	return nil
 }
 
-// checkFraming is Check but for an inline record's array.
+// checkFraming is Check but for the descriptors (which Decode has
+// DecodeDescriptor check, each once: a check is a call into C) and an
+// inline record's array.
 func (r *Record) checkFraming() error {
 	switch {
 	case len(r.Descriptors) > MaxDescriptors:
@@ -282,11 +287,6 @@ func (r *Record) checkFraming() error {
 		return fmt.Errorf("%w: record type %d", ErrMalformed, r.Type)
 	case r.Type != TypeInline && (r.Inline.Shape != nil || r.Inline.Data != nil):
 		return fmt.Errorf("%w: a record of type %d with an inline array", ErrMalformed, r.Type)
-	}
-	for i := range r.Descriptors {
-		if err := r.Descriptors[i].Check(); err != nil {
-			return err
-		}
 	}
 	return nil
 }

@@ -29,23 +29,10 @@ int zp_inline_check(uint32_t dtype, uint32_t flags, uint32_t ndim, const int64_t
         }
     }
     // The bytes the shape makes, as package header's ByteCount counts
-    // them: none when a dimension is 0, but a product past 2^63 - 1 of the
-    // others is refused still.
-    uint64_t n = zp_dtype_sizes[dtype];
-    int empty = 0;
-    for (uint32_t i = 0; i < ndim; i++) {
-        if (shape[i] == 0) {
-            empty = 1;
-            continue;
-        }
-        unsigned __int128 m = (unsigned __int128)n * (uint64_t)shape[i];
-        if (m > (unsigned __int128)INT64_MAX) {
-            return ZP_BAD_INLINE_BYTES;
-        }
-        n = (uint64_t)m;
-    }
-    if (empty) {
-        n = 0;
+    // them (zp_byte_count).
+    uint64_t n;
+    if (!zp_byte_count(ndim, shape, zp_dtype_sizes[dtype], &n)) {
+        return ZP_BAD_INLINE_BYTES;
     }
     return n == nbytes ? ZP_OK : ZP_BAD_INLINE_BYTES;
 }

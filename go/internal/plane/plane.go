@@ -1,9 +1,12 @@
 // Package plane is the data plane: the steps that every message of a queue
 // takes (put, get, the locks and sequence words they use, the spin and the
-// poll of a wait, an inline array's codec), a stream reader's look and
-// release and a stream writer's claim and publish, written once in C. The Go packages call them through cgo; the C ABI calls them directly,
-// so that a host that puts and gets through it never enters the Go runtime
-// on the way (Note [a data plane the runtime never enters]).
+// poll of a wait, the codecs of an inline array and of a descriptor), the
+// counts a hand-off carries (a pool slot's protocol, the table of the
+// arenas a process maps, its ledger entries), a stream reader's look and
+// release and a stream writer's claim and publish, written once in C. The
+// Go packages call them through cgo; the C ABI calls them directly, so that
+// a host that puts and gets through it never enters the Go runtime on the
+// way (Note [a data plane the runtime never enters]).
 //
 // A step never waits. One that would (a lock another holds, no room, no
 // message) says so, and the caller waits as it always did, in Go (package

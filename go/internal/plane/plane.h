@@ -361,7 +361,276 @@ ZP_API int zp_write_slowest(zp_writer *w, uint64_t *low, zp_out *out);
  * look for the dead] in stream.c. */
 ZP_API int zp_write_suspects(zp_writer *w, int64_t now_ns, int32_t *suspect, zp_out *out);
 
+/* -- descriptors (descriptor.c) ------------------------------------------ */
+
+/* Layout of a queue record's descriptor (docs/format.md, "Descriptors"). */
+#define ZP_DESC_BASE 32u   /* the fixed part; shape, strides and the name follow */
+#define ZP_TICKET_BASE 24u /* a ticket block before its arena's name */
+#define ZP_DESC_TICKET 8u  /* flags bit 3: a ticket block follows the name */
+#define ZP_MAX_NAME 255u
+#define ZP_REF_SEGMENT 1   /* kinds: the data region of a tensor segment */
+#define ZP_REF_SLOT 2      /* a slot of a pool arena */
+
+/* What a descriptor breaks (zp_desc_read, zp_desc_check), in the order they
+ * are checked; package message words each as it always has. */
+enum {
+    ZP_BAD_DESC_TRUNCATED = 1,   /* fewer than ZP_DESC_BASE bytes */
+    ZP_BAD_DESC_TICKET_CUT = 2,  /* flags bit 3, and its size or the bytes leave no room for a ticket block */
+    ZP_BAD_DESC_TICKET_SIZE = 3, /* a ticket arena name of 0 bytes, or a size that is not the ticket's end */
+    ZP_BAD_DESC_SIZE = 4,        /* ndim past ZP_MAX_NDIM, a size that is not what ndim and the name make,
+                                    or a size past the bytes there are */
+    ZP_BAD_DESC_KIND = 5,        /* neither ZP_REF_SEGMENT nor ZP_REF_SLOT */
+    ZP_BAD_DESC_FLAGS = 6,       /* a flag past bit 2 */
+    ZP_BAD_DESC_NDIM = 7,        /* ndim past ZP_MAX_NDIM (zp_desc_check) */
+    ZP_BAD_DESC_NAME = 8,        /* a name of 0 bytes or past ZP_MAX_NAME */
+    ZP_BAD_DESC_TICKET = 9,      /* a ticket arena name past ZP_MAX_NAME, or a ticket whose nonce is 0 */
+    ZP_BAD_DESC_DTYPE = 10,      /* a code zp_dtype_sizes does not know */
+    ZP_BAD_DESC_NEGATIVE = 11,   /* a negative dimension or stride */
+    ZP_BAD_DESC_OVERFLOW = 12,   /* the bytes the shape makes pass 2^63 - 1 */
+    ZP_BAD_DESC_EXTENT = 13,     /* the array reaches past nbytes, or offset + nbytes wraps */
+};
+
+/* A descriptor decoded: its fields, and where its names lie in the bytes
+ * it was read from (offsets, not pointers: Go reads into its own memory,
+ * where C must not store a pointer to Go memory). package plane's Desc is
+ * laid out the same, which plane/descriptor.go checks when it compiles. */
+typedef struct zp_desc {
+    uint8_t kind;
+    uint8_t flags;      /* bits 0-2; bit 3 never: arena_len says whether there is a ticket */
+    uint16_t dtype;
+    uint32_t ndim;
+    uint32_t size;      /* read: its encoded size, as its first u16 says */
+    uint32_t name_at;   /* read: where its name starts in the bytes read */
+    uint32_t name_len;
+    uint32_t arena_at;  /* read: where its ticket arena's name starts */
+    uint32_t arena_len; /* 0: no ticket */
+    uint32_t slot;
+    uint32_t generation;
+    uint32_t ticket_slot;
+    uint32_t ticket_generation;
+    uint32_t reserved;
+    uint64_t offset;
+    uint64_t nbytes;
+    uint64_t nonce;     /* the ticket's, never 0 when it has one */
+    int64_t shape[ZP_MAX_NDIM];
+    int64_t strides[ZP_MAX_NDIM]; /* bytes */
+} zp_desc;
+
+/* The bytes an array of this shape and element size makes, 0 when a
+ * dimension is 0, into *n: 1, or 0 when the product of the nonzero
+ * dimensions and itemsize passes 2^63 - 1 (package header's ByteCount, likewise). */
+ZP_API int zp_byte_count(uint32_t ndim, const int64_t *shape, uint64_t itemsize, uint64_t *n);
+
+/* One past the last byte an array with this shape and non-negative byte
+ * strides touches, 0 when it has no elements, into *end: 1, or 0 when that
+ * passes 2^63 - 1 (package header's Extent, which a test holds it to). */
+ZP_API int zp_extent(uint32_t ndim, const int64_t *shape, const int64_t *strides, uint64_t itemsize, uint64_t *end);
+
+/* The encoded size of a descriptor of ndim dimensions, a name of name_len
+ * bytes and a ticket arena's of arena_len (0: no ticket); a multiple of 8. */
+ZP_API uint64_t zp_desc_size(uint64_t ndim, uint64_t name_len, uint64_t arena_len);
+
+/* Check a descriptor's fields: ZP_OK, or the ZP_BAD_DESC_* (from KIND on)
+ * it breaks. */
+ZP_API int zp_desc_check(const zp_desc *d);
+
+/* Read and check the descriptor at the start of src (len bytes, a private
+ * copy): ZP_OK, or the ZP_BAD_DESC_* it breaks, with the fields read before
+ * that in *out. Its size is out->size. */
+ZP_API int zp_desc_read(const uint8_t *src, uint64_t len, zp_desc *out);
+
+/* Write d, which checks, with its name (d->name_len bytes) and its ticket
+ * arena's (d->arena_len), into dst (cap bytes) and return its size; 0, and
+ * nothing written, when its dimensions or names do not fit the format or
+ * it does not fit in cap. name_at and arena_at are not read. */
+ZP_API uint32_t zp_desc_write(uint8_t *dst, uint64_t cap, const zp_desc *d, const uint8_t *name, const uint8_t *arena);
+
+/* -- end of descriptors -------------------------------------------------- */
+
 /* The views a record of type typ and ndesc descriptors gives its taker. */
 static inline int32_t zp_views(uint8_t typ, uint16_t ndesc) { return typ == ZP_TYPE_INLINE ? ndesc + 1 : ndesc; }
+
+/* -- pool arenas (pool.c) ------------------------------------------------ */
+
+/* Layout of an arena's data region (docs/format.md, "Pool arenas"), the
+ * words the slot protocol uses; package pool has the rest. */
+enum {
+    ZP_ARENA_FREE_HEAD = 64,   /* u64: tag << 32 | (index + 1) of the first free slot */
+    ZP_ARENA_FREE_SEQ = 128,   /* u32 futex word, bumped on every free */
+    ZP_ARENA_WAITERS = 132,    /* u32 owners waiting for a free slot */
+    ZP_ARENA_FREE_COUNT = 136, /* i64 slots on the free stack */
+    ZP_ARENA_SLOT_TABLE = 192, /* nslots entries of ZP_SLOT_META bytes */
+    ZP_SLOT_META = 16,         /* i64 refcount, u32 next free (index + 1, 0 for none), u32 generation */
+};
+
+/* More results, of the slot protocol's steps; numbered apart from the
+ * results above, which other steps extend. */
+enum {
+    ZP_POOL_STALE = 32, /* the slot is free, or of another generation: no count was added, or taken */
+    ZP_POOL_MOVED = 33, /* add ref: the slot was handed out again meanwhile; the count landed on the
+                           generation given, and is the caller's to give back */
+    ZP_POOL_TAKEN = 34, /* ticket take: the word did not hold the nonce (taken, or never armed) */
+};
+
+/* An arena as this process sees it: its layout, read and checked once, by
+ * package pool, when it made or mapped the arena; never read again from the
+ * shared header, which another process may write. */
+typedef struct zp_arena {
+    uint8_t *data;      /* the data region */
+    uint64_t slot_size; /* bytes per slot */
+    uint64_t slots_at;  /* where the slots start in data */
+    uint32_t nslots;
+} zp_arena;
+
+/* Each step below reports ZP_FAULT, with out->addr, when the arena's memory
+ * faulted, and ZP_RANGE for a slot past nslots (a ticket's: or slots of
+ * fewer than 8 bytes), touching nothing. */
+
+/* Take the slot on top of the free stack: ZP_OK with *slot, ZP_WAIT when
+ * the stack is empty (or its head is garbage). */
+ZP_API int zp_pool_pop(const zp_arena *a, uint32_t *slot, zp_out *out);
+
+/* Put slot back on the free stack, bump the free word and wake every owner
+ * waiting on it. */
+ZP_API int zp_pool_push(const zp_arena *a, uint32_t slot, zp_out *out);
+
+/* Hand out a slot just popped: its generation bumped (the new one in *gen)
+ * and a count of one. */
+ZP_API int zp_pool_hand_out(const zp_arena *a, uint32_t slot, uint32_t *gen, zp_out *out);
+
+/* Add a count to slot, in use and of generation gen: ZP_OK (*landed is
+ * gen); ZP_POOL_STALE, nothing added; ZP_POOL_MOVED, the count landed on
+ * generation *landed, which the slot was handed out as meanwhile: the
+ * caller gives it back (zp_pool_release), as any of its holders would. */
+ZP_API int zp_pool_add_ref(const zp_arena *a, uint32_t slot, uint32_t gen, uint32_t *landed, zp_out *out);
+
+/* Give back a count on slot: ZP_OK, with *last 1 when it was the last,
+ * and the slot was pushed back on the free stack (the caller then unpins
+ * the arena: its segment's own count); ZP_POOL_STALE when the count was
+ * zero already. */
+ZP_API int zp_pool_release(const zp_arena *a, uint32_t slot, uint32_t *last, zp_out *out);
+
+/* A descriptor's check of the slot it names: ZP_OK when it is in use and of
+ * generation gen, ZP_POOL_STALE when not, ZP_CORRUPT for a slot past nslots. */
+ZP_API int zp_pool_check(const zp_arena *a, uint32_t slot, uint32_t gen, zp_out *out);
+
+/* A ticket (package pool, Note [a count is taken once]): arm stores the
+ * nonce in the first word of slot; take moves it from nonce to zero, once:
+ * ZP_OK for the one that wins, ZP_POOL_TAKEN for every other. */
+ZP_API int zp_ticket_arm(const zp_arena *a, uint32_t slot, uint64_t nonce, zp_out *out);
+ZP_API int zp_ticket_take(const zp_arena *a, uint32_t slot, uint64_t nonce, zp_out *out);
+
+/* For tests: the next zp_pool_add_ref of the count at rc waits between its
+ * check and its exchange (parked says it does) until resume, so that a test
+ * may free the slot and hand it out again there (package pool's Note [a
+ * count for one generation]). A load of a global when not used. */
+ZP_API void zp_pool_park_add_ref(int64_t *rc);
+ZP_API int zp_pool_add_ref_parked(void);
+ZP_API void zp_pool_resume_add_ref(void);
+/* -- the arenas this process maps (arenas.c) ----------------------------- */
+
+
+/* An arena found by name: its layout, the count of its segment (which a
+ * slot in use holds one of), and its name as the table keeps it. */
+typedef struct zp_found_arena {
+    const zp_arena *arena;
+    int64_t *pins;
+    const uint8_t *name;
+    uint32_t len;
+} zp_found_arena;
+
+/* Add arena a, mapped under name (tickets: an arena of tickets), once
+ * mapped: ZP_OK, ZP_BUSY when the table has no room (the arena is then
+ * Go's alone), ZP_RANGE for a bad name. Remove it, before it is unmapped:
+ * waits until no call holds it. */
+ZP_API int zp_arenas_add(const uint8_t *name, uint32_t len, const zp_arena *a, int32_t tickets, int32_t owned,
+                         int64_t *pins);
+ZP_API void zp_arenas_remove(const zp_arena *a);
+/* Arena a is this process's own no more (its pool let it go): no slot is
+ * handed out of it here. */
+ZP_API void zp_arenas_disown(const zp_arena *a);
+
+/* Find the arena of tickets (or of buffers) named name, and hold it (it
+ * stays mapped until zp_arenas_release): where it is held, or -1 when
+ * this process does not map it (or not as an arena of that purpose). A
+ * holder may hold it once more (zp_arenas_hold), for another release. */
+ZP_API int32_t zp_arenas_acquire(const uint8_t *name, uint32_t len, int32_t tickets, zp_found_arena *found);
+ZP_API int32_t zp_arenas_hold(int32_t at);
+ZP_API void zp_arenas_release(int32_t at);
+
+/* Find the buffer slot that holds the n bytes at addr, wholly, in an arena
+ * this process maps, and hold its arena: where it is held (for
+ * zp_arenas_release), with the slot and addr's offset in it; -1 when none
+ * does (package pool's lookup). */
+ZP_API int32_t zp_arenas_find(const void *addr, uint64_t n, zp_found_arena *found, uint32_t *slot, uint64_t *off);
+
+/* The next of this process's own ticket arenas in the table after entry
+ * after (-1: the first), held: where, or -1 when there is none. */
+ZP_API int32_t zp_arenas_own_tickets(int32_t after, zp_found_arena *found);
+
+/* -- the ledger (ledger.c) ----------------------------------------------- */
+
+/* Layout of a ledger's data region and of its entries (docs/format.md);
+ * package ledger has the rest. */
+enum {
+    ZP_LEDGER_ENTRIES_AT = 64,
+    ZP_LEDGER_ENTRY_SIZE = 512,
+    ZP_LEDGER_NAME_CAP = 240,
+    ZP_LEDGER_MAX_ENTRIES = 1 << 16,
+    ZP_LEDGER_E_STATE = 0,
+    ZP_LEDGER_E_INDEX = 4,
+    ZP_LEDGER_E_GEN = 8,
+    ZP_LEDGER_E_NAME_LEN = 12,
+    ZP_LEDGER_E_FINAL_LEN = 13,
+    ZP_LEDGER_E_DEV = 16,
+    ZP_LEDGER_E_INO = 24,
+    ZP_LEDGER_E_NAME = 32,
+    ZP_LEDGER_E_FINAL = 32 + 240,
+    /* Entry states. */
+    ZP_LEDGER_FREE = 0,
+    ZP_LEDGER_CREATING = 1,
+    ZP_LEDGER_SEGMENT = 2,
+    ZP_LEDGER_SLOT = 3,
+    /* What zp_ledger_record returns when it records nothing. */
+    ZP_LEDGER_FULL = -1,    /* no entry free: the owner grows the ledger, or the count goes unrecorded */
+    ZP_LEDGER_FAULTED = -2, /* the ledger's memory faulted (its file was shrunk) */
+};
+
+/* A process's own ledger: its data region (mapped for as long as the
+ * process lives) and which of its entries are free. */
+typedef struct zp_ledger {
+    uint8_t *data;
+    uint32_t capacity; /* entries reserved */
+    uint32_t nfree;
+    int32_t *free;     /* ZP_LEDGER_MAX_ENTRIES of room; the top is taken next */
+    int32_t lock;      /* a spin lock over free and nfree */
+} zp_ledger;
+
+/* Make the ledger of data, whose first capacity entries are reserved (NULL
+ * when out of memory); it is never freed, since a release racing with the
+ * ledger's close may still drop an entry. grow frees the entries up to
+ * capacity, once reserved. */
+ZP_API zp_ledger *zp_ledger_new(uint8_t *data, uint32_t capacity);
+ZP_API void zp_ledger_grow(zp_ledger *l, uint32_t capacity);
+/* How many entries are free now. */
+ZP_API uint32_t zp_ledger_free(zp_ledger *l);
+
+/* The ledger of this process's counts, or NULL when they are not recorded
+ * (package ledger's Current, which sets it). */
+ZP_API void zp_ledger_set_current(zp_ledger *l);
+ZP_API zp_ledger *zp_ledger_current(void);
+
+/* Record one count in a free entry, its fields then its state: the entry's
+ * number, or ZP_LEDGER_FULL or ZP_LEDGER_FAULTED. name and final (a
+ * Creating entry's final name) hold at most ZP_LEDGER_NAME_CAP bytes. */
+ZP_API int32_t zp_ledger_record(zp_ledger *l, uint32_t state, const uint8_t *name, uint32_t name_len,
+                                const uint8_t *final, uint32_t final_len, uint32_t index, uint32_t gen);
+
+/* Clear entry n, which the caller recorded, and free it; say where a
+ * Creating entry's file was made; turn a Creating entry into a Segment
+ * entry of its final name. ZP_OK, ZP_RANGE for no entry, ZP_FAULT. */
+ZP_API int zp_ledger_drop(zp_ledger *l, int32_t n);
+ZP_API int zp_ledger_opened(zp_ledger *l, int32_t n, uint64_t dev, uint64_t ino);
+ZP_API int zp_ledger_created(zp_ledger *l, int32_t n);
 
 #endif

@@ -11,6 +11,7 @@ import (
 	"unsafe"
 
 	"github.com/zctipc/zctipc/go/internal/header"
+	"github.com/zctipc/zctipc/go/internal/plane"
 	"github.com/zctipc/zctipc/go/internal/shm"
 	"golang.org/x/sys/unix"
 )
@@ -26,8 +27,9 @@ var index = struct {
 	sync.RWMutex
 	byName   map[string]*Arena
 	byAddr   []*Arena // sorted by base
+	byListed map[unsafe.Pointer]*Arena
 	sweeping bool
-}{byName: map[string]*Arena{}}
+}{byName: map[string]*Arena{}, byListed: map[unsafe.Pointer]*Arena{}}
 
 // sweepEvery is how often mapped arenas of other processes are checked, and
 // unmapped once their count reached zero.
@@ -41,6 +43,8 @@ func addToIndex(a *Arena) {
 	index.byAddr = append(index.byAddr, nil)
 	copy(index.byAddr[i+1:], index.byAddr[i:])
 	index.byAddr[i] = a
+	a.listed = plane.List(a.Name(), a.view, a.tickets, a.owned, a.mem.RefcountWord())
+	index.byListed[a.listed.Pointer()] = a
 	if !a.owned {
 		startSweeper()
 	}
@@ -61,6 +65,32 @@ func removeFromIndex(a *Arena) {
 			break
 		}
 	}
+	if index.byListed[a.listed.Pointer()] == a {
+		delete(index.byListed, a.listed.Pointer())
+		a.listed.Unlist() // waits for the C ABI's calls that hold it, which wait for nothing
+		a.listed = plane.Listed{}
+	}
+}
+
+// ArenaOfView returns the arena whose entry in the C ABI's table of mapped
+// arenas is p (plane.Listed.Pointer), while it is in the index.
+func ArenaOfView(p unsafe.Pointer) (*Arena, bool) {
+	index.RLock()
+	defer index.RUnlock()
+	a, ok := index.byListed[p]
+	return a, ok
+}
+
+// Held returns the count on slot i, of generation gen, that its holder
+// took outside Go (the C ABI's handoff.c): a Slot for it, unchecked.
+func (a *Arena) Held(i, gen uint32) Slot { return Slot{arena: a, Index: i, Generation: gen} }
+
+// Unpin gives back the count on the arena's segment that a slot in use
+// held, once the C ABI gave up the slot's last count (Slot.Release's
+// end): the segment goes when it was the last.
+func (a *Arena) Unpin() error {
+	_, err := a.mem.DropRef()
+	return err
 }
 
 // retire turns an owned arena into one this process only maps, unmapped by
@@ -69,6 +99,7 @@ func retire(a *Arena) {
 	index.Lock()
 	defer index.Unlock()
 	a.owned = false
+	a.listed.Disown()
 	startSweeper()
 }
 
@@ -170,6 +201,7 @@ func arenaOf(m mapped) (*Arena, error) {
 	case a.slotsAt != slotsOffset(a.slotSize, uint64(a.nslots)) || arenaSize(a.slotSize, uint64(a.nslots)) > uint64(len(data)):
 		return nil, fmt.Errorf("arena %q: %w: slots do not fit its %d bytes", m.Name(), header.ErrCorrupt, len(data))
 	}
+	a.view = plane.NewArena(unsafe.Pointer(&data[0]), a.slotSize, a.slotsAt, a.nslots)
 	return a, nil
 }
 
@@ -196,9 +228,13 @@ func adopt(name string, slot uint32, generation uint32, tickets bool) (Slot, err
 		return Slot{}, fmt.Errorf("slot %d of arena %q, an arena of %s, not of %s: %w", slot, name, what[a.tickets], what[tickets], unix.EINVAL)
 	case a.closed:
 		return Slot{}, fmt.Errorf("slot %d of arena %q, which is gone: %w", slot, name, ErrStale)
-	case slot >= a.nslots:
+	}
+	switch r, err := a.view.Check(slot, generation); {
+	case err != nil:
+		return Slot{}, fmt.Errorf("slot %d of arena %q: %w", slot, name, err)
+	case r == plane.Corrupt:
 		return Slot{}, fmt.Errorf("slot %d of arena %q, which has %d: %w", slot, name, a.nslots, header.ErrCorrupt)
-	case atomic.LoadInt64(a.refcount(slot)) <= 0 || atomic.LoadUint32(a.gen(slot)) != generation:
+	case r != plane.OK:
 		return Slot{}, fmt.Errorf("slot %d of arena %q: %w", slot, name, ErrStale)
 	}
 	return Slot{arena: a, Index: slot, Generation: generation}, nil

@@ -39,6 +39,7 @@ import (
 	"github.com/zctipc/zctipc/go/internal/dtype"
 	"github.com/zctipc/zctipc/go/internal/futex"
 	"github.com/zctipc/zctipc/go/internal/header"
+	"github.com/zctipc/zctipc/go/internal/plane"
 	"github.com/zctipc/zctipc/go/internal/shm"
 	"golang.org/x/sys/unix"
 )
@@ -104,17 +105,18 @@ const LimitEnv = "ZCTIPC_POOL_LIMIT"
 
 // Layout of an arena's data region.
 const (
-	offSlotSize  = 0   // u64 bytes per slot
-	offNSlots    = 8   // u32 slots
-	offClass     = 12  // u32 size class
-	offSlotsAt   = 16  // u64 where the slots start
-	offPurpose   = 24  // u32 what the slots hold: purposeBuffers or purposeTickets
-	offFreeHead  = 64  // u64: generation << 32 | (index + 1) of the first free slot
-	offFreeSeq   = 128 // u32 futex word, bumped on every free
-	offWaiters   = 132 // u32 owners waiting for a free slot
-	offFreeCount = 136 // i64 slots in the free stack
-	offSlotTable = 192 // nslots × slotMeta bytes
-	slotMeta     = 16  // i64 refcount, u32 next free (index + 1, 0 for none), u32 generation
+	offSlotSize = 0  // u64 bytes per slot
+	offNSlots   = 8  // u32 slots
+	offClass    = 12 // u32 size class
+	offSlotsAt  = 16 // u64 where the slots start
+	offPurpose  = 24 // u32 what the slots hold: purposeBuffers or purposeTickets
+	// The words of the slot protocol, whose steps are the data plane's.
+	offFreeHead  = plane.ArenaFreeHead  // u64: generation << 32 | (index + 1) of the first free slot
+	offFreeSeq   = plane.ArenaFreeSeq   // u32 futex word, bumped on every free
+	offWaiters   = plane.ArenaWaiters   // u32 owners waiting for a free slot
+	offFreeCount = plane.ArenaFreeCount // i64 slots in the free stack
+	offSlotTable = plane.ArenaSlotTable // nslots × slotMeta bytes
+	slotMeta     = plane.SlotMeta       // i64 refcount, u32 next free (index + 1, 0 for none), u32 generation
 	maxSlots     = 1 << 20
 	arenaBytes   = 4 << 20  // the first arena of a class holds about this much
 	arenaMax     = 64 << 20 // later ones double up to this
@@ -136,6 +138,9 @@ type memory interface {
 	DropRef() (int64, error)
 	Count() int64 // the segment's refcount now
 	Unmap() error // gives up the mapping (and a count this process held)
+	// RefcountWord is the count's word, mapped until Unmap, for the C
+	// ABI's steps (Note [a ref made outside Go] in its handoff.c).
+	RefcountWord() *int64
 }
 
 // owned is an arena segment this process created and counts on.
@@ -156,7 +161,9 @@ func (o owned) Unmap() error { return o.Close() }
 type Arena struct {
 	mem      memory
 	data     []byte
-	base     uintptr // address of data[0]
+	base     uintptr      // address of data[0]
+	view     plane.Arena  // its layout, for the slot protocol's steps (Note [a pool slot's steps in the plane])
+	listed   plane.Listed // its entry in the C ABI's table of mapped arenas, while in the index
 	slotSize uint64
 	nslots   uint32
 	class    int
@@ -186,39 +193,27 @@ func (a *Arena) SlotData(i uint32) []byte {
 	return a.data[at : at+a.slotSize : at+a.slotSize]
 }
 
+// The slot protocol's steps on shared memory are the data plane's, in C
+// (package plane, Note [a pool slot's steps in the plane]): package pool
+// runs them through cgo, and the C ABI may run the same code without
+// entering Go. A fault on the arena's memory (its file shrunk by another
+// process) is then an error of the step, wrapping fault.ErrFault, rather
+// than a panic in Go.
+
 // pop takes a slot off the free stack.
-func (a *Arena) pop() (uint32, bool) {
-	head := a.u64(offFreeHead)
-	for {
-		h := atomic.LoadUint64(head)
-		top := uint32(h)
-		if top == 0 || top > a.nslots {
-			return 0, false // empty (or garbage, which is treated as empty)
-		}
-		next := atomic.LoadUint32(a.next(top - 1))
-		if atomic.CompareAndSwapUint64(head, h, (h>>32+1)<<32|uint64(next)) {
-			atomic.AddInt64(a.i64(offFreeCount), -1)
-			return top - 1, true
-		}
+func (a *Arena) pop() (uint32, bool, error) {
+	i, ok, err := a.view.Pop()
+	if err != nil {
+		return 0, false, fmt.Errorf("arena %q: %w", a.Name(), err)
 	}
+	return i, ok, nil
 }
 
-// push puts slot i back on the free stack and wakes a waiting owner.
+// push puts slot i back on the free stack and wakes the owners waiting
+// for a slot.
 func (a *Arena) push(i uint32) error {
-	head := a.u64(offFreeHead)
-	for {
-		h := atomic.LoadUint64(head)
-		atomic.StoreUint32(a.next(i), uint32(h))
-		if atomic.CompareAndSwapUint64(head, h, (h>>32+1)<<32|uint64(i+1)) {
-			break
-		}
-	}
-	atomic.AddInt64(a.i64(offFreeCount), 1)
-	atomic.AddUint32(a.u32(offFreeSeq), 1)
-	if atomic.LoadUint32(a.u32(offWaiters)) > 0 {
-		if _, err := futex.Wake(a.u32(offFreeSeq), 1<<30); err != nil {
-			return fmt.Errorf("wake pool waiters: %w", err)
-		}
+	if _, err := a.view.Push(i); err != nil {
+		return fmt.Errorf("slot %d of arena %q: %w", i, a.Name(), err)
 	}
 	return nil
 }
@@ -281,15 +276,19 @@ func (a *Arena) reserve(i uint32) error {
 // take allocates a slot: off the free stack, its pages reserved, a new
 // generation, a count of one, and a pin on the arena.
 func (a *Arena) take() (Slot, bool, error) {
-	i, ok := a.pop()
-	if !ok {
-		return Slot{}, false, nil
+	i, ok, err := a.pop()
+	if !ok || err != nil {
+		return Slot{}, false, err
 	}
 	if err := a.reserve(i); err != nil {
 		return Slot{}, false, errors.Join(err, a.push(i))
 	}
-	g := atomic.AddUint32(a.gen(i), 1)
-	atomic.StoreInt64(a.refcount(i), 1)
+	g, _, err := a.view.HandOut(i) // i is below nslots: the stack gave it
+	if err != nil {
+		// The memory faulted: the slot stays out of the stack, whose
+		// words are gone with the file.
+		return Slot{}, false, fmt.Errorf("slot %d of arena %q: %w", i, a.Name(), err)
+	}
 	if _, err := a.mem.AddRef(); err != nil {
 		return Slot{}, false, errors.Join(err, a.push(i))
 	}
@@ -319,7 +318,8 @@ func (s Slot) Data() []byte { return s.arena.SlotData(s.Index) }
 func (s Slot) Holders() int64 { return atomic.LoadInt64(s.arena.refcount(s.Index)) }
 
 // addRefRaced, when set (by tests), runs in AddRef between its check of
-// the generation and its compare-and-swap of the count.
+// the generation and its compare-and-swap of the count: the C step waits
+// there (plane.ParkAddRef) while it runs.
 var addRefRaced func()
 
 // AddRef adds a count to the slot, which must still be the generation s was
@@ -332,55 +332,83 @@ var addRefRaced func()
 // would find held by a stranger. The generation is read again after the
 // count is added; when it moved, the count added is the new generation's,
 // and it is given back as any holder of it would give it back (the last
-// one frees the slot), and AddRef fails with ErrStale.
+// one frees the slot), and AddRef fails with ErrStale. The check, the
+// compare-and-swap and the second read are one step of the data plane
+// (zp_pool_add_ref), which says which generation the count landed on;
+// giving a stale one back is Release.
 //
 // Threat model: any process of the user may call AddRef with a Slot made
 // from a descriptor it read (a stale or replayed one included). What must
 // never happen is a count that outlives its check: a count on a
 // generation other than s.Generation, or a slot revived from zero.
 func (s Slot) AddRef() (Slot, error) {
-	a := s.arena
-	rc := a.refcount(s.Index)
-	for {
-		n := atomic.LoadInt64(rc)
-		if n <= 0 || atomic.LoadUint32(a.gen(s.Index)) != s.Generation {
-			return Slot{}, fmt.Errorf("slot %d of arena %q: %w", s.Index, a.Name(), ErrStale)
-		}
-		if addRefRaced != nil {
-			addRefRaced()
-		}
-		if !atomic.CompareAndSwapInt64(rc, n, n+1) {
-			continue
-		}
-		if g := atomic.LoadUint32(a.gen(s.Index)); g != s.Generation {
-			// The count is generation g's (Note [a count for one generation]).
-			err := Slot{arena: a, Index: s.Index, Generation: g}.Release()
-			return Slot{}, errors.Join(fmt.Errorf("slot %d of arena %q was handed out again: %w", s.Index, a.Name(), ErrStale), err)
-		}
-		return s, nil
+	if raced := addRefRaced; raced != nil {
+		return s.addRefRacing(raced)
 	}
+	return s.addRef()
+}
+
+func (s Slot) addRef() (Slot, error) {
+	a := s.arena
+	g, r, err := a.view.AddRef(s.Index, s.Generation)
+	switch {
+	case err != nil:
+		return Slot{}, fmt.Errorf("slot %d of arena %q: %w", s.Index, a.Name(), err)
+	case r == plane.PoolMoved:
+		// The count is generation g's (Note [a count for one generation]).
+		err := Slot{arena: a, Index: s.Index, Generation: g}.Release()
+		return Slot{}, errors.Join(fmt.Errorf("slot %d of arena %q was handed out again: %w", s.Index, a.Name(), ErrStale), err)
+	case r != plane.OK: // stale, or a slot past the arena (Range), which no Slot made here names
+		return Slot{}, fmt.Errorf("slot %d of arena %q: %w", s.Index, a.Name(), ErrStale)
+	}
+	return s, nil
+}
+
+// addRefRacing is AddRef with raced run while its step waits between its
+// check and its compare-and-swap (tests: addRefRaced).
+func (s Slot) addRefRacing(raced func()) (Slot, error) {
+	plane.ParkAddRef(s.arena.refcount(s.Index))
+	type result struct {
+		s   Slot
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		got, err := s.addRef()
+		done <- result{got, err}
+	}()
+	for !plane.AddRefParked() {
+		select {
+		case r := <-done: // its check failed: it never came to the exchange
+			plane.ResumeAddRef()
+			return r.s, r.err
+		default:
+			time.Sleep(time.Millisecond)
+		}
+	}
+	raced()
+	plane.ResumeAddRef()
+	r := <-done
+	return r.s, r.err
 }
 
 // Release gives up the count. The last one frees the slot and unpins its
 // arena, which is removed when nothing else holds it.
 func (s Slot) Release() error {
 	a := s.arena
-	rc := a.refcount(s.Index)
-	for {
-		n := atomic.LoadInt64(rc)
-		if n <= 0 {
-			return fmt.Errorf("slot %d of arena %q released more often than held: %w", s.Index, a.Name(), ErrStale)
-		}
-		if atomic.CompareAndSwapInt64(rc, n, n-1) {
-			if n > 1 {
-				return nil
-			}
-			break
-		}
+	last, r, err := a.view.Release(s.Index)
+	switch {
+	case err != nil:
+		return fmt.Errorf("slot %d of arena %q: %w", s.Index, a.Name(), err)
+	case r != plane.OK: // stale, or a slot past the arena (Range), which no Slot made here names
+		return fmt.Errorf("slot %d of arena %q released more often than held: %w", s.Index, a.Name(), ErrStale)
+	case !last:
+		return nil
 	}
-	err := a.push(s.Index)
-	_, derr := a.mem.DropRef()
-	return errors.Join(err, derr)
+	// The step pushed the slot back on the free stack; its pin on the
+	// arena is Go's to give up.
+	_, err = a.mem.DropRef()
+	return err
 }
 
 // Note [live bytes decide]: an arena of several slots stays while one of
@@ -909,6 +937,7 @@ func newArena(c int, size uint64, nslots uint32, tickets bool) (*Arena, error) {
 		slotsAt: slotsAt, tickets: tickets, owned: true}
 	a.reservedTo.Store(reserved)
 	a.base = uintptr(unsafe.Pointer(&a.data[0]))
+	a.view = plane.NewArena(unsafe.Pointer(&a.data[0]), size, slotsAt, nslots)
 	if tickets {
 		le32(a.data[offPurpose:], purposeTickets)
 	}

@@ -7,11 +7,10 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"sync"
-	"sync/atomic"
 	"time"
-	"unsafe"
 
 	"github.com/zctipc/zctipc/go/internal/fault"
+	"github.com/zctipc/zctipc/go/internal/plane"
 	"golang.org/x/sys/unix"
 )
 
@@ -104,8 +103,9 @@ type Ticket struct {
 	armed bool // the word holds Nonce: the descriptor may be taken
 }
 
-// word returns the ticket word of slot s.
-func word(s Slot) *uint64 { return (*uint64)(unsafe.Pointer(&s.Data()[0])) }
+// The ticket's word is moved by the data plane's steps (zp_ticket_arm,
+// zp_ticket_take), which the C ABI may run without entering Go (Note [a
+// pool slot's steps in the plane] in package plane).
 
 // NewTicket issues a ticket for a count that may be sent: its word stays
 // zero, so that nothing takes it, until Arm.
@@ -114,15 +114,20 @@ func NewTicket() (Ticket, error) {
 	if err != nil {
 		return Ticket{}, fmt.Errorf("a ticket for a descriptor: %w", err)
 	}
-	atomic.StoreUint64(word(s), 0) // a slot keeps the bytes it had
-	nonce := rand.Uint64() | 1     // never zero, which means taken
+	if _, err := s.arena.view.ArmTicket(s.Index, 0); err != nil { // a slot keeps the bytes it had
+		return Ticket{}, errors.Join(fmt.Errorf("a ticket for a descriptor: ticket %d of arena %q: %w", s.Index, s.arena.Name(), err), s.Release())
+	}
+	nonce := rand.Uint64() | 1 // never zero, which means taken
 	return Ticket{Slot: s, Nonce: nonce}, nil
 }
 
 // Arm makes the ticket's descriptor takeable, once: its count is about to
 // be sent.
 func (t *Ticket) Arm() {
-	atomic.StoreUint64(word(t.Slot), t.Nonce)
+	// A fault (its file shrunk) panics into the caller's fault.Catch, as a
+	// store in Go did: Arm has no error to say it with.
+	_, err := t.Slot.arena.view.ArmTicket(t.Slot.Index, t.Nonce)
+	fault.Must(err)
 	t.armed = true
 }
 
@@ -132,7 +137,11 @@ func (t *Ticket) Arm() {
 // the ticket's slot is gone with it.
 func (t *Ticket) Disarm() error {
 	t.armed = false
-	if !atomic.CompareAndSwapUint64(word(t.Slot), t.Nonce, 0) {
+	r, err := t.Slot.arena.view.TakeTicket(t.Slot.Index, t.Nonce)
+	if err != nil {
+		return fmt.Errorf("ticket %d of arena %q: %w", t.Slot.Index, t.Slot.arena.Name(), err)
+	}
+	if r != plane.OK {
 		return fmt.Errorf("ticket %d of arena %q: %w", t.Slot.Index, t.Slot.arena.Name(), ErrTaken)
 	}
 	return nil
@@ -148,6 +157,18 @@ func (t *Ticket) Cancel() error {
 		}
 	}
 	return t.Slot.Release()
+}
+
+// TicketLive reports (nil) whether the ticket a received descriptor names
+// may still be taken: its slot is in use at its generation, as TakeTicket
+// first checks, without taking it. A ticket taken already fails as
+// TakeTicket would fail it.
+func TicketLive(name string, index, gen uint32, nonce uint64) error {
+	if nonce == 0 {
+		return fmt.Errorf("ticket %d of arena %q with no nonce: %w", index, name, ErrTaken)
+	}
+	_, err := adopt(name, index, gen, true)
+	return err
 }
 
 // TakeTicket takes the ticket a received descriptor names (slot index of
@@ -170,17 +191,12 @@ func TakeTicket(name string, index, gen uint32, nonce uint64) error {
 	if err != nil {
 		return err
 	}
-	if s.arena.slotSize < 8 {
+	switch r, err := s.arena.view.TakeTicket(s.Index, nonce); {
+	case err != nil:
+		return fmt.Errorf("ticket %d of arena %q: %w", index, name, err)
+	case r == plane.Range: // adopt checked the index: the slots are too small for the word
 		return fmt.Errorf("ticket %d of arena %q: slots of %d bytes: %w", index, name, s.arena.slotSize, unix.EINVAL)
-	}
-	won := false
-	if err := fault.Catch(func() error {
-		won = atomic.CompareAndSwapUint64(word(s), nonce, 0)
-		return nil
-	}); err != nil {
-		return err
-	}
-	if !won {
+	case r != plane.OK:
 		return fmt.Errorf("ticket %d of arena %q: %w", index, name, ErrTaken)
 	}
 	return s.Release()

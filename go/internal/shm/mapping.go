@@ -85,6 +85,11 @@ func (m *Mapping) Refcount() int64 {
 	return n
 }
 
+// RefcountWord returns the shared count's word in the mapped header, for
+// the data plane's steps that change it outside Go: it stays mapped until
+// Unmap.
+func (m *Mapping) RefcountWord() *int64 { return m.f.rc }
+
 // AddRef adds one to the shared count unless it reached zero.
 func (m *Mapping) AddRef() (int64, error) { return m.f.addRef() }
 

@@ -78,6 +78,11 @@ func (s *Segment) Refcount() (int64, error) {
 	return atomic.LoadInt64(s.f.rc), nil
 }
 
+// RefcountWord returns the shared count's word in the mapped header, for
+// the data plane's steps that change it outside Go: it stays mapped until
+// the segment is closed.
+func (s *Segment) RefcountWord() *int64 { return s.f.rc }
+
 // AddRef adds one to the shared count on behalf of someone who will call
 // DropRef later (a message in flight, say) and returns the new count.
 func (s *Segment) AddRef() (int64, error) {

@@ -261,6 +261,18 @@ int zct_queue_put(zct_handle h, int32_t type, const void *payload, uint64_t leng
     return zctipc_go_queue_put(h, type, (zct_cvoid *)payload, length, (zct_cview *)views, nviews, timeout_ms);
 }
 
+ZCT_HIDDEN int zct_fast_put_prefix(uint64_t h, const uint8_t *prefix, uint32_t prefix_len, uint32_t size) {
+    slot *s = acquire(h);
+    if (s == NULL) {
+        return -1;
+    }
+    zp_record rec = {prefix, NULL, 0, prefix_len, size};
+    zp_out out = {0};
+    int r = zp_put(s->q, &rec, 1, ZP_LET_GO, &out);
+    release(s);
+    return r;
+}
+
 int zct_queue_put_inline(zct_handle h, const void *data, uint64_t nbytes, int32_t dtype, int32_t ndim,
                          const int64_t *shape, int32_t flags, int64_t timeout_ms) {
     // What the plane may not put (a bad argument, a record past 1 GiB) goes
@@ -469,6 +481,16 @@ static int64_t take_look(void *ctx, uint32_t *seen) {
             *t->nviews = result >= 0;
         }
         return result;
+    }
+    if (r == ZP_RANGE && t->views_cap > 0) {
+        // Not plain, or not room for it: a record with views is taken
+        // whole, then adopted here when it can be, or by Go (handoff.c).
+        // One that does not fit is left, for Go to say so.
+        memset(&out, 0, sizeof out);
+        r = zp_get(t->q, t->buf, t->capacity, 1, t->views_cap, 0, &out);
+        if (r == ZP_OK) {
+            return zct_fast_adopt(t->buf, (uint32_t)out.filled, t->views, t->views_cap, t->nviews);
+        }
     }
     if (r == ZP_CORRUPT) {
         return corrupt_status(&out);

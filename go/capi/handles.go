@@ -14,6 +14,10 @@ var nextHandle atomic.Uint64
 type table[T any] struct {
 	mu sync.RWMutex
 	m  map[uint64]T
+	// miss, when set, is asked for a handle the table does not hold: it
+	// returns the object the handle names elsewhere (Note [a ref made
+	// outside Go] in handoff.c), which the table holds from then on.
+	miss func(h uint64) (T, bool)
 }
 
 func newTable[T any]() *table[T] { return &table[T]{m: map[uint64]T{}} }
@@ -31,7 +35,7 @@ func (t *table[T]) get(h uint64) (T, error) {
 	v, ok := t.m[h]
 	t.mu.RUnlock()
 	if !ok {
-		return v, errBadHandle
+		return t.missed(h, true)
 	}
 	return v, nil
 }
@@ -43,7 +47,37 @@ func (t *table[T]) take(h uint64) (T, error) {
 	delete(t.m, h)
 	t.mu.Unlock()
 	if !ok {
+		return t.missed(h, false)
+	}
+	return v, nil
+}
+
+// missed returns what miss finds for h, which the table did not hold, and
+// with keep holds it under h from then on. It runs under the table's lock,
+// with h looked up again first: a take-over is one step to every other
+// call on h, so a take (a release) that misses while another call's miss
+// has taken the light ref out of C but not yet put it here waits for it
+// and finds it, and two calls that miss at once both find the one ref,
+// rather than the loser being told that a valid handle is unknown.
+func (t *table[T]) missed(h uint64, keep bool) (T, error) {
+	var v T
+	if t.miss == nil {
 		return v, errBadHandle
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if v, ok := t.m[h]; ok {
+		if !keep {
+			delete(t.m, h)
+		}
+		return v, nil
+	}
+	v, ok := t.miss(h)
+	if !ok {
+		return v, errBadHandle
+	}
+	if keep {
+		t.m[h] = v
 	}
 	return v, nil
 }

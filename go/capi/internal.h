@@ -21,6 +21,19 @@ ZCT_HIDDEN void zct_fast_poison(void);
 enum { ZCT_FAST_SLEEP = 0, ZCT_FAST_POLL = 1, ZCT_FAST_GO = 2 };
 ZCT_HIDDEN void zct_fast_set_wait(uint64_t h, int32_t waits);
 
+// handoff.c: a record's adoption outside Go, and the refs it makes (Note
+// [a ref made outside Go]). zct_fast_adopt adopts the record of size bytes
+// at rec that a take took, as zct_queue_take returns it; claim takes light
+// ref h out of handoff.c's table for Go (1, or 0 when h is none); any
+// returns a light ref's handle, or 0 when there is none.
+ZCT_HIDDEN int64_t zct_fast_adopt(uint8_t *rec, uint32_t size, zct_view *views, int32_t views_cap, int32_t *nviews);
+ZCT_HIDDEN int zct_light_ref_claim(uint64_t h, void **arena, uint32_t *slot, uint32_t *gen, int32_t *entry);
+ZCT_HIDDEN uint64_t zct_light_ref_any(void);
+// fast.c: put one record of prefix_len bytes and no payload (size: rounded
+// up to 8), in one try, into queue h: a zp_put result, or -1 when h is not
+// in fast.c's table.
+ZCT_HIDDEN int zct_fast_put_prefix(uint64_t h, const uint8_t *prefix, uint32_t prefix_len, uint32_t size);
+
 // Const-qualified spellings, so that the prototypes cgo generates for the
 // exports match the hand-written ones in zctipc.h exactly.
 typedef const char zct_cchar;

@@ -74,8 +74,12 @@ func recordType(typ C.int32_t) (uint8, error) {
 // caller made wrong is ZCT_E_INVALID, not ZCT_E_CORRUPT; a timeout past the
 // clock's range waits for ever rather than not at all.
 //
-//export zct_queue_put_array
-func zct_queue_put_array(h C.zct_handle, typ C.int32_t, addr *C.zct_cvoid, extent C.uint64_t, dt C.int32_t, ndim C.int32_t, shape *C.zct_cint64, strides *C.zct_cint64, flags C.int32_t, timeoutMS C.int64_t) C.int {
+// zctipc_go_queue_put_array is zct_queue_put_array (handoff.c) for what
+// the data plane does not send itself: memory of a segment, or of an arena
+// not listed yet, a wait for room, a ticket arena to make, an error to say.
+//
+//export zctipc_go_queue_put_array
+func zctipc_go_queue_put_array(h C.zct_handle, typ C.int32_t, addr *C.zct_cvoid, extent C.uint64_t, dt C.int32_t, ndim C.int32_t, shape *C.zct_cint64, strides *C.zct_cint64, flags C.int32_t, timeoutMS C.int64_t) C.int {
 	return run(func() error {
 		if addr == nil || ndim > 0 && (shape == nil || strides == nil) {
 			return errNilArg
@@ -411,7 +415,13 @@ func take(h C.zct_handle, buf unsafe.Pointer, capacity C.uint64_t, timeoutMS C.i
 	if err != nil {
 		return err
 	}
-	if err := m.Decode(raw[:n]); err != nil {
+	return adoptTaken(raw[:n], views, viewsCap, m)
+}
+
+// adoptTaken decodes the record raw, which a take took whole, into m, takes
+// the counts of its descriptors and fills a view for each of its arrays.
+func adoptTaken(raw []byte, views *C.zct_view, viewsCap C.int32_t, m *handover.Message) error {
+	if err := m.Decode(raw); err != nil {
 		return err
 	}
 	if err := m.Adopt(); err != nil {
@@ -421,6 +431,28 @@ func take(h C.zct_handle, buf unsafe.Pointer, capacity C.uint64_t, timeoutMS C.i
 		return errors.Join(err, m.Release())
 	}
 	return nil
+}
+
+// zctipc_go_queue_adopt is the end of zct_queue_take (handoff.c) for a
+// record that the data plane took from the queue into rec (size bytes)
+// but does not adopt itself: a record of other kinds of descriptors, or of
+// arenas this process has not mapped yet. It returns what
+// zctipc_go_queue_take does.
+//
+//export zctipc_go_queue_adopt
+func zctipc_go_queue_adopt(rec unsafe.Pointer, size C.uint32_t, views *C.zct_view, viewsCap C.int32_t, nviews *C.int32_t) C.int64_t {
+	var m handover.Message
+	status := run(func() error {
+		err := adoptTaken(unsafe.Slice((*byte)(rec), size), views, viewsCap, &m)
+		if err == nil {
+			*nviews = C.int32_t(m.NumViews())
+		}
+		return err
+	})
+	if status != C.ZCT_OK {
+		return C.int64_t(status)
+	}
+	return C.int64_t(uint64(len(m.Payload)) | uint64(m.PayloadAt)<<C.ZCT_TAKE_OFFSET_SHIFT | uint64(m.Type)<<C.ZCT_TAKE_TYPE_SHIFT)
 }
 
 //export zct_queue_put_many

@@ -190,8 +190,11 @@ func zct_ref_holders(ref C.zct_handle, count *C.int64_t) C.int {
 	})
 }
 
-//export zct_ref_release
-func zct_ref_release(ref C.zct_handle) C.int {
+// zctipc_go_ref_release is zct_ref_release (handoff.c) for a ref of Go's
+// table.
+//
+//export zctipc_go_ref_release
+func zctipc_go_ref_release(ref C.zct_handle) C.int {
 	return closing(refs, uint64(ref), func(r *buffer.Ref) error {
 		return r.Release()
 	})
@@ -323,6 +326,11 @@ func decodeOne(buf *C.zct_cvoid, length C.uint64_t) (message.Descriptor, error) 
 // the others.
 func releaseRefs() error {
 	var errs []error
+	for h := uint64(C.zct_light_ref_any()); h != 0; h = uint64(C.zct_light_ref_any()) {
+		if r, ok := claimLight(h); ok { // another thread's release may take it first
+			errs = append(errs, fault.Catch(r.Release))
+		}
+	}
 	for _, r := range refs.drain() {
 		errs = append(errs, fault.Catch(r.Release))
 	}

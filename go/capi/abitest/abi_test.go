@@ -145,6 +145,31 @@ func TestCPrograms(t *testing.T) {
 		// get_many and peek: each is refused alone, the good records beside
 		// them are given whole, and no count is left taken.
 		{"CHandoverAttacks", []program{{"abi_handover_attacks", false}}},
+		// CHandoff: zct_queue_take adopts records of pool slots outside Go,
+		// under light refs that release there or become Go's when another
+		// call names them; a replayed descriptor is refused alone or in a
+		// record, no count left taken; past the table's room, and for a
+		// segment's descriptor, Go adopts.
+		{"CHandoff", []program{{"abi_handoff", false}}},
+		// CHandoffAttacks: a light ref named by two threads at once (a
+		// release against a call that makes Go take it over, two such
+		// calls, two releases): never refused as unknown while valid, its
+		// count given back once; eight threads taking while others
+		// release; zct_release_all with light refs held; forged records
+		// (stale generations, a view past its slot, a ticket arena named
+		// as the buffer's, descriptor counts and payload lengths that lie,
+		// 16 and 17 descriptors, more views than room) taken by
+		// zct_queue_take and zct_queue_get with one status and reason,
+		// and whatever a forgery did not take still the genuine record's.
+		{"CHandoffAttacks", []program{{"abi_handoff_attacks", false}}},
+		// CPutAttacks: zct_queue_put_array's send of pool memory outside Go
+		// against the call it replaced (zctipc_go_queue_put_array): every
+		// shape kind, flag, dtype code, ndim, NULL pointer, extent at and
+		// past a slot's end, sent alike or refused with one status and
+		// reason, read alike by take and get; full queues with and without
+		// a wait; threads putting one slot while others take; thousands
+		// in flight; a replayed record refused; no count nor ticket left.
+		{"CPutAttacks", []program{{"abi_put_attacks", false}}},
 		// CDTypeAttacks: every call that takes a dtype code refuses an
 		// unknown one (0, negative, past 16 bits, past the last) with
 		// ZCT_E_DTYPE and leaves everything as it was, every valid code

@@ -1,0 +1,617 @@
+// A hand-off without entering Go (Note [a data plane the runtime
+// never enters] in package plane): zct_queue_take's adoption of a record
+// whose descriptors all name slots of pool arenas this process maps, and
+// the release of the refs it makes. It runs the steps package buffer runs
+// for each descriptor (buffer.Adopt, Note [one hand-over] in package
+// handover), written once in the data plane: the ticket's take
+// (zp_ticket_take) and the release of its slot, the slot's check
+// (zp_pool_check), the ledger entry (zp_ledger_record). Whatever it cannot
+// finish here goes to Go, whole: a record with another kind of descriptor,
+// an arena this process has not mapped, a full table of refs, a release
+// that unpins an arena's last count.
+//
+// Note [a ref made outside Go]: the refs made here are light: a slot's
+// arena, index, generation and ledger entry in a table of this file, under
+// a handle with the top bit set, which Go's handles never have. A release
+// runs here; any other call that names one (zct_ref_holders, a put of it
+// again, an encode) finds it missing from Go's table and has Go take it
+// over (zct_light_ref_claim): the same count, the same ledger entry, under
+// the same handle, as Go's own ref thereafter.
+//
+// Threat model: the records come from a ring any process of the user may
+// write. A record is read from this process's own copy; it is adopted
+// here only when every check package buffer makes passes, and any doubt
+// leaves it to Go, which says what is wrong. A count is taken only by
+// winning its ticket (Note [a count is taken once] in package pool).
+#define _GNU_SOURCE
+#include <stdio.h>
+#include <string.h>
+#include <sys/random.h>
+#include <time.h>
+
+#include "_cgo_export.h"
+#include "internal.h"
+#include "plane.h"
+
+#define SEQ __ATOMIC_SEQ_CST
+#define REFS 4096      // light refs at once; past that, takes go through Go
+#define REF_PROBE 64
+#define MAX_DESC 16    // descriptors adopted here in one record; more go to Go
+#define LIGHT (1ull << 63)
+
+typedef struct light_ref {
+    uint64_t handle; // 0: free; UINT64_MAX: being filled or released
+    uint64_t next;   // the handle it gets once filled
+    const zp_arena *arena;
+    int64_t *pins;
+    uint32_t slot, gen;
+    int32_t entry;   // in the ledger, or -1
+} light_ref;
+
+static light_ref refs[REFS];
+static uint64_t next_light;
+
+static uint32_t ref_hash(uint64_t h) { return (uint32_t)((h * 0x9E3779B97F4A7C15ull) >> 52); }
+
+// reserve claims a free entry of the table for a handle to come: its index,
+// or -1.
+static int32_t reserve(void) {
+    uint64_t h = (__atomic_add_fetch(&next_light, 1, SEQ) | LIGHT);
+    for (uint32_t i = 0; i < REF_PROBE; i++) {
+        int32_t at = (int32_t)((ref_hash(h) + i) % REFS);
+        uint64_t free = 0;
+        if (__atomic_compare_exchange_n(&refs[at].handle, &free, UINT64_MAX, 0, SEQ, SEQ)) {
+            refs[at].next = h;
+            return at;
+        }
+    }
+    return -1;
+}
+
+static void unreserve(int32_t at) { __atomic_store_n(&refs[at].handle, 0, SEQ); }
+
+// publish fills reserved entry at and returns its handle.
+static uint64_t publish(int32_t at, const zp_arena *a, int64_t *pins, uint32_t slot, uint32_t gen, int32_t entry) {
+    light_ref *r = &refs[at];
+    uint64_t h = r->next;
+    r->arena = a;
+    r->pins = pins;
+    r->slot = slot;
+    r->gen = gen;
+    r->entry = entry;
+    __atomic_store_n(&r->handle, h, SEQ);
+    return h;
+}
+
+// take_light removes the light ref h from the table into *out: 1, or 0
+// when h names none.
+static int take_light(uint64_t h, light_ref *out) {
+    if ((h & LIGHT) == 0 || h == UINT64_MAX) {
+        return 0;
+    }
+    uint32_t first = ref_hash(h);
+    for (uint32_t i = 0; i < REF_PROBE; i++) {
+        light_ref *r = &refs[(first + i) % REFS];
+        uint64_t want = h;
+        if (__atomic_load_n(&r->handle, SEQ) != h ||
+            !__atomic_compare_exchange_n(&r->handle, &want, UINT64_MAX, 0, SEQ, SEQ)) {
+            continue;
+        }
+        *out = *r;
+        __atomic_store_n(&r->handle, 0, SEQ);
+        return 1;
+    }
+    return 0;
+}
+
+typedef struct unpinning {
+    int64_t *pins;
+    int done;
+} unpinning;
+
+static int unpin_step(void *arg) {
+    unpinning *u = arg;
+    int64_t n = __atomic_load_n(u->pins, SEQ);
+    while (n > 1) {
+        if (__atomic_compare_exchange_n(u->pins, &n, n - 1, 0, SEQ, SEQ)) {
+            u->done = 1;
+            break;
+        }
+    }
+    return ZP_OK;
+}
+
+static int faulted(void);
+
+// unpin gives back the count on an arena's segment that a slot in use
+// held, once the slot's last count went: here while others hold it, in Go
+// when it may be the last (its segment goes then).
+static int unpin(const zp_arena *a, int64_t *pins) {
+    unpinning u = {pins, 0};
+    zp_out out;
+    if (zp_guarded(unpin_step, &u, &out) != ZP_OK) {
+        return faulted();
+    }
+    return u.done ? ZCT_OK : zctipc_go_arena_unpin((void *)a);
+}
+
+static int faulted(void) {
+    static const char msg[] = "shared memory faulted: another process shrank a segment file this process maps";
+    zct_set_last_error(msg, sizeof msg - 1, 0);
+    return ZCT_E_CORRUPT;
+}
+
+// give_back gives up one count on slot of a (ZCT_OK, or a status).
+static int give_back(const zp_arena *a, int64_t *pins, uint32_t slot) {
+    zp_out out = {0};
+    uint32_t last = 0;
+    int r = zp_pool_release(a, slot, &last, &out);
+    if (r == ZP_FAULT) {
+        return faulted();
+    }
+    if (r != ZP_OK) {
+        char msg[96];
+        int n = snprintf(msg, sizeof msg, "slot %u released more often than held: stale", slot);
+        zct_set_last_error(msg, n > 0 ? (size_t)n : 0, 0);
+        return ZCT_E_CORRUPT;
+    }
+    return last ? unpin(a, pins) : ZCT_OK;
+}
+
+// release_light gives up a light ref's count, its ledger entry first
+// (package ledger, Note [never give up what was not taken]).
+static int release_light(const light_ref *r) {
+    zp_ledger *l = zp_ledger_current();
+    if (l != NULL && r->entry >= 0) {
+        zp_ledger_drop(l, r->entry);
+    }
+    return give_back(r->arena, r->pins, r->slot);
+}
+
+int zct_ref_release(zct_handle ref) {
+    light_ref r;
+    if (take_light(ref, &r)) {
+        return release_light(&r);
+    }
+    return zctipc_go_ref_release(ref);
+}
+
+ZCT_HIDDEN uint64_t zct_light_ref_any(void) {
+    for (uint32_t i = 0; i < REFS; i++) {
+        uint64_t h = __atomic_load_n(&refs[i].handle, SEQ);
+        if (h != 0 && h != UINT64_MAX) {
+            return h;
+        }
+    }
+    return 0;
+}
+
+ZCT_HIDDEN int zct_light_ref_claim(uint64_t h, void **arena, uint32_t *slot, uint32_t *gen, int32_t *entry) {
+    light_ref r;
+    if (!take_light(h, &r)) {
+        return 0;
+    }
+    *arena = (void *)r.arena;
+    *slot = r.slot;
+    *gen = r.gen;
+    *entry = r.entry;
+    return 1;
+}
+
+// -- adopting a record -------------------------------------------------------
+
+static inline uint32_t rd32(const uint8_t *p) {
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+// One descriptor of the record, as it is adopted.
+typedef struct adopting {
+    zp_desc d;
+    zp_found_arena buffers, tickets;
+    int32_t held_buffers, held_tickets; // where the arenas are held, or -1
+    int32_t ref;                         // the entry of the ref reserved for it
+} adopting;
+
+static void let_go(adopting *a, int32_t n) {
+    for (int32_t j = 0; j < n; j++) {
+        zp_arenas_release(a[j].held_buffers);
+        zp_arenas_release(a[j].held_tickets);
+        if (a[j].ref >= 0) {
+            unreserve(a[j].ref);
+        }
+    }
+}
+
+// refused is the status of a record whose descriptor j's ticket another
+// taker won, said as package buffer says it; the counts taken before j
+// were given back and those after it given up.
+static int64_t refused(const uint8_t *rec, const adopting *a) {
+    char msg[700];
+    int n = snprintf(msg, sizeof msg,
+                     "descriptor of \"%.*s\": ticket %u of arena \"%.*s\": descriptor was already taken: its count "
+                     "belongs to whoever received it first",
+                     (int)a->d.name_len, (const char *)rec + a->d.name_at, a->d.ticket_slot, (int)a->d.arena_len,
+                     (const char *)rec + a->d.arena_at);
+    zct_set_last_error(msg, n > 0 ? (size_t)n : 0, 0);
+    return ZCT_E_TAKEN;
+}
+
+// take_ticket takes descriptor d's ticket (ZP_OK, ZP_POOL_TAKEN, or a
+// fault's status as a negative ZCT_E_*) and gives up the ticket's slot.
+static int take_ticket(const adopting *a) {
+    zp_out out = {0};
+    int r = zp_ticket_take(a->tickets.arena, a->d.ticket_slot, a->d.nonce, &out);
+    if (r == ZP_FAULT) {
+        return faulted();
+    }
+    if (r != ZP_OK) {
+        return ZP_POOL_TAKEN;
+    }
+    int g = give_back(a->tickets.arena, a->tickets.pins, a->d.ticket_slot);
+    return g == ZCT_OK ? ZP_OK : g;
+}
+
+// prepared reads descriptor a->d of rec at *at and finds what adopting it here
+// needs: 1, or 0 when Go is to adopt the record.
+static int prepared(const uint8_t *rec, uint32_t size, uint32_t *at, adopting *a) {
+    a->held_buffers = a->held_tickets = a->ref = -1;
+    if (zp_desc_read(rec + *at, size - *at, &a->d) != ZP_OK || a->d.kind != ZP_REF_SLOT || a->d.arena_len == 0) {
+        return 0;
+    }
+    a->d.name_at += *at;
+    a->d.arena_at += *at;
+    *at += a->d.size;
+    a->held_buffers = zp_arenas_acquire(rec + a->d.name_at, a->d.name_len, 0, &a->buffers);
+    a->held_tickets = zp_arenas_acquire(rec + a->d.arena_at, a->d.arena_len, 1, &a->tickets);
+    if (a->held_buffers < 0 || a->held_tickets < 0) {
+        return 0;
+    }
+    const zp_arena *b = a->buffers.arena, *t = a->tickets.arena;
+    zp_out out = {0};
+    // The checks of pool.TakeTicket, pool.Adopt and buffer.Adopt's bytes,
+    // before any count changes hands: a descriptor that fails one is Go's
+    // to refuse, and to say why.
+    if (t->slot_size < 8 || zp_pool_check(t, a->d.ticket_slot, a->d.ticket_generation, &out) != ZP_OK ||
+        zp_pool_check(b, a->d.slot, a->d.generation, &out) != ZP_OK || a->d.offset > b->slot_size ||
+        a->d.nbytes > b->slot_size - a->d.offset) {
+        return 0;
+    }
+    a->ref = reserve();
+    return a->ref >= 0;
+}
+
+// record records the count x took in ledger l (none: -1), which Go grows
+// when it is full, as package ledger records one.
+static int32_t record(zp_ledger *l, const zp_found_arena *a, uint32_t slot, uint32_t gen) {
+    if (l == NULL || a->len > ZP_LEDGER_NAME_CAP) {
+        return -1; // unrecorded, as package ledger leaves a name it cannot hold
+    }
+    for (;;) {
+        int32_t e = zp_ledger_record(l, ZP_LEDGER_SLOT, a->name, a->len, NULL, 0, slot, gen);
+        if (e != ZP_LEDGER_FULL || zctipc_go_ledger_grow() != ZCT_OK) {
+            return e < 0 ? -1 : e;
+        }
+    }
+}
+
+// unrecord clears entry e of ledger l, before its count is given up or
+// handed on.
+static void unrecord(zp_ledger *l, int32_t e) {
+    if (l != NULL && e >= 0) {
+        zp_ledger_drop(l, e);
+    }
+}
+
+ZCT_HIDDEN int64_t zct_fast_adopt(uint8_t *rec, uint32_t size, zct_view *views, int32_t views_cap, int32_t *nviews) {
+    if (size < ZP_RECORD_HEADER) { // zp_get takes none: Go says so
+        return zctipc_go_queue_adopt(rec, size, views, views_cap, nviews);
+    }
+    uint16_t ndesc;
+    memcpy(&ndesc, rec + 6, 2);
+    uint8_t type = rec[4];
+    uint32_t plen = rd32(rec + 8);
+    if (rd32(rec) != size || ndesc == 0 || ndesc > MAX_DESC || ndesc > views_cap ||
+        (type != ZCT_RECORD_PICKLE && type != ZCT_RECORD_TENSOR) || (type == ZCT_RECORD_TENSOR && (ndesc != 1 || plen != 0))) {
+        return zctipc_go_queue_adopt(rec, size, views, views_cap, nviews);
+    }
+    adopting a[MAX_DESC];
+    uint32_t at = ZP_RECORD_HEADER;
+    int32_t n = 0;
+    int ok = 1;
+    while (ok && n < ndesc) {
+        ok = prepared(rec, size, &at, &a[n]);
+        n++;
+    }
+    // The payload ends the record (message.Record.Decode's framing).
+    if (!ok || plen > size - at || ((at + plen + 7) & ~7u) != size) {
+        let_go(a, n);
+        return zctipc_go_queue_adopt(rec, size, views, views_cap, nviews);
+    }
+    for (int32_t j = 0; j < n; j++) {
+        int r = take_ticket(&a[j]);
+        if (r == ZP_OK) {
+            continue;
+        }
+        // The counts taken before the one refused go back, and the rest
+        // are given up (Note [one hand-over]): their tickets are taken so
+        // that their counts are let go of.
+        int64_t status = r == ZP_POOL_TAKEN ? refused(rec, &a[j]) : r;
+        for (int32_t k = j + 1; k < n; k++) {
+            if (take_ticket(&a[k]) == ZP_OK) {
+                give_back(a[k].buffers.arena, a[k].buffers.pins, a[k].d.slot);
+            }
+        }
+        for (int32_t k = 0; k < j; k++) {
+            give_back(a[k].buffers.arena, a[k].buffers.pins, a[k].d.slot);
+        }
+        let_go(a, n);
+        return status;
+    }
+    zp_ledger *l = zp_ledger_current();
+    for (int32_t j = 0; j < n; j++) {
+        adopting *x = &a[j];
+        const zp_arena *b = x->buffers.arena;
+        int32_t entry = record(l, &x->buffers, x->d.slot, x->d.generation);
+        zct_view *v = &views[j];
+        memset(v, 0, sizeof *v);
+        v->ref = publish(x->ref, b, x->buffers.pins, x->d.slot, x->d.generation, entry);
+        x->ref = -1;
+        v->offset = x->d.offset;
+        v->data = b->data + b->slots_at + (uint64_t)x->d.slot * b->slot_size + x->d.offset;
+        v->nbytes = x->d.nbytes;
+        for (uint32_t i = 0; i < x->d.ndim; i++) {
+            v->shape[i] = x->d.shape[i];
+            v->strides[i] = x->d.strides[i];
+        }
+        v->dtype = x->d.dtype;
+        v->ndim = (int32_t)x->d.ndim;
+        v->kind = ZCT_REF_SLOT;
+        v->flags = x->d.flags;
+    }
+    let_go(a, n);
+    *nviews = n;
+    return (int64_t)((uint64_t)plen | (uint64_t)at << ZCT_TAKE_OFFSET_SHIFT | (uint64_t)type << ZCT_TAKE_TYPE_SHIFT);
+}
+
+// -- sending an array ------------------------------------------------------
+
+// A count on an arena's segment: a pin, taken while the segment has one
+// (a slot handed out pins its arena), or given back (unpin, above).
+typedef struct pinning {
+    int64_t *pins;
+    int ok;
+} pinning;
+
+static int pin_step(void *arg) {
+    pinning *p = arg;
+    int64_t n = __atomic_load_n(p->pins, SEQ);
+    while (n > 0) {
+        if (__atomic_compare_exchange_n(p->pins, &n, n + 1, 0, SEQ, SEQ)) {
+            p->ok = 1;
+            break;
+        }
+    }
+    return ZP_OK;
+}
+
+static int pin(int64_t *pins) {
+    pinning p = {pins, 0};
+    zp_out out;
+    return zp_guarded(pin_step, &p, &out) == ZP_OK && p.ok;
+}
+
+// new_ticket hands a ticket slot out of one of this process's own arenas of
+// tickets, as package pool's take does (its count of one, its pin on the
+// arena), with its word zero: where the arena is held, or -1 when none has
+// a slot free (Go makes a new arena).
+static int32_t new_ticket(zp_found_arena *t, uint32_t *slot, uint32_t *gen) {
+    zp_found_arena next;
+    int32_t at = -1;
+    for (;;) {
+        int32_t n = zp_arenas_own_tickets(at, &next);
+        if (at >= 0) {
+            zp_arenas_release(at);
+        }
+        if (n < 0) {
+            return -1;
+        }
+        at = n;
+        *t = next;
+        zp_out out = {0};
+        if (zp_pool_pop(t->arena, slot, &out) != ZP_OK) {
+            continue;
+        }
+        if (zp_pool_hand_out(t->arena, *slot, gen, &out) != ZP_OK) {
+            break; // faulted: the file is gone, and the slot with it
+        }
+        if (!pin(t->pins)) {
+            uint32_t last;
+            zp_pool_release(t->arena, *slot, &last, &out); // the slot goes back; no pin to give
+            break;
+        }
+        if (zp_ticket_arm(t->arena, *slot, 0, &out) != ZP_OK) {
+            give_back(t->arena, t->pins, *slot); // faulted: its count and its pin go back, as they can
+            break;
+        }
+        return at;
+    }
+    zp_arenas_release(at);
+    return -1;
+}
+
+typedef struct gen_read {
+    const zp_arena *a;
+    uint32_t slot, gen;
+} gen_read;
+
+static int gen_step(void *arg) {
+    gen_read *g = arg;
+    g->gen = __atomic_load_n((uint32_t *)(g->a->data + ZP_ARENA_SLOT_TABLE + (uint64_t)g->slot * ZP_SLOT_META + 12),
+                             SEQ);
+    return ZP_OK;
+}
+
+// read_gen reads the generation slot has now (package pool's lookup): 1, or
+// 0 when its memory faulted.
+static int read_gen(const zp_arena *a, uint32_t slot, uint32_t *gen) {
+    gen_read g = {a, slot, 0};
+    zp_out out;
+    if (zp_guarded(gen_step, &g, &out) != ZP_OK) {
+        return 0;
+    }
+    *gen = g.gen;
+    return 1;
+}
+
+// nonce returns a ticket's nonce: never 0, which means taken.
+static uint64_t nonce(void) {
+    static __thread uint64_t state;
+    if (state == 0) {
+        uint64_t seed = 0;
+        if (getrandom(&seed, sizeof seed, 0) != sizeof seed) {
+            struct timespec ts;
+            clock_gettime(CLOCK_MONOTONIC, &ts);
+            seed = (uint64_t)ts.tv_nsec ^ (uint64_t)ts.tv_sec << 32 ^ (uint64_t)(uintptr_t)&seed;
+        }
+        state = seed | 1;
+    }
+    uint64_t z = (state += 0x9E3779B97F4A7C15ull); // splitmix64
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return (z ^ (z >> 31)) | 1;
+}
+
+#define SENT INT32_MIN // put_array_here: sent; anything else: Go sends it
+
+// put_array_here sends the array at addr as a tensor record whose one
+// descriptor carries a new count on its pool slot, as Go's
+// zct_queue_put_array does (buffer.Find, Describe, Send): the count taken,
+// a ticket handed out, the record put in one try with the ticket armed
+// just before. Anything it cannot do at once (memory that is no pool slot
+// of an arena listed here, no ticket free, no room in the queue, a bad
+// argument) leaves everything as it was, and Go does it, or says why not.
+// The count is written in the ledger from its add until just before the
+// ticket is armed (buffer.Send's order), so that a process killed between
+// them has it given up by the daemon.
+static int put_array_here(zct_handle h, const void *addr, uint64_t extent, int32_t dtype, int32_t ndim,
+                          const int64_t *shape, const int64_t *strides, int32_t flags) {
+    // What Go's put checks of the array (describeArray, Describe, the
+    // descriptor's Check): whatever fails any of them is Go's to refuse,
+    // with its status and reason. A shape whose elements overflow though
+    // its zero strides keep its extent small (2^40 x 2^40, strides 0)
+    // passes the extent's check, not the byte count's.
+    uint64_t end = 0, count = 0;
+    for (int32_t i = 0; i < ndim; i++) {
+        if (shape[i] < 0 || strides[i] < 0) {
+            return 0;
+        }
+    }
+    if (zp_extent((uint32_t)ndim, shape, strides, zp_dtype_sizes[dtype], &end) != 1 || end > extent ||
+        !zp_byte_count((uint32_t)ndim, shape, zp_dtype_sizes[dtype], &count)) {
+        return 0;
+    }
+    zp_found_arena b, t;
+    uint32_t slot, gen, tslot, tgen, landed;
+    uint64_t off;
+    int32_t held = zp_arenas_find(addr, extent, &b, &slot, &off);
+    if (held < 0) {
+        return 0;
+    }
+    zp_out out = {0};
+    int r = ZP_POOL_STALE;
+    if (read_gen(b.arena, slot, &gen)) {
+        r = zp_pool_add_ref(b.arena, slot, gen, &landed, &out);
+    }
+    if (r == ZP_POOL_MOVED) {
+        give_back(b.arena, b.pins, slot); // the new generation's count, given back as any holder would
+    }
+    if (r != ZP_OK) {
+        zp_arenas_release(held);
+        return 0;
+    }
+    zp_ledger *l = zp_ledger_current();
+    int32_t entry = record(l, &b, slot, gen);
+    int32_t theld = new_ticket(&t, &tslot, &tgen);
+    if (theld < 0) {
+        unrecord(l, entry);
+        give_back(b.arena, b.pins, slot);
+        zp_arenas_release(held);
+        return 0;
+    }
+    zp_desc d;
+    memset(&d, 0, sizeof d);
+    d.kind = ZP_REF_SLOT;
+    d.flags = (uint8_t)flags;
+    d.dtype = (uint16_t)dtype;
+    d.ndim = (uint32_t)ndim;
+    d.name_len = b.len;
+    d.arena_len = t.len;
+    d.slot = slot;
+    d.generation = gen;
+    d.ticket_slot = tslot;
+    d.ticket_generation = tgen;
+    d.offset = off;
+    d.nbytes = end;
+    d.nonce = nonce();
+    for (int32_t i = 0; i < ndim; i++) {
+        d.shape[i] = shape[i];
+        d.strides[i] = strides[i];
+    }
+    uint8_t prefix[ZP_RECORD_HEADER + ZP_DESC_BASE + 16 * ZP_MAX_NDIM + 2 * (ZP_MAX_NAME + 8) + ZP_TICKET_BASE];
+    uint32_t n = 0;
+    if (zp_desc_check(&d) == ZP_OK) {
+        n = zp_desc_write(prefix + ZP_RECORD_HEADER, sizeof prefix - ZP_RECORD_HEADER, &d, b.name, t.name);
+    }
+    int sent = 0;
+    if (n > 0) {
+        uint32_t size = ZP_RECORD_HEADER + n; // a descriptor's size is a multiple of 8
+        memset(prefix, 0, ZP_RECORD_HEADER);
+        memcpy(prefix, &size, 4);
+        prefix[4] = ZCT_RECORD_TENSOR;
+        prefix[6] = 1; // one descriptor
+        // Armed just before the record is visible (Note [a count is taken
+        // once] in package pool): from then on its taker may take it, and
+        // the message holds the count, which the ledger no longer says.
+        unrecord(l, entry);
+        entry = -1;
+        if (zp_ticket_arm(t.arena, tslot, d.nonce, &out) == ZP_OK) {
+            sent = zct_fast_put_prefix(h, prefix, size, size) == ZP_OK;
+            if (!sent && zp_ticket_take(t.arena, tslot, d.nonce, &out) != ZP_OK) {
+                // Taken though not put: only a forged record could; the
+                // count went with it.
+                zp_arenas_release(theld);
+                zp_arenas_release(held);
+                static const char msg[] = "descriptor was already taken: its count belongs to whoever received it first";
+                zct_set_last_error(msg, sizeof msg - 1, 0);
+                return ZCT_E_TAKEN;
+            }
+        }
+    }
+    if (!sent) {
+        unrecord(l, entry);
+        give_back(t.arena, t.pins, tslot);
+        give_back(b.arena, b.pins, slot);
+    }
+    zp_arenas_release(theld);
+    zp_arenas_release(held);
+    return sent ? SENT : 0;
+}
+
+int zct_queue_put_array(zct_handle h, int32_t type, const void *addr, uint64_t extent, int32_t dtype, int32_t ndim,
+                        const int64_t *shape, const int64_t *strides, int32_t flags, int64_t timeout_ms) {
+    if (type == ZCT_RECORD_TENSOR && addr != NULL && ndim >= 0 && ndim <= ZP_MAX_NDIM &&
+        (ndim == 0 || (shape != NULL && strides != NULL)) && flags >= 0 && flags <= 7 && dtype >= 0 &&
+        dtype < ZP_DTYPES && zp_dtype_sizes[dtype] != 0) {
+        int r = put_array_here(h, addr, extent, dtype, ndim, shape, strides, flags);
+        if (r == SENT) {
+            return ZCT_OK;
+        }
+        if (r != 0) {
+            return r;
+        }
+    }
+    return zctipc_go_queue_put_array(h, type, (zct_cvoid *)addr, extent, dtype, ndim, (zct_cint64 *)shape,
+                                     (zct_cint64 *)strides, flags, timeout_ms);
+}

@@ -7,57 +7,13 @@
 // more refs than the table holds go through Go. It prints "ok" when every check passes, and
 // leaves no count taken.
 #define _GNU_SOURCE
-#include <fcntl.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
-#include "check.h"
+#include "mapped.h"
 
-#define RING_AT 512
-#define LIGHT (1ull << 63)
-
-static uint8_t *data; /* the queue's data, mapped */
 static zct_handle queue;
+static mapped m; /* its file */
 
-static uint64_t slots_in_use(void) {
-    zct_pool_stats st;
-    CHECK(zct_pool_stats_get(&st) == ZCT_OK);
-    return st.slots_in_use;
-}
 
-/* Put raw (size bytes, a multiple of 8, its first word its size) as the
-   queue's next record: a bytes record of that size, overwritten. */
-static void forge(const uint8_t *raw, uint32_t size) {
-    static char zeros[8192];
-    CHECK(zct_queue_put(queue, ZCT_RECORD_BYTES, zeros, size - ZCT_RECORD_HEADER, NULL, 0, 0) == ZCT_OK);
-    uint64_t ring, word;
-    memcpy(&ring, data, 8);
-    memcpy(&word, data + 96, 8);
-    uint32_t tail = (uint32_t)word;
-    for (uint32_t i = 0; i < size; i++)
-        data[RING_AT + (tail - size + i) % ring] = raw[i];
-}
 
-/* A view of a fresh pool slot of four float32s from first. */
-static zct_view slot_view(float first, uint64_t bytes) {
-    zct_handle ref;
-    void *mem;
-    uint64_t size;
-    CHECK(zct_pool_alloc(bytes, 0, &ref, &mem, &size) == ZCT_OK);
-    for (int i = 0; i < 4; i++) ((float *)mem)[i] = first + i;
-    zct_view v;
-    memset(&v, 0, sizeof v);
-    v.ref = ref;
-    v.dtype = ZCT_FLOAT32;
-    v.ndim = 1;
-    v.shape[0] = 4;
-    v.strides[0] = 4;
-    return v;
-}
 
 static int64_t take(uint8_t *buf, uint64_t cap, zct_view *views, int32_t *nviews) {
     return zct_queue_take(queue, buf, cap, 0, views, 8, nviews);
@@ -72,20 +28,7 @@ int main(void) {
     uint64_t base = slots_in_use();
 
     CHECK(zct_queue_create(NULL, 1 << 20, 0, &queue) == ZCT_OK);
-    char name[256], path[512];
-    uint64_t capacity, maxsize;
-    CHECK(zct_queue_describe(queue, name, sizeof name, &capacity, &maxsize) == ZCT_OK);
-    const char *dir = getenv("ZCTIPC_SHM_DIR");
-    snprintf(path, sizeof path, "%s/%s", dir ? dir : "/dev/shm", name);
-    int fd = open(path, O_RDWR);
-    CHECK(fd >= 0);
-    struct stat st;
-    CHECK(fstat(fd, &st) == 0);
-    uint8_t *file = mmap(NULL, st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    CHECK(file != MAP_FAILED);
-    uint64_t data_offset;
-    memcpy(&data_offset, file + 16, 8);
-    data = file + data_offset;
+    m = map_queue(queue);
 
     /* A tensor record: one view under a light ref, the slot's bytes. */
     zct_view v = slot_view(10, 16);
@@ -106,7 +49,7 @@ int main(void) {
     CHECK(slots_in_use() == base);
 
     /* The same bytes again: refused, and nothing taken. */
-    forge(replay, size);
+    forge(&m, queue, replay, size);
     CHECK(take(buf, sizeof buf, views, &nviews) == ZCT_E_TAKEN);
     CHECK(strstr(zct_last_error(), "already taken") != NULL);
     CHECK(slots_in_use() == base);
@@ -151,11 +94,11 @@ int main(void) {
     uint32_t one = 1;
     memcpy(forged + 8, &one, 4);
     CHECK(slots_in_use() == base + 2);
-    forge(forged, fsize);
+    forge(&m, queue, forged, fsize);
     CHECK(take(buf, sizeof buf, views, &nviews) == ZCT_E_TAKEN);
     CHECK(strstr(zct_last_error(), "already taken") != NULL);
     CHECK(slots_in_use() == base);
-    forge(forged, fsize); /* and again: every ticket taken now */
+    forge(&m, queue, forged, fsize); /* and again: every ticket taken now */
     CHECK(take(buf, sizeof buf, views, &nviews) == ZCT_E_TAKEN);
     CHECK(slots_in_use() == base);
 
@@ -265,7 +208,7 @@ int main(void) {
         CHECK(slots_in_use() == put_base);
     }
 
-    CHECK(munmap(file, st.st_size) == 0 && close(fd) == 0);
+    unmap_queue(&m);
     CHECK(zct_queue_close(queue) == ZCT_OK);
     CHECK(slots_in_use() == base);
     CHECK(zct_release_all(NULL) == ZCT_OK);

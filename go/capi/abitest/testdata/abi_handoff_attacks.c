@@ -16,41 +16,11 @@
 #include <sched.h>
 #include "mapped.h"
 
-#define LIGHT (1ull << 63)
-
 static zct_handle queue;
 static mapped m;
 
-static uint64_t slots_in_use(void) {
-    zct_pool_stats st;
-    CHECK(zct_pool_stats_get(&st) == ZCT_OK);
-    return st.slots_in_use;
-}
 
-/* Put raw (size bytes, a multiple of 8, its first word its size) as the
-   queue's next record: a bytes record of that size, overwritten. */
-static void forge(const uint8_t *raw, uint32_t size) {
-    static char zeros[1 << 16];
-    CHECK(zct_queue_put(queue, ZCT_RECORD_BYTES, zeros, size - ZCT_RECORD_HEADER, NULL, 0, 0) == ZCT_OK);
-    uint32_t tail = (uint32_t)ld64(&m, TAIL);
-    for (uint32_t i = 0; i < size; i++) m.data[RING_AT + (tail - size + i) % m.capacity] = raw[i];
-}
 
-static zct_view slot_view(float first, uint64_t bytes) {
-    zct_handle ref;
-    void *mem;
-    uint64_t size;
-    CHECK(zct_pool_alloc(bytes, 0, &ref, &mem, &size) == ZCT_OK);
-    for (int i = 0; i < 4; i++) ((float *)mem)[i] = first + i;
-    zct_view v;
-    memset(&v, 0, sizeof v);
-    v.ref = ref;
-    v.dtype = ZCT_FLOAT32;
-    v.ndim = 1;
-    v.shape[0] = 4;
-    v.strides[0] = 4;
-    return v;
-}
 
 static int64_t take(uint8_t *buf, uint64_t cap, zct_view *views, int32_t cap_views, int32_t *nviews) {
     return zct_queue_take(queue, buf, cap, 0, views, cap_views, nviews);
@@ -340,7 +310,7 @@ static int64_t one(int go, mutation mut, int n, int ndesc, int type, uint32_t pl
     uint32_t gsize = size;
     memcpy(genuine, rec, size);
     mut(rec, &size);
-    forge(rec, size);
+    forge(&m, queue, rec, size);
     int32_t nviews = 0;
     int64_t r;
     if (go) {

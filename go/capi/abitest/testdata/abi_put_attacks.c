@@ -21,53 +21,21 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
-#include "check.h"
+#include "mapped.h"
 
-#define RING_AT 512
 
 /* The call zct_queue_put_array made before its send moved to C. */
 extern int zctipc_go_queue_put_array(zct_handle h, int32_t type, const void *addr, uint64_t extent, int32_t dtype,
                                      int32_t ndim, const int64_t *shape, const int64_t *strides, int32_t flags,
                                      int64_t timeout_ms);
 
-static uint64_t slots_in_use(void) {
-    zct_pool_stats st;
-    CHECK(zct_pool_stats_get(&st) == ZCT_OK);
-    return st.slots_in_use;
-}
 
 static const char *dir(void) {
     const char *d = getenv("ZCTIPC_SHM_DIR");
     return d ? d : "/dev/shm";
 }
 
-/* The queue's data, mapped (for a replay of a record's bytes). */
-static uint8_t *map_data(zct_handle q) {
-    char name[256], path[512];
-    uint64_t capacity, maxsize;
-    CHECK(zct_queue_describe(q, name, sizeof name, &capacity, &maxsize) == ZCT_OK);
-    snprintf(path, sizeof path, "%s/%s", dir(), name);
-    int fd = open(path, O_RDWR);
-    CHECK(fd >= 0);
-    struct stat st;
-    CHECK(fstat(fd, &st) == 0);
-    uint8_t *file = mmap(NULL, st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    CHECK(file != MAP_FAILED);
-    close(fd);
-    uint64_t data_offset;
-    memcpy(&data_offset, file + 16, 8);
-    return file + data_offset;
-}
 
-static void forge(zct_handle q, uint8_t *data, const uint8_t *raw, uint32_t size) {
-    static char zeros[8192];
-    CHECK(zct_queue_put(q, ZCT_RECORD_BYTES, zeros, size - ZCT_RECORD_HEADER, NULL, 0, 0) == ZCT_OK);
-    uint64_t ring, word;
-    memcpy(&ring, data, 8);
-    memcpy(&word, data + 96, 8);
-    uint32_t tail = (uint32_t)word;
-    for (uint32_t i = 0; i < size; i++) data[RING_AT + (tail - size + i) % ring] = raw[i];
-}
 
 static zct_handle qc, qg; /* the records C sends, and Go's */
 static uint8_t bufc[1 << 16], bufg[1 << 16];
@@ -390,7 +358,7 @@ static void threads(void) {
     CHECK(zct_queue_take(shared_q, buf, sizeof buf, 0, v, 8, &n) == ZCT_E_EMPTY);
 
     /* a record's bytes again, once taken: refused, nothing taken */
-    uint8_t *data = map_data(shared_q);
+    mapped m = map_queue(shared_q);
     int64_t sh[1] = {16}, st[1] = {4};
     CHECK(zct_queue_put_array(shared_q, ZCT_RECORD_TENSOR, shared_at, 64, ZCT_FLOAT32, 1, sh, st, 1, 0) == ZCT_OK);
     CHECK(zct_queue_take(shared_q, buf, sizeof buf, 0, v, 8, &n) >= 0 && n == 1);
@@ -400,7 +368,7 @@ static void threads(void) {
     memcpy(replay, buf, rsize);
     CHECK(zct_ref_release(v[0].ref) == ZCT_OK);
     for (int round = 0; round < 2; round++) {
-        forge(shared_q, data, replay, rsize);
+        forge(&m, shared_q, replay, rsize);
         if (round == 0) {
             CHECK(zct_queue_take(shared_q, buf, sizeof buf, 0, v, 8, &n) == ZCT_E_TAKEN);
         } else {

@@ -85,4 +85,42 @@ static inline int64_t take_plain(zct_handle q, void *buf, uint64_t cap, int64_t 
     return r & ZCT_TAKE_FIELD_MASK;
 }
 
+/* How many pool slots are out of their free stacks, held here or anywhere. */
+static inline uint64_t slots_in_use(void) {
+    zct_pool_stats st;
+    CHECK(zct_pool_stats_get(&st) == ZCT_OK);
+    return st.slots_in_use;
+}
+
+/* Put raw (size bytes, a multiple of 8, its first word its size) as the
+   next record of queue q, whose file m maps: a bytes record of that size,
+   overwritten, as a writer who lies would leave it. */
+static inline void forge(const mapped *m, zct_handle q, const uint8_t *raw, uint32_t size) {
+    static char zeros[1 << 16];
+    CHECK(size >= ZCT_RECORD_HEADER && size - ZCT_RECORD_HEADER <= sizeof zeros);
+    CHECK(zct_queue_put(q, ZCT_RECORD_BYTES, zeros, size - ZCT_RECORD_HEADER, NULL, 0, 0) == ZCT_OK);
+    uint32_t tail = (uint32_t)ld64(m, TAIL);
+    for (uint32_t i = 0; i < size; i++) m->data[RING_AT + (tail - size + i) % m->capacity] = raw[i];
+}
+
+/* A view of four float32s from first, in a fresh pool slot of bytes. */
+static inline zct_view slot_view(float first, uint64_t bytes) {
+    zct_handle ref;
+    void *mem;
+    uint64_t size;
+    CHECK(zct_pool_alloc(bytes, 0, &ref, &mem, &size) == ZCT_OK);
+    for (int i = 0; i < 4; i++) ((float *)mem)[i] = first + (float)i;
+    zct_view v;
+    memset(&v, 0, sizeof v);
+    v.ref = ref;
+    v.dtype = ZCT_FLOAT32;
+    v.ndim = 1;
+    v.shape[0] = 4;
+    v.strides[0] = 4;
+    return v;
+}
+
+/* A light ref's handle has its top bit set (handoff.c). */
+#define LIGHT (1ull << 63)
+
 #endif

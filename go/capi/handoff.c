@@ -26,7 +26,18 @@
 #define _GNU_SOURCE
 #include <stdio.h>
 #include <string.h>
-#include <sys/random.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+// The getrandom system call (Linux 3.17), which the C library headers of
+// the oldest glibc the wheels target (2.17) do not name.
+#ifndef SYS_getrandom
+#if defined(__x86_64__)
+#define SYS_getrandom 318
+#elif defined(__aarch64__)
+#define SYS_getrandom 278
+#endif
+#endif
 #include <time.h>
 
 #include "_cgo_export.h"
@@ -470,7 +481,11 @@ static uint64_t nonce(void) {
     static __thread uint64_t state;
     if (state == 0) {
         uint64_t seed = 0;
-        if (getrandom(&seed, sizeof seed, 0) != sizeof seed) {
+        long got = -1;
+#ifdef SYS_getrandom
+        got = syscall(SYS_getrandom, &seed, sizeof seed, 0); // not glibc's wrapper, which came in 2.25
+#endif
+        if (got != (long)sizeof seed) {
             struct timespec ts;
             clock_gettime(CLOCK_MONOTONIC, &ts);
             seed = (uint64_t)ts.tv_nsec ^ (uint64_t)ts.tv_sec << 32 ^ (uint64_t)(uintptr_t)&seed;

@@ -1,14 +1,16 @@
-// A hand-off without entering Go (Note [a data plane the runtime
-// never enters] in package plane): zct_queue_take's adoption of a record
-// whose descriptors all name slots of pool arenas this process maps, and
-// the release of the refs it makes. It runs the steps package buffer runs
-// for each descriptor (buffer.Adopt, Note [one hand-over] in package
-// handover), written once in the data plane: the ticket's take
-// (zp_ticket_take) and the release of its slot, the slot's check
-// (zp_pool_check), the ledger entry (zp_ledger_record). Whatever it cannot
-// finish here goes to Go, whole: a record with another kind of descriptor,
-// an arena this process has not mapped, a full table of refs, a release
-// that unpins an arena's last count.
+// A hand-off without entering Go (Note [a data plane the runtime never
+// enters] in package plane): zct_queue_put_array of an array in a pool
+// slot, zct_queue_take's adoption of a record whose descriptors all name
+// slots of pool arenas this process maps, and the release of the refs it
+// makes. They run the steps package buffer runs for each descriptor
+// (buffer.Find, Describe and Send on the way out; buffer.Adopt on the way
+// in; Note [one hand-over] in package handover), written once in the data
+// plane: a count added (zp_pool_add_ref), a ticket handed out, armed and
+// taken (zp_pool_hand_out, zp_ticket_arm, zp_ticket_take), a slot checked
+// (zp_pool_check), the ledger's entries (zp_ledger_record). Whatever they
+// cannot finish here goes to Go, whole: another kind of memory or
+// descriptor, an arena this process has not listed, a full table of refs
+// or queue, a release that unpins an arena's last count.
 //
 // Note [a ref made outside Go]: the refs made here are light: a slot's
 // arena, index, generation and ledger entry in a table of this file, under
@@ -27,7 +29,12 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
+
+#include "_cgo_export.h"
+#include "internal.h"
+#include "plane.h"
 
 // The getrandom system call (Linux 3.17), which the C library headers of
 // the oldest glibc the wheels target (2.17) do not name.
@@ -38,11 +45,6 @@
 #define SYS_getrandom 278
 #endif
 #endif
-#include <time.h>
-
-#include "_cgo_export.h"
-#include "internal.h"
-#include "plane.h"
 
 #define SEQ __ATOMIC_SEQ_CST
 #define REFS 4096      // light refs at once; past that, takes go through Go

@@ -89,6 +89,16 @@ _SENT: Any = object()  # _bare's answer for an array it sent itself (Any: it sta
 #: How long a SimpleQueue's put whose message finds no room in /dev/shm
 #: waits on an empty queue, for other queues' readers to give pages back,
 #: before it raises OutOfSharedMemory (seconds).
+# Note [a get's first wait]: a get that blocks without a timeout makes its
+# first call into the library wait there up to wait.BRIEF_MS (spinning,
+# then asleep on the queue's word), as sleep_outside's first call would:
+# a message that comes within it is taken and returned through the fewest
+# Python frames, which right after a wake-up run cold and cost several
+# microseconds each. A get that finds none by then sleeps outside as
+# before (Note [sleeping outside Go] in zctipc._core.wait).
+_BRIEF_MS = wait.BRIEF_MS
+_E_INTERRUPTED = native.E_INTERRUPTED
+
 _ROOM_WAIT = 5.0
 
 #: How many wait slices a SimpleQueue's put that waits for room sleeps
@@ -519,9 +529,13 @@ class Queue:
         free = self._scratches
         s = free.pop() if free else records.Scratch()
         try:
-            # Fast path: one try without waiting.
-            r = native.lib().zct_queue_take(self._handle, s.buf, s.cap, 0, s.views, s.vcap, s.nviews)
+            # Fast path: one call, which waits briefly inside the library when
+            # the get blocks without a timeout (Note [a get's first wait]).
+            brief = _BRIEF_MS if block and timeout is None and not self._polls else 0
+            r = native.lib().zct_queue_take(self._handle, s.buf, s.cap, brief, s.views, s.vcap, s.nviews)
             if r < 0:
+                if r == _E_INTERRUPTED:  # a signal ended the brief wait: its handler runs on return
+                    r = native.E_EMPTY
                 try:
                     r = self._take(s, r, block, timeout)
                 except _queue.Empty:

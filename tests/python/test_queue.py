@@ -735,6 +735,27 @@ def test_ctrl_c_interrupts_a_blocked_get(wait):
     assert latency < 1.0, "a blocked get is interruptible"
 
 
+def test_a_get_whose_first_wait_a_signal_ends_goes_on_waiting(q):
+    """A blocking get waits first inside the library (Note [a get's first
+    wait] in zctipc.queues): a signal that ends that wait runs its handler
+    and the get waits on, then returns what comes."""
+    hits = []
+    old = signal.signal(signal.SIGALRM, lambda *_: hits.append(1))
+    signal.setitimer(signal.ITIMER_REAL, 0.0003, 0.0003)  # many times within every brief wait
+    late = threading.Timer(0.1, q.put, args=("late",))
+    late.start()
+    try:
+        assert q.get() == "late"
+        hits_during = len(hits)
+        q.put("again")
+        assert q.get() == "again"
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+        late.join()
+    assert hits_during > 0
+
+
 def test_a_polling_get_gets_what_another_process_puts():
     q = zctipc.Queue(wait="poll", spin=0.001)  # polls 1 ms, then sleeps
     q.set_wait("poll")

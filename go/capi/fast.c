@@ -301,10 +301,10 @@ int zct_queue_put_inline(zct_handle h, const void *data, uint64_t nbytes, int32_
 // FALLBACK: what a call here cannot finish goes to Go.
 #define FALLBACK INT64_MIN
 
-// faulted says that shared memory faulted in a step that changed what this
-// file holds (an arm taken back, a frame let go of): Go cannot run it
-// again, so it is said here, as Go says it.
-static int faulted(void) {
+// zct_faulted says that shared memory faulted in a step that changed what
+// this file or handoff.c holds (an arm taken back, a frame let go of, a
+// count moved): Go cannot run it again, so it is said here, as Go says it.
+ZCT_HIDDEN int zct_faulted(void) {
     static const char msg[] = "shared memory faulted: another process shrank a segment file this process maps";
     zct_set_last_error(msg, sizeof msg - 1, 0);
     return ZCT_E_CORRUPT;
@@ -565,7 +565,7 @@ int zct_queue_disarm(zct_handle h, int32_t which, int32_t pass_on) {
             if (r == ZP_OK) {
                 return ZCT_OK;
             }
-            return faulted(); // the arm is taken back from this handle, and Go's count never held it
+            return zct_faulted(); // the arm is taken back from this handle, and Go's count never held it
         }
     }
     return zctipc_go_queue_disarm(h, which, pass_on);
@@ -647,7 +647,7 @@ int zct_stream_write_increment(zct_handle h) {
             return ZCT_OK;
         }
         if (k == ZP_FAULT) {
-            return faulted(); // the frame may be published: Go cannot run it again
+            return zct_faulted(); // the frame may be published: Go cannot run it again
         }
     }
     return zctipc_go_stream_write_increment(h);
@@ -705,7 +705,7 @@ int zct_stream_read_increment(zct_handle h, int32_t *whole) {
                 return ZCT_OK;
             }
             if (k == ZP_FAULT) {
-                return faulted();
+                return zct_faulted();
             }
         }
     }
@@ -729,7 +729,7 @@ static int read_next(zct_handle h, int64_t timeout_ms, int32_t *slot_out, int32_
                 if (zp_read_increment(s->r, whole, &out) != ZP_OK) {
                     zp_leave(&s->r->busy);
                     release(s);
-                    return faulted();
+                    return zct_faulted();
                 }
                 incremented = 1;
             }
@@ -813,5 +813,5 @@ int zct_stream_reader_disarm(zct_handle h) {
         zct_set_last_error(msg, sizeof msg - 1, EINVAL);
         return ZCT_E_INVALID;
     }
-    return r == ZP_OK ? ZCT_OK : faulted(); // the arm is taken back from this handle, and Go's count never held it
+    return r == ZP_OK ? ZCT_OK : zct_faulted(); // the arm is taken back from this handle, and Go's count never held it
 }

@@ -5,9 +5,11 @@
 // makes. They run the steps package buffer runs for each descriptor
 // (buffer.Find, Describe and Send on the way out; buffer.Adopt on the way
 // in; Note [one hand-over] in package handover), written once in the data
-// plane: a count added (zp_pool_add_ref), a ticket handed out, armed and
-// taken (zp_pool_hand_out, zp_ticket_arm, zp_ticket_take), a slot checked
-// (zp_pool_check), the ledger's entries (zp_ledger_record). Whatever they
+// plane as the sequences Go's packages run too (Note [a hand-off's steps in
+// one call] in its pool.c): a count added and recorded (zp_slot_ref), a
+// ticket taken out of an arena (zp_pool_take), a count's entry dropped and
+// its ticket armed (zp_slot_send), a descriptor's checks and its ticket
+// taken (zp_slot_adopt), a count given back (zp_slot_release). Whatever they
 // cannot finish here goes to Go, whole: another kind of memory or
 // descriptor, an arena this process has not listed, a full table of refs
 // or queue, a release that unpins an arena's last count.
@@ -117,50 +119,17 @@ static int take_light(uint64_t h, light_ref *out) {
     return 0;
 }
 
-typedef struct unpinning {
-    int64_t *pins;
-    int done;
-} unpinning;
-
-static int unpin_step(void *arg) {
-    unpinning *u = arg;
-    int64_t n = __atomic_load_n(u->pins, SEQ);
-    while (n > 1) {
-        if (__atomic_compare_exchange_n(u->pins, &n, n - 1, 0, SEQ, SEQ)) {
-            u->done = 1;
-            break;
-        }
-    }
-    return ZP_OK;
-}
-
-static int faulted(void);
-
-// unpin gives back the count on an arena's segment that a slot in use
-// held, once the slot's last count went: here while others hold it, in Go
-// when it may be the last (its segment goes then).
-static int unpin(const zp_arena *a, int64_t *pins) {
-    unpinning u = {pins, 0};
-    zp_out out;
-    if (zp_guarded(unpin_step, &u, &out) != ZP_OK) {
-        return faulted();
-    }
-    return u.done ? ZCT_OK : zctipc_go_arena_unpin((void *)a);
-}
-
-static int faulted(void) {
-    static const char msg[] = "shared memory faulted: another process shrank a segment file this process maps";
-    zct_set_last_error(msg, sizeof msg - 1, 0);
-    return ZCT_E_CORRUPT;
-}
-
-// give_back gives up one count on slot of a (ZCT_OK, or a status).
-static int give_back(const zp_arena *a, int64_t *pins, uint32_t slot) {
+// give_back gives up one count on slot of a, and its ledger entry in l
+// (-1: none) first, in one step of the plane (zp_slot_release): ZCT_OK, or
+// a status. The pin on the arena that the slot's last count held is given
+// back there while others hold the arena, and in Go when it may be the
+// last (its segment goes then).
+static int give_back(const zp_arena *a, int64_t *pins, uint32_t slot, zp_ledger *l, int32_t entry) {
     zp_out out = {0};
-    uint32_t last = 0;
-    int r = zp_pool_release(a, slot, &last, &out);
+    int32_t unpin = 0;
+    int r = zp_slot_release(a, pins, slot, l, entry, &unpin, &out);
     if (r == ZP_FAULT) {
-        return faulted();
+        return zct_faulted();
     }
     if (r != ZP_OK) {
         char msg[96];
@@ -168,17 +137,13 @@ static int give_back(const zp_arena *a, int64_t *pins, uint32_t slot) {
         zct_set_last_error(msg, n > 0 ? (size_t)n : 0, 0);
         return ZCT_E_CORRUPT;
     }
-    return last ? unpin(a, pins) : ZCT_OK;
+    return unpin ? zctipc_go_arena_unpin((void *)a) : ZCT_OK;
 }
 
 // release_light gives up a light ref's count, its ledger entry first
 // (package ledger, Note [never give up what was not taken]).
 static int release_light(const light_ref *r) {
-    zp_ledger *l = zp_ledger_current();
-    if (l != NULL && r->entry >= 0) {
-        zp_ledger_drop(l, r->entry);
-    }
-    return give_back(r->arena, r->pins, r->slot);
+    return give_back(r->arena, r->pins, r->slot, zp_ledger_current(), r->entry);
 }
 
 int zct_ref_release(zct_handle ref) {
@@ -251,21 +216,6 @@ static int64_t refused(const uint8_t *rec, const adopting *a) {
     return ZCT_E_TAKEN;
 }
 
-// take_ticket takes descriptor d's ticket (ZP_OK, ZP_POOL_TAKEN, or a
-// fault's status as a negative ZCT_E_*) and gives up the ticket's slot.
-static int take_ticket(const adopting *a) {
-    zp_out out = {0};
-    int r = zp_ticket_take(a->tickets.arena, a->d.ticket_slot, a->d.nonce, &out);
-    if (r == ZP_FAULT) {
-        return faulted();
-    }
-    if (r != ZP_OK) {
-        return ZP_POOL_TAKEN;
-    }
-    int g = give_back(a->tickets.arena, a->tickets.pins, a->d.ticket_slot);
-    return g == ZCT_OK ? ZP_OK : g;
-}
-
 // prepared reads descriptor a->d of rec at *at and finds what adopting it here
 // needs: 1, or 0 when Go is to adopt the record.
 static int prepared(const uint8_t *rec, uint32_t size, uint32_t *at, adopting *a) {
@@ -281,40 +231,55 @@ static int prepared(const uint8_t *rec, uint32_t size, uint32_t *at, adopting *a
     if (a->held_buffers < 0 || a->held_tickets < 0) {
         return 0;
     }
-    const zp_arena *b = a->buffers.arena, *t = a->tickets.arena;
+    // The checks of pool.TakeTicket, pool.Adopt and buffer.Adopt's bytes
+    // (zp_slot_adopt's), before any count changes hands: a descriptor that
+    // fails one is Go's to refuse, and to say why.
     zp_out out = {0};
-    // The checks of pool.TakeTicket, pool.Adopt and buffer.Adopt's bytes,
-    // before any count changes hands: a descriptor that fails one is Go's
-    // to refuse, and to say why.
-    if (t->slot_size < 8 || zp_pool_check(t, a->d.ticket_slot, a->d.ticket_generation, &out) != ZP_OK ||
-        zp_pool_check(b, a->d.slot, a->d.generation, &out) != ZP_OK || a->d.offset > b->slot_size ||
-        a->d.nbytes > b->slot_size - a->d.offset) {
+    zp_adopted res;
+    if (zp_slot_adopt(a->tickets.arena, a->tickets.pins, a->buffers.arena, &a->d, ZP_ADOPT_CHECK, NULL, NULL, 0, &res,
+                      &out) != ZP_OK) {
         return 0;
     }
     a->ref = reserve();
     return a->ref >= 0;
 }
 
-// record records the count x took in ledger l (none: -1), which Go grows
-// when it is full, as package ledger records one.
-static int32_t record(zp_ledger *l, const zp_found_arena *a, uint32_t slot, uint32_t gen) {
-    if (l == NULL || a->len > ZP_LEDGER_NAME_CAP) {
-        return -1; // unrecorded, as package ledger leaves a name it cannot hold
+// recorded turns the entry a step of the plane gave the count on slot of
+// a into one of ledger l (-1: none): when l was full, Go grows it and it is
+// recorded here, as package ledger records one.
+static int32_t recorded(zp_ledger *l, int32_t e, const zp_found_arena *a, uint32_t slot, uint32_t gen) {
+    while (e == ZP_LEDGER_FULL && zctipc_go_ledger_grow() == ZCT_OK) {
+        e = zp_ledger_record(l, ZP_LEDGER_SLOT, a->name, a->len, NULL, 0, slot, gen);
     }
-    for (;;) {
-        int32_t e = zp_ledger_record(l, ZP_LEDGER_SLOT, a->name, a->len, NULL, 0, slot, gen);
-        if (e != ZP_LEDGER_FULL || zctipc_go_ledger_grow() != ZCT_OK) {
-            return e < 0 ? -1 : e;
-        }
-    }
+    return e < 0 ? -1 : e;
 }
 
-// unrecord clears entry e of ledger l, before its count is given up or
-// handed on.
-static void unrecord(zp_ledger *l, int32_t e) {
-    if (l != NULL && e >= 0) {
-        zp_ledger_drop(l, e);
+// take adopts descriptor a's count (its ticket taken, the ticket's slot
+// given back, the count recorded in l: zp_slot_adopt), its checks passed:
+// ZP_OK with *entry, ZP_POOL_TAKEN, or a status (a negative ZCT_E_*).
+static int take(const adopting *a, zp_ledger *l, int32_t *entry) {
+    zp_out out = {0};
+    zp_adopted res;
+    int r = zp_slot_adopt(a->tickets.arena, a->tickets.pins, a->buffers.arena, &a->d, ZP_ADOPT_TAKE, l,
+                          a->buffers.name, a->buffers.len, &res, &out);
+    if (!res.taken) {
+        return r == ZP_FAULT ? zct_faulted() : ZP_POOL_TAKEN;
     }
+    if (r == ZP_FAULT) {
+        return zct_faulted();
+    }
+    if (r != ZP_OK) {
+        char msg[96];
+        int n = snprintf(msg, sizeof msg, "slot %u released more often than held: stale", a->d.ticket_slot);
+        zct_set_last_error(msg, n > 0 ? (size_t)n : 0, 0);
+        return ZCT_E_CORRUPT;
+    }
+    *entry = recorded(l, res.entry, &a->buffers, a->d.slot, a->d.generation);
+    int u = res.unpin ? zctipc_go_arena_unpin((void *)a->tickets.arena) : ZCT_OK;
+    if (u != ZCT_OK && *entry >= 0) {
+        zp_ledger_drop(l, *entry); // the count is lost with the status, unrecorded as before
+    }
+    return u == ZCT_OK ? ZP_OK : u;
 }
 
 ZCT_HIDDEN int64_t zct_fast_adopt(uint8_t *rec, uint32_t size, zct_view *views, int32_t views_cap, int32_t *nviews) {
@@ -342,8 +307,10 @@ ZCT_HIDDEN int64_t zct_fast_adopt(uint8_t *rec, uint32_t size, zct_view *views, 
         let_go(a, n);
         return zctipc_go_queue_adopt(rec, size, views, views_cap, nviews);
     }
+    zp_ledger *l = zp_ledger_current();
+    int32_t entries[MAX_DESC];
     for (int32_t j = 0; j < n; j++) {
-        int r = take_ticket(&a[j]);
+        int r = take(&a[j], l, &entries[j]);
         if (r == ZP_OK) {
             continue;
         }
@@ -352,21 +319,21 @@ ZCT_HIDDEN int64_t zct_fast_adopt(uint8_t *rec, uint32_t size, zct_view *views, 
         // that their counts are let go of.
         int64_t status = r == ZP_POOL_TAKEN ? refused(rec, &a[j]) : r;
         for (int32_t k = j + 1; k < n; k++) {
-            if (take_ticket(&a[k]) == ZP_OK) {
-                give_back(a[k].buffers.arena, a[k].buffers.pins, a[k].d.slot);
+            int32_t none;
+            if (take(&a[k], NULL, &none) == ZP_OK) {
+                give_back(a[k].buffers.arena, a[k].buffers.pins, a[k].d.slot, NULL, -1);
             }
         }
         for (int32_t k = 0; k < j; k++) {
-            give_back(a[k].buffers.arena, a[k].buffers.pins, a[k].d.slot);
+            give_back(a[k].buffers.arena, a[k].buffers.pins, a[k].d.slot, l, entries[k]);
         }
         let_go(a, n);
         return status;
     }
-    zp_ledger *l = zp_ledger_current();
     for (int32_t j = 0; j < n; j++) {
         adopting *x = &a[j];
         const zp_arena *b = x->buffers.arena;
-        int32_t entry = record(l, &x->buffers, x->d.slot, x->d.generation);
+        int32_t entry = entries[j];
         zct_view *v = &views[j];
         memset(v, 0, sizeof *v);
         v->ref = publish(x->ref, b, x->buffers.pins, x->d.slot, x->d.generation, entry);
@@ -390,31 +357,6 @@ ZCT_HIDDEN int64_t zct_fast_adopt(uint8_t *rec, uint32_t size, zct_view *views, 
 
 // -- sending an array ------------------------------------------------------
 
-// A count on an arena's segment: a pin, taken while the segment has one
-// (a slot handed out pins its arena), or given back (unpin, above).
-typedef struct pinning {
-    int64_t *pins;
-    int ok;
-} pinning;
-
-static int pin_step(void *arg) {
-    pinning *p = arg;
-    int64_t n = __atomic_load_n(p->pins, SEQ);
-    while (n > 0) {
-        if (__atomic_compare_exchange_n(p->pins, &n, n + 1, 0, SEQ, SEQ)) {
-            p->ok = 1;
-            break;
-        }
-    }
-    return ZP_OK;
-}
-
-static int pin(int64_t *pins) {
-    pinning p = {pins, 0};
-    zp_out out;
-    return zp_guarded(pin_step, &p, &out) == ZP_OK && p.ok;
-}
-
 // new_ticket hands a ticket slot out of one of this process's own arenas of
 // tickets, as package pool's take does (its count of one, its pin on the
 // arena), with its word zero: where the arena is held, or -1 when none has
@@ -433,49 +375,23 @@ static int32_t new_ticket(zp_found_arena *t, uint32_t *slot, uint32_t *gen) {
         at = n;
         *t = next;
         zp_out out = {0};
-        if (zp_pool_pop(t->arena, slot, &out) != ZP_OK) {
+        // Popped, handed out, pinned and its word zeroed in one step of the
+        // plane (zp_pool_take), as package pool's take does it.
+        int r = zp_pool_take(t->arena, t->pins, UINT64_MAX, 1, slot, gen, &out);
+        if (r == ZP_WAIT || (r == ZP_FAULT && *slot == UINT32_MAX)) {
             continue;
         }
-        if (zp_pool_hand_out(t->arena, *slot, gen, &out) != ZP_OK) {
-            break; // faulted: the file is gone, and the slot with it
-        }
-        if (!pin(t->pins)) {
+        if (r == ZP_POOL_UNPINNED) {
             uint32_t last;
             zp_pool_release(t->arena, *slot, &last, &out); // the slot goes back; no pin to give
-            break;
         }
-        if (zp_ticket_arm(t->arena, *slot, 0, &out) != ZP_OK) {
-            give_back(t->arena, t->pins, *slot); // faulted: its count and its pin go back, as they can
-            break;
+        if (r != ZP_OK) {
+            break; // faulted: the file is gone, and the slot with it
         }
         return at;
     }
     zp_arenas_release(at);
     return -1;
-}
-
-typedef struct gen_read {
-    const zp_arena *a;
-    uint32_t slot, gen;
-} gen_read;
-
-static int gen_step(void *arg) {
-    gen_read *g = arg;
-    g->gen = __atomic_load_n((uint32_t *)(g->a->data + ZP_ARENA_SLOT_TABLE + (uint64_t)g->slot * ZP_SLOT_META + 12),
-                             SEQ);
-    return ZP_OK;
-}
-
-// read_gen reads the generation slot has now (package pool's lookup): 1, or
-// 0 when its memory faulted.
-static int read_gen(const zp_arena *a, uint32_t slot, uint32_t *gen) {
-    gen_read g = {a, slot, 0};
-    zp_out out;
-    if (zp_guarded(gen_step, &g, &out) != ZP_OK) {
-        return 0;
-    }
-    *gen = g.gen;
-    return 1;
 }
 
 // nonce returns a ticket's nonce: never 0, which means taken.
@@ -530,30 +446,29 @@ static int put_array_here(zct_handle h, const void *addr, uint64_t extent, int32
         return 0;
     }
     zp_found_arena b, t;
-    uint32_t slot, gen, tslot, tgen, landed;
+    uint32_t slot, gen, tslot, tgen;
     uint64_t off;
     int32_t held = zp_arenas_find(addr, extent, &b, &slot, &off);
     if (held < 0) {
         return 0;
     }
+    // A count for the slot's generation now, recorded in the ledger, in
+    // one step of the plane (zp_slot_ref), as buffer.Find takes it.
     zp_out out = {0};
-    int r = ZP_POOL_STALE;
-    if (read_gen(b.arena, slot, &gen)) {
-        r = zp_pool_add_ref(b.arena, slot, gen, &landed, &out);
-    }
+    zp_ledger *l = zp_ledger_current();
+    int32_t entry;
+    int r = zp_slot_ref(b.arena, slot, 1, &gen, l, b.name, b.len, &entry, &out);
     if (r == ZP_POOL_MOVED) {
-        give_back(b.arena, b.pins, slot); // the new generation's count, given back as any holder would
+        give_back(b.arena, b.pins, slot, NULL, -1); // the new generation's count, given back as any holder would
     }
     if (r != ZP_OK) {
         zp_arenas_release(held);
         return 0;
     }
-    zp_ledger *l = zp_ledger_current();
-    int32_t entry = record(l, &b, slot, gen);
+    entry = recorded(l, entry, &b, slot, gen);
     int32_t theld = new_ticket(&t, &tslot, &tgen);
     if (theld < 0) {
-        unrecord(l, entry);
-        give_back(b.arena, b.pins, slot);
+        give_back(b.arena, b.pins, slot, l, entry);
         zp_arenas_release(held);
         return 0;
     }
@@ -577,10 +492,11 @@ static int put_array_here(zct_handle h, const void *addr, uint64_t extent, int32
         d.strides[i] = strides[i];
     }
     uint8_t prefix[ZP_RECORD_HEADER + ZP_DESC_BASE + 16 * ZP_MAX_NDIM + 2 * (ZP_MAX_NAME + 8) + ZP_TICKET_BASE];
-    uint32_t n = 0;
-    if (zp_desc_check(&d) == ZP_OK) {
-        n = zp_desc_write(prefix + ZP_RECORD_HEADER, sizeof prefix - ZP_RECORD_HEADER, &d, b.name, t.name);
-    }
+    // d passes zp_desc_check by what was checked above (kind, flags, ndim,
+    // dtype, signs, byte count and extent; names from the table of arenas,
+    // a nonce never 0), so the write, which refuses what does not fit the
+    // format, is its only check here.
+    uint32_t n = zp_desc_write(prefix + ZP_RECORD_HEADER, sizeof prefix - ZP_RECORD_HEADER, &d, b.name, t.name);
     int sent = 0;
     if (n > 0) {
         uint32_t size = ZP_RECORD_HEADER + n; // a descriptor's size is a multiple of 8
@@ -591,9 +507,11 @@ static int put_array_here(zct_handle h, const void *addr, uint64_t extent, int32
         // Armed just before the record is visible (Note [a count is taken
         // once] in package pool): from then on its taker may take it, and
         // the message holds the count, which the ledger no longer says.
-        unrecord(l, entry);
+        // The entry dropped and the ticket armed in one step of the plane
+        // (zp_slot_send), as buffer.Send does.
+        int armed = zp_slot_send(l, entry, t.arena, tslot, d.nonce, &out) == ZP_OK;
         entry = -1;
-        if (zp_ticket_arm(t.arena, tslot, d.nonce, &out) == ZP_OK) {
+        if (armed) {
             sent = zct_fast_put_prefix(h, prefix, size, size) == ZP_OK;
             if (!sent && zp_ticket_take(t.arena, tslot, d.nonce, &out) != ZP_OK) {
                 // Taken though not put: only a forged record could; the
@@ -607,9 +525,8 @@ static int put_array_here(zct_handle h, const void *addr, uint64_t extent, int32
         }
     }
     if (!sent) {
-        unrecord(l, entry);
-        give_back(t.arena, t.pins, tslot);
-        give_back(b.arena, b.pins, slot);
+        give_back(t.arena, t.pins, tslot, NULL, -1);
+        give_back(b.arena, b.pins, slot, l, entry);
     }
     zp_arenas_release(theld);
     zp_arenas_release(held);

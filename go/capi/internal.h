@@ -7,6 +7,10 @@
 #define ZCT_HIDDEN __attribute__((visibility("hidden")))
 
 ZCT_HIDDEN void zct_set_last_error(const char *msg, size_t len, int errnum);
+// fast.c: say that shared memory faulted (another process shrank a segment
+// file this process maps) and return ZCT_E_CORRUPT, for a step that cannot
+// be run again in Go.
+ZCT_HIDDEN int zct_faulted(void);
 ZCT_HIDDEN const char *zct_library_path(void);
 
 // fast.c's table of queues (Note [a data plane the runtime never enters]

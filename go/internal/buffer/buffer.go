@@ -11,6 +11,7 @@ import (
 	"github.com/zctipc/zctipc/go/internal/header"
 	"github.com/zctipc/zctipc/go/internal/ledger"
 	"github.com/zctipc/zctipc/go/internal/message"
+	"github.com/zctipc/zctipc/go/internal/plane"
 	"github.com/zctipc/zctipc/go/internal/pool"
 	"github.com/zctipc/zctipc/go/internal/shm"
 	"golang.org/x/sys/unix"
@@ -95,8 +96,9 @@ func (r *Ref) Segment() *shm.Segment { return r.seg }
 // Find returns a new count on the zctipc memory that holds the n bytes at
 // addr, and the offset of addr in it, when this process maps it.
 func Find(addr uintptr, n uint64) (*Ref, uint64, bool, error) {
-	if s, off, ok := pool.Find(addr, n); ok {
-		return recorded(&Ref{slot: s}), off, true, nil
+	led := ledger.Current()
+	if s, off, entry, ok := pool.FindRecorded(addr, n, led.Plane()); ok { // the count and its entry in one call
+		return &Ref{slot: s, led: led, entry: led.Recorded(entry, s.Arena().Name(), s.Index, s.Generation)}, off, true, nil
 	}
 	seg, off, ok := shm.Find(addr, n)
 	if !ok {
@@ -129,10 +131,14 @@ func (r *Ref) Release() error {
 		terr = r.ticket.Cancel()
 		r.ticket = nil
 	}
-	r.unrecord()
 	if r.seg == nil {
-		return errors.Join(terr, r.slot.Release())
+		// The entry dropped and the count given back in one call into the
+		// plane (pool.Slot.ReleaseRecorded), in unrecord's order.
+		err := r.slot.ReleaseRecorded(r.led.Plane(), r.entry)
+		r.led, r.entry = nil, shm.NoEntry
+		return errors.Join(terr, err)
 	}
+	r.unrecord()
 	var err error
 	if r.extra {
 		_, err = r.seg.DropRef()
@@ -202,10 +208,14 @@ func (r *Ref) Describe(offset uint64, dt dtype.DType, shape, strides []int64, fl
 // they close (the error is of closing), and must not be released.
 func Send(refs []*Ref, publish func() error) (bool, error) {
 	for _, r := range refs {
-		r.unrecord()
-		if r.ticket != nil {
-			r.ticket.Arm() // from now on, its receiver may take it
+		if r.ticket == nil {
+			r.unrecord()
+			continue
 		}
+		// From now on, its receiver may take it: the entry dropped and the
+		// ticket armed in one call into the plane (pool.Ticket.Send).
+		r.ticket.Send(r.led.Plane(), r.entry)
+		r.led, r.entry = nil, shm.NoEntry
 	}
 	if err := publish(); err != nil {
 		var errs []error
@@ -236,10 +246,43 @@ func Send(refs []*Ref, publish func() error) (bool, error) {
 // descriptor's ticket first: a descriptor taken before (replayed bytes)
 // fails with an error wrapping ErrTaken and takes nothing.
 func Adopt(d *message.Descriptor) (*Ref, []byte, error) {
+	if d.Kind == message.RefSlot && d.Ticket.Arena != "" {
+		if r, data, taken, err := adoptHere(d); taken {
+			return r, data, err
+		}
+	}
 	if err := take(d); err != nil {
 		return nil, nil, err
 	}
 	return opened(d, false) // take checked d
+}
+
+// adoptHere adopts a slot's descriptor d, as Adopt does, in one call into
+// the plane (pool.AdoptSent), when its arenas are mapped here already: the
+// descriptor's check, its ticket's and slot's, the ticket taken and its
+// slot given back, the count recorded. It reports whether it took the
+// ticket: when not, nothing changed and Adopt goes step by step, which says
+// why; when it did, the error is what came after the take, as take's.
+func adoptHere(d *message.Descriptor) (*Ref, []byte, bool, error) {
+	var c plane.Desc
+	d.Plane(&c)
+	led := ledger.Current()
+	s, entry, taken, err := pool.AdoptSent(d.Name, d.Ticket.Arena, &c, plane.AdoptDesc|plane.AdoptCheck|plane.AdoptTake,
+		led.Plane())
+	if !taken {
+		return nil, nil, false, nil
+	}
+	entry = led.Recorded(entry, d.Name, d.Slot, d.Generation)
+	if err != nil {
+		led.Drop(entry) // the count is lost with the error, as take loses it
+		return nil, nil, true, fmt.Errorf("descriptor of %q: %w", d.Name, err)
+	}
+	r := &Ref{slot: s, led: led, entry: entry}
+	if entry == shm.NoEntry {
+		r.led = nil
+	}
+	data := s.Data() // the plane checked that the bytes lie in the slot
+	return r, data[d.Offset : d.Offset+d.NBytes : d.Offset+d.NBytes], true, nil
 }
 
 // take takes the ticket of descriptor d, which carries a count, once.

@@ -206,6 +206,31 @@ func (l *Ledger) HoldSlot(arena string, index, gen uint32) int {
 	return l.record(Slot, arena, "", index, gen)
 }
 
+// Plane returns the ledger as the data plane keeps it, for the sequences
+// that record or drop an entry in the same call as they move a count
+// (Note [a hand-off's steps in one call] in package plane); nil for a nil
+// ledger, which records nothing.
+func (l *Ledger) Plane() *plane.Ledger {
+	if l == nil {
+		return nil
+	}
+	return l.c
+}
+
+// Recorded returns the entry that a sequence of the plane recorded for a
+// count on a slot: entry itself, or, when the ledger was full, one
+// recorded here after growing it (HoldSlot); shm.NoEntry when the count
+// went unrecorded.
+func (l *Ledger) Recorded(entry int, arena string, index, gen uint32) int {
+	switch {
+	case entry >= 0:
+		return entry
+	case entry == plane.LedgerFull:
+		return l.HoldSlot(arena, index, gen)
+	}
+	return shm.NoEntry
+}
+
 // Drop clears entry n, before its count is given up or handed on.
 func (l *Ledger) Drop(n int) {
 	if l == nil || n == shm.NoEntry {

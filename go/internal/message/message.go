@@ -120,6 +120,11 @@ func (d *Descriptor) toPlane(c *plane.Desc) {
 	copy(c.Strides[:], d.Strides)
 }
 
+// Plane writes d's fields into c as the plane has them (toPlane), for a
+// step of the plane that checks and uses them in one call (package pool's
+// AdoptSent).
+func (d *Descriptor) Plane(c *plane.Desc) { d.toPlane(c) }
+
 // fromPlane returns the descriptor c, read from src by the plane.
 func fromPlane(src []byte, c *plane.Desc) Descriptor {
 	ndim := int(c.NDim)

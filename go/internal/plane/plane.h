@@ -520,6 +520,73 @@ ZP_API int zp_pool_check(const zp_arena *a, uint32_t slot, uint32_t gen, zp_out 
 ZP_API int zp_ticket_arm(const zp_arena *a, uint32_t slot, uint64_t nonce, zp_out *out);
 ZP_API int zp_ticket_take(const zp_arena *a, uint32_t slot, uint64_t nonce, zp_out *out);
 
+typedef struct zp_ledger zp_ledger; /* the ledger (ledger.c, below) */
+
+/* -- a hand-off's sequences (pool.c, Note [a hand-off's steps in one call]) --
+ * Each runs several of the steps above in a row, under one guard, for a
+ * caller that pays per call (Go, through cgo); the C ABI's handoff.c runs
+ * the same ones. pins is the count of the arena's segment, which every slot
+ * in use holds one of: a step pins while it is above 0, and unpins while it
+ * is above 1; the last is the caller's to give up (it removes the arena). */
+
+enum {
+    ZP_POOL_REFUSED = 35,  /* adopt: a check failed or the ticket was taken: nothing changed, and the
+                              caller's step-by-step path says why */
+    ZP_POOL_UNPINNED = 36, /* take: the slot was handed out (*slot, *gen) but its arena's count is 0:
+                              the caller pins it, or gives the slot back, as it says */
+    ZP_POOL_RESERVE = 37,  /* take: the slot popped (*slot) reaches past reserved_to: the caller
+                              reserves its pages and hands it out itself */
+};
+
+/* Take a slot: pop, hand out (a new generation, a count of one), pin the
+ * arena, and with zero store 0 in the slot's first word (a ticket not yet
+ * armed). ZP_OK; ZP_WAIT, the stack empty; ZP_POOL_RESERVE; ZP_POOL_UNPINNED;
+ * ZP_FAULT (*slot UINT32_MAX: before the pop). */
+ZP_API int zp_pool_take(const zp_arena *a, int64_t *pins, uint64_t reserved_to, int32_t zero, uint32_t *slot,
+                        uint32_t *gen, zp_out *out);
+
+/* Give back a count on slot, its ledger entry (in l, -1: none) dropped
+ * first; when it was the slot's last, the slot goes back on the free stack
+ * and its pin is given back, or *unpin says the caller gives it up. ZP_OK,
+ * ZP_POOL_STALE (the count was zero already), ZP_RANGE, ZP_FAULT. */
+ZP_API int zp_slot_release(const zp_arena *a, int64_t *pins, uint32_t slot, zp_ledger *l, int32_t entry,
+                           int32_t *unpin, zp_out *out);
+
+/* Add a count to slot for generation *gen (current: the one it has now,
+ * read into *gen) and record it in ledger l (NULL: none) under the arena's
+ * name: ZP_OK with *entry (ZP_LEDGER_NONE or ZP_LEDGER_FAULTED: unrecorded;
+ * ZP_LEDGER_FULL: the caller grows the ledger and records it); ZP_POOL_STALE; ZP_POOL_MOVED with *gen the
+ * generation the count landed on, unrecorded, for the caller to give back;
+ * ZP_RANGE; ZP_FAULT. */
+ZP_API int zp_slot_ref(const zp_arena *a, uint32_t slot, int32_t current, uint32_t *gen, zp_ledger *l,
+                       const uint8_t *name, uint32_t len, int32_t *entry, zp_out *out);
+
+/* Send a count: drop its ledger entry (-1: none), then arm its ticket,
+ * slot tslot of ticket arena t, with nonce. ZP_OK, ZP_RANGE, ZP_FAULT. */
+ZP_API int zp_slot_send(zp_ledger *l, int32_t entry, const zp_arena *t, uint32_t tslot, uint64_t nonce, zp_out *out);
+
+/* Steps of zp_slot_adopt. */
+enum {
+    ZP_ADOPT_DESC = 1,  /* check the descriptor's fields (zp_desc_check) */
+    ZP_ADOPT_CHECK = 2, /* check its ticket's slot and generation, and its buffer's and bounds */
+    ZP_ADOPT_TAKE = 4,  /* take its ticket, give back the ticket slot's count, record the buffer's */
+};
+
+/* What zp_slot_adopt did besides its result. */
+typedef struct zp_adopted {
+    int32_t entry; /* the buffer count's ledger entry, or as zp_slot_ref's */
+    int32_t taken; /* the ticket was taken: a ZP_FAULT or ZP_POOL_STALE came after it */
+    int32_t unpin; /* the ticket slot's pin on its arena is the caller's to give up */
+} zp_adopted;
+
+/* Adopt the count descriptor d carries: its ticket in arena t (whose
+ * segment's count is tpins), its buffer in arena b (NULL: a ticket alone),
+ * recorded in ledger l under name. ZP_OK; ZP_POOL_REFUSED, nothing changed;
+ * after the take, ZP_POOL_STALE (the ticket slot's count was zero) or
+ * ZP_FAULT, with res->taken. */
+ZP_API int zp_slot_adopt(const zp_arena *t, int64_t *tpins, const zp_arena *b, const zp_desc *d, int32_t steps,
+                         zp_ledger *l, const uint8_t *name, uint32_t len, zp_adopted *res, zp_out *out);
+
 /* For tests: the next zp_pool_add_ref of the count at rc waits between its
  * check and its exchange (parked says it does) until resume, so that a test
  * may free the slot and hand it out again there (package pool's Note [a
@@ -594,17 +661,18 @@ enum {
     /* What zp_ledger_record returns when it records nothing. */
     ZP_LEDGER_FULL = -1,    /* no entry free: the owner grows the ledger, or the count goes unrecorded */
     ZP_LEDGER_FAULTED = -2, /* the ledger's memory faulted (its file was shrunk) */
+    ZP_LEDGER_NONE = -3,    /* a sequence's (pool.c): no ledger, or a name it cannot hold: unrecorded */
 };
 
 /* A process's own ledger: its data region (mapped for as long as the
  * process lives) and which of its entries are free. */
-typedef struct zp_ledger {
+struct zp_ledger {
     uint8_t *data;
     uint32_t capacity; /* entries reserved */
     uint32_t nfree;
     int32_t *free;     /* ZP_LEDGER_MAX_ENTRIES of room; the top is taken next */
     int32_t lock;      /* a spin lock over free and nfree */
-} zp_ledger;
+};
 
 /* Make the ledger of data, whose first capacity entries are reserved (NULL
  * when out of memory); it is never freed, since a release racing with the

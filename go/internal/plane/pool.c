@@ -292,3 +292,241 @@ void zp_pool_resume_add_ref(void) {
     __atomic_store_n(&park_rc, NULL, SEQ);
     __atomic_store_n(&park_resume, 1, SEQ);
 }
+
+// -- sequences: a hand-off's steps, each whole in one call --------------------
+
+// Note [a hand-off's steps in one call]: a descriptor sent and taken runs
+// several steps of the protocol in a row (a count added then recorded; a
+// ticket checked, taken and its slot given back; a count's record dropped
+// then given back), and Go pays one cgo crossing per call into the plane,
+// which on a slow machine costs more than all the steps together. So each
+// such sequence is one call here, made of the steps above under one guard,
+// and both package pool (through cgo, once per descriptor) and the C ABI's
+// handoff.c run the same sequence. What needs Go (growing a full ledger,
+// giving up an arena's possibly last pin, which unmaps it) is a result the
+// caller acts on.
+
+// move_pin moves the count of an arena's segment by delta while it stays
+// above floor: a pin (+1 while it has one, floor 0) or an unpin (-1 while
+// it is not the last, floor 1; the last is Go's to give up, which removes
+// the segment). 1 when it moved.
+static int move_pin(int64_t *pins, int64_t floor, int64_t delta) {
+    int64_t n = __atomic_load_n(pins, SEQ);
+    while (n > floor) {
+        if (__atomic_compare_exchange_n(pins, &n, n + delta, 0, SEQ, SEQ)) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+// given_back gives back a count on slot i, and the slot's pin on its arena
+// when it was the last: ZP_OK (*unpin 1: the pin may be the arena's last,
+// and is the caller's to give up), ZP_POOL_STALE, or push's ZP_FAULT.
+static int given_back(const zp_arena *a, int64_t *pins, uint32_t i, int32_t *unpin, zp_out *out) {
+    uint32_t last = 0;
+    release_args r = {.a = a, .slot = i, .last = &last, .out = out};
+    int res = release(&r);
+    if (res == ZP_OK && last && !move_pin(pins, 1, -1)) {
+        *unpin = 1;
+    }
+    return res;
+}
+
+// A count's ledger entry, recorded (ZP_LEDGER_NONE when there is no ledger
+// or the name does not fit one) or dropped.
+static int32_t recorded(zp_ledger *l, const uint8_t *name, uint32_t len, uint32_t slot, uint32_t gen) {
+    if (l == NULL || len > ZP_LEDGER_NAME_CAP) {
+        return ZP_LEDGER_NONE;
+    }
+    return zp_ledger_record(l, ZP_LEDGER_SLOT, name, len, NULL, 0, slot, gen);
+}
+
+static void dropped(zp_ledger *l, int32_t entry) {
+    if (l != NULL && entry >= 0) {
+        zp_ledger_drop(l, entry);
+    }
+}
+
+typedef struct take_args {
+    const zp_arena *a;
+    int64_t *pins;
+    uint64_t reserved_to;
+    int32_t zero;
+    uint32_t *slot, *gen;
+} take_args;
+
+static int take_step(void *arg) {
+    take_args *t = arg;
+    slot_args s = {.a = t->a, .got = t->slot};
+    int r = pop(&s);
+    if (r != ZP_OK) {
+        return r;
+    }
+    if (t->a->slots_at + ((uint64_t)*t->slot + 1) * t->a->slot_size > t->reserved_to) {
+        return ZP_POOL_RESERVE;
+    }
+    s.slot = *t->slot;
+    s.got = t->gen;
+    hand_out(&s);
+    if (!move_pin(t->pins, 0, 1)) {
+        return ZP_POOL_UNPINNED;
+    }
+    if (t->zero) {
+        ticket_arm(&s); // nonce 0: a ticket no take wins until it is armed
+    }
+    return ZP_OK;
+}
+
+int zp_pool_take(const zp_arena *a, int64_t *pins, uint64_t reserved_to, int32_t zero, uint32_t *slot, uint32_t *gen,
+                 zp_out *out) {
+    *slot = UINT32_MAX;
+    if (zero && a->slot_size < 8) {
+        return ZP_RANGE;
+    }
+    take_args t = {.a = a, .pins = pins, .reserved_to = reserved_to, .zero = zero, .slot = slot, .gen = gen};
+    return zp_guarded(take_step, &t, out);
+}
+
+typedef struct drop_args {
+    const zp_arena *a;
+    int64_t *pins;
+    uint32_t slot;
+    zp_ledger *l;
+    int32_t entry;
+    int32_t *unpin;
+    zp_out *out;
+} drop_args;
+
+static int release_step(void *arg) {
+    drop_args *d = arg;
+    dropped(d->l, d->entry); // Note [never give up what was not taken] in package ledger
+    return given_back(d->a, d->pins, d->slot, d->unpin, d->out);
+}
+
+int zp_slot_release(const zp_arena *a, int64_t *pins, uint32_t slot, zp_ledger *l, int32_t entry, int32_t *unpin,
+                    zp_out *out) {
+    *unpin = 0;
+    if (bad_slot(a, slot)) {
+        return ZP_RANGE;
+    }
+    drop_args d = {.a = a, .pins = pins, .slot = slot, .l = l, .entry = entry, .unpin = unpin, .out = out};
+    return zp_guarded(release_step, &d, out);
+}
+
+typedef struct ref_args {
+    const zp_arena *a;
+    uint32_t slot;
+    int32_t current;
+    uint32_t *gen;
+    zp_ledger *l;
+    const uint8_t *name;
+    uint32_t len;
+    int32_t *entry;
+} ref_args;
+
+static int ref_step(void *arg) {
+    ref_args *f = arg;
+    if (f->current) {
+        *f->gen = __atomic_load_n(gen_of(f->a, f->slot), SEQ);
+    }
+    uint32_t landed = 0;
+    slot_args s = {.a = f->a, .slot = f->slot, .gen = *f->gen, .got = &landed};
+    int r = add_ref(&s);
+    if (r == ZP_POOL_MOVED) {
+        *f->gen = landed;
+    }
+    if (r == ZP_OK) {
+        *f->entry = recorded(f->l, f->name, f->len, f->slot, landed);
+    }
+    return r;
+}
+
+int zp_slot_ref(const zp_arena *a, uint32_t slot, int32_t current, uint32_t *gen, zp_ledger *l, const uint8_t *name,
+                uint32_t len, int32_t *entry, zp_out *out) {
+    *entry = ZP_LEDGER_NONE;
+    if (bad_slot(a, slot)) {
+        return ZP_RANGE;
+    }
+    ref_args f = {.a = a, .slot = slot, .current = current, .gen = gen, .l = l, .name = name, .len = len, .entry = entry};
+    return zp_guarded(ref_step, &f, out);
+}
+
+typedef struct send_args {
+    zp_ledger *l;
+    int32_t entry;
+    slot_args s;
+} send_args;
+
+static int send_step(void *arg) {
+    send_args *a = arg;
+    dropped(a->l, a->entry);
+    return ticket_arm(&a->s);
+}
+
+int zp_slot_send(zp_ledger *l, int32_t entry, const zp_arena *t, uint32_t tslot, uint64_t nonce, zp_out *out) {
+    if (bad_slot(t, tslot) || t->slot_size < 8) {
+        return ZP_RANGE;
+    }
+    send_args a = {.l = l, .entry = entry, .s = {.a = t, .slot = tslot, .nonce = nonce}};
+    return zp_guarded(send_step, &a, out);
+}
+
+typedef struct adopt_args {
+    const zp_arena *t, *b;
+    int64_t *tpins;
+    const zp_desc *d;
+    int32_t steps;
+    zp_ledger *l;
+    const uint8_t *name;
+    uint32_t len;
+    zp_adopted *res;
+    zp_out *out;
+} adopt_args;
+
+static int adopt_step(void *arg) {
+    adopt_args *x = arg;
+    const zp_desc *d = x->d;
+    if (x->steps & ZP_ADOPT_CHECK) {
+        // The checks of pool.TakeTicket, pool.Adopt and buffer.Adopt's
+        // bytes, before any count changes hands.
+        slot_args s = {.a = x->t, .slot = d->ticket_slot, .gen = d->ticket_generation};
+        if (check(&s) != ZP_OK) {
+            return ZP_POOL_REFUSED;
+        }
+        if (x->b != NULL) {
+            s = (slot_args){.a = x->b, .slot = d->slot, .gen = d->generation};
+            if (check(&s) != ZP_OK || d->offset > x->b->slot_size || d->nbytes > x->b->slot_size - d->offset) {
+                return ZP_POOL_REFUSED;
+            }
+        }
+    }
+    if (!(x->steps & ZP_ADOPT_TAKE)) {
+        return ZP_OK;
+    }
+    slot_args s = {.a = x->t, .slot = d->ticket_slot, .nonce = d->nonce};
+    if (ticket_take(&s) != ZP_OK) {
+        return ZP_POOL_REFUSED;
+    }
+    x->res->taken = 1;
+    int r = given_back(x->t, x->tpins, d->ticket_slot, &x->res->unpin, x->out);
+    if (r == ZP_OK && x->b != NULL) {
+        x->res->entry = recorded(x->l, x->name, x->len, d->slot, d->generation);
+    }
+    return r;
+}
+
+int zp_slot_adopt(const zp_arena *t, int64_t *tpins, const zp_arena *b, const zp_desc *d, int32_t steps, zp_ledger *l,
+                  const uint8_t *name, uint32_t len, zp_adopted *res, zp_out *out) {
+    res->entry = ZP_LEDGER_NONE;
+    res->taken = res->unpin = 0;
+    if ((steps & ZP_ADOPT_DESC) && zp_desc_check(d) != ZP_OK) {
+        return ZP_POOL_REFUSED;
+    }
+    if (bad_slot(t, d->ticket_slot) || t->slot_size < 8 || d->nonce == 0 || (b != NULL && bad_slot(b, d->slot))) {
+        return ZP_POOL_REFUSED;
+    }
+    adopt_args x = {.t = t, .b = b, .tpins = tpins, .d = d, .steps = steps, .l = l, .name = name, .len = len,
+                    .res = res, .out = out};
+    return zp_guarded(adopt_step, &x, out);
+}

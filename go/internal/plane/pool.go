@@ -17,6 +17,16 @@ package plane
 #cgo nocallback zp_ticket_arm
 #cgo noescape zp_ticket_take
 #cgo nocallback zp_ticket_take
+#cgo noescape zp_pool_take
+#cgo nocallback zp_pool_take
+#cgo noescape zp_slot_release
+#cgo nocallback zp_slot_release
+#cgo noescape zp_slot_ref
+#cgo nocallback zp_slot_ref
+#cgo noescape zp_slot_send
+#cgo nocallback zp_slot_send
+#cgo noescape zp_slot_adopt
+#cgo nocallback zp_slot_adopt
 #include "plane.h"
 */
 import "C"
@@ -41,6 +51,17 @@ const (
 	PoolStale = C.ZP_POOL_STALE
 	PoolMoved = C.ZP_POOL_MOVED
 	PoolTaken = C.ZP_POOL_TAKEN
+	// PoolRefused, PoolUnpinned and PoolReserve are the sequences' (Note
+	// [a hand-off's steps in one call] in pool.c).
+	PoolRefused  = C.ZP_POOL_REFUSED
+	PoolUnpinned = C.ZP_POOL_UNPINNED
+	PoolReserve  = C.ZP_POOL_RESERVE
+	// LedgerNone is a sequence's entry of a count left unrecorded.
+	LedgerNone = C.ZP_LEDGER_NONE
+	// Steps of Adopt.
+	AdoptDesc  = C.ZP_ADOPT_DESC
+	AdoptCheck = C.ZP_ADOPT_CHECK
+	AdoptTake  = C.ZP_ADOPT_TAKE
 )
 
 // Layout of an arena's data region (docs/format.md), as plane.h has it.
@@ -167,3 +188,82 @@ func AddRefParked() bool { return C.zp_pool_add_ref_parked() != 0 }
 // ResumeAddRef lets the AddRef that ParkAddRef named go on, or disarms the
 // park when none came.
 func ResumeAddRef() { C.zp_pool_resume_add_ref() }
+
+// The sequences of a hand-off (Note [a hand-off's steps in one call] in
+// pool.c): each is one crossing into C for several steps. pins is the word
+// of the arena segment's count (shm's RefcountWord), l the ledger of the
+// counts (nil: none), whose entries are C's ints (shm.NoEntry is -1).
+
+// Take takes a slot (zp_pool_take): popped, handed out, its arena pinned,
+// and with zero its first word zeroed. It returns the slot (MaxUint32 when
+// a fault came before the pop), its generation and the step's result: OK,
+// Wait, PoolReserve, PoolUnpinned, Range, or Fault with the error.
+func (a *Arena) Take(pins *int64, reservedTo uint64, zero bool) (uint32, uint32, int, error) {
+	var out C.zp_out
+	var slot, gen C.uint32_t
+	v := C.zp_arena(*a)
+	r := C.zp_pool_take(&v, (*C.int64_t)(unsafe.Pointer(pins)), C.uint64_t(reservedTo), c32(zero), &slot, &gen, &out)
+	return uint32(slot), uint32(gen), int(r), faulted(r, &out)
+}
+
+// ReleaseRecorded gives back a count on slot, its entry in l dropped first
+// (zp_slot_release): OK with whether the arena's pin is the caller's to
+// give up, PoolStale, Range, or Fault with the error.
+func (a *Arena) ReleaseRecorded(pins *int64, slot uint32, l *Ledger, entry int) (bool, int, error) {
+	var out C.zp_out
+	var unpin C.int32_t
+	v := C.zp_arena(*a)
+	r := C.zp_slot_release(&v, (*C.int64_t)(unsafe.Pointer(pins)), C.uint32_t(slot), (*C.zp_ledger)(l),
+		C.int32_t(entry), &unpin, &out)
+	return unpin != 0, int(r), faulted(r, &out)
+}
+
+// RefRecorded adds a count to slot for generation gen and records it in l
+// under name (zp_slot_ref): the generation (for PoolMoved, the one the
+// count landed on), the entry (LedgerNone or LedgerFaulted: unrecorded;
+// LedgerFull: the caller grows the ledger), and OK, PoolStale, PoolMoved,
+// Range, or Fault with the error.
+func (a *Arena) RefRecorded(slot, gen uint32, l *Ledger, name string) (uint32, int, int, error) {
+	var out C.zp_out
+	var entry C.int32_t
+	g := C.uint32_t(gen)
+	v := C.zp_arena(*a)
+	r := C.zp_slot_ref(&v, C.uint32_t(slot), 0, &g, (*C.zp_ledger)(l), bytesOf(name), C.uint32_t(len(name)), &entry, &out)
+	return uint32(g), int(entry), int(r), faulted(r, &out)
+}
+
+// SendTicket drops entry of l, then arms ticket slot of a with nonce
+// (zp_slot_send): OK, Range, or Fault with the error.
+func (a *Arena) SendTicket(l *Ledger, entry int, slot uint32, nonce uint64) (int, error) {
+	var out C.zp_out
+	v := C.zp_arena(*a)
+	r := C.zp_slot_send((*C.zp_ledger)(l), C.int32_t(entry), &v, C.uint32_t(slot), C.uint64_t(nonce), &out)
+	return int(r), faulted(r, &out)
+}
+
+// Adopted is what Adopt did besides its result.
+type Adopted struct {
+	Entry int  // the buffer count's entry, as RefRecorded's
+	Taken bool // the ticket was taken (before a PoolStale or Fault)
+	Unpin bool // the ticket arena's pin is the caller's to give up
+}
+
+// Adopt runs steps (AdoptDesc, AdoptCheck, AdoptTake) of the adoption of
+// the count descriptor d carries: its ticket in t (whose segment's count
+// is tpins), its buffer in b (nil: a ticket alone), recorded in l under
+// name (zp_slot_adopt). OK; PoolRefused, nothing changed; PoolStale or
+// Fault with the error after the take.
+func Adopt(t *Arena, tpins *int64, b *Arena, d *Desc, steps int, l *Ledger, name string) (Adopted, int, error) {
+	var out C.zp_out
+	var res C.zp_adopted
+	tv := C.zp_arena(*t)
+	var bv C.zp_arena
+	bp := (*C.zp_arena)(nil)
+	if b != nil {
+		bv = C.zp_arena(*b)
+		bp = &bv
+	}
+	r := C.zp_slot_adopt(&tv, (*C.int64_t)(unsafe.Pointer(tpins)), bp, d.c(), C.int32_t(steps), (*C.zp_ledger)(l),
+		bytesOf(name), C.uint32_t(len(name)), &res, &out)
+	return Adopted{Entry: int(res.entry), Taken: res.taken != 0, Unpin: res.unpin != 0}, int(r), faulted(r, &out)
+}

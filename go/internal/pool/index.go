@@ -257,6 +257,35 @@ func Find(addr uintptr, n uint64) (Slot, uint64, bool) {
 	return s, off, true
 }
 
+// FindRecorded is Find with the new count recorded in ledger l (nil:
+// none), in the same call into the plane (zp_slot_ref): the ledger's entry
+// as the plane gives it (ledger.Recorded turns it into one).
+func FindRecorded(addr uintptr, n uint64, l *plane.Ledger) (Slot, uint64, int, bool) {
+	if addRefRaced != nil { // tests: AddRef's park, then the record, in Go
+		s, off, ok := Find(addr, n)
+		return s, off, plane.LedgerFull, ok
+	}
+	index.RLock()
+	s, off, ok := lookup(addr, n)
+	if !ok {
+		index.RUnlock()
+		return Slot{}, 0, 0, false
+	}
+	a := s.arena
+	g, entry, r, err := a.view.RefRecorded(s.Index, s.Generation, l, a.Name())
+	index.RUnlock()
+	if err != nil || r != plane.OK {
+		if r == plane.PoolMoved {
+			// Note [a count for one generation]: the count is g's, given
+			// back as any holder would; Find says only that there is none,
+			// as for any count it cannot add.
+			Slot{arena: a, Index: s.Index, Generation: g}.Release() //nolint:errcheck
+		}
+		return Slot{}, 0, 0, false
+	}
+	return s, off, entry, true
+}
+
 // Holds reports whether the n bytes at addr lie in one slot in use of an
 // arena this process maps, as Find would, without a count.
 func Holds(addr uintptr, n uint64) bool {

@@ -274,23 +274,51 @@ func (a *Arena) reserve(i uint32) error {
 }
 
 // take allocates a slot: off the free stack, its pages reserved, a new
-// generation, a count of one, and a pin on the arena.
+// generation, a count of one, and a pin on the arena; a ticket's word zero
+// (Note [a count is taken once]). The steps are one call of the plane's
+// (zp_pool_take) while the slot's pages are reserved already.
 func (a *Arena) take() (Slot, bool, error) {
-	i, ok, err := a.pop()
-	if !ok || err != nil {
-		return Slot{}, false, err
+	i, g, r, err := a.view.Take(a.mem.RefcountWord(), a.reservedTo.Load(), a.tickets)
+	switch {
+	case err != nil && i == math.MaxUint32:
+		return Slot{}, false, fmt.Errorf("arena %q: %w", a.Name(), err)
+	case err != nil:
+		// The memory faulted: the slot stays out of the stack, whose
+		// words are gone with the file.
+		return Slot{}, false, fmt.Errorf("slot %d of arena %q: %w", i, a.Name(), err)
+	case r == plane.OK:
+		return Slot{arena: a, Index: i, Generation: g}, true, nil
+	case r == plane.PoolReserve:
+		return a.handOut(i)
+	case r == plane.PoolUnpinned:
+		return a.pinned(i, g)
 	}
+	return Slot{}, false, nil // the stack is empty
+}
+
+// handOut hands out slot i, popped and not yet reserved, as take does.
+func (a *Arena) handOut(i uint32) (Slot, bool, error) {
 	if err := a.reserve(i); err != nil {
 		return Slot{}, false, errors.Join(err, a.push(i))
 	}
 	g, _, err := a.view.HandOut(i) // i is below nslots: the stack gave it
 	if err != nil {
-		// The memory faulted: the slot stays out of the stack, whose
-		// words are gone with the file.
 		return Slot{}, false, fmt.Errorf("slot %d of arena %q: %w", i, a.Name(), err)
 	}
+	return a.pinned(i, g)
+}
+
+// pinned pins the arena for slot i, handed out as generation g, or gives
+// the slot back when its segment is going.
+func (a *Arena) pinned(i, g uint32) (Slot, bool, error) {
 	if _, err := a.mem.AddRef(); err != nil {
 		return Slot{}, false, errors.Join(err, a.push(i))
+	}
+	if a.tickets {
+		if _, err := a.view.ArmTicket(i, 0); err != nil { // a slot keeps the bytes it had
+			s := Slot{arena: a, Index: i, Generation: g}
+			return Slot{}, false, errors.Join(fmt.Errorf("ticket %d of arena %q: %w", i, a.Name(), err), s.Release())
+		}
 	}
 	return Slot{arena: a, Index: i, Generation: g}, true, nil
 }
@@ -394,19 +422,24 @@ func (s Slot) addRefRacing(raced func()) (Slot, error) {
 
 // Release gives up the count. The last one frees the slot and unpins its
 // arena, which is removed when nothing else holds it.
-func (s Slot) Release() error {
+func (s Slot) Release() error { return s.ReleaseRecorded(nil, shm.NoEntry) }
+
+// ReleaseRecorded is Release of a count that ledger entry entry of l
+// records: the entry is dropped first, in the same call into the plane
+// (zp_slot_release).
+func (s Slot) ReleaseRecorded(l *plane.Ledger, entry int) error {
 	a := s.arena
-	last, r, err := a.view.Release(s.Index)
+	unpin, r, err := a.view.ReleaseRecorded(a.mem.RefcountWord(), s.Index, l, entry)
 	switch {
 	case err != nil:
 		return fmt.Errorf("slot %d of arena %q: %w", s.Index, a.Name(), err)
 	case r != plane.OK: // stale, or a slot past the arena (Range), which no Slot made here names
 		return fmt.Errorf("slot %d of arena %q released more often than held: %w", s.Index, a.Name(), ErrStale)
-	case !last:
+	case !unpin:
 		return nil
 	}
-	// The step pushed the slot back on the free stack; its pin on the
-	// arena is Go's to give up.
+	// The step pushed the slot back on the free stack, and its pin on the
+	// arena may be the last: Go's to give up, which removes the segment.
 	_, err = a.mem.DropRef()
 	return err
 }

@@ -114,9 +114,8 @@ func NewTicket() (Ticket, error) {
 	if err != nil {
 		return Ticket{}, fmt.Errorf("a ticket for a descriptor: %w", err)
 	}
-	if _, err := s.arena.view.ArmTicket(s.Index, 0); err != nil { // a slot keeps the bytes it had
-		return Ticket{}, errors.Join(fmt.Errorf("a ticket for a descriptor: ticket %d of arena %q: %w", s.Index, s.arena.Name(), err), s.Release())
-	}
+	// Its word is zero: the take of a ticket arena's slot zeroes it (a slot
+	// keeps the bytes it had).
 	nonce := rand.Uint64() | 1 // never zero, which means taken
 	return Ticket{Slot: s, Nonce: nonce}, nil
 }
@@ -127,6 +126,15 @@ func (t *Ticket) Arm() {
 	// A fault (its file shrunk) panics into the caller's fault.Catch, as a
 	// store in Go did: Arm has no error to say it with.
 	_, err := t.Slot.arena.view.ArmTicket(t.Slot.Index, t.Nonce)
+	fault.Must(err)
+	t.armed = true
+}
+
+// Send arms the ticket, as Arm does, after dropping entry of ledger l
+// (nil: none), which recorded the count it sends: one call into the plane
+// (zp_slot_send), in the order buffer.Send keeps.
+func (t *Ticket) Send(l *plane.Ledger, entry int) {
+	_, err := t.Slot.arena.view.SendTicket(l, entry, t.Slot.Index, t.Nonce)
 	fault.Must(err)
 	t.armed = true
 }
@@ -178,6 +186,9 @@ func TakeTicket(name string, index, gen uint32, nonce uint64) error {
 	if nonce == 0 {
 		return fmt.Errorf("ticket %d of arena %q with no nonce: %w", index, name, ErrTaken)
 	}
+	if taken, err := takeHere(name, index, gen, nonce); taken {
+		return err
+	}
 	s, err := adopt(name, index, gen, true)
 	if errors.Is(err, unix.ENOENT) {
 		// Its arena goes once every ticket of it was taken and its sender
@@ -200,4 +211,56 @@ func TakeTicket(name string, index, gen uint32, nonce uint64) error {
 		return fmt.Errorf("ticket %d of arena %q: %w", index, name, ErrTaken)
 	}
 	return s.Release()
+}
+
+// takeHere takes the ticket as AdoptSent does, ticket alone: it reports
+// whether it took it, and then the error of what came after.
+func takeHere(name string, index, gen uint32, nonce uint64) (bool, error) {
+	d := plane.Desc{TicketSlot: index, TicketGeneration: gen, Nonce: nonce}
+	_, _, taken, err := AdoptSent("", name, &d, plane.AdoptCheck|plane.AdoptTake, nil)
+	return taken, err
+}
+
+// AdoptSent takes the count that a sent descriptor d carries (its fields
+// as the plane has them; steps as plane.Adopt's) in one call into the
+// plane, when the arena of its buffer (name; "" for a ticket alone) and of
+// its ticket (tickets) are mapped here already: the checks of TakeTicket
+// and Adopt, the ticket taken, its slot given back, and the count recorded
+// in l (nil: none). It reports whether the ticket was taken: when not,
+// nothing changed, and the caller goes step by step, which says why; when
+// it was, the slot's count is the caller's (with its entry in l, as the
+// plane gives it), unless err says what failed after the take, when the
+// count is lost as it is when TakeTicket fails there.
+func AdoptSent(name, tickets string, d *plane.Desc, steps int, l *plane.Ledger) (Slot, int, bool, error) {
+	index.RLock()
+	t, b := index.byName[tickets], (*Arena)(nil)
+	if name != "" {
+		b = index.byName[name]
+	}
+	if t == nil || !t.tickets || t.closed || (name != "" && (b == nil || b.tickets || b.closed)) {
+		index.RUnlock()
+		return Slot{}, 0, false, nil // Note [a ticket arena is not a buffer's]: step by step says so
+	}
+	var bv *plane.Arena
+	if b != nil {
+		bv = &b.view
+	}
+	res, r, err := plane.Adopt(&t.view, t.mem.RefcountWord(), bv, d, steps, l, name)
+	index.RUnlock()
+	switch {
+	case !res.Taken: // refused, or faulted before the take: step by step says why
+		return Slot{}, 0, false, nil
+	case err != nil:
+		return Slot{}, res.Entry, true, fmt.Errorf("slot %d of arena %q: %w", d.TicketSlot, tickets, err)
+	case r != plane.OK:
+		return Slot{}, res.Entry, true, fmt.Errorf("slot %d of arena %q released more often than held: %w",
+			d.TicketSlot, tickets, ErrStale)
+	case res.Unpin:
+		// The ticket's slot was freed, and its pin on the arena may be
+		// the last: Go's to give up, as Slot.Release does.
+		if _, err := t.mem.DropRef(); err != nil {
+			return Slot{}, res.Entry, true, err
+		}
+	}
+	return Slot{arena: b, Index: d.Slot, Generation: d.Generation}, res.Entry, true, nil
 }

@@ -307,6 +307,17 @@ func take(d *message.Descriptor) error {
 			return fmt.Errorf("descriptor of %q: %w", d.Name, err)
 		}
 	}
+	if d.Kind == message.RefSegment && pool.TicketLive(t.Arena, t.Slot, t.Generation, t.Nonce) == nil {
+		// The same for a segment's descriptor whose live ticket is a
+		// slot's (a forged kind): a segment file that holds something
+		// other than a tensor (a pool arena) is refused before the take.
+		// One that cannot be read here (a memfd segment, one being
+		// removed) is left to the open after it, as before.
+		if info, err := shm.Stat(d.Name); err == nil && info.Header.Kind != header.KindTensor {
+			return fmt.Errorf("descriptor of %q: segment holds a %s, not a %s: %w", d.Name, info.Header.Kind,
+				header.KindTensor, unix.EINVAL)
+		}
+	}
 	if err := pool.TakeTicket(t.Arena, t.Slot, t.Generation, t.Nonce); err != nil {
 		if errors.Is(err, unix.ENOENT) && gone(d.Name) {
 			// The ticket's arena and the memory are both gone: the sender

@@ -13,6 +13,7 @@ import (
 	"github.com/zctipc/zctipc/go/internal/message"
 	"github.com/zctipc/zctipc/go/internal/pool"
 	"github.com/zctipc/zctipc/go/internal/shm"
+	"golang.org/x/sys/unix"
 )
 
 // Attacks on descriptor tickets: forged ticket fields and forged ticket
@@ -109,6 +110,27 @@ func TestATicketSlotIsNotABuffer(t *testing.T) {
 	require.Nil(t, r)
 	owner, _, err := buffer.Adopt(&d)
 	require.NoError(t, err)
+	require.NoError(t, owner.Release())
+	require.Zero(t, p.Stats().SlotsInUse)
+}
+
+// A slot's descriptor whose kind is forged to say "segment" (its name an
+// arena's) is refused before its live ticket is taken: the genuine
+// descriptor still takes the count, and nothing is left in use.
+func TestASlotDescriptorForgedAsASegmentTakesNothing(t *testing.T) {
+	p := pool.New(16 << 20)
+	defer func() { require.NoError(t, p.Close()) }()
+	d, _ := sentSlot(t, p)
+	forged := d
+	forged.Kind = message.RefSegment
+	forged.Slot, forged.Generation, forged.Offset = 0, 0, 0
+	r, _, err := buffer.Adopt(&forged)
+	require.Error(t, err, "a slot's descriptor adopted as a segment")
+	require.ErrorIs(t, err, unix.EINVAL)
+	require.Nil(t, r)
+	require.Error(t, buffer.Drop(&forged), "a slot's descriptor dropped as a segment")
+	owner, _, err := buffer.Adopt(&d)
+	require.NoError(t, err, "the genuine descriptor after the forged one")
 	require.NoError(t, owner.Release())
 	require.Zero(t, p.Stats().SlotsInUse)
 }

@@ -69,7 +69,8 @@ func bytesOf(s string) *C.uint8_t { return (*C.uint8_t)(unsafe.Pointer(unsafe.St
 
 // Drop clears entry n, which the caller recorded, and frees it. It reports
 // whether the ledger's memory held (false: it faulted, and the entry
-// records nothing any more), as Opened and Created do.
+// records nothing any more), as Opened and Created do; false too, changing
+// nothing, for an entry no one holds (dropped already, never recorded).
 func (l *Ledger) Drop(n int) bool { return C.zp_ledger_drop((*C.zp_ledger)(l), C.int32_t(n)) == OK }
 
 // Opened says where the file of Creating entry n was made.

@@ -603,6 +603,7 @@ typedef struct zp_ledger {
     uint32_t capacity; /* entries reserved */
     uint32_t nfree;
     int32_t *free;     /* ZP_LEDGER_MAX_ENTRIES of room; the top is taken next */
+    uint8_t *taken;    /* ZP_LEDGER_MAX_ENTRIES flags: 1 while an entry is its taker's */
     int32_t lock;      /* a spin lock over free and nfree */
 } zp_ledger;
 
@@ -628,7 +629,8 @@ ZP_API int32_t zp_ledger_record(zp_ledger *l, uint32_t state, const uint8_t *nam
 
 /* Clear entry n, which the caller recorded, and free it; say where a
  * Creating entry's file was made; turn a Creating entry into a Segment
- * entry of its final name. ZP_OK, ZP_RANGE for no entry, ZP_FAULT. */
+ * entry of its final name. ZP_OK, ZP_RANGE for no entry (drop: none that
+ * is taken, which it leaves as it is), ZP_FAULT. */
 ZP_API int zp_ledger_drop(zp_ledger *l, int32_t n);
 ZP_API int zp_ledger_opened(zp_ledger *l, int32_t n, uint64_t dev, uint64_t ino);
 ZP_API int zp_ledger_created(zp_ledger *l, int32_t n);

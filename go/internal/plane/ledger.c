@@ -30,8 +30,20 @@ void zp_ledger_set_current(zp_ledger *l) { __atomic_store_n(&current, l, SEQ); }
 
 zp_ledger *zp_ledger_current(void) { return __atomic_load_n(&current, SEQ); }
 
-static uint8_t *entry_of(const zp_ledger *l, int32_t n) {
-    return l->data + ZP_LEDGER_ENTRIES_AT + (uint64_t)n * ZP_LEDGER_ENTRY_SIZE;
+static void lock(zp_ledger *l);
+static void unlock(zp_ledger *l);
+
+static uint8_t *entry_of(zp_ledger *l, int32_t n) {
+    return __atomic_load_n(&l->data, SEQ) + ZP_LEDGER_ENTRIES_AT + (uint64_t)n * ZP_LEDGER_ENTRY_SIZE;
+}
+
+void zp_ledger_move(zp_ledger *l, uint8_t *data) { __atomic_store_n(&l->data, data, SEQ); }
+
+uint32_t zp_ledger_capacity(zp_ledger *l) {
+    lock(l);
+    uint32_t n = l->capacity;
+    unlock(l);
+    return n;
 }
 
 static void lock(zp_ledger *l) {

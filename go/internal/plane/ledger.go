@@ -53,6 +53,17 @@ func SetCurrent(l *Ledger) { C.zp_ledger_set_current((*C.zp_ledger)(l)) }
 // Grow frees the entries up to capacity, once their pages are reserved.
 func (l *Ledger) Grow(capacity int) { C.zp_ledger_grow((*C.zp_ledger)(l), C.uint32_t(capacity)) }
 
+// Move points the ledger at data, a new ledger's data region mapped for as
+// long as the process lives, keeping which entries are taken: the counts
+// recorded before drop their entries in it, where they free them (its
+// entries of those numbers record nothing).
+func (l *Ledger) Move(data []byte) {
+	C.zp_ledger_move((*C.zp_ledger)(l), (*C.uint8_t)(unsafe.Pointer(&data[0])))
+}
+
+// Capacity returns how many entries the ledger has.
+func (l *Ledger) Capacity() int { return int(C.zp_ledger_capacity((*C.zp_ledger)(l))) }
+
 // Free returns how many entries are free now.
 func (l *Ledger) Free() int { return int(C.zp_ledger_free((*C.zp_ledger)(l))) }
 

@@ -615,6 +615,11 @@ ZP_API zp_ledger *zp_ledger_new(uint8_t *data, uint32_t capacity);
 ZP_API void zp_ledger_grow(zp_ledger *l, uint32_t capacity);
 /* How many entries are free now. */
 ZP_API uint32_t zp_ledger_free(zp_ledger *l);
+/* Point the ledger at data, a new ledger file's data region (the old one
+ * stays mapped), keeping which entries are taken: a count recorded before
+ * drops its entry number in the same ledger; how many entries it has. */
+ZP_API void zp_ledger_move(zp_ledger *l, uint8_t *data);
+ZP_API uint32_t zp_ledger_capacity(zp_ledger *l);
 
 /* The ledger of this process's counts, or NULL when they are not recorded
  * (package ledger's Current, which sets it). */

@@ -151,6 +151,11 @@ func TestCPrograms(t *testing.T) {
 		// record, no count left taken; past the table's room, and for a
 		// segment's descriptor, Go adopts.
 		{"CHandoff", []program{{"abi_handoff", false}}},
+		// CLedgerAttacks: a light ref taken under one ledger and released
+		// after zct_cleanup_disable and _enable made another leaves the new
+		// ledger's records as they are; a ledger file shrunk by another
+		// process records nothing and faults nothing.
+		{"CLedgerAttacks", []program{{"abi_ledger_attacks", false}}},
 		// CHandoffAttacks: a light ref named by two threads at once (a
 		// release against a call that makes Go take it over, two such
 		// calls, two releases): never refused as unknown while valid, its

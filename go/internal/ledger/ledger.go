@@ -86,6 +86,16 @@ type Ledger struct {
 
 var current atomic.Pointer[Ledger]
 
+// enabling serializes Enable, and holds the process's one plane.Ledger,
+// made by the first Enable and moved to each ledger made after a Close:
+// a count recorded under an earlier ledger (a light ref of the C ABI, which
+// drops its entry in the ledger current when it is released) then drops
+// an entry that is still its own, never one that records another count.
+var enabling struct {
+	sync.Mutex
+	c *plane.Ledger
+}
+
 // Current returns the process's ledger, or nil when its counts are not
 // recorded.
 func Current() *Ledger { return current.Load() }
@@ -94,6 +104,8 @@ func Current() *Ledger { return current.Load() }
 // package shm record in it the counts this process takes from now on. It
 // returns the existing ledger when there is one.
 func Enable() (*Ledger, error) {
+	enabling.Lock()
+	defer enabling.Unlock()
 	if l := current.Load(); l != nil {
 		return l, nil
 	}
@@ -102,13 +114,22 @@ func Enable() (*Ledger, error) {
 		return nil, fmt.Errorf("create the ledger of this process: %w", err)
 	}
 	l := &Ledger{seg: seg, fd: fd, data: seg.Data()}
-	if l.c = plane.NewLedger(l.data, 0); l.c == nil {
-		return nil, errors.Join(fmt.Errorf("create the ledger of this process: %w", unix.ENOMEM), l.remove())
+	n := firstEntries
+	if enabling.c == nil {
+		if enabling.c = plane.NewLedger(l.data, 0); enabling.c == nil {
+			return nil, errors.Join(fmt.Errorf("create the ledger of this process: %w", unix.ENOMEM), l.remove())
+		}
+	} else {
+		enabling.c.Move(l.data)
+		if n = max(n, enabling.c.Capacity()); n > firstEntries {
+			// Out of shared memory, an entry past the reserved ones
+			// faults when written: its count goes unrecorded.
+			_ = seg.Reserve(fd, uint64(entriesAt+n*entrySize))
+		}
 	}
-	l.setCapacity(firstEntries)
-	if !current.CompareAndSwap(nil, l) {
-		return current.Load(), l.remove()
-	}
+	l.c = enabling.c
+	l.setCapacity(n)
+	current.Store(l)
 	plane.SetCurrent(l.c)
 	shm.SetTracker(tracker{l})
 	return l, nil
@@ -131,6 +152,8 @@ func (l *Ledger) FD() int { return l.fd }
 // Close stops recording and removes the ledger; the process gave up its
 // counts first (it is about to exit).
 func (l *Ledger) Close() error {
+	enabling.Lock()
+	defer enabling.Unlock()
 	if !current.CompareAndSwap(l, nil) {
 		return nil
 	}

@@ -143,3 +143,29 @@ func TestAShrunkLedgerRecordsNothing(t *testing.T) {
 	tr.Created(kept)
 	l.Drop(kept)
 }
+
+// A count recorded under a ledger that was closed, and dropped after
+// another was made, drops its own entry: no entry of the new ledger is
+// given out while it is held, and the new ledger's records stay.
+func TestADropAcrossLedgersClearsNoOtherRecord(t *testing.T) {
+	first, err := Enable()
+	require.NoError(t, err)
+	old := first.HoldSlot("zctipc_old", 1, 1)
+	require.NotEqual(t, shm.NoEntry, old)
+	require.NoError(t, first.Close())
+	second := enabled(t)
+	var mine []int
+	for i := range 3 * firstEntries {
+		e := second.HoldSlot("zctipc_new", uint32(i), 2)
+		require.NotEqual(t, shm.NoEntry, e)
+		require.NotEqual(t, old, e, "an entry still held under the old ledger")
+		mine = append(mine, e)
+	}
+	first.Drop(old)
+	require.Len(t, Entries(second.data), len(mine))
+	for _, e := range mine {
+		second.Drop(e)
+	}
+	require.Empty(t, Entries(second.data))
+	require.Equal(t, second.capacity, second.c.Free())
+}

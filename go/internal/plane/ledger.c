@@ -3,7 +3,11 @@
 // ledger, which calls these through package plane, and for the C ABI's
 // calls that take a count without entering Go. Which entries are free is
 // this process's alone, a stack in C memory under a spin lock: its
-// critical sections are a push or a pop. An entry is its taker's until it
+// critical sections are a push or a pop. Which entries are taken is kept
+// beside it, so that a drop of an entry no one holds (dropped twice, never
+// recorded, past the reserved ones, or recorded in a ledger this process
+// had before) changes nothing: pushed, it would hand one entry to two
+// recorders, and enough of them would push past the stack's room. An entry is its taker's until it
 // drops it, and is written with plain stores, state last, for the daemon
 // that reads the ledger meanwhile.
 //
@@ -26,8 +30,20 @@ void zp_ledger_set_current(zp_ledger *l) { __atomic_store_n(&current, l, SEQ); }
 
 zp_ledger *zp_ledger_current(void) { return __atomic_load_n(&current, SEQ); }
 
-static uint8_t *entry_of(const zp_ledger *l, int32_t n) {
-    return l->data + ZP_LEDGER_ENTRIES_AT + (uint64_t)n * ZP_LEDGER_ENTRY_SIZE;
+static void lock(zp_ledger *l);
+static void unlock(zp_ledger *l);
+
+static uint8_t *entry_of(zp_ledger *l, int32_t n) {
+    return __atomic_load_n(&l->data, SEQ) + ZP_LEDGER_ENTRIES_AT + (uint64_t)n * ZP_LEDGER_ENTRY_SIZE;
+}
+
+void zp_ledger_move(zp_ledger *l, uint8_t *data) { __atomic_store_n(&l->data, data, SEQ); }
+
+uint32_t zp_ledger_capacity(zp_ledger *l) {
+    lock(l);
+    uint32_t n = l->capacity;
+    unlock(l);
+    return n;
 }
 
 static void lock(zp_ledger *l) {
@@ -44,7 +60,10 @@ zp_ledger *zp_ledger_new(uint8_t *data, uint32_t capacity) {
         return NULL;
     }
     l->free = malloc(sizeof *l->free * ZP_LEDGER_MAX_ENTRIES);
-    if (l->free == NULL) {
+    l->taken = calloc(ZP_LEDGER_MAX_ENTRIES, 1);
+    if (l->free == NULL || l->taken == NULL) {
+        free(l->free);
+        free(l->taken);
         free(l);
         return NULL;
     }
@@ -77,9 +96,25 @@ uint32_t zp_ledger_free(zp_ledger *l) {
 
 static int32_t pop(zp_ledger *l) {
     lock(l);
-    int32_t n = l->nfree > 0 ? l->free[--l->nfree] : ZP_LEDGER_FULL;
+    int32_t n = ZP_LEDGER_FULL;
+    if (l->nfree > 0) {
+        n = l->free[--l->nfree];
+        l->taken[n] = 1;
+    }
     unlock(l);
     return n;
+}
+
+// untake makes taken entry n neither taken nor free, for its taker to push
+// once cleared, and reports whether it was taken.
+static int untake(zp_ledger *l, int32_t n) {
+    lock(l);
+    int was = n >= 0 && (uint32_t)n < l->capacity && l->taken[n];
+    if (was) {
+        l->taken[n] = 0;
+    }
+    unlock(l);
+    return was;
 }
 
 static void push(zp_ledger *l, int32_t n) {
@@ -127,6 +162,7 @@ int32_t zp_ledger_record(zp_ledger *l, uint32_t state, const uint8_t *name, uint
     recording r = {entry_of(l, n), state, name, final, name_len, final_len, index, gen};
     zp_out out;
     if (zp_guarded(write_entry, &r, &out) != ZP_OK) {
+        untake(l, n);
         push(l, n);
         return ZP_LEDGER_FAULTED;
     }
@@ -173,10 +209,11 @@ static int stored(zp_ledger *l, int32_t n, int32_t op, uint64_t dev, uint64_t in
 }
 
 int zp_ledger_drop(zp_ledger *l, int32_t n) {
-    int r = stored(l, n, DROP, 0, 0);
-    if (r != ZP_RANGE) {
-        push(l, n); // a faulted entry's file is gone with its records: free
+    if (!untake(l, n)) {
+        return ZP_RANGE; // no one holds it: its record, if any, is not ours to clear
     }
+    int r = stored(l, n, DROP, 0, 0);
+    push(l, n); // a faulted entry's file is gone with its records: free
     return r;
 }
 

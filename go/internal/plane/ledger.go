@@ -53,6 +53,17 @@ func SetCurrent(l *Ledger) { C.zp_ledger_set_current((*C.zp_ledger)(l)) }
 // Grow frees the entries up to capacity, once their pages are reserved.
 func (l *Ledger) Grow(capacity int) { C.zp_ledger_grow((*C.zp_ledger)(l), C.uint32_t(capacity)) }
 
+// Move points the ledger at data, a new ledger's data region mapped for as
+// long as the process lives, keeping which entries are taken: the counts
+// recorded before drop their entries in it, where they free them (its
+// entries of those numbers record nothing).
+func (l *Ledger) Move(data []byte) {
+	C.zp_ledger_move((*C.zp_ledger)(l), (*C.uint8_t)(unsafe.Pointer(&data[0])))
+}
+
+// Capacity returns how many entries the ledger has.
+func (l *Ledger) Capacity() int { return int(C.zp_ledger_capacity((*C.zp_ledger)(l))) }
+
 // Free returns how many entries are free now.
 func (l *Ledger) Free() int { return int(C.zp_ledger_free((*C.zp_ledger)(l))) }
 
@@ -69,7 +80,8 @@ func bytesOf(s string) *C.uint8_t { return (*C.uint8_t)(unsafe.Pointer(unsafe.St
 
 // Drop clears entry n, which the caller recorded, and frees it. It reports
 // whether the ledger's memory held (false: it faulted, and the entry
-// records nothing any more), as Opened and Created do.
+// records nothing any more), as Opened and Created do; false too, changing
+// nothing, for an entry no one holds (dropped already, never recorded).
 func (l *Ledger) Drop(n int) bool { return C.zp_ledger_drop((*C.zp_ledger)(l), C.int32_t(n)) == OK }
 
 // Opened says where the file of Creating entry n was made.

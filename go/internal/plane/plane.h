@@ -671,6 +671,7 @@ struct zp_ledger {
     uint32_t capacity; /* entries reserved */
     uint32_t nfree;
     int32_t *free;     /* ZP_LEDGER_MAX_ENTRIES of room; the top is taken next */
+    uint8_t *taken;    /* ZP_LEDGER_MAX_ENTRIES flags: 1 while an entry is its taker's */
     int32_t lock;      /* a spin lock over free and nfree */
 };
 
@@ -682,6 +683,11 @@ ZP_API zp_ledger *zp_ledger_new(uint8_t *data, uint32_t capacity);
 ZP_API void zp_ledger_grow(zp_ledger *l, uint32_t capacity);
 /* How many entries are free now. */
 ZP_API uint32_t zp_ledger_free(zp_ledger *l);
+/* Point the ledger at data, a new ledger file's data region (the old one
+ * stays mapped), keeping which entries are taken: a count recorded before
+ * drops its entry number in the same ledger; how many entries it has. */
+ZP_API void zp_ledger_move(zp_ledger *l, uint8_t *data);
+ZP_API uint32_t zp_ledger_capacity(zp_ledger *l);
 
 /* The ledger of this process's counts, or NULL when they are not recorded
  * (package ledger's Current, which sets it). */
@@ -696,7 +702,8 @@ ZP_API int32_t zp_ledger_record(zp_ledger *l, uint32_t state, const uint8_t *nam
 
 /* Clear entry n, which the caller recorded, and free it; say where a
  * Creating entry's file was made; turn a Creating entry into a Segment
- * entry of its final name. ZP_OK, ZP_RANGE for no entry, ZP_FAULT. */
+ * entry of its final name. ZP_OK, ZP_RANGE for no entry (drop: none that
+ * is taken, which it leaves as it is), ZP_FAULT. */
 ZP_API int zp_ledger_drop(zp_ledger *l, int32_t n);
 ZP_API int zp_ledger_opened(zp_ledger *l, int32_t n, uint64_t dev, uint64_t ino);
 ZP_API int zp_ledger_created(zp_ledger *l, int32_t n);

@@ -6,37 +6,14 @@
 // view, and zct_queue_peek of the forged records. It prints "ok" when
 // every check passes, and leaves no count taken.
 #define _GNU_SOURCE
-#include <fcntl.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
-#include "check.h"
+#include "mapped.h"
 
-#define RING_AT 512 /* the ring, in a queue's data (format.md, "Queues") */
-
-static uint8_t *data;   /* the queue's data, mapped */
+static mapped m; /* the queue's file */
 static zct_handle queue;
 
 static void put32(uint8_t *p, uint32_t v) { memcpy(p, &v, 4); }
 static void put16(uint8_t *p, uint16_t v) { memcpy(p, &v, 2); }
 static void put64(uint8_t *p, uint64_t v) { memcpy(p, &v, 8); }
-
-/* Put raw (size bytes, a multiple of 8, its first word its size) as the
-   queue's next record: a bytes record of that size, overwritten. */
-static void forge(const uint8_t *raw, uint32_t size) {
-    static char zeros[4096];
-    CHECK(zct_queue_put(queue, ZCT_RECORD_BYTES, zeros, size - ZCT_RECORD_HEADER, NULL, 0, 0) == ZCT_OK);
-    uint64_t ring, word;
-    memcpy(&ring, data, 8);
-    memcpy(&word, data + 96, 8);
-    uint32_t tail = (uint32_t)word;
-    for (uint32_t i = 0; i < size; i++)
-        data[RING_AT + (tail - size + i) % ring] = raw[i];
-}
 
 /* An inline record of n uint8 elements (all 7) whose header says shape
    dims of ndim (which may lie), flags, and ndesc descriptors; its size. */
@@ -56,26 +33,9 @@ static uint32_t inline_record(uint8_t *raw, uint16_t ndesc, uint8_t flags, int n
     return size;
 }
 
-static uint64_t slots_in_use(void) {
-    zct_pool_stats st;
-    CHECK(zct_pool_stats_get(&st) == ZCT_OK);
-    return st.slots_in_use;
-}
-
 /* Put a tensor record of a fresh pool slot of four float32s from first. */
 static void put_tensor(float first) {
-    zct_handle ref;
-    void *mem;
-    uint64_t size;
-    CHECK(zct_pool_alloc(16, 0, &ref, &mem, &size) == ZCT_OK);
-    for (int i = 0; i < 4; i++) ((float *)mem)[i] = first + i;
-    zct_view v;
-    memset(&v, 0, sizeof v);
-    v.ref = ref;
-    v.dtype = ZCT_FLOAT32;
-    v.ndim = 1;
-    v.shape[0] = 4;
-    v.strides[0] = 4;
+    zct_view v = slot_view(first, 16);
     CHECK(zct_queue_put(queue, ZCT_RECORD_TENSOR, NULL, 0, &v, 1, 0) == ZCT_OK);
 }
 
@@ -89,20 +49,7 @@ int main(void) {
     int64_t dims[2] = {100, 0};
 
     CHECK(zct_queue_create(NULL, 1 << 16, 0, &queue) == ZCT_OK);
-    char name[256], path[512];
-    uint64_t capacity, maxsize;
-    CHECK(zct_queue_describe(queue, name, sizeof name, &capacity, &maxsize) == ZCT_OK);
-    const char *dir = getenv("ZCTIPC_SHM_DIR");
-    snprintf(path, sizeof path, "%s/%s", dir ? dir : "/dev/shm", name);
-    int fd = open(path, O_RDWR);
-    CHECK(fd >= 0);
-    struct stat st;
-    CHECK(fstat(fd, &st) == 0);
-    uint8_t *file = mmap(NULL, st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    CHECK(file != MAP_FAILED);
-    uint64_t data_offset;
-    memcpy(&data_offset, file + 16, 8);
-    data = file + data_offset;
+    m = map_queue(queue);
 
     /* A get_many that fails before it takes a record says it took none. */
     records = 99;
@@ -126,8 +73,8 @@ int main(void) {
     int64_t two[1] = {2};
     CHECK(zct_queue_put_inline(queue, "ab", 2, ZCT_UINT8, 1, two, 0, 0) == ZCT_OK);
     put_tensor(1);
-    forge(raw, inline_record(raw, 0, 0, 1, dims, 8));
-    forge(replay, replay_size);
+    forge(&m, queue, raw, inline_record(raw, 0, 0, 1, dims, 8));
+    forge(&m, queue, replay, replay_size);
     CHECK(zct_queue_put(queue, ZCT_RECORD_BYTES, "end", 3, NULL, 0, 0) == ZCT_OK);
     CHECK(zct_queue_put_inline(queue, "cd", 2, ZCT_UINT8, 1, two, 0, 0) == ZCT_OK);
     int status = zct_queue_get_many(queue, buf, sizeof buf, 16, 0, &records, recs, &filled, views, 8, &nviews);
@@ -167,7 +114,7 @@ int main(void) {
 
     /* An inline record claiming every descriptor asks for one view more
        than any record has; given that room, it is taken and refused. */
-    forge(raw, inline_record(raw, 0xFFFF, 0, 0, NULL, 1));
+    forge(&m, queue, raw, inline_record(raw, 0xFFFF, 0, 0, NULL, 1));
     static zct_view many[0x10000];
     CHECK(zct_queue_get(queue, buf, sizeof buf, 0, &type, &off, &plen, many, 0xFFFF, &nviews) == ZCT_E_RANGE);
     CHECK(nviews == 0x10000);
@@ -176,10 +123,10 @@ int main(void) {
     /* Peek of forged inline records: each lie fails with the cursor past
        it; the arrays at the edges (no element, no dimension) are views. */
     int64_t huge[2] = {0, INT64_C(1) << 62}, past[2] = {INT64_C(1) << 32, INT64_C(1) << 32};
-    forge(raw, inline_record(raw, 0, 0x80, 1, two, 2)); /* flags past 7 */
-    forge(raw, inline_record(raw, 0, 0, 2, past, 0));   /* a shape past 2^63 bytes */
-    forge(raw, inline_record(raw, 0, 0, 2, huge, 0));   /* no element, one dimension of 2^62 */
-    forge(raw, inline_record(raw, 0, 0, 0, NULL, 1));   /* a scalar */
+    forge(&m, queue, raw, inline_record(raw, 0, 0x80, 1, two, 2)); /* flags past 7 */
+    forge(&m, queue, raw, inline_record(raw, 0, 0, 2, past, 0));   /* a shape past 2^63 bytes */
+    forge(&m, queue, raw, inline_record(raw, 0, 0, 2, huge, 0));   /* no element, one dimension of 2^62 */
+    forge(&m, queue, raw, inline_record(raw, 0, 0, 0, NULL, 1));   /* a scalar */
     uint64_t cursor = ZCT_PEEK_OLDEST, missed = 0;
     CHECK(zct_queue_peek(queue, &cursor, buf, sizeof buf, &type, &off, &plen, views, 8, &nviews, &missed) ==
           ZCT_E_CORRUPT);
@@ -203,7 +150,7 @@ int main(void) {
     CHECK(zct_queue_get(queue, buf, sizeof buf, 0, &type, &off, &plen, views, 8, &nviews) == ZCT_OK);
     CHECK(type == ZCT_RECORD_INLINE && views[0].ndim == 0);
 
-    CHECK(munmap(file, st.st_size) == 0 && close(fd) == 0);
+    unmap_queue(&m);
     CHECK(zct_queue_close(queue) == ZCT_OK);
     CHECK(slots_in_use() == 0);
     CHECK(zct_release_all(NULL) == ZCT_OK);

@@ -278,7 +278,8 @@ def test_producers_killed_mid_put_lose_nothing_a_consumer_holds(isolated, tmp_pa
         assert code == -9
         assert ok, "a view lost its bytes when the producer was swept"
         assert n <= holding <= n + 3, report
-        assert after <= 3 and tickets <= after, report
+        # A ticket handed out for a put and not yet armed is in no ledger: it may stay, its slot count not.
+        assert after <= 3 and tickets <= 3, report
     assert left_in(isolated) == []
 
 

@@ -207,6 +207,10 @@ func TestCPrograms(t *testing.T) {
 		// kills; a handler installed before the library loaded still gets
 		// its own faults; sleepers of every kind on a cut file all return.
 		{"CGuardAttacks", []program{{"abi_guard_attacks", false}}},
+		// CLightRefAttacks: forged, released and contested light refs are
+		// refused with no count moved; threads holding more refs at once
+		// than the light table holds get Go's for the rest.
+		{"CLightRefAttacks", []program{{"abi_light_ref_attacks", false}}},
 		// CPlaneHandles: forged, stale and other kinds' handles; a close
 		// while threads call on the handle; arms out of balance or across
 		// handles; more queues open than the C table has slots.

@@ -201,6 +201,16 @@ func TestCPrograms(t *testing.T) {
 		// outside the plane's steps still kills, or reaches the program's
 		// own handler, installed before or after the plane's guard.
 		{"CPlaneSigbus", []program{{"abi_plane_sigbus", false}}},
+		// CGuardAttacks: many threads not made by Go faulting at once on
+		// queues cut under them; a SIGBUS outside the plane's steps, in a
+		// thread that armed the guard or a child forked from one, still
+		// kills; a handler installed before the library loaded still gets
+		// its own faults; sleepers of every kind on a cut file all return.
+		{"CGuardAttacks", []program{{"abi_guard_attacks", false}}},
+		// CLightRefAttacks: forged, released and contested light refs are
+		// refused with no count moved; threads holding more refs at once
+		// than the light table holds get Go's for the rest.
+		{"CLightRefAttacks", []program{{"abi_light_ref_attacks", false}}},
 		// CPlaneHandles: forged, stale and other kinds' handles; a close
 		// while threads call on the handle; arms out of balance or across
 		// handles; more queues open than the C table has slots.

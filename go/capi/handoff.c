@@ -427,7 +427,8 @@ static uint64_t nonce(void) {
 // argument) leaves everything as it was, and Go does it, or says why not.
 // The count is written in the ledger from its add until just before the
 // ticket is armed (buffer.Send's order), so that a process killed between
-// them has it given up by the daemon.
+// them has it given up by the daemon; a queue found with no room is left
+// to Go before anything is taken.
 static int put_array_here(zct_handle h, const void *addr, uint64_t extent, int32_t dtype, int32_t ndim,
                           const int64_t *shape, const int64_t *strides, int32_t flags) {
     // What Go's put checks of the array (describeArray, Describe, the
@@ -450,6 +451,15 @@ static int put_array_here(zct_handle h, const void *addr, uint64_t extent, int32
     uint64_t off;
     int32_t held = zp_arenas_find(addr, extent, &b, &slot, &off);
     if (held < 0) {
+        return 0;
+    }
+    // A queue with no room for the record (its ticket arena's name at
+    // least one byte long) is Go's to wait for, with no count taken here:
+    // so that a sender that keeps finding it full is not killed between
+    // its ticket armed and taken back (package buffer, Note [counts that
+    // wait]).
+    if (!zct_fast_room(h, ZP_RECORD_HEADER + (uint32_t)zp_desc_size((uint64_t)ndim, b.len, 1))) {
+        zp_arenas_release(held);
         return 0;
     }
     // A count for the slot's generation now, recorded in the ledger, in

@@ -36,6 +36,9 @@ ZCT_HIDDEN uint64_t zct_light_ref_any(void);
 // fast.c: put one record of prefix_len bytes and no payload (size: rounded
 // up to 8), in one try, into queue h: a zp_put result, or -1 when h is not
 // in fast.c's table.
+/* Whether queue h would take a record of size bytes now (a look without
+ * its lock, package plane's zp_room): 1, or 0 (none, or no such queue). */
+ZCT_HIDDEN int zct_fast_room(uint64_t h, uint32_t size);
 ZCT_HIDDEN int zct_fast_put_prefix(uint64_t h, const uint8_t *prefix, uint32_t prefix_len, uint32_t size);
 
 // Const-qualified spellings, so that the prototypes cgo generates for the

@@ -335,21 +335,7 @@ FORWARDER_KILLED = """
 """
 
 
-@pytest.mark.parametrize(
-    "put",
-    [
-        "python",
-        pytest.param(
-            "abi",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="a put the C ABI asks to wait goes to Go's handover.Put, whose buffer.Send drops the "
-                "ledger's entries and arms the tickets before q.Put waits for room: a sender killed while "
-                "it waits leaks the counts it was sending, for as long as their pool's owner lives",
-            ),
-        ),
-    ],
-)
+@pytest.mark.parametrize("put", ["python", "abi"])
 def test_a_forwarder_killed_while_its_put_waits_gives_its_count_back(isolated, tmp_path, put):
     """A process that received a view of another's pool and puts it on
     into a full queue is SIGKILLed while the put waits for room (Python's

@@ -207,29 +207,64 @@ func (r *Ref) Describe(offset uint64, dt dtype.DType, shape, strides []int64, fl
 // returns false with publish's error. When it succeeds, the refs are spent:
 // they close (the error is of closing), and must not be released.
 func Send(refs []*Ref, publish func() error) (bool, error) {
-	for _, r := range refs {
-		if r.ticket == nil {
-			r.unrecord()
-			continue
+	return SendWaiting(refs, func(send func(), _ func() error) error {
+		send()
+		return publish()
+	})
+}
+
+// Note [counts that wait]: a count leaves the ledger when its ticket is
+// armed, just before the message that holds it is put (Send). A put that
+// then waits for room, or for the queue's lock, held the count in neither
+// the ledger nor a message for as long as it waited: a sender killed
+// meanwhile lost it for as long as its pool's owner lived. So a put that
+// may wait hands the counts over with SendWaiting: it arms them (send)
+// right before each try, takes them back (unsend: the tickets disarmed,
+// the entries recorded again) before each wait, and looks whether the
+// record would find room before it arms them at all (package queue's
+// Handing), so that a full queue is waited for with every count in the
+// ledger. What no entry covers is the few instructions of one try.
+
+// SendWaiting is Send for a publish that may wait: publish calls send
+// before each attempt to make the message public and unsend before each
+// wait between attempts (an error from unsend ends the publish with it: a
+// ticket taken meanwhile, by a forged record, took its count with it).
+// What is sent when publish returns an error is taken back as Send does.
+func SendWaiting(refs []*Ref, publish func(send func(), unsend func() error) error) (bool, error) {
+	armed := false
+	send := func() {
+		for _, r := range refs {
+			if r.ticket == nil {
+				r.unrecord()
+				continue
+			}
+			// From now on, its receiver may take it: the entry dropped and
+			// the ticket armed in one call into the plane (pool.Ticket.Send).
+			r.ticket.Send(r.led.Plane(), r.entry)
+			r.led, r.entry = nil, shm.NoEntry
 		}
-		// From now on, its receiver may take it: the entry dropped and the
-		// ticket armed in one call into the plane (pool.Ticket.Send).
-		r.ticket.Send(r.led.Plane(), r.entry)
-		r.led, r.entry = nil, shm.NoEntry
+		armed = true
 	}
-	if err := publish(); err != nil {
+	unsend := func() error {
+		armed = false
 		var errs []error
 		for _, r := range refs {
 			if r.ticket != nil {
-				if derr := r.ticket.Disarm(); derr != nil {
-					// Taken though publish failed: the count went with it.
-					errs = append(errs, derr)
+				if err := r.ticket.Disarm(); err != nil {
+					// Taken though not published: the count went with it.
+					errs = append(errs, err)
 					continue
 				}
 			}
 			recorded(r)
 		}
-		return false, errors.Join(append([]error{err}, errs...)...)
+		return errors.Join(errs...)
+	}
+	if err := publish(send, unsend); err != nil {
+		if armed {
+			err = errors.Join(err, unsend())
+		}
+		return false, err
 	}
 	var errs []error
 	for _, r := range refs {

@@ -63,16 +63,29 @@ func Check(rec *message.Record) error {
 // when it was not, the refs are the caller's still, to keep or release. A
 // ref given for two descriptors is a bad argument (unix.EINVAL).
 func Put(q *queue.Queue, rec *message.Record, refs []*buffer.Ref, deadline time.Time) (bool, error) {
-	return send(rec, refs, func() error { return q.Put(rec, deadline) })
+	return send(rec, refs, func(h *queue.Handing) error {
+		if h == nil {
+			return q.Put(rec, deadline)
+		}
+		return q.PutHanding(rec, deadline, *h)
+	})
 }
 
 // PutContext is Put, waiting for room until ctx is done (as
 // queue.PutContext).
 func PutContext(ctx context.Context, q *queue.Queue, rec *message.Record, refs []*buffer.Ref) (bool, error) {
-	return send(rec, refs, func() error { return q.PutContext(ctx, rec) })
+	return send(rec, refs, func(h *queue.Handing) error {
+		if h == nil {
+			return q.PutContext(ctx, rec)
+		}
+		return q.PutHandingContext(ctx, rec, *h)
+	})
 }
 
-func send(rec *message.Record, refs []*buffer.Ref, put func() error) (bool, error) {
+// send puts rec with put, which hands the counts of refs over as h says
+// (nil: the record carries none), so that they are in the ledger while the
+// put waits (package buffer, Note [counts that wait]).
+func send(rec *message.Record, refs []*buffer.Ref, put func(h *queue.Handing) error) (bool, error) {
 	if len(refs) != len(rec.Descriptors) {
 		return false, fmt.Errorf("a record of %d descriptors with %d counts: %w", len(rec.Descriptors), len(refs), unix.EINVAL)
 	}
@@ -85,10 +98,12 @@ func send(rec *message.Record, refs []*buffer.Ref, put func() error) (bool, erro
 		return false, fmt.Errorf("descriptors %d and %d of a record carry the same count: %w", i, j, unix.EINVAL)
 	}
 	if len(refs) == 0 { // no count changes hands
-		err := put()
+		err := put(nil)
 		return err == nil, err
 	}
-	return buffer.Send(refs, put)
+	return buffer.SendWaiting(refs, func(sendCounts func(), unsend func() error) error {
+		return put(&queue.Handing{Send: sendCounts, Unsend: unsend})
+	})
 }
 
 // repeated reports whether a ref appears twice in refs, and where.

@@ -193,6 +193,12 @@ func (q *Queue) Put(recs []Record, flags int, out *Out) int {
 	return int(C.zp_put((*C.zp_queue)(q), &cr[0], C.int32_t(len(cr)), C.int32_t(flags), out))
 }
 
+// Room runs zp_room: OK when a record of size bytes would find room now,
+// Wait (with Seen(out) to sleep on) when not.
+func (q *Queue) Room(size uint32, out *Out) int {
+	return int(C.zp_room((*C.zp_queue)(q), C.uint32_t(size), out))
+}
+
 // first returns the address of b's first byte, or nil.
 func first(b []byte) unsafe.Pointer {
 	if len(b) == 0 {

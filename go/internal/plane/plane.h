@@ -122,6 +122,13 @@ enum {
  * many of the others as fit, committed with one store. */
 ZP_API int zp_put(const zp_queue *q, const zp_record *recs, int32_t n, int32_t flags, zp_out *out);
 
+/* Whether a record of size bytes would find room now: a look without the
+ * put lock, which another put may race (ZP_OK; ZP_WAIT with out->seen the
+ * space word read before the look, to sleep on; ZP_FAULT). A sender whose
+ * record hands counts over looks first, so that it arms its tickets only
+ * for a put likely to land (package buffer, Note [counts that wait]). */
+ZP_API int zp_room(const zp_queue *q, uint32_t size, zp_out *out);
+
 /* zp_put of one record, given by its parts (for Go, which may pass its
  * pointers as arguments but not inside a zp_record). */
 ZP_API int zp_put1(const zp_queue *q, const void *prefix, uint32_t prefix_len, const void *payload,

@@ -803,6 +803,20 @@ int zp_put(const zp_queue *q, const zp_record *recs, int32_t n, int32_t flags, z
     GUARDED(out, put(q, recs, n, flags, out, &(held){&g.held[0], &g.held[1]}));
 }
 
+static int room_look(const zp_queue *q, uint32_t size, zp_out *out) {
+    out->seen = ld32(u32(q, ZP_OFF_SPACE_SEQ));
+    uint64_t t = ld64(u64(q, ZP_OFF_TAIL)), h = ld64(u64(q, ZP_OFF_HEAD));
+    uint32_t puts = count_of(t), tail = pos_of(t), gets = count_of(h), head = pos_of(h);
+    if (!sound(q, head, tail)) {
+        return ZP_OK; // the put says what is wrong
+    }
+    uint32_t at;
+    skip_to(q, tail, head, puts - gets, size, &at);
+    return room(q, at, head, puts - gets, size) ? ZP_OK : ZP_WAIT;
+}
+
+int zp_room(const zp_queue *q, uint32_t size, zp_out *out) { GUARDED(out, room_look(q, size, out)); }
+
 int zp_put1(const zp_queue *q, const void *prefix, uint32_t prefix_len, const void *payload, uint64_t payload_len,
             uint32_t size, int32_t flags, zp_out *out) {
     zp_record rec = {prefix, payload, payload_len, prefix_len, size};

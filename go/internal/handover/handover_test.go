@@ -11,9 +11,12 @@ import (
 	"github.com/zctipc/zctipc/go/internal/buffer"
 	"github.com/zctipc/zctipc/go/internal/dtype"
 	"github.com/zctipc/zctipc/go/internal/handover"
+	"github.com/zctipc/zctipc/go/internal/header"
+	"github.com/zctipc/zctipc/go/internal/ledger"
 	"github.com/zctipc/zctipc/go/internal/message"
 	"github.com/zctipc/zctipc/go/internal/pool"
 	"github.com/zctipc/zctipc/go/internal/queue"
+	"github.com/zctipc/zctipc/go/internal/shm"
 	"golang.org/x/sys/unix"
 )
 
@@ -372,5 +375,56 @@ func TestConcurrentPutsAndTakes(t *testing.T) {
 	for err := range errs {
 		require.NoError(t, err)
 	}
+	require.EqualValues(t, 0, p.Stats().SlotsInUse)
+}
+
+// A put that waits for room keeps the counts it sends in the ledger while
+// it waits (package buffer, Note [counts that wait]): a sender killed then
+// has them given up for it. Once room comes, the put goes, the message
+// holds the count, and the ledger no longer does.
+func TestAPutThatWaitsKeepsItsCountsInTheLedger(t *testing.T) {
+	led, err := ledger.Enable()
+	require.NoError(t, err)
+	defer func() { require.NoError(t, led.Close()) }()
+	m, err := shm.Map(led.Name(), header.KindLedger)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, m.Unmap()) }()
+	p := mustPool(t)
+	q := mustQueue(t, 4096, 1)
+	bytesRecord(t, q, "full")
+	rec, r := tensor(t, p, 7)
+	d := rec.Descriptors[0]
+	holds := func() bool {
+		for _, e := range ledger.Entries(m.Data()) {
+			if e.State == ledger.Slot && e.Name == d.Name && e.Index == d.Slot && e.Gen == d.Generation {
+				return true
+			}
+		}
+		return false
+	}
+	require.True(t, holds(), "a count not yet sent is in the ledger")
+	done := make(chan error, 1)
+	go func() {
+		_, err := handover.Put(q, rec, []*buffer.Ref{r}, time.Time{})
+		done <- err
+	}()
+	for range 20 { // it waits for room, looked at again and again
+		time.Sleep(5 * time.Millisecond)
+		require.True(t, holds(), "the count a waiting put sends left the ledger")
+		select {
+		case err := <-done:
+			t.Fatalf("the put into a full queue returned: %v", err)
+		default:
+		}
+	}
+	require.Equal(t, 1, qlen(t, q))
+	getRaw(t, q, 0) // the "full" message: room comes
+	require.NoError(t, <-done)
+	require.False(t, holds(), "a count the message holds is still in the ledger")
+	msg := take(t, q)
+	require.NoError(t, msg.Adopt())
+	require.True(t, holds(), "the taker's count is in its ledger")
+	require.NoError(t, msg.Release())
+	require.False(t, holds())
 	require.EqualValues(t, 0, p.Stats().SlotsInUse)
 }

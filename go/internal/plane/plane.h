@@ -126,7 +126,9 @@ ZP_API int zp_put(const zp_queue *q, const zp_record *recs, int32_t n, int32_t f
  * put lock, which another put may race (ZP_OK; ZP_WAIT with out->seen the
  * space word read before the look, to sleep on; ZP_FAULT). A sender whose
  * record hands counts over looks first, so that it arms its tickets only
- * for a put likely to land (package buffer, Note [counts that wait]). */
+ * for a put likely to land (package buffer, Note [counts that wait]). Where
+ * the put would catch up (ZP_CATCH_UP: pages a killed consumer left behind
+ * head) it says ZP_OK, since no get is left to wake a sleeper for them. */
 ZP_API int zp_room(const zp_queue *q, uint32_t size, zp_out *out);
 
 /* zp_put of one record, given by its parts (for Go, which may pass its

@@ -435,6 +435,14 @@ static int sound(const zp_queue *q, uint32_t head, uint32_t tail) {
     return head % 8 == 0 && tail % 8 == 0 && tail - head <= q->capacity;
 }
 
+// may_catch_up says whether a put that found no room may find some once it
+// catches up (zp_catch_up): given_back behind head's chunk, as a consumer
+// killed before its give_back leaves it.
+static int may_catch_up(const zp_queue *q, uint32_t head, uint32_t tail) {
+    return q->sparse &&
+           !(ld32(u32(q, ZP_OFF_GIVEN_BACK)) == (head & ~(ZP_CHUNK - 1)) && (head == tail || !skip_at(q, head)));
+}
+
 static int room(const zp_queue *q, uint32_t tail, uint32_t head, uint32_t items, uint32_t size) {
     if (q->sparse && !in_window(q, tail, size)) {
         head = ld32(u32(q, ZP_OFF_GIVEN_BACK));
@@ -524,8 +532,7 @@ static int put(const zp_queue *q, const zp_record *recs, int32_t n, int32_t flag
         // Pages a killed consumer left may be given back (zp_catch_up):
         // only when some may be is the put lock kept for it, and only for
         // a caller that catches up (not ZP_LET_GO).
-        if (q->sparse && !(ld32(u32(q, ZP_OFF_GIVEN_BACK)) == (head & ~(ZP_CHUNK - 1)) &&
-                           (head == tail || !skip_at(q, head)))) {
+        if (may_catch_up(q, head, tail)) {
             if (flags & ZP_LET_GO) {
                 let_go(locks->put);
             }
@@ -812,7 +819,17 @@ static int room_look(const zp_queue *q, uint32_t size, zp_out *out) {
     }
     uint32_t at;
     skip_to(q, tail, head, puts - gets, size, &at);
-    return room(q, at, head, puts - gets, size) ? ZP_OK : ZP_WAIT;
+    if (room(q, at, head, puts - gets, size)) {
+        return ZP_OK;
+    }
+    // Pages a consumer killed before its give_back left behind head: the
+    // put catches up (ZP_CATCH_UP) and may find room then. No consumer is
+    // left to wake a sleeper for them, so the look says "try" as the put
+    // would, not "wait".
+    if (may_catch_up(q, head, tail)) {
+        return ZP_OK;
+    }
+    return ZP_WAIT;
 }
 
 int zp_room(const zp_queue *q, uint32_t size, zp_out *out) { GUARDED(out, room_look(q, size, out)); }

@@ -32,6 +32,7 @@ type Ref struct {
 	led    *ledger.Ledger // where the count is recorded, or nil
 	entry  int            // its record there, or shm.NoEntry
 	ticket *pool.Ticket   // the ticket of the count's descriptor, once described
+	taken  bool           // its count went with its ticket, taken though not sent
 }
 
 // ErrTaken is returned when a descriptor's count was already taken (see
@@ -126,6 +127,9 @@ func (r *Ref) Holders() (int64, error) {
 // Release gives up the ref's count (and the ticket of its descriptions,
 // which were not sent).
 func (r *Ref) Release() error {
+	if r.taken {
+		return nil // the count and its ticket are the taker's (SendWaiting)
+	}
 	var terr error
 	if r.ticket != nil {
 		terr = r.ticket.Cancel()
@@ -160,6 +164,9 @@ func (r *Ref) Release() error {
 // holds: only Send arms the ticket.
 func (r *Ref) Describe(offset uint64, dt dtype.DType, shape, strides []int64, flags uint8) (message.Descriptor, error) {
 	d := message.Descriptor{Kind: r.Kind(), Flags: flags, DType: dt, Shape: shape, Strides: strides, Offset: offset}
+	if r.taken {
+		return d, fmt.Errorf("a ref whose count was taken: %w", ErrTaken)
+	}
 	if err := dt.Check(); err != nil {
 		return d, fmt.Errorf("an array: %w", err)
 	}
@@ -230,6 +237,8 @@ func Send(refs []*Ref, publish func() error) (bool, error) {
 // wait between attempts (an error from unsend ends the publish with it: a
 // ticket taken meanwhile, by a forged record, took its count with it).
 // What is sent when publish returns an error is taken back as Send does.
+// A ref whose ticket was taken meanwhile is spent: its Release gives up
+// nothing, and it describes nothing more (ErrTaken).
 func SendWaiting(refs []*Ref, publish func(send func(), unsend func() error) error) (bool, error) {
 	armed := false
 	send := func() {
@@ -251,8 +260,14 @@ func SendWaiting(refs []*Ref, publish func(send func(), unsend func() error) err
 		for _, r := range refs {
 			if r.ticket != nil {
 				if err := r.ticket.Disarm(); err != nil {
-					// Taken though not published: the count went with it.
+					// Taken though not published: the count went with it,
+					// and the ticket's slot too. The caller, whose put did
+					// not send, releases the ref: that gives up nothing.
 					errs = append(errs, err)
+					r.ticket, r.taken = nil, true
+					if r.seg != nil {
+						errs = append(errs, r.seg.Close())
+					}
 					continue
 				}
 			}

@@ -14,10 +14,13 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/zctipc/zctipc/go/internal/buffer"
 	"github.com/zctipc/zctipc/go/internal/handover"
+	"github.com/zctipc/zctipc/go/internal/header"
+	"github.com/zctipc/zctipc/go/internal/ledger"
 	"github.com/zctipc/zctipc/go/internal/lock"
 	"github.com/zctipc/zctipc/go/internal/message"
 	"github.com/zctipc/zctipc/go/internal/pool"
 	"github.com/zctipc/zctipc/go/internal/queue"
+	"github.com/zctipc/zctipc/go/internal/shm"
 )
 
 // replayed returns descriptor d as a receiver of a forged record reads it:
@@ -111,5 +114,53 @@ func TestATakeInATrysWindowIsReportedAndNotGivenUpTwice(t *testing.T) {
 	require.EqualValues(t, 1, n, "the caller's release gave up the count the forger holds")
 	require.EqualValues(t, 1, p.Stats().SlotsInUse)
 	require.NoError(t, forger.Release())
+	require.EqualValues(t, 0, p.Stats().SlotsInUse)
+}
+
+// A queue closed while a put of a hand-off waits for room: the put returns
+// ErrClosed and sends nothing, the count stays the caller's and in its
+// ledger all the while, and its release leaves no slot in use.
+func TestAQueueClosedWhileAPutWaitsLeavesTheCountsTheCallers(t *testing.T) {
+	led, err := ledger.Enable()
+	require.NoError(t, err)
+	defer func() { require.NoError(t, led.Close()) }()
+	m, err := shm.Map(led.Name(), header.KindLedger)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, m.Unmap()) }()
+	p := mustPool(t)
+	q, err := queue.Create("", 4096, 1)
+	require.NoError(t, err)
+	bytesRecord(t, q, "full")
+	rec, r := tensor(t, p, 9)
+	d := rec.Descriptors[0]
+	holds := func() bool {
+		for _, e := range ledger.Entries(m.Data()) {
+			if e.State == ledger.Slot && e.Name == d.Name && e.Index == d.Slot && e.Gen == d.Generation {
+				return true
+			}
+		}
+		return false
+	}
+	type result struct {
+		sent bool
+		err  error
+	}
+	done := make(chan result, 1)
+	go func() {
+		sent, err := handover.Put(q, rec, []*buffer.Ref{r}, time.Time{})
+		done <- result{sent, err}
+	}()
+	time.Sleep(10 * time.Millisecond) // let it wait (not asserted)
+	require.True(t, holds(), "the count a waiting put sends left the ledger")
+	require.NoError(t, q.Close())
+	res := <-done
+	require.False(t, res.sent)
+	require.ErrorIs(t, res.err, queue.ErrClosed)
+	require.True(t, holds(), "the count of a put that did not send is not in the ledger")
+	forged := replayed(t, d)
+	_, _, err = buffer.Adopt(&forged)
+	require.ErrorIs(t, err, pool.ErrTaken, "the ticket of a put that did not send is armed")
+	require.NoError(t, r.Release())
+	require.False(t, holds())
 	require.EqualValues(t, 0, p.Stats().SlotsInUse)
 }

@@ -378,30 +378,41 @@ func TestConcurrentPutsAndTakes(t *testing.T) {
 	require.EqualValues(t, 0, p.Stats().SlotsInUse)
 }
 
+// withLedger gives the test process a ledger until the test ends, and
+// returns what says whether it records the count of a slot's descriptor.
+func withLedger(t *testing.T) func(d message.Descriptor) func() bool {
+	t.Helper()
+	led, err := ledger.Enable()
+	require.NoError(t, err)
+	m, err := shm.Map(led.Name(), header.KindLedger)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		require.NoError(t, m.Unmap())
+		require.NoError(t, led.Close())
+	})
+	return func(d message.Descriptor) func() bool {
+		return func() bool {
+			for _, e := range ledger.Entries(m.Data()) {
+				if e.State == ledger.Slot && e.Name == d.Name && e.Index == d.Slot && e.Gen == d.Generation {
+					return true
+				}
+			}
+			return false
+		}
+	}
+}
+
 // A put that waits for room keeps the counts it sends in the ledger while
 // it waits (package buffer, Note [counts that wait]): a sender killed then
 // has them given up for it. Once room comes, the put goes, the message
 // holds the count, and the ledger no longer does.
 func TestAPutThatWaitsKeepsItsCountsInTheLedger(t *testing.T) {
-	led, err := ledger.Enable()
-	require.NoError(t, err)
-	defer func() { require.NoError(t, led.Close()) }()
-	m, err := shm.Map(led.Name(), header.KindLedger)
-	require.NoError(t, err)
-	defer func() { require.NoError(t, m.Unmap()) }()
+	ledgerOn := withLedger(t)
 	p := mustPool(t)
 	q := mustQueue(t, 4096, 1)
 	bytesRecord(t, q, "full")
 	rec, r := tensor(t, p, 7)
-	d := rec.Descriptors[0]
-	holds := func() bool {
-		for _, e := range ledger.Entries(m.Data()) {
-			if e.State == ledger.Slot && e.Name == d.Name && e.Index == d.Slot && e.Gen == d.Generation {
-				return true
-			}
-		}
-		return false
-	}
+	holds := ledgerOn(rec.Descriptors[0])
 	require.True(t, holds(), "a count not yet sent is in the ledger")
 	done := make(chan error, 1)
 	go func() {

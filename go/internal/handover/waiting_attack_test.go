@@ -14,13 +14,10 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/zctipc/zctipc/go/internal/buffer"
 	"github.com/zctipc/zctipc/go/internal/handover"
-	"github.com/zctipc/zctipc/go/internal/header"
-	"github.com/zctipc/zctipc/go/internal/ledger"
 	"github.com/zctipc/zctipc/go/internal/lock"
 	"github.com/zctipc/zctipc/go/internal/message"
 	"github.com/zctipc/zctipc/go/internal/pool"
 	"github.com/zctipc/zctipc/go/internal/queue"
-	"github.com/zctipc/zctipc/go/internal/shm"
 )
 
 // replayed returns descriptor d as a receiver of a forged record reads it:
@@ -121,26 +118,14 @@ func TestATakeInATrysWindowIsReportedAndNotGivenUpTwice(t *testing.T) {
 // ErrClosed and sends nothing, the count stays the caller's and in its
 // ledger all the while, and its release leaves no slot in use.
 func TestAQueueClosedWhileAPutWaitsLeavesTheCountsTheCallers(t *testing.T) {
-	led, err := ledger.Enable()
-	require.NoError(t, err)
-	defer func() { require.NoError(t, led.Close()) }()
-	m, err := shm.Map(led.Name(), header.KindLedger)
-	require.NoError(t, err)
-	defer func() { require.NoError(t, m.Unmap()) }()
+	ledgerOn := withLedger(t)
 	p := mustPool(t)
 	q, err := queue.Create("", 4096, 1)
 	require.NoError(t, err)
 	bytesRecord(t, q, "full")
 	rec, r := tensor(t, p, 9)
 	d := rec.Descriptors[0]
-	holds := func() bool {
-		for _, e := range ledger.Entries(m.Data()) {
-			if e.State == ledger.Slot && e.Name == d.Name && e.Index == d.Slot && e.Gen == d.Generation {
-				return true
-			}
-		}
-		return false
-	}
+	holds := ledgerOn(d)
 	type result struct {
 		sent bool
 		err  error

@@ -22,6 +22,7 @@
 #include <signal.h>
 #include <sys/wait.h>
 #include <time.h>
+#include "child.h"
 #include "mapped.h"
 
 static int64_t now_ms(void) {
@@ -204,28 +205,6 @@ static int child(const char *mode) {
         return 0;
     }
     return 2;
-}
-
-static void run_child(const char *self, const char *mode, int want_signal) {
-    pid_t pid = fork();
-    CHECK(pid >= 0);
-    if (pid == 0) {
-        execl(self, self, mode, (char *)NULL);
-        _exit(127);
-    }
-    int status;
-    CHECK(waitpid(pid, &status, 0) == pid);
-    if (want_signal) {
-        if (!(WIFSIGNALED(status) && WTERMSIG(status) == want_signal)) {
-            fprintf(stderr, "child %s: status %#x\n", mode, status);
-        }
-        CHECK(WIFSIGNALED(status) && WTERMSIG(status) == want_signal);
-    } else {
-        if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
-            fprintf(stderr, "child %s: status %#x\n", mode, status);
-        }
-        CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-    }
 }
 
 /* A child forked without exec, from a thread that armed the guard again

@@ -11,6 +11,7 @@
 #include <setjmp.h>
 #include <signal.h>
 #include <sys/wait.h>
+#include "child.h"
 #include "mapped.h"
 
 static zct_handle queue;
@@ -163,22 +164,6 @@ static int child(const char *mode) {
         return 0;
     }
     return 2;
-}
-
-static void run_child(const char *self, const char *mode, int want_signal) {
-    pid_t pid = fork();
-    CHECK(pid >= 0);
-    if (pid == 0) {
-        execl(self, self, mode, (char *)NULL);
-        _exit(127);
-    }
-    int status;
-    CHECK(waitpid(pid, &status, 0) == pid);
-    if (want_signal) {
-        CHECK(WIFSIGNALED(status) && WTERMSIG(status) == want_signal);
-    } else {
-        CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-    }
 }
 
 int main(int argc, char **argv) {

@@ -7,9 +7,9 @@
 // beside it, so that a drop of an entry no one holds (dropped twice, never
 // recorded, past the reserved ones, or recorded in a ledger this process
 // had before) changes nothing: pushed, it would hand one entry to two
-// recorders, and enough of them would push past the stack's room. An entry is its taker's until it
-// drops it, and is written with plain stores, state last, for the daemon
-// that reads the ledger meanwhile.
+// recorders, and enough of them would push past the stack's room. An
+// entry is its taker's until it drops it, and is written with plain
+// stores, state last, for the daemon that reads the ledger meanwhile.
 //
 // The ledger's file lies in the segment directory under the file_system
 // strategy, where another process of the user may shrink it: every write

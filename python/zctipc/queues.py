@@ -31,6 +31,7 @@ from multiprocessing import context as _mpcontext
 from multiprocessing import queues as _mpqueues
 
 from ._core import args, log, memory, native, pool, wait
+from ._core.segments import SharedTensor
 from ._pipes import Reader, Readiness, Writer
 from ._wire import exports, pickler, records
 from ._wire.records import RECORDS_PER_CALL
@@ -41,6 +42,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Sequence
     from typing import Any, SupportsIndex, TypeAlias
 
+    import torch
     from numpy.typing import NDArray
     from typing_extensions import Self
 
@@ -86,9 +88,6 @@ _wait = wait  # the module, in methods whose parameter is named wait
 _BARE = exports.BARE  # the set, which grows when torch is met
 _SENT: Any = object()  # _bare's answer for an array it sent itself (Any: it stands where a record would)
 
-#: How long a SimpleQueue's put whose message finds no room in /dev/shm
-#: waits on an empty queue, for other queues' readers to give pages back,
-#: before it raises OutOfSharedMemory (seconds).
 # Note [a get's first wait]: a get that blocks without a timeout makes its
 # first call into the library wait there up to wait.BRIEF_MS (spinning,
 # then asleep on the queue's word), as sleep_outside's first call would:
@@ -99,6 +98,9 @@ _SENT: Any = object()  # _bare's answer for an array it sent itself (Any: it sta
 _BRIEF_MS = wait.BRIEF_MS
 _E_INTERRUPTED = native.E_INTERRUPTED
 
+#: How long a SimpleQueue's put whose message finds no room in /dev/shm
+#: waits on an empty queue, for other queues' readers to give pages back,
+#: before it raises OutOfSharedMemory (seconds).
 _ROOM_WAIT = 5.0
 
 #: How many wait slices a SimpleQueue's put that waits for room sleeps
@@ -307,6 +309,8 @@ class Queue:
         memory is full] there): then inline whatever its size; else
         pickled (a dtype or rank a descriptor cannot hold)."""
         if obj.__class__ is not exports.ndarray:
+            if obj.__class__ is not SharedTensor and self._put_tensor(obj):
+                return _SENT  # zctipc memory, by descriptor in one call
             e = exports.export_bare(obj, block, timeout)
             return None if e is None else (b"", [e], _TENSOR)
         small = obj.nbytes <= self._inline
@@ -344,7 +348,7 @@ class Queue:
 
             self._send(call, nbytes, (), block, timeout)
 
-    def _put_array(self, arr: NDArray[Any]) -> bool | None:  # type: ignore[return]  # check() raises for the rest
+    def _put_array(self, arr: NDArray[Any]) -> bool | None:
         """Put a C-contiguous NumPy array that is zctipc memory as a tensor
         record, in one try without waiting: True when it went, False when
         it is not zctipc memory, None when it must take the long way (the
@@ -353,16 +357,28 @@ class Queue:
         if found is None:
             return None
         code, flags, address = found
-        status = native.lib().zct_queue_put_array(
-            self._handle, _TENSOR, address, arr.nbytes, code, arr.ndim, arr.shape, arr.strides, flags, 0
+        return _sent(
+            native.lib().zct_queue_put_array(
+                self._handle, _TENSOR, address, arr.nbytes, code, arr.ndim, arr.shape, arr.strides, flags, 0
+            )
         )
-        if status == 0:
-            return True
-        if status == native.E_NOT_FOUND:
-            return False
-        if status == native.E_FULL:
+
+    def _put_tensor(self, t: torch.Tensor) -> bool | None:
+        """Put a plain torch tensor whose memory is zctipc's as a tensor
+        record, as _put_array puts an array: True when it went, else False
+        or None as _put_array says (None too for a tensor whose memory
+        cannot go as it is), and export_bare takes it the long way. One
+        call into the library, which runs without Go for a pool buffer's
+        (a hand-off's) tensor."""
+        found = exports.tensor_view(t)
+        if found is None:
             return None
-        native.check(status)
+        code, flags, address, extent, shape, strides = found
+        return _sent(
+            native.lib().zct_queue_put_array(
+                self._handle, _TENSOR, address, extent, code, len(shape), shape, strides, flags, 0
+            )
+        )
 
     def put_nowait(self, obj: object) -> None:
         return self.put(obj, False)
@@ -1003,6 +1019,20 @@ _held_for_children: list[int] = []
 # exit: zctipc's own exit function lets go of everything this process
 # holds, from multiprocessing's last finalizer, once its pools are stopped
 # and its children joined (zctipc._core.native._register_exit).
+
+
+def _sent(status: int) -> bool | None:  # type: ignore[return]  # check() raises for the rest
+    """What a put of a tensor record in one try said (zct_queue_put_array's
+    status): True when it went, False when its memory is not zctipc's, None
+    when it must take the long way (the queue is full, or the array is of
+    another layout or dtype); else raise."""
+    if status == 0:
+        return True
+    if status == native.E_NOT_FOUND:
+        return False
+    if status == native.E_FULL:
+        return None
+    native.check(status)
 
 
 def _let_go_of_queue(handle: int, name: str) -> None:

@@ -290,6 +290,35 @@ def test_non_contiguous_tensors(ctx):
     assert (block == -1).all() and c[0, 0] == -1 and c[0, 1] == 1 and c[1, 1] == 7
 
 
+def test_views_of_zctipc_memory_go_bare_as_they_lie(ctx):
+    """Tensors over pool buffers go by descriptor in one call into the
+    library (Queue._put_tensor): transposed, stepped, offset to the
+    buffer's last element, expanded and a block, each arriving over the
+    sender's elements with its own shape and strides."""
+    q, out = ctx.Queue(), ctx.Queue()
+    bases = [zctipc.empty(48, torch.float32).copy_(torch.arange(48.0)) for _ in range(5)]
+    sent = [
+        bases[0].view(6, 8).t(),
+        bases[1][1::5],
+        bases[2][40:],
+        bases[3][47:].expand(3, 4),
+        bases[4].view(6, 8)[2:5, 3:7],
+    ]
+    expected = [[(t.tolist(), tuple(t.shape), t.stride(), 0, str(t.dtype))] for t in sent]
+    p = _run(ctx, _fill_each, q, out, len(sent))
+    for t in sent:
+        q.put(t)
+    for want in expected:
+        assert out.get(timeout=GET) == want
+    assert out.get(timeout=GET) == "filled"
+    _join(p)
+    assert (bases[0] == -1).all(), "the whole transposed tensor was written"
+    for base, t in zip(bases[1:], sent[1:], strict=True):
+        assert (t == -1).all(), "written through what arrived"
+        covered = torch.as_strided(torch.arange(48), t.shape, t.stride(), t.storage_offset()).unique().numel()
+        assert int((base == -1).sum()) == covered, "and nothing else"
+
+
 def test_empty_tensors(ctx):
     q, out = ctx.Queue(), ctx.Queue()
     p = _run(ctx, _fill_each, q, out, 4)

@@ -284,6 +284,24 @@ def contiguous_view(arr: NDArray[Any]) -> tuple[int, int, Any] | None:
     return code, _NUMPY if aflags.writeable else _NUMPY | _READONLY, address
 
 
+def tensor_view(t: torch.Tensor) -> tuple[int, int, Any, int, tuple[int, ...], tuple[int, ...]] | None:
+    """(type code, descriptor flags, address, extent, shape, byte strides)
+    of a plain torch tensor without grad, of some elements, whose memory a
+    descriptor can name as it is (torch_layout); else None. On a
+    hand-off's path, as contiguous_view is for an array: whether the
+    memory is zctipc's is the put's to find."""
+    if t.requires_grad:
+        return None
+    found = torch_layout(t)
+    if not isinstance(found, tuple):
+        return None
+    code, shape, strides = found
+    if len(shape) > _MAX_NDIM or 0 in shape:
+        return None
+    extent = layout.extent(shape, strides, dtypes.ITEMSIZE[code])
+    return code, _TORCH, native.ffi().cast("void *", t.data_ptr()), extent, shape, strides
+
+
 def find_array(arr: NDArray[Any]) -> Export | None:
     """An Export of the NumPy array arr over its own memory, when that is
     zctipc memory (it goes as itself, zero copy); else None, and for an

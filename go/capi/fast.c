@@ -261,25 +261,14 @@ int zct_queue_put(zct_handle h, int32_t type, const void *payload, uint64_t leng
     return zctipc_go_queue_put(h, type, (zct_cvoid *)payload, length, (zct_cview *)views, nviews, timeout_ms);
 }
 
-ZCT_HIDDEN int zct_fast_room(uint64_t h, uint32_t size) {
-    slot *s = acquire(h);
-    if (s == NULL) {
-        return 0;
-    }
-    zp_out out = {0};
-    int r = zp_room(s->q, size, &out);
-    release(s);
-    return r == ZP_OK;
-}
-
-ZCT_HIDDEN int zct_fast_put_prefix(uint64_t h, const uint8_t *prefix, uint32_t prefix_len, uint32_t size) {
+ZCT_HIDDEN int zct_fast_put_prefix(uint64_t h, const uint8_t *prefix, uint32_t prefix_len, uint32_t size,
+                                   const zp_send *sends, int32_t nsends, zp_out *out) {
     slot *s = acquire(h);
     if (s == NULL) {
         return -1;
     }
-    zp_record rec = {prefix, NULL, 0, prefix_len, size};
-    zp_out out = {0};
-    int r = zp_put(s->q, &rec, 1, ZP_LET_GO, &out);
+    zp_record rec = {prefix, NULL, 0, prefix_len, size, sends, nsends};
+    int r = zp_put(s->q, &rec, 1, ZP_LET_GO, out);
     release(s);
     return r;
 }

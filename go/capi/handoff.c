@@ -8,8 +8,9 @@
 // plane as the sequences Go's packages run too (Note [a hand-off's steps in
 // one call] in its pool.c): a count added and recorded (zp_slot_ref), a
 // ticket taken out of an arena (zp_pool_take), a count's entry dropped and
-// its ticket armed (zp_slot_send), a descriptor's checks and its ticket
-// taken (zp_slot_adopt), a count given back (zp_slot_release). Whatever they
+// its ticket armed by the put of its record (zp_send), a descriptor's
+// checks and its ticket taken (zp_slot_adopt), a count given back
+// (zp_slot_release). Whatever they
 // cannot finish here goes to Go, whole: another kind of memory or
 // descriptor, an arena this process has not listed, a full table of refs
 // or queue, a release that unpins an arena's last count.
@@ -421,14 +422,14 @@ static uint64_t nonce(void) {
 // put_array_here sends the array at addr as a tensor record whose one
 // descriptor carries a new count on its pool slot, as Go's
 // zct_queue_put_array does (buffer.Find, Describe, Send): the count taken,
-// a ticket handed out, the record put in one try with the ticket armed
-// just before. Anything it cannot do at once (memory that is no pool slot
-// of an arena listed here, no ticket free, no room in the queue, a bad
-// argument) leaves everything as it was, and Go does it, or says why not.
-// The count is written in the ledger from its add until just before the
-// ticket is armed (buffer.Send's order), so that a process killed between
-// them has it given up by the daemon; a queue found with no room is left
-// to Go before anything is taken.
+// a ticket handed out, the record put in one try, whose put arms the
+// ticket just before the record is visible. Anything it cannot do at once
+// (memory that is no pool slot of an arena listed here, no ticket free, no
+// room in the queue, a bad argument) leaves everything as it was, and Go
+// does it, or says why not. The count is written in the ledger from its
+// add until the put, having found room, arms the ticket (Note [counts that
+// wait] in package buffer), so that a process killed before has it given
+// up by the daemon.
 static int put_array_here(zct_handle h, const void *addr, uint64_t extent, int32_t dtype, int32_t ndim,
                           const int64_t *shape, const int64_t *strides, int32_t flags) {
     // What Go's put checks of the array (describeArray, Describe, the
@@ -451,15 +452,6 @@ static int put_array_here(zct_handle h, const void *addr, uint64_t extent, int32
     uint64_t off;
     int32_t held = zp_arenas_find(addr, extent, &b, &slot, &off);
     if (held < 0) {
-        return 0;
-    }
-    // A queue with no room for the record (its ticket arena's name at
-    // least one byte long) is Go's to wait for, with no count taken here:
-    // so that a sender that keeps finding it full is not killed between
-    // its ticket armed and taken back (package buffer, Note [counts that
-    // wait]).
-    if (!zct_fast_room(h, ZP_RECORD_HEADER + (uint32_t)zp_desc_size((uint64_t)ndim, b.len, 1))) {
-        zp_arenas_release(held);
         return 0;
     }
     // A count for the slot's generation now, recorded in the ledger, in
@@ -514,24 +506,21 @@ static int put_array_here(zct_handle h, const void *addr, uint64_t extent, int32
         memcpy(prefix, &size, 4);
         prefix[4] = ZCT_RECORD_TENSOR;
         prefix[6] = 1; // one descriptor
-        // Armed just before the record is visible (Note [a count is taken
-        // once] in package pool): from then on its taker may take it, and
-        // the message holds the count, which the ledger no longer says.
-        // The entry dropped and the ticket armed in one step of the plane
-        // (zp_slot_send), as buffer.Send does.
-        int armed = zp_slot_send(l, entry, t.arena, tslot, d.nonce, &out) == ZP_OK;
-        entry = -1;
-        if (armed) {
-            sent = zct_fast_put_prefix(h, prefix, size, size) == ZP_OK;
-            if (!sent && zp_ticket_take(t.arena, tslot, d.nonce, &out) != ZP_OK) {
-                // Taken though not put: only a forged record could; the
-                // count went with it.
-                zp_arenas_release(theld);
-                zp_arenas_release(held);
-                static const char msg[] = "descriptor was already taken: its count belongs to whoever received it first";
-                zct_set_last_error(msg, sizeof msg - 1, 0);
-                return ZCT_E_TAKEN;
-            }
+        // The entry dropped and the ticket armed by the put itself, once
+        // it found room and before the record is visible (zp_send; Note [a
+        // count is taken once] in package pool), as Go's put does: a put
+        // that does not go in sent nothing, and the count is in the ledger
+        // still, for the give-back below or Go's put that waits.
+        zp_send send = {.t = *t.arena, .l = l, .nonce = d.nonce, .entry = entry, .tslot = tslot};
+        int r = zct_fast_put_prefix(h, prefix, size, size, &send, 1, &out);
+        sent = r == ZP_OK;
+        if (r == ZP_FAULT && out.what == ZP_IN_SENDS) {
+            // Faulted in the send (the ticket arena's file shrunk under
+            // it): the count may have left the ledger, and its ticket may
+            // be armed; it is lost rather than given up twice.
+            zp_arenas_release(theld);
+            zp_arenas_release(held);
+            return zct_faulted();
         }
     }
     if (!sent) {

@@ -34,12 +34,13 @@ ZCT_HIDDEN int64_t zct_fast_adopt(uint8_t *rec, uint32_t size, zct_view *views, 
 ZCT_HIDDEN int zct_light_ref_claim(uint64_t h, void **arena, uint32_t *slot, uint32_t *gen, int32_t *entry);
 ZCT_HIDDEN uint64_t zct_light_ref_any(void);
 // fast.c: put one record of prefix_len bytes and no payload (size: rounded
-// up to 8), in one try, into queue h: a zp_put result, or -1 when h is not
-// in fast.c's table.
-/* Whether queue h would take a record of size bytes now (a look without
- * its lock, package plane's zp_room): 1, or 0 (none, or no such queue). */
-ZCT_HIDDEN int zct_fast_room(uint64_t h, uint32_t size);
-ZCT_HIDDEN int zct_fast_put_prefix(uint64_t h, const uint8_t *prefix, uint32_t prefix_len, uint32_t size);
+// up to 8), which hands over the counts of sends[0..nsends) (zp_send: run
+// by the put once it found room, and only then), in one try, into queue h:
+// a zp_put result (with out), or -1 when h is not in fast.c's table.
+struct zp_send;
+struct zp_out;
+ZCT_HIDDEN int zct_fast_put_prefix(uint64_t h, const uint8_t *prefix, uint32_t prefix_len, uint32_t size,
+                                   const struct zp_send *sends, int32_t nsends, struct zp_out *out);
 
 // Const-qualified spellings, so that the prototypes cgo generates for the
 // exports match the hand-written ones in zctipc.h exactly.

@@ -32,7 +32,7 @@ type Ref struct {
 	led    *ledger.Ledger // where the count is recorded, or nil
 	entry  int            // its record there, or shm.NoEntry
 	ticket *pool.Ticket   // the ticket of the count's descriptor, once described
-	taken  bool           // its count went with its ticket, taken though not sent
+	taken  bool           // its count went elsewhere: its ticket taken though not sent, or lost (Lost)
 }
 
 // ErrTaken is returned when a descriptor's count was already taken (see
@@ -128,7 +128,7 @@ func (r *Ref) Holders() (int64, error) {
 // which were not sent).
 func (r *Ref) Release() error {
 	if r.taken {
-		return nil // the count and its ticket are the taker's (SendWaiting)
+		return nil // the count and its ticket are the taker's, or lost (unsend, Lost)
 	}
 	var terr error
 	if r.ticket != nil {
@@ -204,91 +204,124 @@ func (r *Ref) Describe(offset uint64, dt dtype.DType, shape, strides []int64, fl
 }
 
 // Send hands the counts of refs over to a message that publish makes
-// public (a queue put, descriptor bytes written for another process): the
-// one protocol of a count on its way out.
+// public at once, without waiting (descriptor bytes written for another
+// process); a queue put hands them over with the put itself (Sends).
 //
-// The ledger's record of each count is cleared just before publish, since
-// from then on the message holds it (a process killed after publish must
-// not have it given up for it). When publish fails, the counts are recorded
-// again and stay the refs', which the caller still releases, and Send
-// returns false with publish's error. When it succeeds, the refs are spent:
-// they close (the error is of closing), and must not be released.
+// The ledger's record of each count is cleared and its ticket armed just
+// before publish, since from then on the message holds it (a process
+// killed after publish must not have it given up for it). When publish
+// fails, the counts are recorded again and stay the refs', which the
+// caller still releases, and Send returns false with publish's error. When
+// it succeeds, the refs are spent: they close (the error is of closing),
+// and must not be released.
 func Send(refs []*Ref, publish func() error) (bool, error) {
-	return SendWaiting(refs, func(send func(), _ func() error) error {
-		send()
-		return publish()
-	})
+	for _, r := range refs {
+		if r.ticket == nil {
+			r.unrecord()
+			continue
+		}
+		// From now on, its receiver may take it: the entry dropped and
+		// the ticket armed in one call into the plane (pool.Ticket.Send).
+		r.ticket.Send(r.led.Plane(), r.entry)
+		r.led, r.entry = nil, shm.NoEntry
+	}
+	if err := publish(); err != nil {
+		return false, errors.Join(err, unsend(refs))
+	}
+	return true, Sent(refs)
+}
+
+// unsend takes back the counts Send sent for a publish that failed: the
+// tickets disarmed, the entries recorded again. A ticket taken meanwhile
+// (by a receiver of bytes forged with its descriptor, in the window before
+// publish) took its count with it: its ref is spent, its Release gives up
+// nothing and it describes nothing more (ErrTaken).
+func unsend(refs []*Ref) error {
+	var errs []error
+	for _, r := range refs {
+		if r.ticket != nil {
+			if err := r.ticket.Disarm(); err != nil {
+				errs = append(errs, err, r.lose())
+				continue
+			}
+		}
+		recorded(r)
+	}
+	return errors.Join(errs...)
+}
+
+// lose marks r spent with its count gone elsewhere (taken, or lost): its
+// ticket and its count are no longer its own to give up.
+func (r *Ref) lose() error {
+	r.ticket, r.taken = nil, true
+	r.led, r.entry = nil, shm.NoEntry
+	if r.seg != nil {
+		return r.seg.Close()
+	}
+	return nil
 }
 
 // Note [counts that wait]: a count leaves the ledger when its ticket is
-// armed, just before the message that holds it is put (Send). A put that
-// then waits for room, or for the queue's lock, held the count in neither
-// the ledger nor a message for as long as it waited: a sender killed
-// meanwhile lost it for as long as its pool's owner lived. So a put that
-// may wait hands the counts over with SendWaiting: it arms them (send)
-// right before each try, takes them back (unsend: the tickets disarmed,
-// the entries recorded again) before each wait, and looks whether the
-// record would find room before it arms them at all (package queue's
-// Handing), so that a full queue is waited for with every count in the
-// ledger. What no entry covers is the few instructions of one try.
+// armed, and a put that waits (for room, or for the queue's lock) must not
+// hold it outside the ledger meanwhile, or a sender killed then loses it
+// for as long as its pool's owner lives. So a queue put does not arm the
+// tickets itself: it gives the plane's put step the sends of its counts
+// (Sends: each count's ledger entry and ticket), which the step runs once
+// it has found room and written the record, just before the store that
+// makes the record visible. A put that waits or fails has run none: every
+// count is in the ledger, its ticket unarmed, and nothing can take it. The
+// only window left is the few instructions between the arm and that store,
+// inside the step. The C ABI's put (handoff.c) gives the same step its
+// send.
 
-// SendWaiting is Send for a publish that may wait: publish calls send
-// before each attempt to make the message public and unsend before each
-// wait between attempts (an error from unsend ends the publish with it: a
-// ticket taken meanwhile, by a forged record, took its count with it).
-// What is sent when publish returns an error is taken back as Send does.
-// A ref whose ticket was taken meanwhile is spent: its Release gives up
-// nothing, and it describes nothing more (ErrTaken).
-func SendWaiting(refs []*Ref, publish func(send func(), unsend func() error) error) (bool, error) {
-	armed := false
-	send := func() {
-		for _, r := range refs {
-			if r.ticket == nil {
-				r.unrecord()
-				continue
-			}
-			// From now on, its receiver may take it: the entry dropped and
-			// the ticket armed in one call into the plane (pool.Ticket.Send).
-			r.ticket.Send(r.led.Plane(), r.entry)
-			r.led, r.entry = nil, shm.NoEntry
+// Sends returns the sends of the counts of refs (plane.Send), for a put
+// step that runs them once its record finds room, and only then (Note
+// [counts that wait]). After a put that put the record, Sent; after one
+// that did not, the refs are the caller's still, untouched; after one that
+// faulted in its sends (plane.InSends), Lost.
+func Sends(refs []*Ref) []plane.Send {
+	sends := make([]plane.Send, len(refs))
+	for i, r := range refs {
+		entry := r.entry
+		if r.led == nil {
+			entry = shm.NoEntry
 		}
-		armed = true
-	}
-	unsend := func() error {
-		armed = false
-		var errs []error
-		for _, r := range refs {
-			if r.ticket != nil {
-				if err := r.ticket.Disarm(); err != nil {
-					// Taken though not published: the count went with it,
-					// and the ticket's slot too. The caller, whose put did
-					// not send, releases the ref: that gives up nothing.
-					errs = append(errs, err)
-					r.ticket, r.taken = nil, true
-					if r.seg != nil {
-						errs = append(errs, r.seg.Close())
-					}
-					continue
-				}
-			}
-			recorded(r)
+		if r.ticket == nil {
+			sends[i] = plane.NewSend(r.led.Plane(), entry, nil, 0, 0)
+			continue
 		}
-		return errors.Join(errs...)
+		sends[i] = r.ticket.Sending(r.led.Plane(), entry)
 	}
-	if err := publish(send, unsend); err != nil {
-		if armed {
-			err = errors.Join(err, unsend())
-		}
-		return false, err
-	}
+	return sends
+}
+
+// Sent marks refs as sent, by a put that ran their sends (Sends) or by
+// Send: their counts are the message's, and its receiver takes them. The
+// refs are spent: they close (the error is of closing), and must not be
+// released.
+func Sent(refs []*Ref) error {
 	var errs []error
 	for _, r := range refs {
 		r.ticket = nil // the message's now: its receiver takes it
+		r.led, r.entry = nil, shm.NoEntry
 		if r.seg != nil {
 			errs = append(errs, r.seg.Close())
 		}
 	}
-	return true, errors.Join(errs...)
+	return errors.Join(errs...)
+}
+
+// Lost marks refs whose sends a put faulted in (plane.InSends: a ticket
+// arena's file shrunk under it): their counts may have left the ledger and
+// their tickets may be armed, so they are lost rather than given up twice.
+// The refs are spent: Release gives up nothing, and they describe nothing
+// more (ErrTaken).
+func Lost(refs []*Ref) error {
+	var errs []error
+	for _, r := range refs {
+		errs = append(errs, r.lose())
+	}
+	return errors.Join(errs...)
 }
 
 // Adopt turns a received descriptor into a Ref that owns the count it

@@ -10,9 +10,9 @@
 //     not fit, an inline array whose bytes are not its shape's) is a bad
 //     argument, unix.EINVAL, never message.ErrMalformed, which names bytes
 //     a get read (Check);
-//   - a put hands over the count of each ref with the record (buffer.Send):
-//     on success the refs are spent, on failure they are the caller's, who
-//     keeps or releases them (Put);
+//   - a put hands over the count of each ref with the record, in the put
+//     step itself (buffer.Sends): on success the refs are spent, on
+//     failure they are the caller's, who keeps or releases them (Put);
 //   - an inline array is copied from the sender's memory straight into the
 //     ring, header, shape and elements, with no payload of its own between
 //     (Inline);
@@ -43,6 +43,7 @@ import (
 	"github.com/zctipc/zctipc/go/internal/dtype"
 	"github.com/zctipc/zctipc/go/internal/header"
 	"github.com/zctipc/zctipc/go/internal/message"
+	"github.com/zctipc/zctipc/go/internal/plane"
 	"github.com/zctipc/zctipc/go/internal/queue"
 	"golang.org/x/sys/unix"
 )
@@ -63,29 +64,20 @@ func Check(rec *message.Record) error {
 // when it was not, the refs are the caller's still, to keep or release. A
 // ref given for two descriptors is a bad argument (unix.EINVAL).
 func Put(q *queue.Queue, rec *message.Record, refs []*buffer.Ref, deadline time.Time) (bool, error) {
-	return send(rec, refs, func(h *queue.Handing) error {
-		if h == nil {
-			return q.Put(rec, deadline)
-		}
-		return q.PutHanding(rec, deadline, *h)
-	})
+	return send(rec, refs, func(sends []plane.Send) error { return q.PutSending(rec, deadline, sends) })
 }
 
 // PutContext is Put, waiting for room until ctx is done (as
 // queue.PutContext).
 func PutContext(ctx context.Context, q *queue.Queue, rec *message.Record, refs []*buffer.Ref) (bool, error) {
-	return send(rec, refs, func(h *queue.Handing) error {
-		if h == nil {
-			return q.PutContext(ctx, rec)
-		}
-		return q.PutHandingContext(ctx, rec, *h)
-	})
+	return send(rec, refs, func(sends []plane.Send) error { return q.PutSendingContext(ctx, rec, sends) })
 }
 
-// send puts rec with put, which hands the counts of refs over as h says
-// (nil: the record carries none), so that they are in the ledger while the
-// put waits (package buffer, Note [counts that wait]).
-func send(rec *message.Record, refs []*buffer.Ref, put func(h *queue.Handing) error) (bool, error) {
+// send puts rec with put, whose step hands the counts of refs over as
+// sends say once it found room (package buffer, Note [counts that wait]),
+// so that they are in the ledger while the put waits; a ref is spent only
+// once the put put the record.
+func send(rec *message.Record, refs []*buffer.Ref, put func(sends []plane.Send) error) (bool, error) {
 	if len(refs) != len(rec.Descriptors) {
 		return false, fmt.Errorf("a record of %d descriptors with %d counts: %w", len(rec.Descriptors), len(refs), unix.EINVAL)
 	}
@@ -97,13 +89,17 @@ func send(rec *message.Record, refs []*buffer.Ref, put func(h *queue.Handing) er
 		// would find it taken, and the record would be refused.
 		return false, fmt.Errorf("descriptors %d and %d of a record carry the same count: %w", i, j, unix.EINVAL)
 	}
-	if len(refs) == 0 { // no count changes hands
-		err := put(nil)
-		return err == nil, err
+	var sends []plane.Send
+	if len(refs) > 0 {
+		sends = buffer.Sends(refs)
 	}
-	return buffer.SendWaiting(refs, func(sendCounts func(), unsend func() error) error {
-		return put(&queue.Handing{Send: sendCounts, Unsend: unsend})
-	})
+	if err := put(sends); err != nil {
+		if errors.Is(err, queue.ErrSendsFaulted) {
+			err = errors.Join(err, buffer.Lost(refs))
+		}
+		return false, err
+	}
+	return true, buffer.Sent(refs)
 }
 
 // repeated reports whether a ref appears twice in refs, and where.

@@ -2,8 +2,8 @@ package handover_test
 
 // Attacks on a put that waits with the counts it hands over in the ledger
 // (package buffer, Note [counts that wait]): a forged record with the
-// waiting put's descriptor taken while the put waits, and in the window
-// of one of its tries.
+// waiting put's descriptor taken while the put waits for room, or for the
+// put lock, and a queue closed under it.
 
 import (
 	"errors"
@@ -69,49 +69,80 @@ func TestAForgedTakeWhileAPutWaitsTakesNothing(t *testing.T) {
 	require.EqualValues(t, 0, p.Stats().SlotsInUse)
 }
 
-// A forged record taken in the window of one try of a put (its ticket
-// armed, the put lock found held by another putter: Busy) takes the
-// count: the put then reports ErrTaken and puts nothing, and the caller's
-// release of its ref, as every caller of a put that did not send does,
-// gives up nothing of the count the forger holds now.
-func TestATakeInATrysWindowIsReportedAndNotGivenUpTwice(t *testing.T) {
-	p := mustPool(t)
-	q := mustQueue(t, 4096, 0)
-	rec, r := tensor(t, p, 3)
-	forged := replayed(t, rec.Descriptors[0])
-	putLock := lock.At(unsafe.Pointer(&q.Segment().Data()[64]))
-	ok, err := putLock.TryLock()
-	require.NoError(t, err)
-	require.True(t, ok)
-	var forger *buffer.Ref
-	var ferr error
-	sent, err := buffer.SendWaiting([]*buffer.Ref{r}, func(send func(), unsend func() error) error {
-		return q.PutHanding(rec, time.Now().Add(time.Second), queue.Handing{
-			Send: func() {
-				send()
-				if forger == nil && ferr == nil {
-					forger, _, ferr = buffer.Adopt(&forged) // in the try's window
-				}
-			},
-			Unsend: unsend,
+// A put that finds the put lock held by another putter (Busy) waits for
+// the lock, as one that finds no room waits for room, without having armed
+// anything: its put step runs the sends only once it holds the lock and
+// found room (Note [counts that wait]). A forged record replayed with its
+// descriptor and taken meanwhile takes nothing (ErrTaken), and the count
+// stays in the sender's ledger. (Each try used to arm the ticket before it
+// met the lock, and a forged take in that window took the count: the put
+// then reported ErrTaken.) One whose wait ends without the lock puts
+// nothing and leaves the count the caller's, to release; one that gets the
+// lock lands, and its receiver is the one owner.
+func TestATakeWhileAPutWaitsForTheLockTakesNothing(t *testing.T) {
+	for _, lands := range []bool{false, true} {
+		name := map[bool]string{false: "deadline", true: "lands"}[lands]
+		t.Run(name, func(t *testing.T) {
+			ledgerOn := withLedger(t)
+			p := mustPool(t)
+			q := mustQueue(t, 4096, 0)
+			rec, r := tensor(t, p, 3)
+			holds := ledgerOn(rec.Descriptors[0])
+			forged := replayed(t, rec.Descriptors[0])
+			putLock := lock.At(unsafe.Pointer(&q.Segment().Data()[64]))
+			ok, err := putLock.TryLock()
+			require.NoError(t, err)
+			require.True(t, ok)
+			type result struct {
+				sent bool
+				err  error
+			}
+			done := make(chan result, 1)
+			deadline := time.Now().Add(200 * time.Millisecond)
+			if lands {
+				deadline = time.Time{}
+			}
+			go func() {
+				sent, err := handover.Put(q, rec, []*buffer.Ref{r}, deadline)
+				done <- result{sent, err}
+			}()
+			for range 5 { // while it waits for the lock (or before it starts: the same)
+				time.Sleep(2 * time.Millisecond)
+				_, _, err := buffer.Adopt(&forged)
+				require.ErrorIs(t, err, pool.ErrTaken, "a forged record took the count of a put waiting for the lock")
+				require.True(t, holds(), "the count of a put waiting for the lock left the ledger")
+				require.EqualValues(t, 1, p.Stats().SlotsInUse)
+			}
+			if !lands {
+				res := <-done
+				require.NoError(t, putLock.Unlock())
+				require.False(t, res.sent)
+				require.ErrorIs(t, res.err, queue.ErrFull)
+				require.Zero(t, qlen(t, q), "nothing was put")
+				require.True(t, holds(), "the count of a put that did not send left the ledger")
+				_, _, err = buffer.Adopt(&forged)
+				require.ErrorIs(t, err, pool.ErrTaken, "the ticket of a put that did not send is armed")
+				require.NoError(t, r.Release())
+				require.False(t, holds())
+				require.EqualValues(t, 0, p.Stats().SlotsInUse)
+				return
+			}
+			require.NoError(t, putLock.Unlock())
+			res := <-done
+			require.NoError(t, res.err)
+			require.True(t, res.sent)
+			require.False(t, holds(), "a count the message holds is still in the ledger")
+			m := take(t, q)
+			require.NoError(t, m.Adopt())
+			n, err := m.Views[0].Ref.Holders()
+			require.NoError(t, err)
+			require.EqualValues(t, 1, n)
+			_, _, err = buffer.Adopt(&forged)
+			require.ErrorIs(t, err, pool.ErrTaken, "the replay after the receiver's take")
+			require.NoError(t, m.Release())
+			require.EqualValues(t, 0, p.Stats().SlotsInUse)
 		})
-	})
-	require.NoError(t, putLock.Unlock())
-	require.NoError(t, ferr, "the forged record was taken while the ticket was armed")
-	require.False(t, sent)
-	require.ErrorIs(t, err, pool.ErrTaken)
-	require.Zero(t, qlen(t, q), "nothing was put")
-	n, herr := forger.Holders()
-	require.NoError(t, herr)
-	require.EqualValues(t, 1, n)
-
-	_ = r.Release() // the caller's, as for any put that did not send; it may say why
-	n, herr = forger.Holders()
-	require.NoError(t, herr)
-	require.EqualValues(t, 1, n, "the caller's release gave up the count the forger holds")
-	require.EqualValues(t, 1, p.Stats().SlotsInUse)
-	require.NoError(t, forger.Release())
-	require.EqualValues(t, 0, p.Stats().SlotsInUse)
+	}
 }
 
 // A queue closed while a put of a hand-off waits for room: the put returns

@@ -59,6 +59,7 @@ const (
 	BadWords  = C.ZP_BAD_POSITIONS
 	BadSkip   = C.ZP_BAD_SKIP
 	BadRecord = C.ZP_BAD_RECORD
+	InSends   = C.ZP_IN_SENDS
 )
 
 // Layout of a queue's data region (docs/format.md), as plane.h has it.
@@ -155,21 +156,47 @@ func Errno(o *Out) int { return int(o.err) }
 func Addr(o *Out) uintptr { return uintptr(o.addr) }
 
 // Record is one record to put: prefix (its header and descriptors,
-// encoded) then payload, size bytes in all (rounded up to 8).
+// encoded) then payload, size bytes in all (rounded up to 8), and the
+// counts it hands over (Sends).
 type Record struct {
 	Prefix  []byte
 	Payload []byte
 	Size    uint32
+	Sends   []Send
 }
 
-// Put runs the put step for recs (zp_put).
+// Send is a count a record hands over (zp_send): the put step drops its
+// ledger entry and arms its ticket once it found room for the record, just
+// before the record is visible, and a put that puts nothing leaves both as
+// they were (package buffer, Note [counts that wait]). It holds no Go
+// pointer.
+type Send C.zp_send
+
+// NewSend returns the send of a count recorded at entry of l (nil, or a
+// negative entry: none) whose ticket is slot of ticket arena t (nil: none)
+// with nonce.
+func NewSend(l *Ledger, entry int, t *Arena, slot uint32, nonce uint64) Send {
+	s := Send{l: (*C.zp_ledger)(l), entry: C.int32_t(entry), tslot: C.uint32_t(slot), nonce: C.uint64_t(nonce)}
+	if t != nil {
+		s.t = C.zp_arena(*t)
+	}
+	return s
+}
+
+// Put runs the put step for recs (zp_put): Fault with InSends (Need's
+// third value) when it faulted once the counts of its sends may have left
+// the ledger (plane.h, ZP_IN_SENDS).
 func (q *Queue) Put(recs []Record, flags int, out *Out) int {
 	if len(recs) == 1 {
 		// The common case, without pinning: pointers passed as arguments
 		// stay put for the call.
 		r := &recs[0]
+		var sends *C.zp_send
+		if len(r.Sends) > 0 {
+			sends = (*C.zp_send)(&r.Sends[0])
+		}
 		return int(C.zp_put1((*C.zp_queue)(q), first(r.Prefix), C.uint32_t(len(r.Prefix)), first(r.Payload),
-			C.uint64_t(len(r.Payload)), C.uint32_t(r.Size), C.int32_t(flags), out))
+			C.uint64_t(len(r.Payload)), C.uint32_t(r.Size), sends, C.int32_t(len(r.Sends)), C.int32_t(flags), out))
 	}
 	var pin runtime.Pinner
 	defer pin.Unpin()
@@ -185,18 +212,17 @@ func (q *Queue) Put(recs []Record, flags int, out *Out) int {
 			pin.Pin(&r.Payload[0])
 			c.payload = unsafe.Pointer(&r.Payload[0])
 		}
+		if len(r.Sends) > 0 {
+			pin.Pin(&r.Sends[0])
+			c.sends = (*C.zp_send)(&r.Sends[0])
+			c.nsends = C.int32_t(len(r.Sends))
+		}
 		cr = append(cr, c)
 	}
 	if len(cr) == 0 {
 		return OK
 	}
 	return int(C.zp_put((*C.zp_queue)(q), &cr[0], C.int32_t(len(cr)), C.int32_t(flags), out))
-}
-
-// Room runs zp_room: OK when a record of size bytes would find room now,
-// Wait (with Seen(out) to sleep on) when not.
-func (q *Queue) Room(size uint32, out *Out) int {
-	return int(C.zp_room((*C.zp_queue)(q), C.uint32_t(size), out))
 }
 
 // first returns the address of b's first byte, or nil.

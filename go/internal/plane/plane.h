@@ -87,15 +87,44 @@ typedef struct zp_queue {
     uint64_t start;       /* and its start time */
 } zp_queue;
 
+/* An arena of pool slots as this process sees it (pool.c, below): its
+ * layout, read and checked once, by package pool, when it made or mapped
+ * the arena; never read again from the shared header, which another
+ * process may write. */
+typedef struct zp_arena {
+    uint8_t *data;      /* the data region */
+    uint64_t slot_size; /* bytes per slot */
+    uint64_t slots_at;  /* where the slots start in data */
+    uint32_t nslots;
+} zp_arena;
+
+typedef struct zp_ledger zp_ledger; /* the ledger (ledger.c, below) */
+
+/* A count that a record hands over (package buffer, Note [counts that
+ * wait]): its ledger entry to drop (entry in l; -1 or l NULL: none), then
+ * its ticket to arm, slot tslot of ticket arena t (a copy of its view; data
+ * NULL: no ticket) with nonce, as zp_slot_send does. The put step runs the
+ * sends of the records it puts once it has found room for them and before
+ * the store that makes them visible; a put that puts nothing runs none. */
+typedef struct zp_send {
+    zp_arena t;
+    zp_ledger *l;
+    uint64_t nonce;
+    int32_t entry;
+    uint32_t tslot;
+} zp_send;
+
 /* One record to put: prefix (its header and descriptors, encoded; the
  * header's size field included) then payload; size is their sum rounded up
- * to 8 bytes. */
+ * to 8 bytes; sends[0..nsends) are the counts it hands over. */
 typedef struct zp_record {
     const void *prefix;
     const void *payload;
     uint64_t payload_len;
     uint32_t prefix_len;
     uint32_t size;
+    const zp_send *sends;
+    int32_t nsends;
 } zp_record;
 
 /* What a step reports besides its result. */
@@ -116,25 +145,21 @@ enum {
     ZP_BAD_POSITIONS = 1, /* head need, tail need_views */
     ZP_BAD_SKIP = 2,      /* a skip record of need bytes at ring offset need_views */
     ZP_BAD_RECORD = 3,    /* a record of need bytes */
+    ZP_IN_SENDS = 4,      /* ZP_FAULT of a put: in its sends, once a count may have left the ledger; nothing
+                             was put, and the counts of its sends are lost rather than given up twice */
 };
 
 /* Put recs[0..n) in order: wait (ZP_WAIT) for room for the first, then as
- * many of the others as fit, committed with one store. */
+ * many of the others as fit, committed with one store, the sends of those
+ * put run just before it (zp_send). A send of a ticket past its arena's
+ * slots is ZP_RANGE, before anything is done. */
 ZP_API int zp_put(const zp_queue *q, const zp_record *recs, int32_t n, int32_t flags, zp_out *out);
-
-/* Whether a record of size bytes would find room now: a look without the
- * put lock, which another put may race (ZP_OK; ZP_WAIT with out->seen the
- * space word read before the look, to sleep on; ZP_FAULT). A sender whose
- * record hands counts over looks first, so that it arms its tickets only
- * for a put likely to land (package buffer, Note [counts that wait]). Where
- * the put would catch up (ZP_CATCH_UP: pages a killed consumer left behind
- * head) it says ZP_OK, since no get is left to wake a sleeper for them. */
-ZP_API int zp_room(const zp_queue *q, uint32_t size, zp_out *out);
 
 /* zp_put of one record, given by its parts (for Go, which may pass its
  * pointers as arguments but not inside a zp_record). */
 ZP_API int zp_put1(const zp_queue *q, const void *prefix, uint32_t prefix_len, const void *payload,
-                   uint64_t payload_len, uint32_t size, int32_t flags, zp_out *out);
+                   uint64_t payload_len, uint32_t size, const zp_send *sends, int32_t nsends, int32_t flags,
+                   zp_out *out);
 
 /* Take records into buf (capacity cap): up to max_records in all while they
  * fit and make at most max_views views. */
@@ -481,16 +506,6 @@ enum {
     ZP_POOL_TAKEN = 34, /* ticket take: the word did not hold the nonce (taken, or never armed) */
 };
 
-/* An arena as this process sees it: its layout, read and checked once, by
- * package pool, when it made or mapped the arena; never read again from the
- * shared header, which another process may write. */
-typedef struct zp_arena {
-    uint8_t *data;      /* the data region */
-    uint64_t slot_size; /* bytes per slot */
-    uint64_t slots_at;  /* where the slots start in data */
-    uint32_t nslots;
-} zp_arena;
-
 /* Each step below reports ZP_FAULT, with out->addr, when the arena's memory
  * faulted, and ZP_RANGE for a slot past nslots (a ticket's: or slots of
  * fewer than 8 bytes), touching nothing. */
@@ -528,8 +543,6 @@ ZP_API int zp_pool_check(const zp_arena *a, uint32_t slot, uint32_t gen, zp_out 
  * ZP_OK for the one that wins, ZP_POOL_TAKEN for every other. */
 ZP_API int zp_ticket_arm(const zp_arena *a, uint32_t slot, uint64_t nonce, zp_out *out);
 ZP_API int zp_ticket_take(const zp_arena *a, uint32_t slot, uint64_t nonce, zp_out *out);
-
-typedef struct zp_ledger zp_ledger; /* the ledger (ledger.c, below) */
 
 /* -- a hand-off's sequences (pool.c, Note [a hand-off's steps in one call]) --
  * Each runs several of the steps above in a row, under one guard, for a
@@ -573,6 +586,14 @@ ZP_API int zp_slot_ref(const zp_arena *a, uint32_t slot, int32_t current, uint32
 /* Send a count: drop its ledger entry (-1: none), then arm its ticket,
  * slot tslot of ticket arena t, with nonce. ZP_OK, ZP_RANGE, ZP_FAULT. */
 ZP_API int zp_slot_send(zp_ledger *l, int32_t entry, const zp_arena *t, uint32_t tslot, uint64_t nonce, zp_out *out);
+
+/* The steps of a send (zp_send), unguarded, for a step under its own guard
+ * (the put's): whether its ticket is in its arena's slots; a read of its
+ * ticket's word, which faults where the arm would, before any count
+ * changes hands; the send itself (zp_slot_send's). */
+ZP_API int zp_send_ok(const zp_send *s);
+ZP_API void zp_send_probe(const zp_send *s);
+ZP_API void zp_send_run(const zp_send *s);
 
 /* Steps of zp_slot_adopt. */
 enum {

@@ -472,6 +472,26 @@ int zp_slot_send(zp_ledger *l, int32_t entry, const zp_arena *t, uint32_t tslot,
     return zp_guarded(send_step, &a, out);
 }
 
+// The sends a put step runs (zp_send): zp_slot_send's step, for a put that
+// holds its own guard.
+
+int zp_send_ok(const zp_send *s) { return s->t.data == NULL || (!bad_slot(&s->t, s->tslot) && s->t.slot_size >= 8); }
+
+void zp_send_probe(const zp_send *s) {
+    if (s->t.data != NULL) {
+        (void)__atomic_load_n(ticket_of(&s->t, s->tslot), SEQ);
+    }
+}
+
+void zp_send_run(const zp_send *s) {
+    if (s->t.data == NULL) {
+        dropped(s->l, s->entry);
+        return;
+    }
+    send_args a = {.l = s->l, .entry = s->entry, .s = {.a = &s->t, .slot = s->tslot, .nonce = s->nonce}};
+    send_step(&a);
+}
+
 typedef struct adopt_args {
     const zp_arena *t, *b;
     int64_t *tpins;

@@ -503,6 +503,29 @@ static int plain(const uint8_t *h, uint32_t size) {
 
 // -- put and get -----------------------------------------------------------
 
+// hand_over runs the sends of the k records a put is about to commit: their
+// counts' ledger entries dropped and their tickets armed while the records
+// are still invisible, so that a put that finds no room, or waits for the
+// lock, never holds a count outside the ledger (package buffer, Note
+// [counts that wait]). Every ticket's word is read first, so that a ticket
+// arena whose file was shrunk faults before any count changes hands; a
+// fault after that (a shrink racing these few instructions) says so
+// (ZP_IN_SENDS), and the put is not committed.
+static void hand_over(const zp_record *recs, int32_t k, zp_out *out) {
+    for (int32_t i = 0; i < k; i++) {
+        for (int32_t j = 0; j < recs[i].nsends; j++) {
+            zp_send_probe(&recs[i].sends[j]);
+        }
+    }
+    out->what = ZP_IN_SENDS;
+    for (int32_t i = 0; i < k; i++) {
+        for (int32_t j = 0; j < recs[i].nsends; j++) {
+            zp_send_run(&recs[i].sends[j]);
+        }
+    }
+    out->what = 0;
+}
+
 static int put(const zp_queue *q, const zp_record *recs, int32_t n, int32_t flags, zp_out *out, held *locks) {
     for (int32_t i = 0; i < n; i++) {
         uint64_t used = (uint64_t)recs[i].prefix_len + recs[i].payload_len;
@@ -564,6 +587,7 @@ static int put(const zp_queue *q, const zp_record *recs, int32_t n, int32_t flag
         tail += size;
         k++;
     }
+    hand_over(recs, k, out);
     st64(u64(q, ZP_OFF_TAIL), word(puts + (uint32_t)k, tail)); // commit
     let_go(locks->put);
     pass_space_on(q);
@@ -803,40 +827,23 @@ int zp_unarm(const zp_queue *q, int32_t which, uint32_t n) {
 }
 
 int zp_put(const zp_queue *q, const zp_record *recs, int32_t n, int32_t flags, zp_out *out) {
-    out->n = 0;
+    out->n = 0, out->what = 0;
     if (n <= 0) {
         return ZP_OK;
+    }
+    for (int32_t i = 0; i < n; i++) {
+        for (int32_t j = 0; j < recs[i].nsends; j++) {
+            if (!zp_send_ok(&recs[i].sends[j])) {
+                return ZP_RANGE;
+            }
+        }
     }
     GUARDED(out, put(q, recs, n, flags, out, &(held){&g.held[0], &g.held[1]}));
 }
 
-static int room_look(const zp_queue *q, uint32_t size, zp_out *out) {
-    out->seen = ld32(u32(q, ZP_OFF_SPACE_SEQ));
-    uint64_t t = ld64(u64(q, ZP_OFF_TAIL)), h = ld64(u64(q, ZP_OFF_HEAD));
-    uint32_t puts = count_of(t), tail = pos_of(t), gets = count_of(h), head = pos_of(h);
-    if (!sound(q, head, tail)) {
-        return ZP_OK; // the put says what is wrong
-    }
-    uint32_t at;
-    skip_to(q, tail, head, puts - gets, size, &at);
-    if (room(q, at, head, puts - gets, size)) {
-        return ZP_OK;
-    }
-    // Pages a consumer killed before its give_back left behind head: the
-    // put catches up (ZP_CATCH_UP) and may find room then. No consumer is
-    // left to wake a sleeper for them, so the look says "try" as the put
-    // would, not "wait".
-    if (may_catch_up(q, head, tail)) {
-        return ZP_OK;
-    }
-    return ZP_WAIT;
-}
-
-int zp_room(const zp_queue *q, uint32_t size, zp_out *out) { GUARDED(out, room_look(q, size, out)); }
-
 int zp_put1(const zp_queue *q, const void *prefix, uint32_t prefix_len, const void *payload, uint64_t payload_len,
-            uint32_t size, int32_t flags, zp_out *out) {
-    zp_record rec = {prefix, payload, payload_len, prefix_len, size};
+            uint32_t size, const zp_send *sends, int32_t nsends, int32_t flags, zp_out *out) {
+    zp_record rec = {prefix, payload, payload_len, prefix_len, size, sends, nsends};
     return zp_put(q, &rec, 1, flags, out);
 }
 

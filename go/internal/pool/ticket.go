@@ -139,6 +139,14 @@ func (t *Ticket) Send(l *plane.Ledger, entry int) {
 	t.armed = true
 }
 
+// Sending returns the send of the ticket (plane.Send) for a put that
+// drops entry of ledger l (nil: none) and arms the ticket itself, once it
+// found room for the record that carries it; after such a put, the ticket
+// is the message's.
+func (t *Ticket) Sending(l *plane.Ledger, entry int) plane.Send {
+	return plane.NewSend(l, entry, &t.Slot.arena.view, t.Slot.Index, t.Nonce)
+}
+
 // Disarm takes back an armed ticket whose descriptor was not sent after
 // all, keeping its slot for a later Arm. It fails with ErrTaken when a
 // receiver took the descriptor meanwhile: the count is the receiver's, and

@@ -28,37 +28,32 @@ func (q *Queue) Put(rec *message.Record, deadline time.Time) error {
 	return err
 }
 
-// Handing is what a put of a record that hands counts over runs around
-// its attempts (package buffer, Note [counts that wait]): Send right before
-// each, Unsend before each wait between them. Such a put looks whether the
-// record would find room before it sends the counts at all.
-type Handing struct {
-	Send   func()
-	Unsend func() error
-}
-
-// PutHanding is Put of a record that hands counts over, with h run around
-// its attempts; its waits are Put's.
-func (q *Queue) PutHanding(rec *message.Record, deadline time.Time, h Handing) error {
+// PutSending is Put of a record that hands counts over: the put step runs
+// sends (plane.Send: each count's ledger entry dropped, its ticket armed)
+// once it found room for rec, just before rec is visible, and a put that
+// returns an error has run none, save one that faulted in them
+// (ErrSendsFaulted). So a put that waits, for room or for the lock, waits
+// with every count in the ledger (package buffer, Note [counts that wait]).
+func (q *Queue) PutSending(rec *message.Record, deadline time.Time, sends []plane.Send) error {
 	if !q.guard.Enter() {
 		return ErrClosed
 	}
 	defer q.guard.Leave()
 	one := [1]*message.Record{rec}
-	_, err := q.putHanding(one[:], futex.Until{Deadline: deadline}, &h)
+	_, err := q.putSending(one[:], futex.Until{Deadline: deadline}, sends)
 	return err
 }
 
-// PutHandingContext is PutContext of a record that hands counts over, as
-// PutHanding.
-func (q *Queue) PutHandingContext(ctx context.Context, rec *message.Record, h Handing) error {
+// PutSendingContext is PutContext of a record that hands counts over, as
+// PutSending.
+func (q *Queue) PutSendingContext(ctx context.Context, rec *message.Record, sends []plane.Send) error {
 	if !q.guard.Enter() {
 		return ErrClosed
 	}
 	defer q.guard.Leave()
 	u, stop := q.until(ctx, offSpaceSeq, offSpaceWaiters)
 	defer stop() // before Leave: Close waits for the wake
-	_, err := q.putHanding([]*message.Record{rec}, u, &h)
+	_, err := q.putSending([]*message.Record{rec}, u, sends)
 	if errors.Is(err, ErrFull) {
 		err = futex.Cause(ctx, err)
 	}
@@ -116,11 +111,12 @@ func (q *Queue) GetContext(ctx context.Context, buf []byte, maxViews int) (int, 
 // putMany appends records, in a call that entered: the data plane's put
 // step (package plane), with the waits it asks for.
 func (q *Queue) putMany(recs []*message.Record, u futex.Until) (int, error) {
-	return q.putHanding(recs, u, nil)
+	return q.putSending(recs, u, nil)
 }
 
-// putHanding is putMany, with h (when not nil) run around its attempts.
-func (q *Queue) putHanding(recs []*message.Record, u futex.Until, h *Handing) (int, error) {
+// putSending is putMany, whose step runs sends (the first record's) once
+// it puts.
+func (q *Queue) putSending(recs []*message.Record, u futex.Until, sends []plane.Send) (int, error) {
 	if len(recs) == 0 {
 		return 0, nil
 	}
@@ -133,38 +129,16 @@ func (q *Queue) putHanding(recs []*message.Record, u futex.Until, h *Handing) (i
 		prefix, payload := rec.Parts()
 		parts[i] = plane.Record{Prefix: prefix, Payload: payload, Size: uint32(size)}
 	}
+	parts[0].Sends = sends
 	flags := 0
-	sent := h == nil // the counts are out of the ledger, their tickets armed
-	unsend := func() error {
-		if sent && h != nil {
-			sent = false
-			return h.Unsend()
-		}
-		return nil
-	}
 	for {
 		var out plane.Out
-		if !sent {
-			// Without the put lock, a look for room first: a put that
-			// would wait does so with the counts still in the ledger.
-			if flags == 0 && q.p.Room(parts[0].Size, &out) == plane.Wait {
-				if err := q.sleep(offSpaceSeq, offSpaceWaiters, plane.Seen(&out), u, ErrFull); err != nil {
-					return 0, err
-				}
-				continue
-			}
-			h.Send()
-			sent = true
-		}
 		r := q.p.Put(parts, flags, &out)
 		flags = 0
 		switch r {
 		case plane.OK:
 			return plane.Count(&out), nil
 		case plane.Busy:
-			if err := unsend(); err != nil {
-				return 0, err
-			}
 			if err := q.lock(q.putLock, u, ErrFull); err != nil {
 				return 0, err
 			}
@@ -175,18 +149,12 @@ func (q *Queue) putHanding(recs []*message.Record, u futex.Until, h *Handing) (i
 				return 0, errors.Join(err, q.putLock.Unlock())
 			}
 			if !moved {
-				if err := unsend(); err != nil {
-					return 0, errors.Join(err, q.putLock.Unlock())
-				}
 				if err := q.wait(q.putLock, offSpaceSeq, offSpaceWaiters, plane.Seen(&out), u, ErrFull); err != nil {
 					return 0, err
 				}
 			}
 			flags = plane.Locked // pages a killed consumer left were given back: look again
 		case plane.Wait:
-			if err := unsend(); err != nil {
-				return 0, err
-			}
 			if err := q.sleep(offSpaceSeq, offSpaceWaiters, plane.Seen(&out), u, ErrFull); err != nil {
 				return 0, err
 			}
@@ -220,6 +188,8 @@ func (q *Queue) catchUp(u futex.Until) (bool, error) {
 func (q *Queue) stepError(r int, out *plane.Out) error {
 	a, b, what := plane.Need(out)
 	switch {
+	case r == plane.Fault && what == plane.InSends:
+		return fmt.Errorf("%w: %w", ErrSendsFaulted, &fault.Error{Addr: plane.Addr(out)})
 	case r == plane.Fault:
 		return &fault.Error{Addr: plane.Addr(out)}
 	case r == plane.TooLarge:

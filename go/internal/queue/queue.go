@@ -35,6 +35,11 @@ var (
 	// ErrClosed means this handle on the queue was closed, before the call
 	// or while it waited.
 	ErrClosed = fmt.Errorf("queue is closed: %w", shm.ErrClosed)
+	// ErrSendsFaulted means a put faulted in the sends of the counts its
+	// record hands over (PutSending), once they may have left the ledger:
+	// nothing was put, and those counts are lost rather than given up
+	// twice.
+	ErrSendsFaulted = errors.New("the put faulted while handing its counts over, which are lost")
 )
 
 // RangeError says that a record did not fit the caller's buffer, or had

@@ -1,6 +1,7 @@
 package buffer_test
 
 import (
+	"errors"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -9,14 +10,17 @@ import (
 	"github.com/zctipc/zctipc/go/internal/pool"
 )
 
-// A descriptor taken between SendWaiting's send and unsend (by a record
-// forged with its bytes, in the window of one try of a put that then
-// waits) takes the count with it: the publish fails with ErrTaken, and the
-// caller's release of its ref, as every caller of a publish that failed
-// does, gives up nothing of the taker's count, nor its ticket's slot; the
-// ref describes nothing more. (The release gave up the count the taker
-// held: its slot was freed under it, its segment's count dropped twice.)
-func TestATicketTakenBetweenSendAndUnsendIsTheTakers(t *testing.T) {
+// A descriptor taken between Send's arm and a publish that then fails (by
+// a record forged with its bytes, in the window before the publish) takes
+// the count with it: Send fails with ErrTaken, and the caller's release of
+// its ref, as every caller of a publish that failed does, gives up nothing
+// of the taker's count, nor its ticket's slot; the ref describes nothing
+// more. (The release gave up the count the taker held: its slot was freed
+// under it, its segment's count dropped twice.) A queue put has no such
+// window while it waits: its put step arms the ticket only once the record
+// goes in (Note [counts that wait]; package handover's
+// TestAForgedTakeWhileAPutWaitsTakesNothing).
+func TestATicketTakenBeforeAFailedPublishIsTheTakers(t *testing.T) {
 	for _, kind := range []string{"slot", "segment"} {
 		t.Run(kind, func(t *testing.T) {
 			p := pool.New(16 << 20)
@@ -25,14 +29,15 @@ func TestATicketTakenBetweenSendAndUnsendIsTheTakers(t *testing.T) {
 			d, err := r.Describe(0, dtype.Uint8, []int64{64}, []int64{1}, 0)
 			require.NoError(t, err)
 			var taker *buffer.Ref
-			sent, err := buffer.SendWaiting([]*buffer.Ref{r}, func(send func(), unsend func() error) error {
-				send()
+			failed := errors.New("the publish failed")
+			sent, err := buffer.Send([]*buffer.Ref{r}, func() error {
 				var terr error
 				taker, _, terr = buffer.Adopt(&d)
 				require.NoError(t, terr, "an armed ticket is taken")
-				return unsend() // before a wait
+				return failed
 			})
 			require.False(t, sent)
+			require.ErrorIs(t, err, failed)
 			require.ErrorIs(t, err, buffer.ErrTaken)
 			before, err := taker.Holders()
 			require.NoError(t, err)

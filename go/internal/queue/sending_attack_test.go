@@ -1,9 +1,10 @@
 package queue_test
 
-// Attacks on a put that hands counts over (PutHanding; package buffer,
-// Note [counts that wait]): its look for room without the put lock
-// (plane's zp_room) against what the put itself would do, and the pairing
-// of its Send and Unsend around its attempts.
+// Attacks on a put that hands counts over (PutSending; package buffer,
+// Note [counts that wait]): its step runs its sends (a ticket armed) only
+// once it put the record, whatever made it wait first (the lock, no room,
+// pages a killed consumer left), and never for a put that returns an
+// error.
 
 import (
 	"context"
@@ -11,49 +12,40 @@ import (
 	"errors"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 	"unsafe"
 
 	"github.com/stretchr/testify/require"
+	"github.com/zctipc/zctipc/go/internal/plane"
 	"github.com/zctipc/zctipc/go/internal/queue"
+	"golang.org/x/sys/unix"
 )
 
-// handing counts a PutHanding's Send and Unsend calls, and checks that
-// they alternate, starting with Send.
-type handing struct {
-	mu            sync.Mutex
-	sends, unsend int
-	bad           string
+// tickets is an arena of n ticket words of a test's own, outside Go's
+// heap (a plane.Send may hold no Go pointer), which a put's sends arm.
+type tickets struct {
+	mem   []byte
+	arena plane.Arena
 }
 
-func (h *handing) h() queue.Handing {
-	return queue.Handing{
-		Send: func() {
-			h.mu.Lock()
-			defer h.mu.Unlock()
-			if h.sends != h.unsend {
-				h.bad = "Send twice without an Unsend between"
-			}
-			h.sends++
-		},
-		Unsend: func() error {
-			h.mu.Lock()
-			defer h.mu.Unlock()
-			if h.sends != h.unsend+1 {
-				h.bad = "Unsend of counts not sent"
-			}
-			h.unsend++
-			return nil
-		},
-	}
+func newTickets(t *testing.T, n int) *tickets {
+	t.Helper()
+	mem, err := unix.Mmap(-1, 0, (n*8+4095)&^4095, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, unix.Munmap(mem)) })
+	return &tickets{mem: mem, arena: plane.NewArena(unsafe.Pointer(&mem[0]), 8, 0, uint32(n))}
 }
 
-// sent reports whether the counts are out (sent and not taken back).
-func (h *handing) sent() bool {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return h.sends > h.unsend
+// send returns the send of ticket i, with a nonce of its own.
+func (k *tickets) send(i int) []plane.Send {
+	return []plane.Send{plane.NewSend(nil, -1, &k.arena, uint32(i), uint64(i)<<1|1)}
+}
+
+// armed reports whether ticket i holds its nonce: its put ran its send.
+func (k *tickets) armed(i int) bool {
+	return atomic.LoadUint64((*uint64)(unsafe.Pointer(&k.mem[i*8]))) == uint64(i)<<1|1
 }
 
 // sparseQueue returns a small queue with a version 2 ring (an unbounded
@@ -74,14 +66,6 @@ func sparseQueue(t *testing.T) *queue.Queue {
 	return q
 }
 
-// A consumer killed between the commit of its get (the head word) and the
-// store of given_back leaves pages behind head that only a put's catch-up
-// gives back (zp_catch_up): a put that finds no room past given_back but
-// room past head catches up and lands. A put that hands counts over looks
-// for room first (zp_room) without the put lock; that look must not say
-// "wait" where the put would catch up, since no consumer is left to wake
-// it: the queue is empty, and the put waited until its deadline (for ever
-// with none) while a Put with the same record landed at once.
 // killedBeforeGiveBack leaves q, a sparseQueue, empty as a consumer killed
 // between the commit of its get and its give_back does: head moved on
 // past a 5 MiB message, given_back where it was. It returns head.
@@ -100,12 +84,14 @@ func killedBeforeGiveBack(t *testing.T, q *queue.Queue) uint32 {
 // A consumer killed between the commit of its get (the head word) and the
 // store of given_back leaves pages behind head that only a put's catch-up
 // gives back (zp_catch_up): a put that finds no room past given_back but
-// room past head catches up and lands. A put that hands counts over looks
-// for room first (zp_room) without the put lock; that look must not say
-// "wait" where the put would catch up, since no consumer is left to wake
-// it: the queue is empty, and the put waited until its deadline (for ever
-// with none) while a Put of the same record landed at once.
-func TestAPutHandingCatchesUpAfterAKilledConsumer(t *testing.T) {
+// room past head catches up and lands. A put that hands counts over must
+// do the same, and run its sends once it lands: no consumer is left to
+// wake a put that waited instead, and the queue is empty. (Such a put
+// once looked for room without the put lock before it armed anything, and
+// a look that said "wait" where the put would catch up left it waiting
+// until its deadline, for ever with none, while a Put of the same record
+// landed at once.)
+func TestAPutSendingCatchesUpAfterAKilledConsumer(t *testing.T) {
 	rec := bytesRecord(make([]byte, 4<<20)) // room past head, none past given_back
 	t.Run("Put", func(t *testing.T) {
 		q := sparseQueue(t)
@@ -113,40 +99,75 @@ func TestAPutHandingCatchesUpAfterAKilledConsumer(t *testing.T) {
 		require.NoError(t, q.Put(rec, time.Now().Add(300*time.Millisecond)))
 		require.Equal(t, head&^(2<<20-1), ringWord32(q, offGivenBack), "the put caught up")
 	})
-	t.Run("PutHanding", func(t *testing.T) {
+	t.Run("PutSending", func(t *testing.T) {
 		q := sparseQueue(t)
 		head := killedBeforeGiveBack(t, q)
-		var h handing
-		err := q.PutHanding(rec, time.Now().Add(300*time.Millisecond), h.h())
+		k := newTickets(t, 1)
+		err := q.PutSending(rec, time.Now().Add(300*time.Millisecond), k.send(0))
 		require.NoError(t, err, "a put that would catch up waited for a wake-up no one sends")
-		require.Empty(t, h.bad)
-		require.True(t, h.sent(), "the record is in the queue: its counts are sent")
+		require.True(t, k.armed(0), "the record is in the queue: its counts are sent")
 		require.Equal(t, 1, qlen(t, q))
 		require.Equal(t, head&^(2<<20-1), ringWord32(q, offGivenBack), "the put caught up")
 	})
-	t.Run("PutHandingContext", func(t *testing.T) {
+	t.Run("PutSendingContext", func(t *testing.T) {
 		q := sparseQueue(t)
 		killedBeforeGiveBack(t, q)
-		var h handing
+		k := newTickets(t, 1)
 		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 		defer cancel()
-		require.NoError(t, q.PutHandingContext(ctx, rec, h.h()), "a put that would catch up waited for a wake-up no one sends")
-		require.Empty(t, h.bad)
-		require.True(t, h.sent())
+		require.NoError(t, q.PutSendingContext(ctx, rec, k.send(0)), "a put that would catch up waited for a wake-up no one sends")
+		require.True(t, k.armed(0))
 	})
+}
+
+// A put that hands counts over into a full queue, or one whose lock
+// another holds, has armed nothing while it waits, nor once its wait ended
+// without a put; it arms its tickets as it lands.
+func TestAPutSendingArmsNothingWhileItWaits(t *testing.T) {
+	for _, why := range []string{"full", "locked"} {
+		t.Run(why, func(t *testing.T) {
+			q := mustQueue(t, 4096, 1)
+			var release func()
+			if why == "full" {
+				require.NoError(t, q.Put(bytesRecord([]byte("full")), time.Now()))
+				release = func() { _, err := getInto(t, q, make([]byte, 4096)); require.NoError(t, err) }
+			} else {
+				putLock := lockAt(q, 64)
+				ok, err := putLock.TryLock()
+				require.NoError(t, err)
+				require.True(t, ok)
+				release = func() { require.NoError(t, putLock.Unlock()) }
+			}
+			k := newTickets(t, 2)
+			rec := bytesRecord([]byte("sent"))
+			require.ErrorIs(t, q.PutSending(rec, time.Now().Add(20*time.Millisecond), k.send(0)), queue.ErrFull)
+			require.False(t, k.armed(0), "a put that did not land armed its ticket")
+			done := make(chan error, 1)
+			go func() { done <- q.PutSending(rec, time.Time{}, k.send(1)) }()
+			for range 5 {
+				time.Sleep(2 * time.Millisecond)
+				require.False(t, k.armed(1), "a waiting put armed its ticket")
+			}
+			release()
+			require.NoError(t, <-done)
+			require.True(t, k.armed(1), "a put that landed did not arm its ticket")
+			require.False(t, k.armed(0))
+		})
+	}
 }
 
 // Many putters of records that hand counts over, on a queue of two
 // messages, with deadlines that pass and contexts that are cancelled, and
 // a consumer that takes now and then: the put lock is contended (Busy),
 // the queue is full (Wait) and room comes. After every return, the counts
-// are sent exactly when the record was put: Send and Unsend alternate,
-// and an error leaves them taken back.
-func TestPutHandingSendsExactlyWhatItPuts(t *testing.T) {
+// are sent exactly when the record was put: the ticket is armed when the
+// put returned no error, and untouched when it returned one.
+func TestPutSendingSendsExactlyWhatItPuts(t *testing.T) {
 	q := mustQueue(t, 4096, 2)
 	const putters, each = 6, 40
+	k := newTickets(t, putters*each)
 	var mu sync.Mutex
-	put, unsends := 0, 0
+	put := 0
 	var wg sync.WaitGroup
 	for i := range putters {
 		wg.Add(1)
@@ -154,29 +175,25 @@ func TestPutHandingSendsExactlyWhatItPuts(t *testing.T) {
 			defer wg.Done()
 			rng := rand.New(rand.NewPCG(uint64(i), 7))
 			for j := range each {
-				var h handing
+				n := i*each + j
 				rec := bytesRecord([]byte{byte(i), byte(j)})
 				var err error
 				wait := time.Duration(rng.IntN(3)) * time.Millisecond
 				switch rng.IntN(3) {
 				case 0:
-					err = q.PutHanding(rec, time.Now().Add(wait), h.h())
+					err = q.PutSending(rec, time.Now().Add(wait), k.send(n))
 				case 1:
 					ctx, cancel := context.WithTimeout(context.Background(), wait)
-					err = q.PutHandingContext(ctx, rec, h.h())
+					err = q.PutSendingContext(ctx, rec, k.send(n))
 					cancel()
 				default:
 					ctx, cancel := context.WithCancel(context.Background())
 					time.AfterFunc(wait, cancel)
-					err = q.PutHandingContext(ctx, rec, h.h())
+					err = q.PutSendingContext(ctx, rec, k.send(n))
 					cancel()
 				}
-				if h.bad != "" {
-					t.Errorf("putter %d, put %d: %s", i, j, h.bad)
-					return
-				}
-				if h.sent() != (err == nil) {
-					t.Errorf("putter %d, put %d: sent %v with error %v", i, j, h.sent(), err)
+				if k.armed(n) != (err == nil) {
+					t.Errorf("putter %d, put %d: sent %v with error %v", i, j, k.armed(n), err)
 					return
 				}
 				if err != nil && !errors.Is(err, queue.ErrFull) && !errors.Is(err, context.Canceled) &&
@@ -184,12 +201,11 @@ func TestPutHandingSendsExactlyWhatItPuts(t *testing.T) {
 					t.Errorf("putter %d, put %d: %v", i, j, err)
 					return
 				}
-				mu.Lock()
 				if err == nil {
+					mu.Lock()
 					put++
+					mu.Unlock()
 				}
-				unsends += h.unsend
-				mu.Unlock()
 			}
 		}()
 	}
@@ -246,5 +262,5 @@ func TestPutHandingSendsExactlyWhatItPuts(t *testing.T) {
 	close(stop)
 	require.NoError(t, <-held)
 	require.Equal(t, put, <-got, "every put that reported success put one record")
-	t.Logf("%d of %d put, %d counts taken back", put, putters*each, unsends)
+	t.Logf("%d of %d put", put, putters*each)
 }

@@ -394,11 +394,18 @@ func take(d *message.Descriptor) error {
 		// The same for a segment's descriptor whose live ticket is a
 		// slot's (a forged kind): a segment file that holds something
 		// other than a tensor (a pool arena) is refused before the take.
-		// One that cannot be read here (a memfd segment, one being
-		// removed) is left to the open after it, as before.
-		if info, err := shm.Stat(d.Name); err == nil && info.Header.Kind != header.KindTensor {
+		// So is a name the open after it could never open (one that is not
+		// a segment name, not there, not a segment file of this user's):
+		// its take would only lose the count. A memfd segment, which is
+		// not read here, and a failure that may pass (out of descriptors
+		// or memory) are left to the open, as before.
+		info, err := shm.Stat(d.Name)
+		if err == nil && info.Header.Kind != header.KindTensor {
 			return fmt.Errorf("descriptor of %q: segment holds a %s, not a %s: %w", d.Name, info.Header.Kind,
 				header.KindTensor, unix.EINVAL)
+		}
+		if err != nil && !shm.IsFDName(d.Name) && !passing(err) {
+			return fmt.Errorf("descriptor of %q: %w", d.Name, err)
 		}
 	}
 	if err := pool.TakeTicket(t.Arena, t.Slot, t.Generation, t.Nonce); err != nil {
@@ -413,6 +420,18 @@ func take(d *message.Descriptor) error {
 		return fmt.Errorf("descriptor of %q: %w", d.Name, err)
 	}
 	return nil
+}
+
+// passing reports whether err, of a look at a segment file, may not come
+// again: the process or the system ran out of descriptors or memory, or a
+// signal came.
+func passing(err error) bool {
+	for _, e := range []error{unix.EMFILE, unix.ENFILE, unix.ENOMEM, unix.EINTR, unix.EAGAIN} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
 }
 
 // gone reports whether segment name (a tensor segment or an arena) is no

@@ -3,10 +3,15 @@
 // ledger and released after zct_cleanup_disable and zct_cleanup_enable
 // made another must leave the new ledger's records as they are, and a
 // ledger whose file another process shrank records nothing and faults
-// nothing. The daemon is never reached (its path names no program): the
+// nothing; light refs taken and released by one thread while another
+// disables and enables cleanup over and over (the plane ledger moved to
+// each new file under them) leave no entry held in the last ledger once
+// all are released (one would be given up twice by a sweep). The daemon
+// is never reached (its path names no program): the
 // ledger is kept all the same. It prints "ok" when every check passes.
 #define _GNU_SOURCE
 #include <dirent.h>
+#include <pthread.h>
 #include "mapped.h"
 
 #define LEDGER_DATA (64u + 65536u * 512u) /* a ledger's data region (format.md, "ledger") */
@@ -64,6 +69,60 @@ static zct_handle light_ref(zct_handle q) {
     return views[0].ref;
 }
 
+/* A light ref, as light_ref takes it, into a buffer of the caller's. */
+static zct_handle light_ref_into(zct_handle q, uint8_t *buf, size_t cap) {
+    zct_view v = slot_view(1, 16);
+    CHECK(zct_queue_put(q, ZCT_RECORD_TENSOR, NULL, 0, &v, 1, 0) == ZCT_OK);
+    zct_view views[2];
+    int32_t nviews = -1;
+    CHECK(zct_queue_take(q, buf, cap, 0, views, 2, &nviews) >= 0);
+    CHECK(nviews == 1 && (views[0].ref & LIGHT) != 0);
+    return views[0].ref;
+}
+
+static int moving = 1;
+
+static void *take_and_release(void *arg) {
+    zct_handle q = *(zct_handle *)arg;
+    static uint8_t buf[4096];
+    zct_handle held[4];
+    int n = 0;
+    for (int i = 0; i < 3000 || __atomic_load_n(&moving, __ATOMIC_SEQ_CST); i++) {
+        if (n == 4) {
+            CHECK(zct_ref_release(held[0]) == ZCT_OK);
+            memmove(held, held + 1, 3 * sizeof held[0]);
+            n--;
+        }
+        held[n++] = light_ref_into(q, buf, sizeof buf);
+    }
+    for (int i = 0; i < n; i++) CHECK(zct_ref_release(held[i]) == ZCT_OK);
+    return NULL;
+}
+
+/* Cleanup disabled and enabled 200 times while another thread takes and
+   releases light refs: once all are released, the last ledger holds no
+   entry, and every slot is free. */
+static void moves_under_refs(zct_handle q) {
+    CHECK(zct_cleanup_enable(NO_DAEMON) != ZCT_OK);
+    pthread_t t;
+    CHECK(pthread_create(&t, NULL, take_and_release, &q) == 0);
+    for (int i = 0; i < 200; i++) {
+        CHECK(zct_cleanup_disable() == ZCT_OK);
+        CHECK(zct_cleanup_enable(NO_DAEMON) != ZCT_OK);
+    }
+    __atomic_store_n(&moving, 0, __ATOMIC_SEQ_CST);
+    CHECK(pthread_join(t, NULL) == 0);
+    char path[512];
+    uint8_t *data;
+    uint64_t size;
+    uint8_t *file = map_ledger(&data, &size, path, sizeof path);
+    CHECK(file != NULL);
+    static uint32_t states[65536];
+    CHECK(held_entries(data, states, 65536) == 0);
+    CHECK(munmap(file, (size_t)size) == 0);
+    CHECK(slots_in_use() == 0);
+}
+
 int main(void) {
     zct_handle q;
     CHECK(zct_queue_create(NULL, 1 << 16, 0, &q) == ZCT_OK);
@@ -107,6 +166,9 @@ int main(void) {
         CHECK(zct_ref_release(more[i]) == ZCT_OK);
     }
     CHECK(munmap(file, (size_t)size) == 0);
+
+    CHECK(zct_cleanup_disable() == ZCT_OK);
+    moves_under_refs(q);
 
     CHECK(zct_queue_close(q) == ZCT_OK);
     CHECK(slots_in_use() == 0);

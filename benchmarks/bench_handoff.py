@@ -16,6 +16,10 @@ Peers:
   ray put/get                 ray.put in the driver, ray.get in an actor (a
                               local cluster of 2 CPUs), when Ray is installed
 
+Each round, the consumer is asleep in its receive (the queue's get, the
+Pipe's recv) when the producer puts, as a consumer waits for its next
+array, and the clock runs from before the put to the array's first use.
+
 Also measured: the attach alone (open, validate, map, make the array), in a
 loop in the consumer, for zctipc and shared_memory by hand; for zctipc both
 for a segment the process never mapped and for one it mapped before (the
@@ -60,6 +64,9 @@ SIZES = {"1M": 1 << 20, "100M": 100 << 20, "1G": 1 << 30}
 # at 1 GiB, some 30 ms that left both processes cold for the next round's
 # clock, and so added a cost of size to every peer's hand-off.
 MARKS = 256
+# Seconds between rounds: the consumer, which answered the last round,
+# is asleep in its receive again when the next array is put.
+PAUSE = 0.002
 
 
 def marks(n):
@@ -235,11 +242,14 @@ class TorchFS(TorchMP):
 PEERS = [ZctipcQueue, Zctipc, PickleQueue, SharedMemoryByHand, TorchFD, TorchFS]
 
 
-def consumer(peer, chan, ctl):
-    """Take one hand-off per round; report when the array was readable."""
+def consumer(peer, chan, ctl, rounds):
+    """Take rounds hand-offs, each waited for asleep in the peer's own
+    receive (a queue's get, a Pipe's recv), as a consumer waits for its
+    next array; report when each array was readable."""
     if issubclass(peer, TorchMP):
         import torch.multiprocessing  # noqa: F401  registers torch's reducers
-    while ctl.recv() == "go":
+    ctl.send("ready")
+    for _ in range(rounds):
         a, release = peer.get(chan)
         done = time.perf_counter_ns()
         ok = check(a)
@@ -267,12 +277,14 @@ def attach_loop(peer, descriptor, rounds, cache, ctl):
 def measure(ctx, peer, nbytes, rounds, warmup=2):
     producer = peer(ctx, nbytes)
     ctl, ctl_there = ctx.Pipe()
-    proc = ctx.Process(target=consumer, args=(peer, producer.consumer_end(), ctl_there))
+    proc = ctx.Process(target=consumer, args=(peer, producer.consumer_end(), ctl_there, warmup + rounds))
     proc.start()
     handoff = []
     try:
+        if ctl.recv() != "ready":
+            raise RuntimeError(f"{peer.name}: the consumer did not start")
         for i in range(warmup + rounds):
-            ctl.send("go")
+            time.sleep(PAUSE)  # the consumer is back asleep in its receive
             start = time.perf_counter_ns()
             producer.put()
             done, ok = ctl.recv()
@@ -280,7 +292,6 @@ def measure(ctx, peer, nbytes, rounds, warmup=2):
                 raise RuntimeError(f"{peer.name}: the consumer did not see the producer's data")
             if i >= warmup:
                 handoff.append(done - start)
-        ctl.send("stop")
         proc.join(60)
         result = {"peer": peer.name, "transport": peer.transport, "bytes": nbytes, **summarize(handoff)}
         for cache in (False, True) if peer is Zctipc else (False,) if hasattr(peer, "attach") else ():

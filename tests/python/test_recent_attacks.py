@@ -2,6 +2,7 @@
 first wait] in zctipc.queues) and on programs that import zctipc in any
 order, or start processes at module level without a main guard."""
 
+import contextlib
 import os
 import queue as _queue
 import random
@@ -31,6 +32,18 @@ def _raise(*_):
     raise Raised
 
 
+@contextlib.contextmanager
+def alarms(handler):
+    """SIGALRM handled by handler within; after, no timer is left armed
+    and the handler before is back."""
+    old = signal.signal(signal.SIGALRM, handler)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
 def blocked_get(q, out, **kw):
     """A thread that runs q.get() and puts into out what came of it."""
 
@@ -53,8 +66,7 @@ def test_a_raising_handler_during_the_first_wait_ends_the_get_and_loses_nothing(
     library for the first time, ends the get with its exception; no message
     was taken by it, and the messages put after come out once each, in order."""
     q = zctipc.Queue()
-    old = signal.signal(signal.SIGALRM, _raise)
-    try:
+    with alarms(_raise), contextlib.closing(q):
         for i in range(20):
             # Within the first wait (up to BRIEF_MS), at a different point each time.
             start = time.monotonic()
@@ -66,10 +78,6 @@ def test_a_raising_handler_during_the_first_wait_ends_the_get_and_loses_nothing(
             q.put(i)
             assert q.get() == i
             assert q.empty()
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old)
-        q.close()
 
 
 def test_keyboard_interrupt_during_the_first_wait_ends_the_get():
@@ -103,16 +111,11 @@ def test_a_handler_that_puts_during_the_first_wait_ends_the_get_with_its_message
     """A handler that puts into the very queue the get waits on: the get
     that the signal interrupted goes on and returns that message, once."""
     q = zctipc.Queue()
-    old = signal.signal(signal.SIGALRM, lambda *_: q.put("from the handler"))
-    try:
+    with alarms(lambda *_: q.put("from the handler")), contextlib.closing(q):
         for _ in range(10):
             signal.setitimer(signal.ITIMER_REAL, random.uniform(0.00005, queues._BRIEF_MS / 1000))
             assert q.get() == "from the handler"
             assert q.empty()
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old)
-        q.close()
 
 
 def _put_slowly(q, n):
@@ -131,13 +134,9 @@ def test_signals_that_do_not_raise_lose_no_message_put_from_another_process():
     p = ctx.Process(target=_put_slowly, args=(q, n))
     p.start()
     hits = []
-    old = signal.signal(signal.SIGALRM, lambda *_: hits.append(1))
-    signal.setitimer(signal.ITIMER_REAL, 0.0002, 0.0002)
-    try:
+    with alarms(lambda *_: hits.append(1)):
+        signal.setitimer(signal.ITIMER_REAL, 0.0002, 0.0002)
         got = [q.get() for _ in range(n)]
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old)
     p.join(HANG)
     assert p.exitcode == 0
     assert got == list(range(n))
@@ -312,8 +311,7 @@ def test_a_large_message_that_comes_during_the_first_wait(size):
 
 def test_a_simple_queues_get_after_a_signal_in_its_first_wait():
     q = zctipc.SimpleQueue()
-    old = signal.signal(signal.SIGALRM, _raise)
-    try:
+    with alarms(_raise), contextlib.closing(q):
         with pytest.raises(Raised):
             signal.setitimer(signal.ITIMER_REAL, 0.0005)
             q.get()
@@ -321,16 +319,11 @@ def test_a_simple_queues_get_after_a_signal_in_its_first_wait():
         signal.setitimer(signal.ITIMER_REAL, 0.0003, 0.0003)
         threading.Timer(0.05, q.put, args=("x",)).start()
         assert q.get() == "x"
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old)
-        q.close()
 
 
 def test_a_joinable_queues_count_through_interrupted_first_waits():
     q = zctipc.JoinableQueue()
-    old = signal.signal(signal.SIGALRM, _raise)
-    try:
+    with alarms(_raise), contextlib.closing(q):
         for _ in range(5):
             with pytest.raises(Raised):
                 signal.setitimer(signal.ITIMER_REAL, 0.0005)
@@ -348,10 +341,6 @@ def test_a_joinable_queues_count_through_interrupted_first_waits():
         assert not done.is_alive(), "join waits though every message was done"
         with pytest.raises(ValueError):
             q.task_done()
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old)
-        q.close()
 
 
 # -- which first calls wait ---------------------------------------------------
@@ -445,52 +434,38 @@ def _run(env, code, timeout=60):
 
 
 @pytest.mark.parametrize(
-    "first",
+    "first, method",
     [
-        "import zctipc, numpy, multiprocessing",
-        "import numpy, multiprocessing; import zctipc",
-        "import multiprocessing; multiprocessing.set_start_method('spawn'); import zctipc",
+        ("import zctipc, numpy, multiprocessing", "forkserver"),
+        ("import numpy, multiprocessing; import zctipc", "forkserver"),
+        ("import multiprocessing; multiprocessing.set_start_method('spawn'); import zctipc", "spawn"),
+        ("import torch.multiprocessing as tmp; tmp.set_start_method('spawn'); import torch; import zctipc", "spawn"),
+        ("import zctipc; import torch.multiprocessing as tmp; tmp.set_start_method('spawn'); import torch", "spawn"),
     ],
 )
-def test_import_order(isolated, first):
+def test_import_order(isolated, first, method):
+    """Whatever came first, a queue carries arrays (and tensors, once torch
+    is imported), the start method is the one chosen, and nothing is left."""
     r = _run(
         isolated,
         f"""
         {first}
+        import sys
         import numpy as np, zctipc, multiprocessing as mp
         q = zctipc.Queue()
         q.put(np.arange(5))
         assert (q.get() == np.arange(5)).all()
+        if "torch" in sys.modules:
+            import torch
+            q.put(torch.arange(4))
+            assert q.get().tolist() == [0, 1, 2, 3]
         q.close()
         print(mp.get_start_method())
         """,
     )
     assert r.returncode == 0, r.stderr
-    want = "spawn" if "set_start_method" in first else "forkserver"
-    assert r.stdout.strip() == want
+    assert r.stdout.strip() == method
     assert emptied(isolated["ZCTIPC_SHM_DIR"]) == []
-
-
-@pytest.mark.parametrize("torch_first", [True, False])
-def test_import_order_with_torch(isolated, torch_first):
-    pytest.importorskip("torch")
-    imports = "import torch.multiprocessing as tmp; tmp.set_start_method('spawn'); import torch; import zctipc"
-    if not torch_first:
-        imports = "import zctipc; import torch.multiprocessing as tmp; tmp.set_start_method('spawn'); import torch"
-    r = _run(
-        isolated,
-        f"""
-        {imports}
-        q = zctipc.Queue()
-        q.put(torch.arange(4))
-        assert q.get().tolist() == [0, 1, 2, 3]
-        q.close()
-        import multiprocessing as mp
-        print(mp.get_start_method())
-        """,
-    )
-    assert r.returncode == 0, r.stderr
-    assert r.stdout.strip() == "spawn"
 
 
 NO_GUARD = """\

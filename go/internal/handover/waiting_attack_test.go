@@ -58,15 +58,7 @@ func TestAForgedTakeWhileAPutWaitsTakesNothing(t *testing.T) {
 	}
 	getRaw(t, q, 0)
 	require.NoError(t, <-done)
-	m := take(t, q)
-	require.NoError(t, m.Adopt())
-	n, err := m.Views[0].Ref.Holders()
-	require.NoError(t, err)
-	require.EqualValues(t, 1, n)
-	_, _, err = buffer.Adopt(&forged)
-	require.ErrorIs(t, err, pool.ErrTaken, "the replay after the receiver's take")
-	require.NoError(t, m.Release())
-	require.EqualValues(t, 0, p.Stats().SlotsInUse)
+	receivedOnce(t, q, p, &forged)
 }
 
 // A put that finds the put lock held by another putter (Busy) waits for
@@ -132,15 +124,7 @@ func TestATakeWhileAPutWaitsForTheLockTakesNothing(t *testing.T) {
 			require.NoError(t, res.err)
 			require.True(t, res.sent)
 			require.False(t, holds(), "a count the message holds is still in the ledger")
-			m := take(t, q)
-			require.NoError(t, m.Adopt())
-			n, err := m.Views[0].Ref.Holders()
-			require.NoError(t, err)
-			require.EqualValues(t, 1, n)
-			_, _, err = buffer.Adopt(&forged)
-			require.ErrorIs(t, err, pool.ErrTaken, "the replay after the receiver's take")
-			require.NoError(t, m.Release())
-			require.EqualValues(t, 0, p.Stats().SlotsInUse)
+			receivedOnce(t, q, p, &forged)
 		})
 	}
 }
@@ -178,5 +162,21 @@ func TestAQueueClosedWhileAPutWaitsLeavesTheCountsTheCallers(t *testing.T) {
 	require.ErrorIs(t, err, pool.ErrTaken, "the ticket of a put that did not send is armed")
 	require.NoError(t, r.Release())
 	require.False(t, holds())
+	require.EqualValues(t, 0, p.Stats().SlotsInUse)
+}
+
+// receivedOnce takes the hand-off at the head of q, whose receiver must be
+// its count's only holder; forged, a copy of its descriptor, is then
+// refused, and the receiver's release leaves no slot of p in use.
+func receivedOnce(t *testing.T, q *queue.Queue, p *pool.Pool, forged *message.Descriptor) {
+	t.Helper()
+	m := take(t, q)
+	require.NoError(t, m.Adopt())
+	n, err := m.Views[0].Ref.Holders()
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n)
+	_, _, err = buffer.Adopt(forged)
+	require.ErrorIs(t, err, pool.ErrTaken, "the replay after the receiver's take")
+	require.NoError(t, m.Release())
 	require.EqualValues(t, 0, p.Stats().SlotsInUse)
 }

@@ -54,8 +54,7 @@ func TestLedgerDropAfterAMove(t *testing.T) {
 func TestLedgerRecordsDuringMoves(t *testing.T) {
 	regions := [][]byte{ledgerMemory(t), ledgerMemory(t), ledgerMemory(t)}
 	l := plane.NewLedger(regions[0], 8)
-	var mu sync.Mutex
-	held := map[int]bool{}
+	h := newHolders()
 	stop := make(chan struct{})
 	var mover sync.WaitGroup
 	mover.Add(1)
@@ -81,31 +80,16 @@ func TestLedgerRecordsDuringMoves(t *testing.T) {
 			var mine []int
 			for i := range 4000 {
 				if i%2 == 1 && len(mine) > 0 {
-					n := mine[len(mine)-1]
+					h.drop(t, l, mine[len(mine)-1])
 					mine = mine[:len(mine)-1]
-					mu.Lock()
-					delete(held, n)
-					mu.Unlock()
-					require.True(t, l.Drop(n))
 					continue
 				}
-				n := l.Record(plane.LedgerSlot, "zctipc_m", "", uint32(w), uint32(i))
-				if n == plane.LedgerFull {
-					continue
+				if n := h.record(t, l, "zctipc_m", w, i); n != plane.LedgerFull {
+					mine = append(mine, n)
 				}
-				require.GreaterOrEqual(t, n, 0)
-				mu.Lock()
-				twice := held[n]
-				held[n] = true
-				mu.Unlock()
-				require.False(t, twice, "entry %d held by two", n)
-				mine = append(mine, n)
 			}
 			for _, n := range mine {
-				mu.Lock()
-				delete(held, n)
-				mu.Unlock()
-				require.True(t, l.Drop(n))
+				h.drop(t, l, n)
 			}
 		}()
 	}

@@ -134,8 +134,7 @@ func TestLedgerDropOfAnEntryNotHeldChangesNothing(t *testing.T) {
 func TestLedgerGrowthRacingRecords(t *testing.T) {
 	d := ledgerMemory(t)
 	l := plane.NewLedger(d, 1)
-	var mu sync.Mutex
-	held := map[int]bool{}
+	h := newHolders()
 	var wg sync.WaitGroup
 	for w := range 8 {
 		wg.Add(1)
@@ -147,36 +146,54 @@ func TestLedgerGrowthRacingRecords(t *testing.T) {
 					l.Grow(1 + i/10) // growth under the others' records
 				}
 				if i%3 == 2 && len(mine) > 0 {
-					n := mine[0]
+					h.drop(t, l, mine[0])
 					mine = mine[1:]
-					mu.Lock()
-					delete(held, n)
-					mu.Unlock()
-					require.True(t, l.Drop(n))
 					continue
 				}
-				n := l.Record(plane.LedgerSlot, "zctipc_g", "", uint32(w), uint32(i))
-				if n == plane.LedgerFull {
-					continue
+				if n := h.record(t, l, "zctipc_g", w, i); n != plane.LedgerFull {
+					mine = append(mine, n)
 				}
-				require.GreaterOrEqual(t, n, 0)
-				mu.Lock()
-				twice := held[n]
-				held[n] = true
-				mu.Unlock()
-				require.False(t, twice, "entry %d recorded twice", n)
-				mine = append(mine, n)
 			}
 			for _, n := range mine {
-				mu.Lock()
-				delete(held, n)
-				mu.Unlock()
-				require.True(t, l.Drop(n))
+				h.drop(t, l, n)
 			}
 		}()
 	}
 	wg.Wait()
 	require.Equal(t, 1+2950/10, l.Free(), "every entry the last growth reserved is free")
+}
+
+// holders says which ledger entries a test's goroutines hold, so that an
+// entry handed to two holders at once fails the test.
+type holders struct {
+	mu   sync.Mutex
+	held map[int]bool
+}
+
+func newHolders() *holders { return &holders{held: map[int]bool{}} }
+
+// record records an entry in l for worker w's i-th count and returns it,
+// or LedgerFull.
+func (h *holders) record(t *testing.T, l *plane.Ledger, name string, w, i int) int {
+	n := l.Record(plane.LedgerSlot, name, "", uint32(w), uint32(i))
+	if n == plane.LedgerFull {
+		return n
+	}
+	require.GreaterOrEqual(t, n, 0)
+	h.mu.Lock()
+	twice := h.held[n]
+	h.held[n] = true
+	h.mu.Unlock()
+	require.False(t, twice, "entry %d held by two", n)
+	return n
+}
+
+// drop drops entry n, which must have been held.
+func (h *holders) drop(t *testing.T, l *plane.Ledger, n int) {
+	h.mu.Lock()
+	delete(h.held, n)
+	h.mu.Unlock()
+	require.True(t, l.Drop(n))
 }
 
 // A growth past LedgerMaxEntries stops there, and a full ledger of every

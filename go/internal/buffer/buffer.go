@@ -175,6 +175,12 @@ func (r *Ref) Describe(offset uint64, dt dtype.DType, shape, strides []int64, fl
 		return d, fmt.Errorf("offset %d is past the %d-byte region: %w", offset, region, unix.EINVAL)
 	}
 	extent, ok := header.Extent(shape, strides, dt.Size())
+	if _, fits := header.ByteCount(shape, dt.Size()); ok && !fits {
+		// Zero strides keep the extent small while the elements' bytes
+		// overflow (a torch expand): the caller's argument, not a
+		// malformed message (d.Check's ErrMalformed names bytes a get read).
+		return d, fmt.Errorf("an array of shape %v has more bytes than a descriptor counts (2^63): %w", shape, unix.EINVAL)
+	}
 	if !ok || offset+extent > region {
 		return d, fmt.Errorf("an array of shape %v and strides %v at offset %d does not fit in %d bytes: %w",
 			shape, strides, offset, region, unix.EINVAL)

@@ -145,8 +145,9 @@ enum {
     ZP_BAD_POSITIONS = 1, /* head need, tail need_views */
     ZP_BAD_SKIP = 2,      /* a skip record of need bytes at ring offset need_views */
     ZP_BAD_RECORD = 3,    /* a record of need bytes */
-    ZP_IN_SENDS = 4,      /* ZP_FAULT of a put: in its sends, once a count may have left the ledger; nothing
-                             was put, and the counts of its sends are lost rather than given up twice */
+    ZP_IN_SENDS = 4,      /* ZP_FAULT of a put: in or after its sends, once a count may have left the ledger
+                             (its record may be in the queue or not); the counts of its sends are lost rather
+                             than given up twice */
 };
 
 /* Put recs[0..n) in order: wait (ZP_WAIT) for room for the first, then as

@@ -509,21 +509,22 @@ static int plain(const uint8_t *h, uint32_t size) {
 // lock, never holds a count outside the ledger (package buffer, Note
 // [counts that wait]). Every ticket's word is read first, so that a ticket
 // arena whose file was shrunk faults before any count changes hands; a
-// fault after that (a shrink racing these few instructions) says so
-// (ZP_IN_SENDS), and the put is not committed.
+// fault after that (a shrink racing these few instructions, or the
+// queue's own file shrunk under the commit or the steps after it) says so
+// (ZP_IN_SENDS) until the put returns: the counts have left the ledger,
+// and the record may be in the queue, so its caller must not give them up.
 static void hand_over(const zp_record *recs, int32_t k, zp_out *out) {
     for (int32_t i = 0; i < k; i++) {
         for (int32_t j = 0; j < recs[i].nsends; j++) {
             zp_send_probe(&recs[i].sends[j]);
         }
     }
-    out->what = ZP_IN_SENDS;
     for (int32_t i = 0; i < k; i++) {
         for (int32_t j = 0; j < recs[i].nsends; j++) {
+            out->what = ZP_IN_SENDS;
             zp_send_run(&recs[i].sends[j]);
         }
     }
-    out->what = 0;
 }
 
 static int put(const zp_queue *q, const zp_record *recs, int32_t n, int32_t flags, zp_out *out, held *locks) {
@@ -604,6 +605,7 @@ static int put(const zp_queue *q, const zp_record *recs, int32_t n, int32_t flag
     } else {
         __atomic_add_fetch(u32(q, ZP_OFF_DATA_SEQ), 1, SEQ);
     }
+    out->what = 0;
     return ZP_OK;
 }
 

@@ -35,10 +35,10 @@ var (
 	// ErrClosed means this handle on the queue was closed, before the call
 	// or while it waited.
 	ErrClosed = fmt.Errorf("queue is closed: %w", shm.ErrClosed)
-	// ErrSendsFaulted means a put faulted in the sends of the counts its
-	// record hands over (PutSending), once they may have left the ledger:
-	// nothing was put, and those counts are lost rather than given up
-	// twice.
+	// ErrSendsFaulted means a put faulted in or after the sends of the
+	// counts its record hands over (PutSending), once they may have left
+	// the ledger: the record may be in the queue or not, and those counts
+	// are lost rather than given up twice.
 	ErrSendsFaulted = errors.New("the put faulted while handing its counts over, which are lost")
 )
 

@@ -224,13 +224,11 @@ def view_ref(views: Any, at: int) -> int:
 NUMPY_DTYPES: dict[int, np.dtype[Any]] = {}
 
 
-def from_view(views: Any, at: int) -> NDArray[Any] | torch.Tensor:
+def from_view(views: Any, at: int, fields: tuple[Any, ...]) -> NDArray[Any] | torch.Tensor:
     """The NumPy array (or torch tensor) that the received zct_view at
-    byte at of views (their bytes) describes; it holds the view's ref until
-    it is collected."""
-    if not VIEW_SIZE:
-        view_layout()
-    ref, data, _, nbytes, code, ndim, _, flags = VIEW.unpack_from(views, at)
+    byte at of views (their bytes) describes, whose fields VIEW read;
+    it holds the view's ref until it is collected."""
+    ref, data, _, nbytes, code, ndim, _, flags = fields
     dims = VIEW_DIMS[ndim]
     shape, strides = dims.unpack_from(views, at + VIEW_SHAPE), dims.unpack_from(views, at + VIEW_STRIDES)
     # owner() and ndarray() written out: a hand-off's get pays for every

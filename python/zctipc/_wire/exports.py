@@ -535,7 +535,8 @@ def _numpy_met() -> None:
 lazy.when_numpy_is_met(_numpy_met)
 
 
-_NUMPY, _TORCH, _TYPE_MASK, _READONLY = memory.NUMPY, memory.TORCH, memory.TYPE_MASK, memory.READONLY
+_NUMPY, _TORCH, _SHARED_TENSOR = memory.NUMPY, memory.TORCH, memory.SHARED_TENSOR
+_TYPE_MASK, _READONLY = memory.TYPE_MASK, memory.READONLY
 _MAX_NDIM = native.MAX_NDIM
 
 
@@ -635,16 +636,16 @@ def build(views: Any, at: int) -> NDArray[Any] | torch.Tensor | SharedTensor:
     for; it holds the view's ref."""
     if not memory.VIEW_SIZE:
         memory.view_layout()
-    ref, _, _, _, _, _, kind, flags = memory.VIEW.unpack_from(views, at)
-    if flags & memory.TYPE_MASK == memory.SHARED_TENSOR:
+    fields = memory.VIEW.unpack_from(views, at)  # read once, for from_view too
+    if fields[7] & _TYPE_MASK == _SHARED_TENSOR:
         lib = native.lib()
-        if kind == lib.ZCT_REF_SEGMENT:
+        if fields[6] == lib.ZCT_REF_SEGMENT:
             ffi = native.ffi()
             handle = ffi.new("zct_handle *")
             info = ffi.new("zct_info *")
-            native.check(lib.zct_ref_segment(ref, handle, info))
+            native.check(lib.zct_ref_segment(fields[0], handle, info))
             return SharedTensor._wrap(handle[0], info)
-    return memory.from_view(views, at)
+    return memory.from_view(views, at, fields)
 
 
 def encode(export: Export) -> bytes:

@@ -8,7 +8,6 @@ last few instructions of its put or of its take stays in use, until its
 pool's owner exits (docs/crash-safety.md); and every record the receiver
 gets has its ticket armed (no DescriptorTaken)."""
 
-import gc
 import os
 import queue
 import random
@@ -19,7 +18,7 @@ import time
 
 import numpy as np
 import pytest
-from conftest import SWEEP_TIMEOUT, with_pythonpath
+from conftest import SWEEP_TIMEOUT, slots_in_use, with_pythonpath
 
 import zctipc
 
@@ -44,8 +43,9 @@ def _ledger_of(pid):
 
 def test_a_sender_killed_in_its_hand_off_puts_loses_and_doubles_no_count():
     rng = random.Random(63)
-    gc.collect()  # the pool is this process's: what earlier tests left is not this test's
-    caught = zctipc.pool_stats().slots_in_use  # and slots that kills left in use, in the few instructions they may
+    # Slots held before (the pool is this process's), and those kills leave
+    # in use, in the few instructions they may.
+    caught = slots_in_use()
     for _ in range(3):
         inq, outq = zctipc.Queue(), zctipc.Queue(maxsize=2)
         bufs = [zctipc.empty(64, np.int64) for _ in range(N)]

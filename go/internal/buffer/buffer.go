@@ -32,7 +32,7 @@ type Ref struct {
 	led    *ledger.Ledger // where the count is recorded, or nil
 	entry  int            // its record there, or shm.NoEntry
 	ticket *pool.Ticket   // the ticket of the count's descriptor, once described
-	taken  bool           // its count went elsewhere: its ticket taken though not sent, or lost (Lost)
+	taken  bool           // its count went elsewhere: sent (Sent), its ticket taken though not sent, or lost (Lost)
 }
 
 // ErrTaken is returned when a descriptor's count was already taken (see
@@ -247,7 +247,7 @@ func unsend(refs []*Ref) error {
 	for _, r := range refs {
 		if r.ticket != nil {
 			if err := r.ticket.Disarm(); err != nil {
-				errs = append(errs, err, r.lose())
+				errs = append(errs, err, r.spend())
 				continue
 			}
 		}
@@ -256,9 +256,9 @@ func unsend(refs []*Ref) error {
 	return errors.Join(errs...)
 }
 
-// lose marks r spent with its count gone elsewhere (taken, or lost): its
-// ticket and its count are no longer its own to give up.
-func (r *Ref) lose() error {
+// spend marks r spent with its count gone elsewhere (sent, taken, or
+// lost): its ticket and its count are no longer its own to give up.
+func (r *Ref) spend() error {
 	r.ticket, r.taken = nil, true
 	r.led, r.entry = nil, shm.NoEntry
 	if r.seg != nil {
@@ -303,16 +303,12 @@ func Sends(refs []*Ref) []plane.Send {
 
 // Sent marks refs as sent, by a put that ran their sends (Sends) or by
 // Send: their counts are the message's, and its receiver takes them. The
-// refs are spent: they close (the error is of closing), and must not be
-// released.
+// refs are spent: they close (the error is of closing), a Release gives up
+// nothing, and they describe nothing more (ErrTaken).
 func Sent(refs []*Ref) error {
 	var errs []error
 	for _, r := range refs {
-		r.ticket = nil // the message's now: its receiver takes it
-		r.led, r.entry = nil, shm.NoEntry
-		if r.seg != nil {
-			errs = append(errs, r.seg.Close())
-		}
+		errs = append(errs, r.spend()) // the message's now: its receiver takes it
 	}
 	return errors.Join(errs...)
 }
@@ -325,7 +321,7 @@ func Sent(refs []*Ref) error {
 func Lost(refs []*Ref) error {
 	var errs []error
 	for _, r := range refs {
-		errs = append(errs, r.lose())
+		errs = append(errs, r.spend())
 	}
 	return errors.Join(errs...)
 }

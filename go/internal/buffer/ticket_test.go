@@ -68,6 +68,31 @@ func TestADescriptorIsTakenOnce(t *testing.T) {
 	}
 }
 
+// A ref that was sent is spent: its Release gives up nothing (the count is
+// the message's, and its receiver's once taken) and it describes nothing
+// more, so a sender that releases or re-sends it by mistake cannot take the
+// count from under the receiver.
+func TestASentRefGivesUpNothingMore(t *testing.T) {
+	p := pool.New(16 << 20)
+	defer func() { require.NoError(t, p.Close()) }()
+	for _, kind := range []string{"slot", "segment"} {
+		t.Run(kind, func(t *testing.T) {
+			r := newRef(t, p, kind)
+			b := send(t, r)
+			require.NoError(t, r.Release(), "a release after the send")
+			_, err := r.Describe(0, dtype.Uint8, []int64{64}, []int64{1}, 0)
+			require.ErrorIs(t, err, buffer.ErrTaken, "a description after the send")
+			got, err := take(b)
+			require.NoError(t, err)
+			holders, err := got.Holders()
+			require.NoError(t, err)
+			require.EqualValues(t, 1, holders, "the receiver's count is still there")
+			require.NoError(t, got.Release())
+			require.Zero(t, p.Stats().SlotsInUse)
+		})
+	}
+}
+
 func mustQueue(t *testing.T, capacity, maxItems uint64) *queue.Queue {
 	t.Helper()
 	q, err := queue.Create("", capacity, maxItems)

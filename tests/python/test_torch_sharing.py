@@ -7,6 +7,10 @@ their rule (one copy into the pool)."""
 
 import gc
 import multiprocessing
+import pickle
+import subprocess
+import sys
+import textwrap
 import threading
 import warnings
 
@@ -118,6 +122,49 @@ def test_an_ordinary_cpu_tensor_put_into_a_queue_is_shared_not_copied():
         assert t[1] == 43
     finally:
         q.close()
+
+
+OLD_TORCH = textwrap.dedent("""
+    import pickle, sys
+    import torch
+    from multiprocessing.reduction import ForkingPickler
+    torch.UntypedStorage._swap_data_ptr_ = None  # as torch before 2.12 has none
+    import zctipc
+    from zctipc._wire import storages
+    assert not storages.can_move()
+    q = zctipc.Queue()
+    big, small = torch.arange(1 << 18, dtype=torch.float32), torch.arange(8.0)
+    where = big.untyped_storage().data_ptr()
+    q.put(big)  # a bare tensor
+    q.put({"a": small[:4], "b": small[2:]})  # pickled: two views of one storage
+    got, views = q.get(timeout=60), q.get(timeout=60)
+    big[0] = -1.0
+    views["a"][2] = 50.0
+    shared = ForkingPickler.loads(bytes(ForkingPickler.dumps(small)))  # a channel torch uses too
+    shared[0] = 60.0
+    print(pickle.dumps(dict(
+        stayed=big.untyped_storage().data_ptr() == where and not storages.is_zctipc(big.untyped_storage()),
+        equal=bool(torch.equal(got[1:], big[1:])), copy=got[0].item(), received=got.is_shared(),
+        one_storage=views["b"][0].item(), sender=small[2].item(),
+        torch_way=storages.is_torch_shared(small.untyped_storage()), channel=small[0].item(),
+    )).hex())
+""")
+
+
+def test_a_torch_that_cannot_move_storages_copies_them_into_a_message(isolated):
+    """Under torch before 2.12 (no UntypedStorage._swap_data_ptr_), a put
+    copies an ordinary tensor's storage into the pool, and the storage stays
+    where it was; a channel torch uses too shares it torch's way (Note [a
+    torch that cannot move storages])."""
+    out = subprocess.run([sys.executable, "-c", OLD_TORCH], env=isolated, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    got = pickle.loads(bytes.fromhex(out.stdout.split()[-1]))
+    assert got["stayed"], "the sender's storage was not moved"
+    assert got["equal"] and got["copy"] == 0.0, "the receiver holds a copy: the sender's write is not in it"
+    assert got["received"], "in zctipc memory"
+    assert got["one_storage"] == 50.0, "two views of one storage arrive over one storage"
+    assert got["sender"] == 2.0, "a copy of it"
+    assert got["torch_way"] and got["channel"] == 60.0, "through a channel torch uses, shared torch's way"
 
 
 def test_a_moved_tensor_gives_its_buffer_back_when_dropped():

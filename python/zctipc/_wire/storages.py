@@ -40,6 +40,18 @@ A storage that zctipc made over its own memory is never moved (Note
 [marked storages] in zctipc._core.memory): where find() cannot place it
 (a stream's slot), it is copied, as before.
 
+Note [a torch that cannot move storages]: torch before 2.12 has no
+_swap_data_ptr_, and nothing else in its Python API changes the memory of a
+storage in place (share_memory_() moves one into torch's own memory only).
+Under such a torch (can_move() is False) a storage that is not zctipc
+memory is copied into the pool buffer instead of moved: the receiver of a
+zctipc message gets a copy of its own, as of a NumPy array, and later
+writes on either side are not shared. In a channel torch uses too
+(multiprocessing's queues and pipes, a child's arguments) it goes torch's
+way, shared as torch.multiprocessing shares it. A tensor made in zctipc
+memory (zctipc.empty with a torch dtype, or one received) is shared under
+every torch.
+
 Note [a put moves its storages before it returns]: torch.multiprocessing's
 put returns at once and its feeder thread calls share_memory_() later;
 zctipc's put moves every storage of the message into the pool on the
@@ -113,8 +125,10 @@ def move_into_pool(
     given, is the storage's data_ptr() when find() did not place it: the
     storage is moved unless its memory changed since. Waits for room in
     the pool as block and timeout say, then raises OutOfSharedMemory (the
-    storage is then left where it was). Not for a marked storage, whose
-    memory is zctipc's already."""
+    storage is then left where it was). Under a torch that cannot move a
+    storage (can_move), the buffer gets a copy of its bytes and the storage
+    stays where it was (Note [a torch that cannot move storages]). Not for
+    a marked storage, whose memory is zctipc's already."""
     nbytes = storage.nbytes()
     ref, address = pool.alloc(nbytes, block, timeout)
     new = memory.storage(memory.owner(address, "zct_ref_release", ref, "releasing a buffer"), nbytes)
@@ -124,10 +138,22 @@ def move_into_pool(
         found = None if storage.data_ptr() == unplaced else memory.find(storage.data_ptr(), nbytes)
         if found is None:
             new.copy_(storage)
-            storage._swap_data_ptr_(new)  # type: ignore[attr-defined]  # private, not in torch's types
+            if can_move():
+                storage._swap_data_ptr_(new)  # type: ignore[attr-defined]  # private, not in torch's types
+            else:
+                storage = new  # the copy goes, with a count of its own
             found = memory.find(storage.data_ptr(), nbytes)
-    # new holds the old memory now (or the unused buffer), freed with it.
+    # new holds the old memory now (or the unused buffer, or the copy, which
+    # found's count keeps), freed with it.
     return found  # type: ignore[return-value]  # in zctipc memory now, which find() places
+
+
+def can_move() -> bool:
+    """Whether this torch can move a storage's memory in place
+    (UntypedStorage._swap_data_ptr_, torch 2.12 and later; Note [a torch
+    that cannot move storages])."""
+    torch = _torch or _met_torch()
+    return getattr(torch.UntypedStorage, "_swap_data_ptr_", None) is not None
 
 
 # torch's, once torch is met

@@ -68,6 +68,16 @@ def when_loaded(hook: "Callable[[], object]") -> None:
     _load_hooks.append(hook)
 
 
+_exit_hooks: "list[Callable[[], object]]" = []
+
+
+def before_letting_go(hook: "Callable[[], object]") -> None:
+    """Call hook() at exit (or SIGTERM) before this process lets go of what
+    it holds, while its counts still say who else holds what it sent (the
+    CUDA codec's last look at the tensors it sent)."""
+    _exit_hooks.append(hook)
+
+
 def _after_fork_in_child() -> None:
     global _lib
     # The child's Go runtime is gone: drop the library so that every call
@@ -275,6 +285,11 @@ def _at_exit() -> None:
     """Let go of everything, then remove the ledger: nothing is left to
     sweep. What fails is said on stderr: the process is leaving, and one
     broken segment (shrunk by another process, say) must not stop it."""
+    for hook in _exit_hooks:
+        try:
+            hook()
+        except Exception as exc:
+            sys.stderr.write(f"zctipc: at exit: {exc}\n")
     for step in (release_all, _disable_cleanup):
         try:
             step()

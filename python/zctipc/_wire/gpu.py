@@ -22,7 +22,6 @@ elsewhere.
 
 from __future__ import annotations
 
-import atexit
 import os
 import pickle
 import threading
@@ -108,13 +107,12 @@ def _sweep(final: bool = False) -> None:
 
 def _at_exit() -> None:
     if native.loaded() and _sent:
-        try:
-            _sweep(final=True)
-        except Exception:
-            pass
+        _sweep(final=True)
 
 
-atexit.register(_at_exit)
+# Before this process lets go of its counts (those of the slots above among
+# them), which would make every storage look unheld.
+native.before_letting_go(_at_exit)
 
 
 def _sent_record(t: torch.Tensor, storage: torch.UntypedStorage, stream: int) -> _Sent:

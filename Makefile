@@ -136,6 +136,17 @@ wheel: install
 	PATH="$(abspath $(VENV))/bin:$$PATH" $(VENV)/bin/auditwheel repair --plat $(WHEEL_PLAT) -w dist build/wheel/zctipc-*.whl
 	$(PY) -m build --sdist --no-isolation --outdir dist .
 
+# What the GPU checks (.ci/gpu_check.sh) take to a GPU machine that has
+# CUDA, torch and Python 3.12 but no Go, no cffi and no network: the wheel
+# and cffi's for 3.12 in .whl, the Go CUDA tests built in .dev.
+.PHONY: gpu-bundle
+gpu-bundle: install
+	rm -rf .whl .dev
+	$(PIP) download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+		--platform manylinux2014_x86_64 -d .whl cffi pycparser
+	$(PIP) wheel --quiet --no-build-isolation --no-deps -w .whl .
+	for p in cuda cudaalloc; do $(GO) test -c -o .dev/$$p.test ./go/internal/$$p || exit 1; done
+
 # What users install, tested: the wheel (abi3) in a fresh venv of the
 # oldest and the newest CPython the machine has (3.10 and 3.13 under pyenv
 # here) and of the development venv's (which runs the extras' tests too),

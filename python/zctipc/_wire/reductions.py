@@ -165,11 +165,13 @@ def reduce_tensor(ch: Channel, t: torch.Tensor) -> Reduction:
 def reduce_storage(ch: Channel, s: torch.UntypedStorage) -> Reduction:
     """A CPU torch storage: shared, moved into zctipc memory first if need
     be (zctipc._wire.storages); in a channel torch uses too, one in torch's
-    shared memory goes torch's way, and so does every one under a torch
-    that cannot move storages (Note [a torch that cannot move storages]
-    there)."""
+    shared memory goes torch's way, and so does every one but zctipc
+    memory under a torch that cannot move storages (Note [a torch that
+    cannot move storages] there: torch's reducer would move zctipc memory
+    into its own)."""
     if not storages.is_cpu(s) or (
-        ch.shared_with_torch and (storages.is_torch_shared(s) or native.forked() or not storages.can_move())
+        ch.shared_with_torch
+        and (storages.is_torch_shared(s) or native.forked() or (not storages.can_move() and not storages.is_zctipc(s)))
     ):
         return _torch_way(ch, "storage", s)
     if s.nbytes() == 0:

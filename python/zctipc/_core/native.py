@@ -285,7 +285,8 @@ def _at_exit() -> None:
     """Let go of everything, then remove the ledger: nothing is left to
     sweep. What fails is said on stderr: the process is leaving, and one
     broken segment (shrunk by another process, say) must not stop it."""
-    for hook in _exit_hooks:
+    while _exit_hooks:  # each once: a SIGTERM during a later exit handler runs this again, the counts gone
+        hook = _exit_hooks.pop(0)
         try:
             hook()
         except Exception as exc:

@@ -50,7 +50,11 @@ if TYPE_CHECKING:
 # received elsewhere (one each; a killed consumer's is given up by the cleanup
 # daemon). A storage is let go once its count is back to one.
 
-_lock = threading.Lock()
+# Re-entrant: the exit hook's sweep runs from zctipc's SIGTERM handler too,
+# which may interrupt this thread while it holds the lock (a send, a sweep);
+# it never returns there (the process dies of the signal), and a plain lock
+# hung it instead.
+_lock = threading.RLock()
 _sent: dict[tuple[int, int, int], _Sent] = {}  # (storage key) -> _Sent
 _SWEEP_EVERY = 64  # sends between sweeps
 

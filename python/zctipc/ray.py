@@ -6,7 +6,8 @@ Importing this module registers a one-sided Ray Direct Transport named
 ``@ray.remote(enable_tensor_transport=True)``) keeps the tensors it returns
 in zctipc memory, moved there once if they are not already (by the rules of
 :class:`zctipc.Queue`: a tensor's storage moves into the pool in place, so
-the producer shares what it sent), and Ray hands out only their
+the producer shares what it sent; under torch before 2.12, which cannot move
+a storage, each return copies it instead), and Ray hands out only their
 descriptors, as often as the method returns them (the same tensor every
 call, as a parameter server's weights, included). An actor that receives
 them must be made with ``@ray.remote(enable_tensor_transport=True)`` too,

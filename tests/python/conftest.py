@@ -76,6 +76,16 @@ def own_ledgers():
     return {s.name for s in zctipc.list_segments() if s.kind == "ledger" and s.creator_pid == os.getpid()}
 
 
+def left_in(env, timeout=SWEEP_TIMEOUT):
+    """What is left in env's segment directory (the isolated fixture's)
+    once the cleanup daemon has swept the processes that exited."""
+    d = env["ZCTIPC_SHM_DIR"]
+    deadline = time.monotonic() + timeout
+    while os.listdir(d) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return sorted(os.listdir(d))
+
+
 def wait_until_gone(names, timeout=SWEEP_TIMEOUT):
     """Wait until none of names is in /dev/shm, and return those left."""
     deadline = time.monotonic() + timeout

@@ -8,10 +8,9 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 
 import pytest
-from conftest import with_pythonpath
+from conftest import left_in, with_pythonpath
 
 pytestmark = pytest.mark.slow
 
@@ -70,17 +69,6 @@ def run(env, code, timeout=60):
     )
 
 
-def left_in(env, timeout=20):
-    """What is left in the segment directory once the cleanup daemon has
-    swept the processes that exited (nothing, by then)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        left = sorted(os.listdir(env["ZCTIPC_SHM_DIR"]))
-        if not left or time.monotonic() > deadline:
-            return left
-        time.sleep(0.1)
-
-
 def warned(stderr, n):
     return stderr.count(WARNING.format(n))
 
@@ -113,13 +101,19 @@ def test_a_tensor_received_and_dropped_before_exit_is_not_warned_about(env):
     assert left_in(env) == []
 
 
-def test_sigterm_warns_then_lets_go_and_dies_of_it(env):
-    out = run(env, "send(1)\nos.kill(os.getpid(), signal.SIGTERM)\ntime.sleep(30)\nprint('survived')\n")
+def died_of_sigterm_warning_first(out, env):
+    """The process died of SIGTERM, warned before its counts went, and
+    left nothing."""
     assert out.returncode == -signal.SIGTERM, (out.returncode, out.stderr)
     assert "survived" not in out.stdout
     assert warned(out.stderr, 1) == 1, out.stderr
     assert out.stderr.index("exits while") < out.stderr.index("released"), out.stderr
     assert left_in(env) == []
+
+
+def test_sigterm_warns_then_lets_go_and_dies_of_it(env):
+    out = run(env, "send(1)\nos.kill(os.getpid(), signal.SIGTERM)\ntime.sleep(30)\nprint('survived')\n")
+    died_of_sigterm_warning_first(out, env)
 
 
 def test_sigterm_while_the_codec_is_busy_still_ends_the_process(env):
@@ -137,11 +131,7 @@ def test_sigterm_while_the_codec_is_busy_still_ends_the_process(env):
         out = run(env, code, timeout=30)
     except subprocess.TimeoutExpired as exc:
         pytest.fail(f"a SIGTERM handler waited on the codec's lock: the process hung ({exc.stderr!r})")
-    assert out.returncode == -signal.SIGTERM, (out.returncode, out.stderr)
-    assert "survived" not in out.stdout
-    assert warned(out.stderr, 1) == 1, out.stderr
-    assert out.stderr.index("exits while") < out.stderr.index("released"), out.stderr
-    assert left_in(env) == []
+    died_of_sigterm_warning_first(out, env)
 
 
 def test_sys_exit_in_a_thread_ends_only_the_thread_and_the_process_warns_at_its_exit(env):

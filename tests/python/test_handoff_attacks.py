@@ -26,16 +26,14 @@ once the processes are gone.
 """
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
-import time
 
 import pytest
+from conftest import left_in
 
 RUN = 150  # seconds a scenario may take: the machine may be loaded
-SWEEP_TIMEOUT = 15
 
 
 def run(tmp_path, env, program, *args):
@@ -48,15 +46,6 @@ def run(tmp_path, env, program, *args):
     for bad in ("Traceback", "Fatal Python error", "Exception ignored"):
         assert bad not in out.stderr, out.stderr
     return json.loads(out.stdout.strip().splitlines()[-1])
-
-
-def left_in(env, timeout=SWEEP_TIMEOUT):
-    """What is left in env's segment directory once the daemon swept."""
-    d = env["ZCTIPC_SHM_DIR"]
-    deadline = time.monotonic() + timeout
-    while os.listdir(d) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return sorted(os.listdir(d))
 
 
 # Helpers every scenario program starts with.

@@ -10,10 +10,9 @@ import pickle
 import subprocess
 import sys
 import textwrap
-import time
 
 import pytest
-from conftest import with_pythonpath
+from conftest import left_in, with_pythonpath
 
 pytestmark = pytest.mark.slow
 
@@ -90,15 +89,6 @@ def run(env, code, timeout=180, script=None):
     left = left_in(env)
     assert left == [], f"left in the segment directory: {left}"
     return got
-
-
-def left_in(env, timeout=20):
-    deadline = time.monotonic() + timeout
-    while True:
-        left = sorted(os.listdir(env["ZCTIPC_SHM_DIR"]))
-        if not left or time.monotonic() > deadline:
-            return left
-        time.sleep(0.1)
 
 
 def test_bare_tensors_of_every_layout(env):

@@ -370,14 +370,14 @@ def _get_and_answer(q, out):
 
 
 EXITING = """
-import concurrent.futures, sys, threading
+import concurrent.futures, os, sys, threading
 import zctipc
 
 def square(x):
     return x * x
 
 def child(q):
-    print("child got", q.get(timeout=60), flush=True)
+    os.write(1, f"child got {q.get(timeout=60)}\\n".encode())  # one write: the parent writes to the same pipe
 
 if __name__ == "__main__":
     ctx = zctipc.get_context("spawn")

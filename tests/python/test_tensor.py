@@ -61,6 +61,35 @@ def test_round_trip_torch_tensors(segname, dtype):
             assert torch.equal(got, data)
 
 
+def test_bfloat16_tensors_under_a_torch_without_uint16(monkeypatch):
+    """torch before 2.3 has no uint16 and its from_numpy refuses one: a
+    bfloat16 tensor in zctipc memory (made, attached, or received) is built
+    over the bits as int16, which every torch takes."""
+    from_numpy = torch.from_numpy
+
+    def old_from_numpy(arr):
+        if arr.dtype.kind == "u" and arr.dtype.itemsize > 1:
+            raise TypeError(f"can't convert np.ndarray of type numpy.{arr.dtype}")
+        return from_numpy(arr)
+
+    monkeypatch.setattr(torch, "from_numpy", old_from_numpy)
+    data = torch.arange(12.0).reshape(3, 4).to(torch.bfloat16)
+    made = zctipc.empty((3, 4), dtype=torch.bfloat16).copy_(data)
+    with zctipc.create_shared_tensor(data=data) as t:
+        assert torch.equal(t.torch(), data)
+    q = zctipc.Queue()
+    try:
+        q.put(made)
+        q.put(data.t()[1:])  # the long way, copied into the pool
+        got, view = q.get(timeout=10), q.get(timeout=10)
+        assert got.dtype == torch.bfloat16 and torch.equal(got, data)
+        assert view.dtype == torch.bfloat16 and torch.equal(view, data.t()[1:])
+        got[0, 0] = 5.0
+        assert made[0, 0].item() == 5.0, "zctipc memory is shared"
+    finally:
+        q.close()
+
+
 def test_bfloat16_has_no_numpy_view_without_ml_dtypes():
     t = zctipc.create_shared_tensor(shape=(2,), dtype=torch.bfloat16)
     assert t.dtype == "bfloat16"

@@ -152,6 +152,10 @@ def copy_tensor(arr: NDArray[Any], code: int, readonly: bool = False) -> torch.T
 
 def _tensor(arr: NDArray[Any], code: int, readonly: bool = False) -> torch.Tensor:
     torch = _torch or _torch_module()
+    if code == dtypes.BFLOAT16:
+        # The bits as int16, which every torch takes from NumPy (torch before
+        # 2.3 has no uint16, the storage dtype's type).
+        arr = arr.view(np.int16)
     if readonly:
         # torch has no read-only tensors and warns; the mapping itself is
         # PROT_READ, so a write through the tensor faults.

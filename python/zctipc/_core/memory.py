@@ -49,13 +49,21 @@ def owner(address: Any, close: str, handle: int, what: str, segment: str | None 
     objects are Any: cffi has no Python types.)"""
     ffi = native.ffi()
     if segment is None:
-        return ffi.gc(ffi.cast("char *", address), lambda _, h=handle: native.finalize(close, h, what))
-    return ffi.gc(ffi.cast("char *", address), lambda _, h=handle: _let_go(close, h, what, segment))
+        return ffi.gc(ffi.cast("char *", address), lambda _, h=handle, f=_finalize: f(close, h, what))
+    return ffi.gc(ffi.cast("char *", address), lambda _, h=handle, f=_let_go: f(close, h, what, segment))
 
 
-def _let_go(close: str, handle: int, what: str, segment: str) -> None:
-    native.finalize(close, handle, what)
-    log.debug("let go of segment %s", segment)
+# Note [finalizers at shutdown]: a pointer that a module-level array or
+# tensor of the program still holds is collected at interpreter shutdown,
+# maybe after this module's globals were cleared (under torch before 2.3 they
+# were): its callback reaches what it calls through its defaults, not
+# through this module's globals.
+_finalize = native.finalize
+
+
+def _let_go(close: str, handle: int, what: str, segment: str, f: Any = _finalize, debug: Any = log.debug) -> None:
+    f(close, handle, what)
+    debug("let go of segment %s", segment)
 
 
 def ndarray(
@@ -238,7 +246,7 @@ def from_view(views: Any, at: int, fields: tuple[Any, ...]) -> NDArray[Any] | to
     # owner() and ndarray() written out: a hand-off's get pays for every
     # call made here.
     ffi = native.ffi()
-    memory = ffi.gc(ffi.cast("char *", data), lambda _: native.finalize("zct_ref_release", ref, _RELEASING))
+    memory = ffi.gc(ffi.cast("char *", data), lambda _, f=_finalize, w=_RELEASING: f("zct_ref_release", ref, w))
     if flags & TYPE_MASK == TORCH:
         return _tensor(ndarray(memory, nbytes, dtypes.storage_dtype(code), shape, strides), code)
     dt = NUMPY_DTYPES.get(code)

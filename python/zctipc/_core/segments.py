@@ -199,7 +199,18 @@ class SharedTensor:
         kwargs = device.dlpack_keywords(max_version, dl_device, copy)
         if self._code == dtypes.BFLOAT16:
             return self.torch().__dlpack__(**kwargs)
-        return self.numpy().__dlpack__(**kwargs)
+        arr = self.numpy()
+        try:
+            return arr.__dlpack__(**kwargs)
+        except TypeError:
+            if not kwargs:
+                raise
+        # NumPy before 2.1 takes none of these keywords: the legacy capsule,
+        # a version below any max_version asked for (the standard allows
+        # it), over a copy when one was asked for.
+        if dl_device not in (None, (1, 0)):
+            raise BufferError(f"a CPU tensor cannot be exported to DLPack device {dl_device}")
+        return (arr.copy() if copy else arr).__dlpack__()
 
     def __dlpack_device__(self) -> tuple[int, int]:
         return (1, 0)  # kDLCPU, device 0

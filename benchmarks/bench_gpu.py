@@ -25,7 +25,11 @@ Every producer runs in a fresh process, so the shareable allocator goes in
 before CUDA starts. Without a GPU the benchmark says why and measures
 nothing.
 
-    python benchmarks/bench_gpu.py [--quick] [--json PATH]
+With --profile PATH, each hand-off runs as many rounds again after the
+timed ones, its consumer under cProfile, and the functions with the most
+time of their own go to PATH.
+
+    python benchmarks/bench_gpu.py [--quick] [--json PATH] [--profile PATH]
 """
 
 import os
@@ -75,19 +79,41 @@ def start_cuda():
     torch.cuda.synchronize()
 
 
-def handoff_consumer(q, out, rounds):
+def handoff_consumer(q, out, rounds, profile=False):
+    """Time rounds hand-offs; with profile, as many more after them under
+    cProfile (untimed: the profiler slows them)."""
     start_cuda()
     out.put("ready")
     samples = []
-    for _ in range(rounds):
+    profiler = None
+    for i in range(2 * rounds if profile else rounds):
+        if i == rounds:
+            import cProfile
+
+            profiler = cProfile.Profile()
+            profiler.enable()
         sent, t = q.get()  # usable: the current stream is ordered after the producer's work
         samples.append(time.perf_counter_ns() - sent)
         del t
         out.put(None)  # the next round starts after this one: one message in flight
-    out.put(samples)
+    out.put((samples[:rounds], _top(profiler)))
 
 
-def handoff_producer(peer, nbytes, dtype, rounds, result):
+def _top(profiler, n=20):
+    """The n functions of profiler's run with the most time of their own,
+    as pstats prints them ("" without a profiler)."""
+    if profiler is None:
+        return ""
+    import io
+    import pstats
+
+    profiler.disable()
+    text = io.StringIO()
+    pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(n)
+    return text.getvalue()
+
+
+def handoff_producer(peer, nbytes, dtype, rounds, profile, result):
     import torch
 
     if peer == "zctipc (shareable allocator)":
@@ -96,13 +122,13 @@ def handoff_producer(peer, nbytes, dtype, rounds, result):
         zctipc.cuda.use_shareable_allocator()
     ctx, make_queue = _context(peer)
     q, out = make_queue(), make_queue()
-    p = ctx.Process(target=handoff_consumer, args=(q, out, rounds))
+    p = ctx.Process(target=handoff_consumer, args=(q, out, rounds, profile))
     p.start()
     dt = getattr(torch, dtype)
     t = torch.ones(nbytes // dt.itemsize, dtype=dt, device="cuda:0")
     torch.cuda.synchronize()
     assert out.get() == "ready"
-    for _ in range(rounds):
+    for _ in range(2 * rounds if profile else rounds):
         q.put((time.perf_counter_ns(), t))
         out.get()
         time.sleep(0.002)
@@ -229,7 +255,11 @@ def in_fresh_process(target, *args):
 
 def main(argv=None):
     parser = arguments(__doc__, "gpu")
+    parser.add_argument(
+        "--profile", metavar="PATH", help="profile each hand-off consumer in extra rounds; the top functions to PATH"
+    )
     args = parser.parse_args(argv)
+    profiles = []
     import torch
 
     import zctipc
@@ -245,7 +275,8 @@ def main(argv=None):
         for size, nbytes in SIZES.items():
             for dtype in DTYPES:
                 for peer in HANDOFF_PEERS:
-                    samples = in_fresh_process(handoff_producer, peer, nbytes, dtype, rounds)
+                    samples, top = in_fresh_process(handoff_producer, peer, nbytes, dtype, rounds, bool(args.profile))
+                    profiles.append(f"== {size} {dtype} {peer}\n{top}")
                     r = {"size": size, "dtype": dtype, "peer": peer, "first_us": samples[0] / 1e3}
                     r.update(summarize(samples[1:]))
                     report["rows"].append(r)
@@ -263,6 +294,9 @@ def main(argv=None):
                 f"{fmt_us(r['in_place']['median_us'])} (one device copy {fmt_us(r['copy_us'])})",
                 flush=True,
             )
+    if args.profile:
+        with open(args.profile, "w") as f:
+            f.write("\n".join(profiles))
     finish(report, render(report), args.json)
 
 

@@ -192,25 +192,32 @@ class SharedTensor:
         consumer that asks for max_version (1, 0) or later gets a versioned
         capsule ("dltensor_versioned", read-only flagged for a read-only
         mapping); one that does not gets the legacy capsule, which cannot
-        say read-only, so a read-only segment refuses it (BufferError).
+        say read-only, so a read-only segment refuses it (BufferError). A
+        read-only bfloat16 segment goes through torch, which cannot say
+        read-only either: it refuses every export but a copy.
         stream must be None on the CPU."""
         if stream is not None:
             raise InvalidArgument(f"a CPU tensor takes no DLPack stream, not {stream!r}")
         kwargs = device.dlpack_keywords(max_version, dl_device, copy)
-        if self._code == dtypes.BFLOAT16:
-            return self.torch().__dlpack__(**kwargs)
-        arr = self.numpy()
+        bfloat16 = self._code == dtypes.BFLOAT16
+        if bfloat16 and self._readonly and not copy:
+            # torch has no read-only tensors: its capsules, legacy or
+            # versioned, would say the PROT_READ mapping is writable.
+            raise BufferError("a read-only bfloat16 segment is exported to DLPack only as a copy (copy=True)")
+        arr = self.torch() if bfloat16 else self.numpy()
         try:
             return arr.__dlpack__(**kwargs)
         except TypeError:
             if not kwargs:
                 raise
-        # NumPy before 2.1 takes none of these keywords: the legacy capsule,
-        # a version below any max_version asked for (the standard allows
-        # it), over a copy when one was asked for.
+        # NumPy before 2.1 and older torch (2.2) take none of these keywords:
+        # the legacy capsule, a version below any max_version asked for (the
+        # standard allows it), over a copy when one was asked for.
         if dl_device not in (None, (1, 0)):
             raise BufferError(f"a CPU tensor cannot be exported to DLPack device {dl_device}")
-        return (arr.copy() if copy else arr).__dlpack__()
+        if copy:
+            arr = arr.clone() if bfloat16 else arr.copy()
+        return arr.__dlpack__()
 
     def __dlpack_device__(self) -> tuple[int, int]:
         return (1, 0)  # kDLCPU, device 0

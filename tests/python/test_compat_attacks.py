@@ -1,0 +1,382 @@
+"""bfloat16 tensors over zctipc memory (built from int16 bits), finalizers at
+interpreter shutdown, and DLPack exports under a NumPy or torch whose
+__dlpack__ takes no keywords: the edges of each."""
+
+import ctypes
+import pickle
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from conftest import left_in, slots_in_use
+
+import zctipc
+
+pytestmark = pytest.mark.slow
+
+# Every bfloat16 bit pattern: negatives, -0.0, infinities, NaNs (with their
+# payloads), subnormals and the largest values.
+ALL_BITS = torch.arange(-(1 << 15), 1 << 15, dtype=torch.int32).to(torch.int16)
+ALL_BF16 = ALL_BITS.view(torch.bfloat16)
+
+
+def bits(t):
+    assert t.dtype == torch.bfloat16, t.dtype
+    return t.view(torch.int16)
+
+
+def same_bits(a, b):
+    return a.shape == b.shape and torch.equal(bits(a), bits(b))
+
+
+def _capsule_name(capsule):
+    get = ctypes.pythonapi.PyCapsule_GetName
+    get.restype, get.argtypes = ctypes.c_char_p, [ctypes.py_object]
+    return get(capsule)
+
+
+# -- bfloat16 -----------------------------------------------------------------
+
+
+def test_every_bfloat16_bit_pattern_survives_each_way_in():
+    made = zctipc.empty(ALL_BF16.shape, torch.bfloat16)
+    assert made.dtype == torch.bfloat16
+    made.copy_(ALL_BF16)
+    assert same_bits(made, ALL_BF16)
+    with zctipc.create_shared_tensor(data=ALL_BF16) as t:
+        assert t.dtype_name == "bfloat16"
+        assert same_bits(t.torch(), ALL_BF16)
+        with zctipc.attach_shared_tensor(t.name, readonly=True) as ro:
+            got = ro.torch()
+            assert same_bits(got, ALL_BF16)
+            assert np.array_equal(got.view(torch.int16).numpy(), ALL_BITS.numpy())
+        back = t.torch()
+        back[0] = -0.0
+        back[1] = float("nan")
+        back[2] = float("-inf")
+        assert bits(t.torch())[:3].tolist() == [-32768, bits(back)[1].item(), -128]
+    if hasattr(torch, "uint16"):
+        assert torch.equal(made.view(torch.uint16).to(torch.int32), ALL_BITS.to(torch.int32) & 0xFFFF)
+
+
+def test_bfloat16_views_through_a_queue_keep_dtype_bits_and_memory():
+    base = zctipc.empty((256, 256), torch.bfloat16).copy_(ALL_BF16.reshape(256, 256))
+    plain = ALL_BF16.reshape(256, 256).clone()
+    cases = {
+        "whole": base,
+        "transposed": base.t(),
+        "offset": base[3:, 5:],
+        "strided": base[::3, ::7],
+        "transposed_slice": base.t()[1:],
+        "row": base[255],
+        "zero_d": base[200, 13],
+        "empty": base[:0],
+        "empty_cols": base[:, 7:7],
+        "expanded": base[0:1, 0:4].expand(5, 4),
+        "plain": plain,
+        "plain_t": plain.t()[::2],
+        "plain_zero_d": plain[128, 0],
+        "plain_expanded": plain[5].expand(3, 256),
+    }
+    q = zctipc.Queue()
+    try:
+        for value in cases.values():
+            q.put(value)
+        q.put({"nested": [cases["offset"], {"t": cases["transposed"]}], "z": cases["zero_d"]})
+        q.put([cases["plain_t"], (cases["expanded"], cases["empty"])])
+        got = {k: q.get(timeout=10) for k in cases}
+        d, lst = q.get(timeout=10), q.get(timeout=10)
+        for k, v in cases.items():
+            assert same_bits(got[k], v), k
+            assert got[k].stride() == v.stride() or v.numel() <= 1 or v.stride()[0] == 0, (k, got[k].stride())
+        assert same_bits(d["nested"][0], cases["offset"]) and same_bits(d["nested"][1]["t"], cases["transposed"])
+        assert same_bits(d["z"], cases["zero_d"]) and d["z"].dim() == 0
+        assert same_bits(lst[0], cases["plain_t"]) and same_bits(lst[1][0], cases["expanded"])
+        assert lst[1][1].shape == (0, 256)
+        # in place: a write through what arrived is seen by the sender
+        got["offset"][0, 0] = -0.0
+        assert bits(base)[3, 5].item() == -32768
+        got["whole"][1, 1] = float("inf")
+        assert bits(base)[1, 1].item() == 0x7F80
+        # afterwards: reinterpreting, DLPack, and sending it on again
+        assert got["whole"].view(torch.int16).dtype == torch.int16
+        if hasattr(torch, "uint16"):
+            assert got["whole"].view(torch.uint16).dtype == torch.uint16
+        dl = torch.from_dlpack(got["transposed"])
+        assert dl.dtype == torch.bfloat16 and same_bits(dl, base.t())
+        assert dl.data_ptr() == got["transposed"].data_ptr()
+        q.put(got["strided"])
+        again = q.get(timeout=10)
+        assert same_bits(again, base[::3, ::7])
+        again[0, 1] = -2.5
+        assert base[0, 7].item() == -2.5, "passed on, still the same memory"
+    finally:
+        q.close()
+
+
+def test_pickling_a_received_bfloat16_tensor_again():
+    base = zctipc.empty((4, 8), torch.bfloat16).copy_(ALL_BF16[-32:].reshape(4, 8))
+    q = zctipc.Queue()
+    try:
+        q.put(base.t()[2:])
+        got = q.get(timeout=10)
+    finally:
+        q.close()
+    for tensor in (got, base):
+        back = pickle.loads(pickle.dumps(tensor))  # plain pickle: a copy
+        assert same_bits(back, tensor)
+
+
+def _receive_and_write(queue, answers):
+    got = queue.get(timeout=60)
+    answers.put({k: (str(v.dtype), v.view(torch.int16).tolist()) for k, v in got.items()})
+    got["a"][0] = -0.0
+    got["b"][0, 0] = float("nan")
+    got["c"].fill_(-3.0)
+    answers.put("written")
+
+
+def test_bfloat16_shared_in_place_with_another_process():
+    a = zctipc.empty((16,), torch.bfloat16).copy_(ALL_BF16[32760:32776])  # around 0: -tiny..., +0, subnormals
+    b = zctipc.empty((4, 4), torch.bfloat16).copy_(ALL_BF16[-16:].reshape(4, 4)).t()
+    c = zctipc.empty((3,), torch.bfloat16)
+    want_a, want_b = bits(a).tolist(), bits(b).tolist()
+    ctx = zctipc.get_context()
+    queue, answers = ctx.Queue(), ctx.Queue()
+    p = ctx.Process(target=_receive_and_write, args=(queue, answers))
+    p.start()
+    try:
+        queue.put({"a": a, "b": b, "c": c})
+        seen = answers.get(timeout=60)
+        assert seen["a"] == ("torch.bfloat16", want_a)
+        assert seen["b"] == ("torch.bfloat16", want_b)
+        assert answers.get(timeout=60) == "written"
+        assert bits(a)[0].item() == -32768
+        assert torch.isnan(b[0, 0]).item()
+        assert c.tolist() == [-3.0] * 3
+    finally:
+        p.join(60)
+        queue.close()
+        answers.close()
+    assert p.exitcode == 0
+
+
+class _BF16Data(torch.utils.data.Dataset):
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        return ALL_BF16[i * 1024 : (i + 1) * 1024].reshape(32, 32).t()
+
+
+def test_bfloat16_batches_through_a_dataloader():
+    loader = torch.utils.data.DataLoader(
+        _BF16Data(), batch_size=2, num_workers=2, multiprocessing_context=zctipc.get_context()
+    )
+    for i, batch in enumerate(loader):
+        want = torch.stack([_BF16Data()[2 * i], _BF16Data()[2 * i + 1]])
+        assert same_bits(batch, want), i
+    assert i == 3
+
+
+# -- finalizers at interpreter shutdown ----------------------------------------
+
+SHUTDOWN = """
+import atexit, gc, os, sys, threading, time
+import numpy as np, torch, zctipc
+MODE = sys.argv[1]
+G = zctipc.empty((1024,), torch.bfloat16)
+A = zctipc.empty((1 << 16,), np.uint8)
+class Holder:
+    cls_attr = zctipc.empty((8,), torch.float32)
+q = zctipc.Queue()
+for x in (np.ones(1 << 20, np.uint8), torch.ones(1 << 18), G[1:].view(torch.int16)):
+    q.put(x)
+R = [q.get(), q.get(), q.get()]
+cycle = {"t": zctipc.empty((4,), torch.float64), "arr": R[0]}
+cycle["self"] = cycle
+with zctipc.create_shared_tensor(data=np.arange(10.0)) as st:
+    S_VIEW = st.numpy()
+    S_T = st.torch()
+BF = zctipc.create_shared_tensor(data=torch.ones(4, dtype=torch.bfloat16)).torch()
+# a normal del still releases at once
+before = zctipc.pool_stats().slots_in_use
+tmp = q.put(np.zeros(1 << 20, np.uint8)) or q.get()
+assert zctipc.pool_stats().slots_in_use == before + 1, (before, zctipc.pool_stats().slots_in_use)
+del tmp
+assert zctipc.pool_stats().slots_in_use == before, "del releases at once"
+def spin(held):
+    while True:
+        held[0] += 1
+        time.sleep(0.001)
+# (a daemon thread still running torch ops at exit may abort in torch itself:
+# this one writes through NumPy, the other only holds its tensor)
+threading.Thread(target=spin, args=(zctipc.empty((4,), np.float32),), daemon=True).start()
+threading.Thread(target=time.sleep, args=(60,), kwargs={}, daemon=True).start()
+HELD = zctipc.empty((4,), torch.bfloat16)
+HELD_BY_THREAD = threading.Thread(target=lambda t: time.sleep(60), args=(HELD,), daemon=True)
+HELD_BY_THREAD.start()
+if MODE == "atexit_exit":
+    atexit.register(lambda: sys.exit(3))
+elif MODE == "atexit_raise":
+    def late():
+        global LATE
+        LATE = zctipc.empty((16,), torch.bfloat16)
+    atexit.register(late)
+del q
+print("ready", flush=True)
+if MODE == "os_exit":
+    os._exit(0)
+if MODE == "sys_exit":
+    sys.exit(0)
+"""
+
+
+@pytest.mark.parametrize("mode", ["plain", "sys_exit", "atexit_exit", "atexit_raise", "os_exit"])
+@pytest.mark.parametrize("dev", [False, True])
+def test_shutdown_with_zctipc_memory_everywhere(isolated, mode, dev):
+    argv = [sys.executable] + (["-X", "dev"] if dev else []) + ["-c", SHUTDOWN, mode]
+    out = subprocess.run(argv, env=isolated, capture_output=True, text=True, timeout=120)
+    assert out.stdout.split() == ["ready"], (out.stdout, out.stderr)
+    stderr = out.stderr
+    assert out.returncode == 0, stderr
+    if mode == "atexit_exit":
+        # Python's own report of the handler's SystemExit, and nothing else
+        assert stderr.count("Exception ignored") == 1 and "Exception ignored in atexit callback" in stderr, stderr
+        assert stderr.count("Traceback") == 1 and stderr.rstrip().endswith("SystemExit: 3"), stderr
+    else:
+        assert "Exception ignored" not in stderr and "Traceback" not in stderr, stderr
+    assert "zctipc" not in stderr, stderr
+    assert left_in(isolated) == []
+
+
+def test_a_normal_del_still_releases_at_once():
+    q = zctipc.Queue()
+    try:
+        before = slots_in_use()
+        q.put(np.ones(1 << 20, np.uint8))
+        q.put(torch.ones(1 << 18).to(torch.bfloat16))  # (its storage goes into the pool, and with it)
+        a, b = q.get(timeout=10), q.get(timeout=10)
+        assert slots_in_use() == before + 2
+        del a
+        assert slots_in_use() == before + 1
+        del b
+        assert slots_in_use() == before
+    finally:
+        q.close()
+
+
+# -- DLPack under a NumPy or torch whose __dlpack__ takes only stream --------
+
+
+class _NoKeywords:
+    """An array or tensor whose __dlpack__ takes only stream, as NumPy's
+    before 2.1 and torch 2.2's."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def __dlpack__(self, *, stream=None):
+        return self.inner.__dlpack__()
+
+    def copy(self):
+        return _NoKeywords(self.inner.copy())
+
+    def clone(self):
+        return _NoKeywords(self.inner.clone())
+
+
+NUMPY, TORCH = zctipc.SharedTensor.numpy, zctipc.SharedTensor.torch
+
+
+@pytest.fixture
+def old_exporters(monkeypatch):
+    """Call it once the segments are made (and filled)."""
+
+    def patch():
+        monkeypatch.setattr(zctipc.SharedTensor, "numpy", lambda self: _NoKeywords(NUMPY(self)))
+        monkeypatch.setattr(zctipc.SharedTensor, "torch", lambda self: _NoKeywords(TORCH(self)))
+
+    return patch
+
+
+def test_bfloat16_dlpack_with_keywords_under_a_torch_without_them(old_exporters):
+    """torch 2.2's Tensor.__dlpack__ takes only stream: a bfloat16 segment's
+    export with max_version raised TypeError."""
+    tensor = TORCH
+    with zctipc.create_shared_tensor(data=ALL_BF16[:8]) as t:
+        old_exporters()
+        assert _capsule_name(t.__dlpack__(max_version=(1, 0))) == b"dltensor"
+        shared = torch.from_dlpack(t.__dlpack__(max_version=(1, 0), copy=False, dl_device=(1, 0)))
+        assert shared.dtype == torch.bfloat16 and same_bits(shared, ALL_BF16[:8])
+        shared[0] = 9.0
+        assert tensor(t)[0].item() == 9.0, "the capsule is over the segment"
+        copied = torch.from_dlpack(t.__dlpack__(max_version=(1, 0), copy=True))
+        copied[1] = 42.0
+        assert tensor(t)[1].item() != 42.0, "copy=True gives a copy"
+        with pytest.raises(BufferError, match="device"):
+            t.__dlpack__(max_version=(1, 0), dl_device=(2, 0))
+
+
+@pytest.mark.parametrize("old", [False, True])
+def test_a_readonly_bfloat16_segment_hands_out_no_writable_capsule(old_exporters, old):
+    """torch has no read-only tensors: a bfloat16 segment's capsules, legacy
+    or versioned, said its PROT_READ mapping was writable."""
+    with zctipc.create_shared_tensor(data=ALL_BF16[:8]) as t, zctipc.attach_shared_tensor(t.name, readonly=True) as ro:
+        if old:
+            old_exporters()
+        for kwargs in ({}, {"max_version": (1, 0)}, {"max_version": (1, 0), "copy": False}, {"dl_device": (1, 0)}):
+            with pytest.raises(BufferError):
+                ro.__dlpack__(**kwargs)
+        copied = torch.from_dlpack(ro.__dlpack__(max_version=(1, 0), copy=True))
+        assert same_bits(copied, ALL_BF16[:8])
+        copied[0] = 1.0
+        assert same_bits(TORCH(ro), ALL_BF16[:8])
+
+
+def test_readonly_segments_under_a_numpy_without_keywords(old_exporters):
+    numpy = NUMPY
+    with (
+        zctipc.create_shared_tensor(data=np.arange(6.0)) as t,
+        zctipc.attach_shared_tensor(t.name, readonly=True) as ro,
+    ):
+        old_exporters()
+        for kwargs in ({}, {"max_version": (1, 0)}, {"max_version": (1, 0), "copy": False}, {"dl_device": (1, 0)}):
+            with pytest.raises(BufferError):
+                ro.__dlpack__(**kwargs)
+        with pytest.raises(BufferError):
+            torch.from_dlpack(ro)
+        copied = torch.from_dlpack(ro.__dlpack__(max_version=(1, 0), copy=True))
+        copied[0] = 42.0
+        assert numpy(t)[0] == 0.0
+        # copy=False over a writable segment: no copy needed, none made
+        shared = torch.from_dlpack(t.__dlpack__(max_version=(1, 0), copy=False))
+        shared[1] = 7.0
+        assert numpy(t)[1] == 7.0
+        assert np.from_dlpack(t)[1] == 7.0
+
+
+def test_the_rest_under_a_numpy_without_keywords(request):
+    t = zctipc.create_shared_tensor(data=np.arange(6.0))
+    request.getfixturevalue("old_exporters")()
+    with pytest.raises(zctipc.InvalidArgument):
+        t.__dlpack__(stream=1, max_version=(1, 0))
+    t.close()
+    with pytest.raises(zctipc.HandleClosed):
+        t.__dlpack__(max_version=(1, 0))
+    with pytest.raises(zctipc.HandleClosed):
+        t.__dlpack__()
+
+
+def test_a_type_error_not_about_the_keywords_surfaces(monkeypatch):
+    class Broken:
+        def __dlpack__(self, **kwargs):
+            raise TypeError("this array cannot be exported")
+
+    with zctipc.create_shared_tensor(data=np.arange(6.0)) as t:
+        monkeypatch.setattr(zctipc.SharedTensor, "numpy", lambda self: Broken())
+        for kwargs in ({}, {"max_version": (1, 0)}, {"copy": False}):
+            with pytest.raises(TypeError, match="cannot be exported"):
+                t.__dlpack__(**kwargs)

@@ -351,6 +351,10 @@ def test_readonly_segments_under_a_numpy_without_keywords(old_exporters):
         copied = torch.from_dlpack(ro.__dlpack__(max_version=(1, 0), copy=True))
         copied[0] = 42.0
         assert numpy(t)[0] == 0.0
+        # the legacy capsule for a consumer that asks for a version, not a TypeError
+        assert _capsule_name(t.__dlpack__(max_version=(1, 0))) == b"dltensor"
+        with pytest.raises(BufferError, match="device"):
+            t.__dlpack__(max_version=(1, 0), dl_device=(2, 0))
         # copy=False over a writable segment: no copy needed, none made
         shared = torch.from_dlpack(t.__dlpack__(max_version=(1, 0), copy=False))
         shared[1] = 7.0

@@ -188,36 +188,6 @@ def test_dlpack_versioned_capsules_when_asked(segname):
             t.__dlpack__((1, 0))  # keywords only, as the standard says
 
 
-class _NumPy1Array:
-    """An array whose __dlpack__ takes only stream, as NumPy's before 2.1."""
-
-    def __init__(self, arr):
-        self.arr = arr
-
-    def __dlpack__(self, *, stream=None):
-        return self.arr.__dlpack__()
-
-    def copy(self):
-        return _NumPy1Array(self.arr.copy())
-
-
-def test_dlpack_under_a_numpy_without_dlpack_keywords(segname, monkeypatch):
-    """A consumer that asks for max_version (torch does) gets the legacy
-    capsule from a NumPy that knows no keywords, not a TypeError; copy=True
-    still gives a copy."""
-    numpy = zctipc.SharedTensor.numpy
-    with zctipc.create_shared_tensor(segname, data=np.arange(6.0)) as t:
-        monkeypatch.setattr(zctipc.SharedTensor, "numpy", lambda self: _NumPy1Array(numpy(self)))
-        assert _capsule_name(t.__dlpack__(max_version=(1, 0))) == b"dltensor"
-        torch.from_dlpack(t)[0] = 7.0
-        assert numpy(t)[0] == 7.0, "the capsule is over the segment"
-        copied = torch.from_dlpack(t.__dlpack__(max_version=(1, 0), copy=True))
-        copied[1] = 42.0
-        assert numpy(t)[1] == 1.0, "copy=True gives a copy"
-        with pytest.raises(BufferError, match="device"):
-            t.__dlpack__(max_version=(1, 0), dl_device=(2, 0))
-
-
 def test_dlpack_of_bfloat16_goes_through_torch():
     t = zctipc.create_shared_tensor(data=torch.tensor([1.5, 2.5], dtype=torch.bfloat16))
     back = torch.from_dlpack(t)

@@ -204,7 +204,7 @@ class SharedTensor:
             # torch has no read-only tensors: its capsules, legacy or
             # versioned, would say the PROT_READ mapping is writable.
             raise BufferError("a read-only bfloat16 segment is exported to DLPack only as a copy (copy=True)")
-        arr = self.torch() if bfloat16 else self.numpy()
+        arr: Any = self.torch() if bfloat16 else self.numpy()  # a tensor or an array, the same calls below
         try:
             return arr.__dlpack__(**kwargs)
         except TypeError:

@@ -384,3 +384,189 @@ def test_a_type_error_not_about_the_keywords_surfaces(monkeypatch):
         for kwargs in ({}, {"max_version": (1, 0)}, {"copy": False}):
             with pytest.raises(TypeError, match="cannot be exported"):
                 t.__dlpack__(**kwargs)
+
+
+# -- read-only segments' DLPack exports, every dtype and keyword ---------------
+
+
+class _DLTensor(ctypes.Structure):
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("device_type", ctypes.c_int32),
+        ("device_id", ctypes.c_int32),
+        ("ndim", ctypes.c_int32),
+        ("code", ctypes.c_uint8),
+        ("bits", ctypes.c_uint8),
+        ("lanes", ctypes.c_uint16),
+        ("shape", ctypes.c_void_p),
+        ("strides", ctypes.c_void_p),
+        ("byte_offset", ctypes.c_uint64),
+    ]
+
+
+class _DLManagedTensorVersioned(ctypes.Structure):
+    _fields_ = [
+        ("major", ctypes.c_uint32),
+        ("minor", ctypes.c_uint32),
+        ("manager_ctx", ctypes.c_void_p),
+        ("deleter", ctypes.c_void_p),
+        ("flags", ctypes.c_uint64),
+        ("dl_tensor", _DLTensor),
+    ]
+
+
+_READ_ONLY = 1  # DLPACK_FLAG_BITMASK_READ_ONLY
+
+
+def _capsule_view(capsule):
+    """The capsule's name, its data address and whether it says read-only
+    (a legacy capsule cannot)."""
+    name = _capsule_name(capsule)
+    get = ctypes.pythonapi.PyCapsule_GetPointer
+    get.restype, get.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+    ptr = get(capsule, name)
+    if name == b"dltensor_versioned":
+        m = _DLManagedTensorVersioned.from_address(ptr)
+        return name, m.dl_tensor.data + m.dl_tensor.byte_offset, bool(m.flags & _READ_ONLY)
+    assert name == b"dltensor", name
+    t = _DLTensor.from_address(ptr)
+    return name, t.data + t.byte_offset, False
+
+
+DTYPES = ["bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"]
+DTYPES += ["float16", "float32", "float64", "bfloat16", "complex64", "complex128"]
+KEYWORDS = [
+    {k: v for k, v in (("max_version", mv), ("copy", cp), ("dl_device", dev)) if v is not None}
+    for mv in (None, (0, 8), (1, 0), (1, 1), (2, 0))
+    for cp in (None, False, True)
+    for dev in (None, (1, 0), (2, 0))
+]
+
+
+def _readonly_pair(dtype):
+    data = torch.arange(8).to(torch.bfloat16) if dtype == "bfloat16" else np.arange(8).astype(dtype)
+    t = zctipc.create_shared_tensor(data=data)
+    ro = zctipc.attach_shared_tensor(t.name, readonly=True)
+    assert ro.readonly
+    base = ro.numpy().ctypes.data if dtype != "bfloat16" else TORCH(ro).data_ptr()
+    return t, ro, range(base, base + ro.nbytes)
+
+
+def _check_export(ro, mapping, kwargs):
+    try:
+        capsule = ro.__dlpack__(**kwargs)
+    except RuntimeError:
+        # torch copies a bfloat16 segment to the CUDA device asked for,
+        # and says so when there is none
+        assert kwargs.get("dl_device") == (2, 0) and kwargs.get("copy"), kwargs
+        return
+    except BufferError:
+        assert not kwargs.get("copy") or kwargs.get("dl_device") == (2, 0), f"{kwargs}: a copy refused"
+        return
+    name, addr, readonly = _capsule_view(capsule)
+    if addr in mapping:
+        assert readonly, f"{kwargs}: a {name} capsule that says writable over a PROT_READ mapping"
+        assert not kwargs.get("copy"), f"{kwargs}: copy=True exported the mapping itself"
+    else:
+        assert kwargs.get("copy"), f"{kwargs}: a copy nobody asked for"
+
+
+@pytest.mark.parametrize("old", [False, True])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_no_readonly_export_says_writable(old_exporters, dtype, old):
+    """Every dtype, every keyword combination, with exporters that take them
+    and ones that do not: a capsule over the read-only mapping is versioned
+    and flagged read-only; copy=True exports a copy."""
+    t, ro, mapping = _readonly_pair(dtype)
+    try:
+        if old:
+            old_exporters()
+        for kwargs in KEYWORDS:
+            _check_export(ro, mapping, kwargs)
+        # a copy on the CPU is always there to be had
+        for kwargs in ({"copy": True}, {"copy": True, "max_version": (1, 0)}, {"copy": True, "dl_device": (1, 0)}):
+            assert _capsule_view(ro.__dlpack__(**kwargs))[1] not in mapping
+    finally:
+        ro.close()
+        t.close()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_consumers_of_readonly_segments(dtype):
+    """np.from_dlpack gives a read-only array or refuses; torch.from_dlpack
+    refuses or gives the data (torch decides what it does with the flag)."""
+    t, ro, mapping = _readonly_pair(dtype)
+    try:
+        expect = TORCH(t).clone()
+        if dtype == "bfloat16":
+            with pytest.raises(BufferError):
+                np.from_dlpack(ro)
+            with pytest.raises(BufferError):
+                torch.from_dlpack(ro)
+        else:
+            arr = np.from_dlpack(ro)
+            assert not arr.flags.writeable
+            assert arr.ctypes.data in mapping
+            np.testing.assert_array_equal(arr, t.numpy())
+            try:
+                got = torch.from_dlpack(ro)
+            except BufferError:
+                pass
+            else:
+                assert torch.equal(got, expect)
+        copied = np.from_dlpack(ro, copy=True) if dtype != "bfloat16" else None
+        if copied is not None:
+            assert copied.flags.writeable and copied.ctypes.data not in mapping
+            copied[0] = copied[1]
+        again = pickle.loads(pickle.dumps(ro))
+        assert again.readonly
+        _check_export(again, mapping, {"max_version": (1, 0)})
+        _check_export(again, mapping, {})
+        again.close()
+    finally:
+        ro.close()
+        t.close()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("readonly", [False, True])
+def test_a_capsule_outlives_its_closed_segment_and_a_closed_one_exports_nothing(dtype, readonly):
+    t, ro, _ = _readonly_pair(dtype)
+    src = ro if readonly else t
+    expect = TORCH(t).clone()
+    kwargs = {"max_version": (1, 0), "copy": True} if readonly and dtype == "bfloat16" else {"max_version": (1, 0)}
+    capsule = src.__dlpack__(**kwargs)
+    name = t.name
+    ro.close()
+    t.close()
+    del src, ro, t
+    import gc
+
+    gc.collect()
+    got = torch.utils.dlpack.from_dlpack(capsule)
+    if dtype == "bfloat16":
+        got, expect = bits(got), bits(expect)
+    assert torch.equal(got, expect)
+    del got, capsule
+    gc.collect()
+    with pytest.raises(zctipc.SegmentNotFound):
+        zctipc.attach_shared_tensor(name)
+    closed = zctipc.create_shared_tensor(data=np.arange(3.0))
+    closed_ro = zctipc.attach_shared_tensor(closed.name, readonly=True)
+    closed_ro.close()
+    for kwargs in KEYWORDS:
+        with pytest.raises((zctipc.HandleClosed, BufferError)):
+            closed_ro.__dlpack__(**kwargs)
+    closed.close()
+
+
+def test_a_closed_readonly_bfloat16_segment_says_closed():
+    """A closed handle says so (HandleClosed), whatever the dtype and the
+    keywords: a closed read-only bfloat16 segment said it is exported only
+    as a copy."""
+    with zctipc.create_shared_tensor(data=ALL_BF16[:4]) as t:
+        ro = zctipc.attach_shared_tensor(t.name, readonly=True)
+        ro.close()
+        for kwargs in ({}, {"max_version": (1, 0)}, {"copy": False}, {"copy": True}):
+            with pytest.raises(zctipc.HandleClosed):
+                ro.__dlpack__(**kwargs)

@@ -288,3 +288,138 @@ func TestTicketsDoNotLeakOrGrow(t *testing.T) {
 	}
 	require.Zero(t, p.Stats().SlotsInUse)
 }
+
+// Attacks on a sent ref (Sent spends it): released twice, described, sent
+// again, lost after the send. None of them gives up, takes or re-sends the
+// message's count: the receiver is its one holder, and once it lets go the
+// memory is gone.
+func TestASentRefStaysSpent(t *testing.T) {
+	p := pool.New(16 << 20)
+	defer func() { require.NoError(t, p.Close()) }()
+	for _, kind := range []string{"slot", "segment"} {
+		t.Run(kind, func(t *testing.T) {
+			r := newRef(t, p, kind)
+			name := ""
+			if seg := r.Segment(); seg != nil {
+				name = seg.Name()
+			}
+			b := send(t, r)
+			for range 2 {
+				require.NoError(t, r.Release(), "a release after the send")
+				_, err := r.Describe(0, dtype.Uint8, []int64{64}, []int64{1}, 0)
+				require.ErrorIs(t, err, buffer.ErrTaken, "a description after the send")
+			}
+			// Sent or Lost again: the segment handle is closed already
+			// (shm.ErrClosed), and no count moves.
+			if err := buffer.Sent([]*buffer.Ref{r}); err != nil {
+				require.ErrorIs(t, err, shm.ErrClosed)
+			}
+			if err := buffer.Lost([]*buffer.Ref{r}); err != nil {
+				require.ErrorIs(t, err, shm.ErrClosed)
+			}
+			require.NoError(t, r.Release())
+			got, err := take(b)
+			require.NoError(t, err)
+			holders, err := got.Holders()
+			require.NoError(t, err)
+			require.EqualValues(t, 1, holders, "the receiver holds the count alone")
+			if name != "" {
+				info, err := shm.Stat(name)
+				require.NoError(t, err, "the segment is still there for the receiver")
+				require.EqualValues(t, 1, info.Header.Refcount)
+			}
+			require.NoError(t, got.Release())
+			require.Zero(t, p.Stats().SlotsInUse)
+			if name != "" {
+				_, err := shm.Stat(name)
+				require.ErrorIs(t, err, unix.ENOENT, "the receiver's release let it go")
+			}
+		})
+	}
+}
+
+// A received slot ref sent on again: the second receiver holds the count
+// alone. (A received segment ref's count is this process's own, which the
+// close in Sent gives up: sending one on directly loses the message's count,
+// so every sender finds its memory again with Find, a count of its own.)
+func TestAReceivedRefSentOnIsHeldOnce(t *testing.T) {
+	p := pool.New(16 << 20)
+	defer func() { require.NoError(t, p.Close()) }()
+	for _, kind := range []string{"slot"} {
+		t.Run(kind, func(t *testing.T) {
+			r := newRef(t, p, kind)
+			name := ""
+			if seg := r.Segment(); seg != nil {
+				name = seg.Name()
+			}
+			relay, err := take(send(t, r))
+			require.NoError(t, err)
+			b := send(t, relay)
+			require.NoError(t, relay.Release())
+			got, err := take(b)
+			require.NoError(t, err)
+			holders, err := got.Holders()
+			require.NoError(t, err)
+			require.EqualValues(t, 1, holders, "the second receiver holds the count alone")
+			if name != "" {
+				info, err := shm.Stat(name)
+				require.NoError(t, err, "the segment is still there for the second receiver")
+				require.EqualValues(t, 1, info.Header.Refcount)
+			}
+			require.NoError(t, got.Release())
+			require.Zero(t, p.Stats().SlotsInUse)
+			if name != "" {
+				_, err := shm.Stat(name)
+				require.ErrorIs(t, err, unix.ENOENT)
+			}
+		})
+	}
+}
+
+// Sent of a ref that Lost spent already moves no count: the lost count
+// stays where it was (lost), and Release gives up nothing.
+func TestSentAfterLostMovesNothing(t *testing.T) {
+	p := pool.New(16 << 20)
+	defer func() { require.NoError(t, p.Close()) }()
+	for _, kind := range []string{"slot", "segment"} {
+		t.Run(kind, func(t *testing.T) {
+			var r *buffer.Ref
+			var slot pool.Slot
+			if kind == "slot" {
+				var err error
+				slot, err = p.Alloc(64, time.Time{})
+				require.NoError(t, err)
+				r = buffer.NewSlotRef(slot)
+			} else {
+				r = newRef(t, p, kind)
+			}
+			before, err := r.Holders()
+			require.NoError(t, err)
+			name := ""
+			if seg := r.Segment(); seg != nil {
+				name = seg.Name()
+			}
+			require.NoError(t, buffer.Lost([]*buffer.Ref{r}))
+			if err := buffer.Sent([]*buffer.Ref{r}); err != nil {
+				require.ErrorIs(t, err, shm.ErrClosed)
+			}
+			require.NoError(t, r.Release())
+			_, err = r.Describe(0, dtype.Uint8, []int64{64}, []int64{1}, 0)
+			require.ErrorIs(t, err, buffer.ErrTaken)
+			if name != "" {
+				info, err := shm.Stat(name)
+				require.NoError(t, err)
+				// The handle Lost closed gave back this process's count; the
+				// ref's own (lost) is still there.
+				require.EqualValues(t, before-1, info.Header.Refcount, "the lost count is still there")
+				require.NoError(t, shm.DropRef(name, header.KindTensor)) // the test gives it up
+				_, err = shm.Stat(name)
+				require.ErrorIs(t, err, unix.ENOENT)
+				return
+			}
+			require.Equal(t, before, slot.Holders(), "the lost count is still there")
+			require.NoError(t, slot.Release()) // the test gives it up
+			require.Zero(t, p.Stats().SlotsInUse)
+		})
+	}
+}

@@ -201,6 +201,7 @@ class SharedTensor:
         kwargs = device.dlpack_keywords(max_version, dl_device, copy)
         bfloat16 = self._code == dtypes.BFLOAT16
         if bfloat16 and self._readonly and not copy:
+            self._live()  # a closed handle says so first
             # torch has no read-only tensors: its capsules, legacy or
             # versioned, would say the PROT_READ mapping is writable.
             raise BufferError("a read-only bfloat16 segment is exported to DLPack only as a copy (copy=True)")

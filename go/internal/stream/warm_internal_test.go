@@ -9,24 +9,28 @@ import (
 )
 
 // TestWarmDistance: Note [how far apart a writer reuses a slot], from what
-// a machine reports: 4 MiB, and on AMD twice its L3 (never less than 4 MiB,
-// nor a size read wrong).
+// a machine reports: 4 MiB, and on AMD family 23 twice its L3 (never less
+// than 4 MiB, nor a size read wrong).
 func TestWarmDistance(t *testing.T) {
 	for _, c := range []struct {
 		vendor string
+		family int
 		l3     uint64
 		want   uint64
 	}{
-		{"GenuineIntel", 32 << 20, 4 << 20},
-		{"GenuineIntel", 0, 4 << 20},
-		{"AuthenticAMD", 8 << 20, 16 << 20},
-		{"AuthenticAMD", 32 << 20, 64 << 20},
-		{"AuthenticAMD", 1 << 20, 4 << 20},
-		{"AuthenticAMD", 0, 4 << 20},
-		{"AuthenticAMD", 1 << 62, 4 << 20},
-		{"", 8 << 20, 4 << 20},
+		{"GenuineIntel", 6, 32 << 20, 4 << 20},
+		{"GenuineIntel", 6, 0, 4 << 20},
+		{"AuthenticAMD", 23, 8 << 20, 16 << 20},
+		{"AuthenticAMD", 23, 32 << 20, 64 << 20},
+		{"AuthenticAMD", 23, 1 << 20, 4 << 20},
+		{"AuthenticAMD", 23, 0, 4 << 20},
+		{"AuthenticAMD", 23, 1 << 62, 4 << 20},
+		{"AuthenticAMD", 25, 32 << 20, 4 << 20},
+		{"AuthenticAMD", 26, 32 << 20, 4 << 20},
+		{"AuthenticAMD", 0, 8 << 20, 4 << 20},
+		{"", 23, 8 << 20, 4 << 20},
 	} {
-		require.Equal(t, c.want, warmDistance(c.vendor, c.l3), "%s, L3 %d", c.vendor, c.l3)
+		require.Equal(t, c.want, warmDistance(c.vendor, c.family, c.l3), "%s family %d, L3 %d", c.vendor, c.family, c.l3)
 	}
 }
 
@@ -57,9 +61,16 @@ func TestCacheBytesAndVendorFromFiles(t *testing.T) {
 	require.Zero(t, cacheBytes(dir, 3))
 
 	info := filepath.Join(dir, "cpuinfo")
-	require.NoError(t, os.WriteFile(info, []byte("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 23\n"), 0o644))
-	require.Equal(t, "AuthenticAMD", cpuVendor(info))
-	require.NoError(t, os.WriteFile(info, []byte("processor\t: 0\n"), 0o644))
-	require.Empty(t, cpuVendor(info))
-	require.Empty(t, cpuVendor(filepath.Join(dir, "absent")))
+	require.NoError(t, os.WriteFile(info, []byte("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 23\n"+
+		"processor\t: 1\nvendor_id\t: GenuineIntel\ncpu family\t: 6\n"), 0o644))
+	vendor, family := cpuVendor(info)
+	require.Equal(t, "AuthenticAMD", vendor, "the first processor's")
+	require.Equal(t, 23, family)
+	require.NoError(t, os.WriteFile(info, []byte("processor\t: 0\ncpu family\t: many\n"), 0o644))
+	vendor, family = cpuVendor(info)
+	require.Empty(t, vendor)
+	require.Zero(t, family)
+	vendor, family = cpuVendor(filepath.Join(dir, "absent"))
+	require.Empty(t, vendor)
+	require.Zero(t, family)
 }

@@ -464,7 +464,7 @@ MiB = 1 << 20
 )
 def test_frames_stay_whole_around_the_warm_distance(frame_bytes, frames):
     """Rings just below, at and above the warm distance (4 MiB, or twice
-    the L3 on AMD), frames of a few bytes to megabytes: every frame whole,
+    the L3 on AMD family 23), frames of a few bytes to megabytes: every frame whole,
     in order, with two readers falling behind and catching up."""
     if frames < 2:
         with pytest.raises(zctipc.InvalidArgument):

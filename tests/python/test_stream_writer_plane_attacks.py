@@ -886,9 +886,9 @@ class StreamWriterModel(RuleBasedStateMachine):
     )
     def setup(self, frames, nreaders, policy, big):
         # Frames of 4 MiB: a ring larger than the writer's warm slots (4
-        # MiB, or twice the L3 on AMD: 16 MiB on the CI machine, so once it
-        # has more than 4 frames there), whose writer reads the readers on
-        # every claim.
+        # MiB, or twice the L3 on AMD family 23: 16 MiB on a machine with
+        # an 8 MiB L3, so once it has more than 4 frames there), whose writer
+        # reads the readers on every claim.
         self.shape = (1 << 20,) if big else (3,)
         self.s = zctipc.Stream.create(shape=self.shape, frames=frames, readers=nreaders, policy=policy)
         self.w = self.s.writer()

@@ -675,7 +675,7 @@ func readOne(t *testing.T, s *stream.Stream, r *stream.Reader) (uint64, int) {
 // the whole ring; when the reader falls behind it takes the cold ones, and
 // no frame in flight ever shares a slot.
 func TestStreamWriterKeepsSlotsWarm(t *testing.T) {
-	warm := int(stream.WarmBytes() >> 20) // slots of 1 MiB: 4, or more on AMD
+	warm := int(stream.WarmBytes() >> 20) // slots of 1 MiB: 4, or more on AMD family 23
 	frames := warm + 12
 	s := bigFrames(t, frames)
 	r := mustReader(t, s, 0)

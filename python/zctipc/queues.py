@@ -66,15 +66,29 @@ DEFAULT_MAX_BYTES = 16 << 20
 _PICKLE = _TENSOR = _BYTES = _INLINE = -1
 _HEADER = 0
 _FIELD_MASK = _OFFSET_SHIFT = _TYPE_SHIFT = 0
+_PICKLE_AT_HEADER = -1  # take's result >> _OFFSET_SHIFT for a pickle with no descriptor
+# And the calls that the fast paths of a put and a get make, for the same
+# reason: a global is read faster than native.lib() is called and its
+# attribute read (the library, once loaded, is the process's for good).
+_queue_put: Any = None
+_queue_put_array: Any = None
+_queue_put_inline: Any = None
+_queue_take: Any = None
+_NULL_VIEWS: Any = None
 
 
 def _read_framing() -> None:
     """Read the framing facts from the library, and bind them here."""
     global _PICKLE, _TENSOR, _BYTES, _INLINE, _HEADER, _FIELD_MASK, _OFFSET_SHIFT, _TYPE_SHIFT
+    global _queue_put, _queue_put_array, _queue_put_inline, _queue_take, _NULL_VIEWS, _PICKLE_AT_HEADER
+    lib = native.lib()
+    _queue_put, _queue_take, _NULL_VIEWS = lib.zct_queue_put, lib.zct_queue_take, lib.NULL_VIEWS
+    _queue_put_array, _queue_put_inline = lib.zct_queue_put_array, lib.zct_queue_put_inline
     records.read_framing()
     _PICKLE, _TENSOR, _BYTES, _INLINE = records.PICKLE, records.TENSOR, records.BYTES, records.INLINE
     _HEADER = records.HEADER
     _FIELD_MASK, _OFFSET_SHIFT, _TYPE_SHIFT = records.FIELD_MASK, records.OFFSET_SHIFT, records.TYPE_SHIFT
+    _PICKLE_AT_HEADER = _PICKLE << (_TYPE_SHIFT - _OFFSET_SHIFT) | _HEADER
 
 
 #: The default of a queue's inline_bytes: NumPy arrays of this many bytes or
@@ -84,6 +98,7 @@ def _read_framing() -> None:
 #: than a pool buffer's bookkeeping up to about 200 KiB.
 INLINE_BYTES = 128 << 10
 _loads = pickle.loads
+_dumps = pickler.dumps
 _wait = wait  # the module, in methods whose parameter is named wait
 _BARE = exports.BARE  # the set, which grows when torch is met
 _SENT: Any = object()  # _bare's answer for an array it sent itself (Any: it stands where a record would)
@@ -95,7 +110,6 @@ _SENT: Any = object()  # _bare's answer for an array it sent itself (Any: it sta
 # Python frames, which right after a wake-up run cold and cost several
 # microseconds each. A get that finds none by then sleeps outside as
 # before (Note [sleeping outside Go] in zctipc._core.wait).
-_BRIEF_MS = wait.BRIEF_MS
 _E_INTERRUPTED = native.E_INTERRUPTED
 
 #: How long a SimpleQueue's put whose message finds no room in /dev/shm
@@ -189,7 +203,7 @@ class Queue:
         self._maxsize: int = maxsize[0]
         self._closed = False
         self._sent = False  # this process put something (Note [closed and never used])
-        self._scratches = [records.Scratch()]  # free ones (see zctipc._wire.records.Scratch)
+        self._scratches = [records.Scratch(handle)]  # free ones (see zctipc._wire.records.Scratch)
         self._stash: list[Any] = []  # Note [polling a reader] in zctipc._pipes
         self._ready: Readiness | None = None
         self._async_waiting: dict[Any, set[Any]] = {}  # event loop: futures awaiting readiness (get_async)
@@ -287,13 +301,12 @@ class Queue:
                 return
             payload, buffers, typ = bare
         else:
-            payload, buffers = pickler.pickler().dumps(obj, block, timeout, self._inline, self._in_band)
+            payload, buffers = _dumps(obj, block, timeout, self._inline, self._in_band)
             typ = _PICKLE
         self._sent = True
         if not buffers and len(payload) <= self._payload_room:
             # Fast path: one try without waiting; _put waits.
-            lib = native.lib()
-            if lib.zct_queue_put(self._handle, typ, payload, len(payload), lib.NULL_VIEWS, 0, 0) == 0:
+            if _queue_put(self._handle, typ, payload, len(payload), _NULL_VIEWS, 0, 0) == 0:
                 return
         self._put(typ, payload, buffers, block, timeout)
 
@@ -339,7 +352,7 @@ class Queue:
         zctipc._wire.exports), as exports.inline_array found it, in one call
         into the library, waiting for room as block and timeout say."""
         code, flags, arr = found  # arr, C-contiguous, holds its elements' address until the put returned
-        address, put, handle = exports.elements(arr), native.lib().zct_queue_put_inline, self._handle
+        address, put, handle = exports.elements(arr), _queue_put_inline, self._handle
         nbytes, shape = arr.nbytes, arr.shape
         if put(handle, address, nbytes, code, len(shape), shape, flags, 0) != 0:  # fast path: one try, no wait
 
@@ -358,7 +371,7 @@ class Queue:
             return None
         code, flags, address = found
         return _sent(
-            native.lib().zct_queue_put_array(
+            _queue_put_array(
                 self._handle, _TENSOR, address, arr.nbytes, code, arr.ndim, arr.shape, arr.strides, flags, 0
             )
         )
@@ -375,9 +388,7 @@ class Queue:
             return None
         code, flags, address, extent, shape, strides = found
         return _sent(
-            native.lib().zct_queue_put_array(
-                self._handle, _TENSOR, address, extent, code, len(shape), shape, strides, flags, 0
-            )
+            _queue_put_array(self._handle, _TENSOR, address, extent, code, len(shape), shape, strides, flags, 0)
         )
 
     def put_nowait(self, obj: object) -> None:
@@ -443,7 +454,7 @@ class Queue:
 
     @staticmethod
     def _dumps(obj: object, block: bool, timeout: float | None) -> tuple[bytes, list[Export]]:
-        return pickler.pickler().dumps(obj, block, timeout)
+        return _dumps(obj, block, timeout)
 
     def _put(self, typ: int, payload: bytes, buffers: Sequence[Export], block: bool, timeout: float | None) -> None:
         ffi, lib = native.ffi(), native.lib()
@@ -451,7 +462,7 @@ class Queue:
         if n == 1 and len(payload) + _HEADER + 1024 <= self._capacity:
             # Fast path for one buffer (a bare array): one try without waiting.
             free = self._scratches
-            s = free.pop() if free else records.Scratch()
+            s = free.pop() if free else records.Scratch(self._handle)
             try:
                 buffers[0].fill(s.put_view)
                 if lib.zct_queue_put(self._handle, typ, payload, len(payload), s.put_view, 1, 0) == 0:
@@ -543,12 +554,11 @@ class Queue:
                 raise self._stash.pop(0).exc
             return self._stash.pop(0)
         free = self._scratches
-        s = free.pop() if free else records.Scratch()
+        s = free.pop() if free else records.Scratch(self._handle)
         try:
             # Fast path: one call, which waits briefly inside the library when
             # the get blocks without a timeout (Note [a get's first wait]).
-            brief = _BRIEF_MS if block and timeout is None and not self._polls else 0
-            r = native.lib().zct_queue_take(self._handle, s.buf, s.cap, brief, s.views, s.vcap, s.nviews)
+            r = _queue_take(*(s.take_brief if block and timeout is None and not self._polls else s.take_now))
             if r < 0:
                 if r == _E_INTERRUPTED:  # a signal ended the brief wait: its handler runs on return
                     r = native.E_EMPTY
@@ -560,10 +570,11 @@ class Queue:
                     raise
             if self._ready is not None:
                 self._ready.rearm(self._empty)
-            off, typ = (r >> _OFFSET_SHIFT) & _FIELD_MASK, r >> _TYPE_SHIFT
-            if off == _HEADER:  # no descriptor, and so no view but an inline array's (zctipc.h)
-                if typ == _PICKLE:
-                    return _loads(s.payload)  # a pickle ends at its STOP
+            at = r >> _OFFSET_SHIFT  # the type above the offset (zctipc.h)
+            if at == _PICKLE_AT_HEADER:  # a pickle with no descriptor, the most common
+                return _loads(s.payload)  # a pickle ends at its STOP
+            off, typ = at & _FIELD_MASK, r >> _TYPE_SHIFT
+            if off == _HEADER:  # no descriptor, and so no view but an inline array's
                 if typ == _INLINE:
                     return exports.build_inline(s.mem, s.vbuf, 0)
                 return records.decode(s.mem, typ, off, r & _FIELD_MASK, s.vbuf, 0, 0)
@@ -670,7 +681,7 @@ class Queue:
         if self._stash:
             return self._unstash(max_items)
         free = self._scratches
-        s = free.pop() if free else records.Scratch()
+        s = free.pop() if free else records.Scratch(self._handle)
         try:
             return self._get_many(s, max_items, block, timeout)
         finally:

@@ -368,36 +368,46 @@ def test_small_arrays_travel_inline_as_private_copies(max_bytes):
     q.close()
 
 
-class _CountingLib:
-    """The library with its put calls counted."""
+def _count_puts(monkeypatch):
+    """The names of the put calls into the library that queues make from
+    now on (zctipc.queues binds them as its globals, and the library's
+    others through native.lib())."""
+    from zctipc import queues
+    from zctipc._core import native
 
-    def __init__(self, lib):
-        self.lib, self.calls = lib, []
+    calls = []
 
-    def __getattr__(self, name):
-        attr = getattr(self.lib, name)
+    def counted(name, call):
+        def counting(*args):
+            calls.append(name)
+            return call(*args)
+
+        return counting
+
+    lib = native.lib()
+    for name in dir(lib):
         if name.startswith("zct_queue_put"):
+            if hasattr(queues, "_" + name[4:]):
+                monkeypatch.setattr(queues, "_" + name[4:], counted(name, getattr(lib, name)))
 
-            def counted(*args):
-                self.calls.append(name)
-                return attr(*args)
+    class Lib:
+        def __getattr__(self, name):
+            attr = getattr(lib, name)
+            return counted(name, attr) if name.startswith("zct_queue_put") else attr
 
-            return counted
-        return attr
+    monkeypatch.setattr(native, "_lib", Lib())
+    return calls
 
 
 def test_a_small_array_goes_inline_in_one_call(q, monkeypatch):
     """The library writes an inline record from the array (Note [inline
     arrays] in zctipc._wire.exports): one native call per put, none of
     them a put of bytes Python framed."""
-    from zctipc._core import native
-
-    counting = _CountingLib(native.lib())
-    monkeypatch.setattr(native, "_lib", counting)
+    calls = _count_puts(monkeypatch)
     for a in INLINE_CASES:
-        counting.calls.clear()
+        calls.clear()
         q.put(a)
-        assert counting.calls == ["zct_queue_put_inline"], a
+        assert calls == ["zct_queue_put_inline"], a
     monkeypatch.undo()
     for a in INLINE_CASES:
         got = q.get()

@@ -146,28 +146,8 @@ class QueuePickler(reductions.Channel):
         inline: int = -1,
         in_band: exports.InBand | None = None,
     ) -> tuple[bytes, list[Export]]:
-        """(pickle bytes, [Export, ...]); NumPy arrays of inline bytes or
-        fewer (-1: none) that are not zctipc memory are pickled in band (Note
-        [inline arrays] in zctipc._wire.exports), and so are larger ones that
-        in_band, when given, finds no pool buffer for (Note [sending in band
-        when shared memory is full] there). On failure every buffer already
-        exported is released. Once per message: what it calls is inlined."""
-        # _begin written out (chunks is empty: every dump leaves it so).
-        self.busy = True
-        out: list[Export] = []
-        self.exports = out
-        self.block, self.timeout, self.inline, self.in_band = block, timeout, inline, in_band
-        chunks = self.chunks
-        try:
-            self.pickler.dump(obj)
-            return (chunks[0] if len(chunks) == 1 else b"".join(chunks)), out
-        except BaseException:
-            exports.release_all(out)
-            raise
-        finally:
-            self.pickler.clear_memo()  # Note [the memo]
-            chunks.clear()
-            self.busy = False
+        """Pickle obj with this pickler, as the module's dumps says."""
+        return dumps(obj, block, timeout, inline, in_band, self)
 
     def _begin(
         self, block: bool, timeout: float | None, inline: int, in_band: exports.InBand | None = None
@@ -285,10 +265,39 @@ def dumps(
     timeout: float | None = None,
     inline: int = -1,
     in_band: exports.InBand | None = None,
+    p: QueuePickler | None = None,
 ) -> tuple[bytes, list[Export]]:
-    """Pickle obj for a queue: (pickle bytes, [Export, ...]), as
-    QueuePickler.dumps does."""
-    return pickler().dumps(obj, block, timeout, inline, in_band)
+    """Pickle obj for a queue with p, by default the pickler() this thread
+    may use now: (pickle bytes, [Export, ...]). NumPy arrays of inline
+    bytes or fewer (-1: none) that are not zctipc memory are pickled in
+    band (Note [inline arrays] in zctipc._wire.exports), and so are larger
+    ones that in_band, when given, finds no pool buffer for (Note [sending
+    in band when shared memory is full] there). On failure every buffer
+    already exported is released. Once per message (a put's): what it
+    calls is written out, pickler() and _begin among them."""
+    if p is None:
+        try:
+            p = _sending.pickler
+        except AttributeError:
+            p = None
+        if p is None or p.busy or p.nmodules != len(sys.modules) and not p.current():
+            p = pickler()
+    # _begin (chunks is empty: every dump leaves it so).
+    p.busy = True
+    out: list[Export] = []
+    p.exports = out
+    p.block, p.timeout, p.inline, p.in_band = block, timeout, inline, in_band
+    chunks = p.chunks
+    try:
+        p.pickler.dump(obj)
+        return (chunks[0] if len(chunks) == 1 else b"".join(chunks)), out
+    except BaseException:
+        exports.release_all(out)
+        raise
+    finally:
+        p.pickler.clear_memo()  # Note [the memo]
+        chunks.clear()
+        p.busy = False
 
 
 class _Receiving:

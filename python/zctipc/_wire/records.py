@@ -8,7 +8,7 @@ passes] there).
 
 from __future__ import annotations
 
-from .._core import native
+from .._core import native, wait
 from . import exports, pickler
 
 TYPE_CHECKING = False  # Note [types without typing] in zctipc._core.native
@@ -49,9 +49,15 @@ RECORDS_PER_CALL = 256
 class Scratch:
     """Buffers for taking messages: a get takes one from its queue's free
     list and gives it back, so that threads never share one. (zctipc tail
-    peeks into one of its own: zct_queue_peek fills what a get fills.)"""
+    peeks into one of its own: zct_queue_peek fills what a get fills.)
+    A queue's scratch holds the arguments of its first zct_queue_take
+    ready-made, as the take of a get that waits briefly (take_brief) or
+    not at all (take_now): a get passes one tuple as it is."""
 
     __slots__ = (
+        "handle",
+        "take_now",
+        "take_brief",
         "cap",
         "vcap",
         "raw",
@@ -70,7 +76,8 @@ class Scratch:
         "payload",
     )
 
-    def __init__(self) -> None:
+    def __init__(self, handle: int = 0) -> None:
+        self.handle = handle  # the queue's (0: one that takes nothing)
         if HEADER == 0:
             read_framing()
         ffi = native.ffi()
@@ -94,6 +101,9 @@ class Scratch:
         self.buf = ffi.from_buffer(self.raw)
         self.views = ffi.new("zct_view[]", vcap)
         self.vbuf = ffi.buffer(self.views)  # the views as bytes (Note [reading a view at once] in exports)
+        takes = self.handle, self.buf, cap, self.views, vcap, self.nviews
+        self.take_now = (*takes[:3], 0, *takes[3:])
+        self.take_brief = (*takes[:3], wait.BRIEF_MS, *takes[3:])
 
     def get_args(self) -> tuple[Any, ...]:
         """zct_queue_get's arguments after the timeout."""

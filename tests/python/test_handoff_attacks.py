@@ -572,3 +572,43 @@ def test_a_put_on_a_full_directory_raises_and_recovers(isolated, tmp_path):
         assert left_in(env) == []
     finally:
         subprocess.run(["umount", "-l", str(mount)], check=True)
+
+
+# One pool buffer is put thousands of times before any is taken: each put
+# takes a ticket, more than the process's first ticket arena holds, so the
+# puts go on in the arenas made after it, and come back to the first once
+# the takes freed its tickets (Note [the ticket arena tried first] in
+# go/capi/handoff.c). Every round, every message is taken whole.
+TICKETS = """
+    if __name__ == "__main__":
+        q = zctipc.Queue()
+        a = zctipc.empty((N,), "int64")
+        a[:] = 7
+        seen = []
+        for sends in (5000, 300, 5000):
+            for _ in range(sends):
+                q.put(a)
+            full = pool_in_use(os.getpid())
+            got = 0
+            for _ in range(sends):
+                m = q.get(timeout=10)
+                got += int(m[0]) == 7 and int(m[-1]) == 7
+                del m
+            seen.append([sends, full, got, pool_in_use(os.getpid())])
+        del a
+        gc.collect()
+        print(json.dumps({"seen": seen, "end": pool_in_use(os.getpid())}))
+        q.close()
+"""
+
+
+def test_sends_past_a_ticket_arena_take_tickets_from_the_next_and_back(isolated, tmp_path):
+    """The C put of an array takes its ticket from the arena that gave the
+    last one, and from the others when that one has none: thousands of
+    tickets in flight at once, in rounds, each message taken whole, every
+    ticket and count back at the end, and the process exits with nothing
+    left (an arena held and never let go would hang its removal)."""
+    r = run(tmp_path, isolated, TICKETS)
+    assert r["seen"] == [[n, [1, n], n, [1, 0]] for n in (5000, 300, 5000)], r
+    assert r["end"] == [0, 0], r
+    assert left_in(isolated) == []

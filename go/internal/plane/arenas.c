@@ -228,24 +228,36 @@ int32_t zp_arenas_find(const void *addr, uint64_t n, zp_found_arena *found, uint
     return at;
 }
 
+// held_own_tickets holds entry i and fills *found when it is one of this
+// process's own ticket arenas: 1 then, else 0 (and nothing held).
+static int held_own_tickets(int32_t i, zp_found_arena *found) {
+    entry *e = &arenas[i];
+    if (__atomic_load_n(&e->state, SEQ) != LIVE || !e->tickets || !__atomic_load_n(&e->owned, SEQ)) {
+        return 0;
+    }
+    uint32_t epoch = __atomic_load_n(&e->epoch, SEQ);
+    __atomic_add_fetch(&e->users, 1, SEQ);
+    // Still the entry looked at, not one removed and filled again since
+    // (another process's arena, or one of buffers, whose slots a ticket
+    // must never be handed out of), nor disowned meanwhile.
+    if (__atomic_load_n(&e->state, SEQ) != LIVE || __atomic_load_n(&e->epoch, SEQ) != epoch || !e->tickets ||
+        !__atomic_load_n(&e->owned, SEQ)) {
+        __atomic_sub_fetch(&e->users, 1, SEQ);
+        return 0;
+    }
+    fill(i, found);
+    return 1;
+}
+
 int32_t zp_arenas_own_tickets(int32_t after, zp_found_arena *found) {
     for (int32_t i = after + 1; i < ARENAS; i++) {
-        entry *e = &arenas[i];
-        if (__atomic_load_n(&e->state, SEQ) != LIVE || !e->tickets || !__atomic_load_n(&e->owned, SEQ)) {
-            continue;
+        if (held_own_tickets(i, found)) {
+            return i;
         }
-        uint32_t epoch = __atomic_load_n(&e->epoch, SEQ);
-        __atomic_add_fetch(&e->users, 1, SEQ);
-        // Still the entry looked at, not one removed and filled again
-        // since (another process's arena, or one of buffers, whose slots a
-        // ticket must never be handed out of), nor disowned meanwhile.
-        if (__atomic_load_n(&e->state, SEQ) != LIVE || __atomic_load_n(&e->epoch, SEQ) != epoch || !e->tickets ||
-            !__atomic_load_n(&e->owned, SEQ)) {
-            __atomic_sub_fetch(&e->users, 1, SEQ);
-            continue;
-        }
-        fill(i, found);
-        return i;
     }
     return -1;
+}
+
+int32_t zp_arenas_own_tickets_at(int32_t at, zp_found_arena *found) {
+    return at >= 0 && at < ARENAS && held_own_tickets(at, found) ? at : -1;
 }

@@ -665,6 +665,9 @@ ZP_API int32_t zp_arenas_find(const void *addr, uint64_t n, zp_found_arena *foun
 /* The next of this process's own ticket arenas in the table after entry
  * after (-1: the first), held: where, or -1 when there is none. */
 ZP_API int32_t zp_arenas_own_tickets(int32_t after, zp_found_arena *found);
+/* Entry at, held, when it is one of this process's own ticket arenas: at,
+ * else -1. */
+ZP_API int32_t zp_arenas_own_tickets_at(int32_t at, zp_found_arena *found);
 
 /* -- the ledger (ledger.c) ----------------------------------------------- */
 

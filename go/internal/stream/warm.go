@@ -36,6 +36,7 @@ import (
 //
 // So the distance is 4 MiB, and on AMD family 23 twice the L3 (at least
 // 4 MiB), as the machine reports them.
+
 // warmDefault is the distance where Note [how far apart a writer reuses a
 // slot] says nothing else.
 const warmDefault = 4 << 20

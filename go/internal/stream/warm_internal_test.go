@@ -3,6 +3,7 @@ package stream
 import (
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -73,4 +74,51 @@ func TestCacheBytesAndVendorFromFiles(t *testing.T) {
 	vendor, family = cpuVendor(filepath.Join(dir, "absent"))
 	require.Empty(t, vendor)
 	require.Zero(t, family)
+}
+
+// TestCpuVendorFromOddFiles: cpuinfo as other kernels, architectures and
+// hand-made files write it. The family is read whether it comes before or
+// after the vendor; what is not a family (missing, empty, a word, a number
+// out of range) reads as 0, or as a family other than 23, so that such a
+// machine keeps the 4 MiB default.
+func TestCpuVendorFromOddFiles(t *testing.T) {
+	dir := t.TempDir()
+	read := func(text string) (string, int) {
+		path := filepath.Join(dir, "cpuinfo")
+		require.NoError(t, os.WriteFile(path, []byte(text), 0o644))
+		return cpuVendor(path)
+	}
+	for _, c := range []struct {
+		name, text string
+		vendor     string
+		family     int
+		distance   uint64 // with an 8 MiB L3
+	}{
+		{"family first", "cpu family\t: 23\nvendor_id\t: AuthenticAMD\n", "AuthenticAMD", 23, 16 << 20},
+		{"spaces", "  vendor_id  :   AuthenticAMD  \r\n cpu family :\t 23 \t\n", "AuthenticAMD", 23, 16 << 20},
+		{"no family", "vendor_id\t: AuthenticAMD\nmodel\t: 1\n", "AuthenticAMD", 0, 4 << 20},
+		{"empty family", "vendor_id\t: AuthenticAMD\ncpu family\t:\n", "AuthenticAMD", 0, 4 << 20},
+		{"hex family", "vendor_id\t: AuthenticAMD\ncpu family\t: 0x17\n", "AuthenticAMD", 0, 4 << 20},
+		{"huge family", "vendor_id\t: AuthenticAMD\ncpu family\t: 99999999999999999999999\n", "AuthenticAMD", 1<<63 - 1, 4 << 20},
+		{"negative family", "vendor_id\t: AuthenticAMD\ncpu family\t: -23\n", "AuthenticAMD", -23, 4 << 20},
+		{"23 and more", "vendor_id\t: AuthenticAMD\ncpu family\t: 23 (Zen)\n", "AuthenticAMD", 0, 4 << 20},
+		{"another key", "vendor_id\t: AuthenticAMD\ncpu family name\t: 23\ncpu familyx: 23\n", "AuthenticAMD", 0, 4 << 20},
+		{"a later processor's family", "processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: zen\n" +
+			"processor\t: 1\nvendor_id\t: AuthenticAMD\ncpu family\t: 23\n", "AuthenticAMD", 23, 16 << 20},
+		{"the first family", "vendor_id\t: AuthenticAMD\ncpu family\t: 25\ncpu family\t: 23\n", "AuthenticAMD", 25, 4 << 20},
+		{"Hygon", "vendor_id\t: HygonGenuine\ncpu family\t: 24\n", "HygonGenuine", 24, 4 << 20},
+		{"Intel family 23", "vendor_id\t: GenuineIntel\ncpu family\t: 23\n", "GenuineIntel", 23, 4 << 20},
+		{"arm64", "processor\t: 0\nBogoMIPS\t: 50.00\nCPU implementer\t: 0x41\nCPU architecture: 8\n", "", 0, 4 << 20},
+		{"no colons", "vendor_id AuthenticAMD\ncpu family 23\n", "", 0, 4 << 20},
+		{"empty", "", "", 0, 4 << 20},
+		{"a line past the scanner's buffer first", "flags\t: " + strings.Repeat("x", 1<<17) + "\n" +
+			"vendor_id\t: AuthenticAMD\ncpu family\t: 23\n", "", 0, 4 << 20},
+		{"no newline at the end", "vendor_id\t: AuthenticAMD\ncpu family\t: 23", "AuthenticAMD", 23, 16 << 20},
+		{"a colon in the value", "vendor_id\t: Authentic:AMD\ncpu family\t: 23\n", "Authentic:AMD", 23, 4 << 20},
+	} {
+		vendor, family := read(c.text)
+		require.Equal(t, c.vendor, vendor, c.name)
+		require.Equal(t, c.family, family, c.name)
+		require.Equal(t, c.distance, warmDistance(vendor, family, 8<<20), c.name)
+	}
 }

@@ -19,7 +19,7 @@ from conftest import HERE, SWEEP_TIMEOUT, slots_in_use, with_pythonpath
 
 import zctipc
 from zctipc import queues
-from zctipc._core import native
+from zctipc._core import native, wait
 
 HANG = 5.0  # longer than any of these waits may take
 
@@ -71,7 +71,7 @@ def test_a_raising_handler_during_the_first_wait_ends_the_get_and_loses_nothing(
             # Within the first wait (up to BRIEF_MS), at a different point each time.
             start = time.monotonic()
             with pytest.raises(Raised):
-                signal.setitimer(signal.ITIMER_REAL, random.uniform(0.00005, queues._BRIEF_MS / 1000))
+                signal.setitimer(signal.ITIMER_REAL, random.uniform(0.00005, wait.BRIEF_MS / 1000))
                 q.get()
             assert time.monotonic() - start < HANG
             signal.setitimer(signal.ITIMER_REAL, 0)
@@ -113,7 +113,7 @@ def test_a_handler_that_puts_during_the_first_wait_ends_the_get_with_its_message
     q = zctipc.Queue()
     with alarms(lambda *_: q.put("from the handler")), contextlib.closing(q):
         for _ in range(10):
-            signal.setitimer(signal.ITIMER_REAL, random.uniform(0.00005, queues._BRIEF_MS / 1000))
+            signal.setitimer(signal.ITIMER_REAL, random.uniform(0.00005, wait.BRIEF_MS / 1000))
             assert q.get() == "from the handler"
             assert q.empty()
 
@@ -346,21 +346,22 @@ def test_a_joinable_queues_count_through_interrupted_first_waits():
 # -- which first calls wait ---------------------------------------------------
 
 
-class _Recording:
-    """The library, with the timeouts of zct_queue_take's calls recorded."""
+def _record_takes(monkeypatch, timeouts):
+    """Record the timeout of every zct_queue_take that queues make from now
+    on: a get's first, through zctipc.queues' bound call, and those after
+    it, through native.lib()."""
+    lib = native.lib()
 
-    def __init__(self, lib, timeouts):
-        self._lib, self._timeouts = lib, timeouts
+    def take(h, buf, cap, ms, *rest):
+        timeouts.append(ms)
+        return lib.zct_queue_take(h, buf, cap, ms, *rest)
 
-    def __getattr__(self, name):
-        if name != "zct_queue_take":
-            return getattr(self._lib, name)
+    class Recording:
+        def __getattr__(self, name):
+            return take if name == "zct_queue_take" else getattr(lib, name)
 
-        def take(h, buf, cap, ms, *rest):
-            self._timeouts.append(ms)
-            return self._lib.zct_queue_take(h, buf, cap, ms, *rest)
-
-        return take
+    monkeypatch.setattr(queues, "_queue_take", take)
+    monkeypatch.setattr(native, "lib", Recording)
 
 
 @pytest.mark.parametrize(
@@ -379,10 +380,9 @@ def test_only_a_get_without_timeout_or_polling_waits_in_its_first_call(monkeypat
     try:
         q.put("m")
         timeouts = []
-        lib = native.lib()
-        monkeypatch.setattr(native, "lib", lambda: _Recording(lib, timeouts))
+        _record_takes(monkeypatch, timeouts)
         assert q.get(**kw) == "m"
-        assert timeouts[0] == (queues._BRIEF_MS if waits else 0)
+        assert timeouts[0] == (wait.BRIEF_MS if waits else 0)
         if kw.get("block", True):
             # Empty: what the first call and the ones after it wait.
             threading.Timer(0.05, q.put, args=("n",)).start()
@@ -401,16 +401,15 @@ def test_set_wait_poll_makes_the_first_call_only_look(monkeypatch):
         q.set_wait("poll", 0.001)
         q.put("m")
         timeouts = []
-        lib = native.lib()
-        monkeypatch.setattr(native, "lib", lambda: _Recording(lib, timeouts))
+        _record_takes(monkeypatch, timeouts)
         assert q.get() == "m"
         monkeypatch.undo()
         assert timeouts == [0]
         q.set_wait("sleep")
         q.put("m")
-        monkeypatch.setattr(native, "lib", lambda: _Recording(lib, timeouts))
+        _record_takes(monkeypatch, timeouts)
         assert q.get() == "m"
-        assert timeouts == [0, queues._BRIEF_MS]
+        assert timeouts == [0, wait.BRIEF_MS]
     finally:
         monkeypatch.undo()
         q.close()

@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import errno
 import io
-import os
 import pickle
 import queue as _queue
+import sys
 import threading
 import time
 import weakref
@@ -68,10 +68,8 @@ _PICKLE = _TENSOR = _BYTES = _INLINE = -1
 _HEADER = 0
 _FIELD_MASK = _OFFSET_SHIFT = _TYPE_SHIFT = 0
 _PICKLE_AT_HEADER = -1  # take's result >> _OFFSET_SHIFT for a pickle with no descriptor
-# And the calls that the fast paths of a put and a get make, for the same
-# reason: a global is read faster than native.lib() is called and its
-# attribute read (the library, once loaded, is the process's for good, but
-# for a forked child's: _after_fork_in_child).
+# And the calls that the fast paths of a put and a get make (Note [calls
+# bound for a hot path] in zctipc._core.native), for the same reason.
 _queue_put: Any = None
 _queue_put_array: Any = None
 _queue_put_inline: Any = None
@@ -82,39 +80,20 @@ _NULL_VIEWS: Any = None
 def _read_framing() -> None:
     """Read the framing facts from the library, and bind them here."""
     global _PICKLE, _TENSOR, _BYTES, _INLINE, _HEADER, _FIELD_MASK, _OFFSET_SHIFT, _TYPE_SHIFT
-    global _queue_put, _queue_put_array, _queue_put_inline, _queue_take, _NULL_VIEWS, _PICKLE_AT_HEADER
-    lib = native.lib()
-    _queue_put, _queue_take, _NULL_VIEWS = lib.zct_queue_put, lib.zct_queue_take, lib.NULL_VIEWS
-    _queue_put_array, _queue_put_inline = lib.zct_queue_put_array, lib.zct_queue_put_inline
+    global _NULL_VIEWS, _PICKLE_AT_HEADER
+    native.bind(
+        sys.modules[__name__],
+        _queue_put="zct_queue_put",
+        _queue_put_array="zct_queue_put_array",
+        _queue_put_inline="zct_queue_put_inline",
+        _queue_take="zct_queue_take",
+    )
+    _NULL_VIEWS = native.lib().NULL_VIEWS
     records.read_framing()
     _PICKLE, _TENSOR, _BYTES, _INLINE = records.PICKLE, records.TENSOR, records.BYTES, records.INLINE
     _HEADER = records.HEADER
     _FIELD_MASK, _OFFSET_SHIFT, _TYPE_SHIFT = records.FIELD_MASK, records.OFFSET_SHIFT, records.TYPE_SHIFT
     _PICKLE_AT_HEADER = _PICKLE << (_TYPE_SHIFT - _OFFSET_SHIFT) | _HEADER
-
-
-def _through_lib(name: str) -> Callable[..., Any]:
-    """The library's function name, looked up through native.lib() on
-    every call."""
-
-    def call(*a: Any) -> Any:
-        return getattr(native.lib(), name)(*a)
-
-    return call
-
-
-def _after_fork_in_child() -> None:
-    """A forked child's Go runtime is gone, and native.lib() raises
-    ForkedProcessError there: the calls bound above go through it again, so
-    that a queue used in the child raises at once instead of calling into
-    the dead runtime (which hangs, or takes the parent's messages)."""
-    global _queue_put, _queue_put_array, _queue_put_inline, _queue_take
-    if _queue_put is not None:
-        _queue_put, _queue_take = _through_lib("zct_queue_put"), _through_lib("zct_queue_take")
-        _queue_put_array, _queue_put_inline = _through_lib("zct_queue_put_array"), _through_lib("zct_queue_put_inline")
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 #: The default of a queue's inline_bytes: NumPy arrays of this many bytes or

@@ -341,9 +341,13 @@ class _Endpoint:
     _kind: str | None = None  # "writer" or "reader": names the library's calls
     _writable = False
     _not_ready: int | None = None  # the status of a look that found nothing
+    # The library's calls, bound in __init__ (Note [calls bound for a hot
+    # path] in zctipc._core.native): look and increment, and a reader's next.
+    _look: Callable[..., int]
+    _increment: Callable[..., int]
+    _read_next: Callable[..., int]
 
     def __init__(self, stream: Stream, handle: int) -> None:
-        lib = native.lib()
         self._stream = stream
         self._handle = handle
         self._closed = False
@@ -356,8 +360,10 @@ class _Endpoint:
         self._polls = False  # set_wait("poll"): waits stay in the library
         self._armed = wait.Armed()  # per thread: out-parameters of the arm calls
         verb = "write" if self._writable else "read"
-        self._look = getattr(lib, f"zct_stream_{verb}_look")
-        self._increment = getattr(lib, f"zct_stream_{verb}_increment")
+        # Note [calls bound for a hot path] in zctipc._core.native.
+        native.bind(self, _look=f"zct_stream_{verb}_look", _increment=f"zct_stream_{verb}_increment")
+        if not self._writable:
+            native.bind(self, _read_next="zct_stream_read_next")
         self._finalizer = weakref.finalize(
             self, native.finalize, f"zct_stream_{self._kind}_close", handle, f"closing a stream {self._kind}"
         )
@@ -676,17 +682,17 @@ class StreamReader(_Endpoint):
         time, since the next frame any thread asks for releases the one
         another iteration holds (a reader each, for threads that read
         alongside)."""
-        next_frame = native.lib().zct_stream_read_next
         out = self._out
         handle, slot, whole = self._live(), out.slot, out.whole
         views = self._tensor_views() if torch else self._frames
         empty, ended = native.E_EMPTY, native.E_ENDED
         try:
             while True:
-                status = next_frame(handle, 0, slot, whole)
+                # Read each time, not held: Note [calls bound for a hot path].
+                status = self._read_next(handle, 0, slot, whole)
                 self._pending = False
                 if status == empty:
-                    status = self._wait(lambda ms: next_frame(handle, ms, slot, whole), None)
+                    status = self._wait(lambda ms: self._read_next(handle, ms, slot, whole), None)
                 if status != 0:
                     if status == ended:
                         return

@@ -552,3 +552,40 @@ def test_every_record_type_interleaved_with_pickles():
         del got, g
     finally:
         q.close()
+
+
+def test_stream_endpoints_in_a_forked_child_raise_forked_process_error_at_once():
+    """A stream writer's and reader's calls are bound as the queue's are
+    (Note [calls bound for a hot path] in zctipc._core.native): in a forked
+    child a read, a write, a look and an iteration begun in the parent
+    raise ForkedProcessError, and the parent's stream is untouched (before,
+    the child read the parent's frame and wrote one into its ring)."""
+    said = _run("""
+        import os, numpy as np, zctipc
+        s = zctipc.Stream.create(shape=(4,), frames=4, readers=1)
+        w, rd = s.writer(), s.reader()
+        for k in (1, 2):
+            w.write(np.full(4, k, np.float32))
+        frames = iter(rd)
+        first = int(next(frames)[0])
+        r, wr = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            said = []
+            for call in (lambda: rd.read(timeout=1), lambda: w.write(np.zeros(4, np.float32)),
+                         lambda: rd.look(timeout=1), lambda: w.look(timeout=1), lambda: next(frames)):
+                try:
+                    call()
+                    said.append("ok")
+                except BaseException as e:
+                    said.append(type(e).__name__)
+            os.write(wr, " ".join(said).encode())
+            os._exit(0)
+        os.close(wr)
+        os.waitpid(pid, 0)
+        child = os.read(r, 4096).decode()
+        print(child.replace(" ", ","), first, int(next(frames)[0]), rd.read(block=False))
+        del frames
+        w.close(); rd.close(); s.close()
+    """)
+    assert said == ["ForkedProcessError," * 4 + "ForkedProcessError", "1", "2", "None"]

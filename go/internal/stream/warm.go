@@ -43,7 +43,7 @@ const warmDefault = 4 << 20
 
 // warmBytes is that distance for this machine, read once.
 var warmBytes = sync.OnceValue(func() uint64 {
-	vendor, family := cpuVendor("/proc/cpuinfo")
+	vendor, family := cpuVendorFamily("/proc/cpuinfo")
 	return warmDistance(vendor, family, cacheBytes("/sys/devices/system/cpu/cpu0/cache", 3))
 })
 
@@ -57,9 +57,9 @@ func warmDistance(vendor string, family int, l3 uint64) uint64 {
 	return warmDefault
 }
 
-// cpuVendor returns the first vendor_id and cpu family in the cpuinfo file
+// cpuVendorFamily returns the first vendor_id and cpu family in the cpuinfo file
 // at path: "" and 0 for what it does not say or when it cannot be read.
-func cpuVendor(path string) (vendor string, family int) {
+func cpuVendorFamily(path string) (vendor string, family int) {
 	f, err := os.Open(path)
 	if err != nil {
 		return "", 0

@@ -64,14 +64,14 @@ func TestCacheBytesAndVendorFromFiles(t *testing.T) {
 	info := filepath.Join(dir, "cpuinfo")
 	require.NoError(t, os.WriteFile(info, []byte("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 23\n"+
 		"processor\t: 1\nvendor_id\t: GenuineIntel\ncpu family\t: 6\n"), 0o644))
-	vendor, family := cpuVendor(info)
+	vendor, family := cpuVendorFamily(info)
 	require.Equal(t, "AuthenticAMD", vendor, "the first processor's")
 	require.Equal(t, 23, family)
 	require.NoError(t, os.WriteFile(info, []byte("processor\t: 0\ncpu family\t: many\n"), 0o644))
-	vendor, family = cpuVendor(info)
+	vendor, family = cpuVendorFamily(info)
 	require.Empty(t, vendor)
 	require.Zero(t, family)
-	vendor, family = cpuVendor(filepath.Join(dir, "absent"))
+	vendor, family = cpuVendorFamily(filepath.Join(dir, "absent"))
 	require.Empty(t, vendor)
 	require.Zero(t, family)
 }
@@ -86,7 +86,7 @@ func TestCpuVendorFromOddFiles(t *testing.T) {
 	read := func(text string) (string, int) {
 		path := filepath.Join(dir, "cpuinfo")
 		require.NoError(t, os.WriteFile(path, []byte(text), 0o644))
-		return cpuVendor(path)
+		return cpuVendorFamily(path)
 	}
 	for _, c := range []struct {
 		name, text string

@@ -26,6 +26,7 @@ import signal
 import sys
 import threading
 import warnings
+import weakref
 
 from .. import errors
 
@@ -78,11 +79,43 @@ def before_letting_go(hook: "Callable[[], object]") -> None:
     _exit_hooks.append(hook)
 
 
+# Note [calls bound for a hot path]: a put, a get or a stream's look that
+# reads native.lib() and an attribute of it on every call pays more for
+# that than for some of the calls. So such a caller binds the functions it
+# needs as its own attributes (bind), and the at-fork hook below rebinds
+# every one of them, in a forked child, to a call that goes through lib()
+# again: one bound earlier would call straight into the Go runtime that
+# did not survive the fork, where lib() raises ForkedProcessError.
+_bound: "weakref.WeakKeyDictionary[Any, dict[str, str]]" = weakref.WeakKeyDictionary()
+
+
+def bind(owner: "Any", **calls: str) -> None:
+    """Set owner's attributes to the library's functions (attribute name:
+    function name), Note [calls bound for a hot path]: each becomes a call
+    that raises ForkedProcessError in a forked child."""
+    library = lib()
+    for attr, name in calls.items():
+        setattr(owner, attr, getattr(library, name))
+    _bound.setdefault(owner, {}).update(calls)
+
+
+def _through_lib(name: str) -> "Callable[..., Any]":
+    """The library's function name, looked up through lib() on every call."""
+
+    def call(*args: "Any") -> "Any":
+        return getattr(lib(), name)(*args)
+
+    return call
+
+
 def _after_fork_in_child() -> None:
     global _lib
     # The child's Go runtime is gone: drop the library so that every call
     # goes through _load, which raises ForkedProcessError at once.
     _lib = None
+    for owner, calls in list(_bound.items()):
+        for attr, name in calls.items():
+            setattr(owner, attr, _through_lib(name))
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)

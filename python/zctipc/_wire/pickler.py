@@ -280,8 +280,8 @@ def dumps(
             p = _sending.pickler
         except AttributeError:
             p = None
-        if p is None or p.busy or p.nmodules != len(sys.modules) and not p.current():
-            p = pickler()
+        if p is None or p.busy or p.nmodules != len(sys.modules):
+            p = pickler()  # a fresh one, or this one once it is found current
     # _begin (chunks is empty: every dump leaves it so).
     p.busy = True
     out: list[Export] = []

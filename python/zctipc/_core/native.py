@@ -94,9 +94,15 @@ def bind(owner: "Any", **calls: str) -> None:
     function name), Note [calls bound for a hot path]: each becomes a call
     that raises ForkedProcessError in a forked child."""
     library = lib()
+    # Remembered before any is set: a fork between the two (another
+    # thread's, at a switch) then finds the owner, and rebinds in the child
+    # what was set here; set first, the child kept a direct call.
+    _bound.setdefault(owner, {}).update(calls)
     for attr, name in calls.items():
         setattr(owner, attr, getattr(library, name))
-    _bound.setdefault(owner, {}).update(calls)
+    if _lib is not library:  # this thread forked while binding: it is the child
+        for attr, name in calls.items():
+            setattr(owner, attr, _through_lib(name))
 
 
 def _through_lib(name: str) -> "Callable[..., Any]":

@@ -601,7 +601,15 @@ def test_a_blocked_put_goes_through_while_consumers_are_killed_and_stopped():
     """Producers (two threads) block on a full bounded queue while
     consumers of other processes take from it and are SIGKILLed (in the
     middle of a get, or asleep in one) and SIGSTOPped at random, and
-    replaced: one consumer is always running, and every put goes through."""
+    replaced: one consumer is always running, and every put goes through.
+
+    A consumer stopped in the few instructions of a get that hold the get
+    lock (or, when its get empties the ring, the put lock for a rewind)
+    holds that lock until it runs again or dies, as a multiprocessing.Queue
+    consumer stopped inside its get holds the queue's read lock: no lock can
+    be taken from a live process. So every stopped consumer is, a round
+    later, continued (and goes on taking) or killed; the puts must never
+    wait for more than that."""
     import random
     import signal
 
@@ -609,38 +617,54 @@ def test_a_blocked_put_goes_through_while_consumers_are_killed_and_stopped():
     q = zctipc.Queue(2)
     steady = _spawn(_CHAOS_CONSUMER, q.name)
     others = [_spawn(_CHAOS_CONSUMER, q.name) for _ in range(3)]
-    stopped, failures = [], []
+    stopped, ended, failures, kills = [], [], [], 0
 
-    def produce(n):
+    rounds, puts = 12, [0, 0]
+
+    def end_stopped():  # stopped a round ago: each runs again, or dies
+        nonlocal stopped
+        for p in stopped:
+            p.send_signal(signal.SIGCONT if rng.random() < 0.5 else signal.SIGKILL)
+        ended.extend(stopped)
+        stopped = []
+
+    def produce(k):
         try:
-            for i in range(n):
-                q.put(i, timeout=HANG)
+            while not done.is_set():
+                q.put(puts[k], timeout=HANG)
+                puts[k] += 1
         except BaseException as e:
             failures.append(e)
 
-    producers = [threading.Thread(target=produce, args=(400,), daemon=True) for _ in range(2)]
+    done = threading.Event()
+    producers = [threading.Thread(target=produce, args=(k,), daemon=True) for k in range(2)]
     try:
         for t in producers:
             t.start()
-        while any(t.is_alive() for t in producers):
+        for _ in range(rounds):
+            end_stopped()
             victim = rng.randrange(len(others))
             p = others[victim]
             if rng.random() < 0.5:
                 p.send_signal(signal.SIGKILL)
                 p.wait()
-                others[victim] = _spawn(_CHAOS_CONSUMER, q.name)
+                kills += 1
             else:
                 p.send_signal(signal.SIGSTOP)
                 stopped.append(p)
-                others[victim] = _spawn(_CHAOS_CONSUMER, q.name)
+            others[victim] = _spawn(_CHAOS_CONSUMER, q.name)
             time.sleep(rng.random() * 0.02)
+        end_stopped()
+        done.set()
         for t in producers:
             t.join(HANG)
         assert not failures, failures
         assert not any(t.is_alive() for t in producers)
         assert steady.poll() is None
+        assert kills and ended, "the seed killed and stopped consumers"
+        assert min(puts) > rounds, puts
     finally:
-        for p in [steady, *others, *stopped]:
+        for p in [steady, *others, *stopped, *ended]:
             p.kill()
             p.wait()
         q.close()

@@ -546,8 +546,13 @@ def armed_reader(s, wait, threads=1):
     child = subprocess.Popen(
         [sys.executable, "-c", _ARMED_READER, s.name, wait, str(threads)], stdout=subprocess.PIPE, text=True, env=ENV
     )
-    assert child.stdout.readline() == "ready\n"
-    assert settle(lambda: sleepers(s) == before + threads)
+    try:
+        assert child.stdout.readline() == "ready\n"
+        assert settle(lambda: sleepers(s) == before + threads)
+    except BaseException:
+        child.kill()  # the test that failed here has no child to kill
+        child.wait()
+        raise
     return child
 
 

@@ -85,7 +85,8 @@ def test_every_suite_runs_and_the_report_has_its_shape(tmp_path):
     assert set(report["machine"]) >= {"cpu", "cores", "memory_gib", "kernel", "dev_shm_gib", "python"}
     assert report["versions"]["zctipc"] and report["versions"]["numpy"]
     floor = report["floor"]
-    assert floor["futex_wake"]["median_us"] > 0 and floor["futex_wake"]["rounds"] == 50
+    for key in ("futex_wake", "futex_wake_2ms"):  # 1 ms and 2 ms apart, the latency suites' pauses
+        assert floor[key]["median_us"] > 0 and floor[key]["rounds"] == 50, key
     assert floor["memcpy_bytes_per_s"] > 0
     assert list(report["suites"]) == list(SUITES)
     suites = report["suites"]
@@ -256,3 +257,24 @@ def test_the_stream_suite_removes_what_iceoryx2_keeps_and_only_that(tmp_path, mo
         for n in os.listdir("/dev/shm"):
             if n.startswith(prefix):
                 os.unlink(f"/dev/shm/{n}")
+
+
+def test_each_latency_is_set_against_the_floor_of_its_own_pause():
+    """A hand-off (2 ms apart) is divided by the floor measured 2 ms apart,
+    one message in flight (1 ms apart) by the one measured 1 ms apart; a
+    report from before floors by pause has one floor for both."""
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    try:
+        import run
+    finally:
+        sys.path.remove(os.path.join(ROOT, "benchmarks"))
+    floor = {"futex_wake": {"median_us": 10.0}, "futex_wake_2ms": {"median_us": 20.0}, "memcpy_bytes_per_s": 1e10}
+    suites = {
+        "handoff": {"results": [{"peer": "zctipc.Queue", "bytes": 1 << 20, "median_us": 30.0}]},
+        "queue": {"latency": [{"peer": "zctipc.Queue", "consumer_cpu": 0.0, "median_us": 30.0}]},
+    }
+    ratios = {row[0]: row[3] for row in run.floor_rows({"floor": floor, "suites": suites})}
+    assert ratios == {"handoff": "1.5x", "queue": "3.0x"}
+    del floor["futex_wake_2ms"]
+    ratios = {row[0]: row[3] for row in run.floor_rows({"floor": floor, "suites": suites})}
+    assert ratios == {"handoff": "3.0x", "queue": "3.0x"}

@@ -355,12 +355,18 @@ def test_a_hundred_threads_blocked_on_one_queue_each_get_one_message():
         q.close()
 
 
-@pytest.mark.parametrize("call", ["get", "put", "join", "poll"])
+@pytest.mark.parametrize("call", ["get", "get with a timeout", "put", "join", "poll"])
 def test_a_close_wakes_a_hundred_blocked_threads(call):
     q = zctipc.JoinableQueue(1)
     if call in ("put", "join"):
         q.put(0)
-    run = {"get": q.get, "put": lambda: q.put(1), "join": q.join, "poll": lambda: q._poll(None)}[call]
+    run = {
+        "get": q.get,
+        "get with a timeout": lambda: q.get(timeout=HANG),
+        "put": lambda: q.put(1),
+        "join": q.join,
+        "poll": lambda: q._poll(None),
+    }[call]
     outcome, alive = closed_while_blocked(run, q.close, 100, HANG)
     assert not alive
     assert outcome == ["closed"] * 100, outcome

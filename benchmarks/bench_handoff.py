@@ -56,6 +56,7 @@ from _common import (
     positive,
     summarize,
 )
+from _floor import futex_wake_ns
 
 SIZES = {"1M": 1 << 20, "100M": 100 << 20, "1G": 1 << 30}
 # The producer numbers MARKS values spread over the array and the consumer
@@ -67,6 +68,10 @@ MARKS = 256
 # Seconds between rounds: the consumer, which answered the last round,
 # is asleep in its receive again when the next array is put.
 PAUSE = 0.002
+# Rounds of the futex floor measured before each size's peers, 2 ms apart as
+# they are, per round of theirs (at most FLOOR_ROUNDS_MOST): on a shared host
+# whose load comes and goes, a floor of the same minutes, not the run's start.
+FLOOR_ROUNDS_PER_ROUND, FLOOR_ROUNDS_MOST = 25, 300
 
 
 def marks(n):
@@ -373,7 +378,7 @@ def main(argv=None):
 
     ctx = zctipc.get_context()
     sizes = [SIZES[s] for s in args.sizes]
-    report = new_report("handoff", ("zctipc", "numpy", "torch", "ray"), results=[], skipped=[])
+    report = new_report("handoff", ("zctipc", "numpy", "torch", "ray"), results=[], floors=[], skipped=[])
     ray_missing = left_out("ray", "ray")
     if ray_missing:
         report["skipped"].append({"peer": "ray", "reason": ray_missing})
@@ -383,10 +388,14 @@ def main(argv=None):
         peers = [p for p in PEERS if not issubclass(p, TorchMP)]
         report["skipped"].append({"peer": "torch.mp", "reason": torch_missing})
     for nbytes in sizes:
+        floor = summarize(futex_wake_ns(min(FLOOR_ROUNDS_MOST, FLOOR_ROUNDS_PER_ROUND * args.rounds), PAUSE))
+        report["floors"].append({"bytes": nbytes, **floor})
+        print(f"{fmt_bytes(nbytes):>8}  {'futex floor':<26} median {fmt_us(floor['median_us'])}", flush=True)
         for peer in peers + ([] if ray_missing else ["ray"]):
             name = peer if peer == "ray" else peer.name
             print(f"{fmt_bytes(nbytes):>8}  {name:<26}", end="", flush=True)
             r = measure_ray(nbytes, args.rounds) if peer == "ray" else measure(ctx, peer, nbytes, args.rounds)
+            r["floor_us"] = floor["median_us"]
             report["results"].append(r)
             print(f" median {fmt_us(r['median_us'])}, p99 {fmt_us(r['p99_us'])}", flush=True)
 
@@ -427,6 +436,19 @@ def render(report):
             "",
             markdown_table(["size", "peer", "transport", "median", "p99", "median vs zctipc.Queue"], rows),
             "",
+        ]
+        + (
+            [
+                f"Futex floor, a process asleep {PAUSE * 1000:g} ms woken by another, measured before each size's "
+                "peers: "
+                + ", ".join(f"{fmt_bytes(f['bytes'])} {fmt_us(f['median_us'])}" for f in report["floors"])
+                + ".",
+                "",
+            ]
+            if report.get("floors")
+            else []
+        )
+        + [
             "Attach alone, in a loop in the consumer (open, validate, map, make the array; "
             f"{next(r['attach']['rounds'] for r in results if 'attach' in r)} rounds):",
             "",

@@ -92,6 +92,10 @@ def test_every_suite_runs_and_the_report_has_its_shape(tmp_path):
     suites = report["suites"]
     assert {r["peer"] for r in suites["handoff"]["results"]} >= {"zctipc", "multiprocessing.Queue"}
     assert all(r["median_us"] > 0 for r in suites["handoff"]["results"])
+    # A floor 2 ms apart before each size's peers, which each of its rows carries.
+    floors = {f["bytes"]: f["median_us"] for f in suites["handoff"]["floors"]}
+    assert floors and all(us > 0 for us in floors.values())
+    assert all(r["floor_us"] == floors[r["bytes"]] for r in suites["handoff"]["results"])
     assert {s["peer"] for s in suites["queue"]["skipped"]} == {"faster-fifo"}
     assert all(r["per_second"] > 0 for r in suites["queue"]["rate"])
     local = suites["queue"]["local"]
@@ -260,9 +264,10 @@ def test_the_stream_suite_removes_what_iceoryx2_keeps_and_only_that(tmp_path, mo
 
 
 def test_each_latency_is_set_against_the_floor_of_its_own_pause():
-    """A hand-off (2 ms apart) is divided by the floor measured 2 ms apart,
-    one message in flight (1 ms apart) by the one measured 1 ms apart; a
-    report from before floors by pause has one floor for both."""
+    """A hand-off (2 ms apart) is divided by the floor measured 2 ms apart
+    (its suite's, of the same minutes, when there is one), one message in
+    flight (1 ms apart) by the one measured 1 ms apart; a report from before
+    floors by pause has one floor for both."""
     sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
     try:
         import run
@@ -275,6 +280,10 @@ def test_each_latency_is_set_against_the_floor_of_its_own_pause():
     }
     ratios = {row[0]: row[3] for row in run.floor_rows({"floor": floor, "suites": suites})}
     assert ratios == {"handoff": "1.5x", "queue": "3.0x"}
-    del floor["futex_wake_2ms"]
+    # The floor the hand-off suite measured before the size's peers, when it did.
+    suites["handoff"]["results"][0]["floor_us"] = 15.0
+    ratios = {row[0]: row[3] for row in run.floor_rows({"floor": floor, "suites": suites})}
+    assert ratios == {"handoff": "2.0x", "queue": "3.0x"}
+    del floor["futex_wake_2ms"], suites["handoff"]["results"][0]["floor_us"]
     ratios = {row[0]: row[3] for row in run.floor_rows({"floor": floor, "suites": suites})}
     assert ratios == {"handoff": "3.0x", "queue": "3.0x"}

@@ -91,3 +91,18 @@ def test_the_hand_off_script_renders_a_saved_report(tmp_path, old):
     )
     assert out.returncode == 0, out.stderr[-3000:]
     assert ("Futex floor" in out.stdout) is not old
+
+
+@pytest.mark.parametrize("mode", ["full", "quick", "tiny"])
+def test_the_hand_off_progress_counts_each_size_s_floor_line_too(run, mode):
+    """bench_handoff prints, for each size, its futex floor's line before
+    one per peer (Ray's too): the progress bar expects them all, so that
+    it is not full before the last peer ran."""
+    sys.path.insert(0, BENCH)
+    try:
+        import bench_handoff
+    finally:
+        sys.path.remove(BENCH)
+    argv = run.suite_argv("handoff", mode, "x.json")
+    sizes = argv[argv.index("--sizes") + 1].split(",") if "--sizes" in argv else list(bench_handoff.SIZES)
+    assert run.expected_cells("handoff", mode) == len(sizes) * (1 + len(bench_handoff.PEERS) + 1)

@@ -361,9 +361,10 @@ class _Endpoint:
         self._armed = wait.Armed()  # per thread: out-parameters of the arm calls
         verb = "write" if self._writable else "read"
         # Note [calls bound for a hot path] in zctipc._core.native.
-        native.bind(self, _look=f"zct_stream_{verb}_look", _increment=f"zct_stream_{verb}_increment")
+        calls = {"_look": f"zct_stream_{verb}_look", "_increment": f"zct_stream_{verb}_increment"}
         if not self._writable:
-            native.bind(self, _read_next="zct_stream_read_next")
+            calls["_read_next"] = "zct_stream_read_next"
+        native.bind(self, **calls)
         self._finalizer = weakref.finalize(
             self, native.finalize, f"zct_stream_{self._kind}_close", handle, f"closing a stream {self._kind}"
         )

@@ -5,6 +5,7 @@ threads blocked in zctipc's calls that a close must end."""
 import contextlib
 import subprocess
 import sys
+import textwrap
 import threading
 import time
 
@@ -17,6 +18,67 @@ def python(*argv, env, timeout):
     out = subprocess.run([sys.executable, *argv], env=env, capture_output=True, text=True, timeout=timeout)
     assert out.returncode == 0, out.stderr
     return out
+
+
+# What forking() runs before its code: in_child(body) forks, runs body() in
+# the child (killed by SIGALRM after alarm seconds, so that a hang shows as
+# "killed:14") and returns what it said; kinds(*calls) says what each call
+# raised ("ok" when nothing), comma-joined; queue_calls and stream_calls
+# make the calls of a queue's and a stream's that a child must not make.
+FORK_PRELUDE = """
+import gc, os, signal, sys, threading, time
+import numpy as np
+import zctipc
+from zctipc import errors
+
+def kinds(*calls):
+    said = []
+    for call in calls:
+        try:
+            call()
+            said.append("ok")
+        except BaseException as e:
+            said.append(type(e).__name__)
+    return ",".join(said)
+
+def in_child(body, alarm=20):
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        signal.signal(signal.SIGALRM, signal.SIG_DFL)
+        signal.alarm(alarm)
+        try:
+            out = body()
+        except BaseException as e:
+            out = "raised:" + type(e).__name__
+        os.write(w, out.encode())
+        os._exit(0)
+    os.close(w)
+    _, status = os.waitpid(pid, 0)
+    out = os.read(r, 1 << 16).decode()
+    os.close(r)
+    return out if os.WIFEXITED(status) else "killed:%d" % os.WTERMSIG(status)
+
+def queue_calls(q):
+    return kinds(lambda: q.put(1), lambda: q.get(timeout=1), lambda: q.get(block=False),
+                 lambda: q.put(np.zeros(4)), lambda: q.put(np.zeros(1 << 16)))
+
+def stream_calls(w, rd):
+    return kinds(lambda: rd.read(timeout=1), lambda: w.write(np.zeros(4, np.float32)),
+                 lambda: rd.look(timeout=1), lambda: w.look(timeout=1), lambda: next(iter(rd)))
+
+FE5 = ",".join(["ForkedProcessError"] * 5)
+"""
+
+
+def forking(code, timeout=90):
+    """Run code (indented as a test writes it) in a Python child after
+    FORK_PRELUDE, to its end; it must exit 0. What it printed, split."""
+    out = subprocess.run(
+        [sys.executable, "-c", FORK_PRELUDE + textwrap.dedent(code)], capture_output=True, text=True, timeout=timeout
+    )
+    assert out.returncode == 0, out.stderr
+    return out.stdout.split()
 
 
 @contextlib.contextmanager

@@ -4,71 +4,11 @@ stream endpoint must raise ForkedProcessError at once, never hang and never
 reach the parent's Go runtime, however the fork comes; and the parent's
 calls must go on working."""
 
-import subprocess
-import sys
-import textwrap
-
-HANG = 90
-
-# Run in each subprocess: in_child(body) forks, runs body() in the child
-# (killed by SIGALRM after 20 s, so that a hang shows as "killed:14") and
-# returns what it said.
-_PRELUDE = """
-import gc, os, signal, sys, threading, time
-import numpy as np
-import zctipc
-from zctipc import errors
-
-def kinds(*calls):
-    said = []
-    for call in calls:
-        try:
-            call()
-            said.append("ok")
-        except BaseException as e:
-            said.append(type(e).__name__)
-    return ",".join(said)
-
-def in_child(body, alarm=20):
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        signal.signal(signal.SIGALRM, signal.SIG_DFL)
-        signal.alarm(alarm)
-        try:
-            out = body()
-        except BaseException as e:
-            out = "raised:" + type(e).__name__
-        os.write(w, out.encode())
-        os._exit(0)
-    os.close(w)
-    _, status = os.waitpid(pid, 0)
-    out = os.read(r, 1 << 16).decode()
-    os.close(r)
-    return out if os.WIFEXITED(status) else "killed:%d" % os.WTERMSIG(status)
-
-def queue_calls(q):
-    return kinds(lambda: q.put(1), lambda: q.get(timeout=1), lambda: q.get(block=False),
-                 lambda: q.put(np.zeros(4)), lambda: q.put(np.zeros(1 << 16)))
-
-def stream_calls(w, rd):
-    return kinds(lambda: rd.read(timeout=1), lambda: w.write(np.zeros(4, np.float32)),
-                 lambda: rd.look(timeout=1), lambda: w.look(timeout=1), lambda: next(iter(rd)))
-
-FE5 = ",".join(["ForkedProcessError"] * 5)
-"""
-
-
-def _run(code, timeout=HANG):
-    out = subprocess.run(
-        [sys.executable, "-c", _PRELUDE + textwrap.dedent(code)], capture_output=True, text=True, timeout=timeout
-    )
-    assert out.returncode == 0, out.stderr
-    return out.stdout.split()
+from _procs import forking
 
 
 def test_fork_from_a_thread_other_than_the_main_one():
-    said = _run("""
+    said = forking("""
         q = zctipc.Queue(); q.put(0); assert q.get() == 0
         s = zctipc.Stream.create(shape=(4,), frames=4, readers=1)
         w, rd = s.writer(), s.reader()
@@ -85,7 +25,7 @@ def test_fork_from_a_thread_other_than_the_main_one():
 
 
 def test_a_grandchild_raises_too():
-    said = _run("""
+    said = forking("""
         q = zctipc.Queue(); q.put(0); assert q.get() == 0
         s = zctipc.Stream.create(shape=(4,), frames=4, readers=1)
         w, rd = s.writer(), s.reader()
@@ -103,7 +43,7 @@ def test_a_grandchild_raises_too():
 
 
 def test_fork_while_other_threads_block_in_a_get_and_a_stream_iteration():
-    said = _run("""
+    said = forking("""
         q = zctipc.Queue()
         s = zctipc.Stream.create(shape=(4,), frames=4, readers=2)
         w, rd, rd2 = s.writer(), s.reader(), s.reader()
@@ -133,7 +73,7 @@ def test_fork_while_other_threads_block_in_a_get_and_a_stream_iteration():
 
 
 def test_queues_and_endpoints_made_in_the_child_raise():
-    said = _run("""
+    said = forking("""
         q = zctipc.Queue(); q.put(0); assert q.get() == 0
         s = zctipc.Stream.create(shape=(4,), frames=4, readers=2)
         w = s.writer()
@@ -151,7 +91,7 @@ def test_queues_and_endpoints_made_in_the_child_raise():
 
 
 def test_endpoints_collected_before_the_fork_and_thousands_alive_at_it():
-    said = _run("""
+    said = forking("""
         streams = [zctipc.Stream.create(shape=(2,), frames=2, readers=8) for _ in range(40)]
         ends = []
         for s in streams:
@@ -191,7 +131,7 @@ def test_endpoints_collected_before_the_fork_and_thousands_alive_at_it():
 
 
 def test_a_stream_generator_begun_in_the_parent_waiting_in_the_child():
-    said = _run("""
+    said = forking("""
         s = zctipc.Stream.create(shape=(4,), frames=4, readers=1)
         w, rd = s.writer(), s.reader()
         w.write(np.full(4, 1, np.float32))
@@ -206,7 +146,7 @@ def test_a_stream_generator_begun_in_the_parent_waiting_in_the_child():
 
 
 def test_multiprocessing_fork_context_raises_and_does_not_hang():
-    said = _run("""
+    said = forking("""
         import multiprocessing
         ctx = multiprocessing.get_context("fork")
         q = zctipc.Queue(); q.put(0); assert q.get() == 0
@@ -234,7 +174,7 @@ def test_a_fork_between_bind_setting_an_attribute_and_remembering_it():
     left the child with a direct call into the dead Go runtime. Forked at
     that point deterministically, from inside the library's lookup of the
     second function."""
-    said = _run("""
+    said = forking("""
         from zctipc._core import native
         native.lib()
         real = native._lib

@@ -14,6 +14,7 @@ import threading
 
 import numpy as np
 import pytest
+from _procs import forking
 
 import zctipc
 from zctipc import queues
@@ -36,29 +37,14 @@ def test_a_queue_in_a_forked_child_raises_forked_process_error_at_once():
     runtime is gone, and a put or get there raised ForkedProcessError before
     they were bound, instead of calling into it (which took the parent's
     message, or may hang)."""
-    said = _run("""
-        import os, zctipc
+    said = forking("""
         q = zctipc.Queue()
         q.put(1)
         assert q.get() == 1
         q.put("parent's")
-        r, w = os.pipe()
-        pid = os.fork()
-        if pid == 0:
-            said = []
-            for call in (lambda: q.put(3), lambda: q.get(timeout=1), lambda: q.get(block=False),
-                         lambda: q.put(b"raw"), lambda: q.get()):
-                try:
-                    call()
-                    said.append("ok")
-                except BaseException as e:
-                    said.append(type(e).__name__)
-            os.write(w, " ".join(said).encode())
-            os._exit(0)
-        os.close(w)
-        _, status = os.waitpid(pid, 0)
-        child = os.read(r, 4096).decode()
-        print(child.replace(" ", ","), q.get(timeout=5), q.qsize())
+        child = in_child(lambda: kinds(lambda: q.put(3), lambda: q.get(timeout=1), lambda: q.get(block=False),
+                                       lambda: q.put(b"raw"), lambda: q.get()))
+        print(child, q.get(timeout=5), q.qsize())
         q.close()
     """)
     assert said == ["ForkedProcessError," * 4 + "ForkedProcessError", "parent's", "0"]
@@ -560,31 +546,16 @@ def test_stream_endpoints_in_a_forked_child_raise_forked_process_error_at_once()
     child a read, a write, a look and an iteration begun in the parent
     raise ForkedProcessError, and the parent's stream is untouched (before,
     the child read the parent's frame and wrote one into its ring)."""
-    said = _run("""
-        import os, numpy as np, zctipc
+    said = forking("""
         s = zctipc.Stream.create(shape=(4,), frames=4, readers=1)
         w, rd = s.writer(), s.reader()
         for k in (1, 2):
             w.write(np.full(4, k, np.float32))
         frames = iter(rd)
         first = int(next(frames)[0])
-        r, wr = os.pipe()
-        pid = os.fork()
-        if pid == 0:
-            said = []
-            for call in (lambda: rd.read(timeout=1), lambda: w.write(np.zeros(4, np.float32)),
-                         lambda: rd.look(timeout=1), lambda: w.look(timeout=1), lambda: next(frames)):
-                try:
-                    call()
-                    said.append("ok")
-                except BaseException as e:
-                    said.append(type(e).__name__)
-            os.write(wr, " ".join(said).encode())
-            os._exit(0)
-        os.close(wr)
-        os.waitpid(pid, 0)
-        child = os.read(r, 4096).decode()
-        print(child.replace(" ", ","), first, int(next(frames)[0]), rd.read(block=False))
+        child = in_child(lambda: kinds(lambda: rd.read(timeout=1), lambda: w.write(np.zeros(4, np.float32)),
+                                       lambda: rd.look(timeout=1), lambda: w.look(timeout=1), lambda: next(frames)))
+        print(child, first, int(next(frames)[0]), rd.read(block=False))
         del frames
         w.close(); rd.close(); s.close()
     """)

@@ -160,12 +160,16 @@ def test_a_queue_dropped_while_a_thread_waits_on_its_reader(use):
     q = zctipc.Queue()
     reader, writer = q._reader, q._writer
     got = []
+    sent = threading.Event()
 
     def waiter():
         if use == "recv":
             got.append(reader.recv())
         elif use == "poll":
             got.append(reader.poll(None))
+            # The sender holds the queue until its send returns: the poll it
+            # woke may return before that.
+            sent.wait(30)
             try:
                 reader.recv()
             except zctipc.HandleClosed as exc:
@@ -185,6 +189,7 @@ def test_a_queue_dropped_while_a_thread_waits_on_its_reader(use):
     if use != "fileno then wait":
         assert queue() is not None, "a call in progress holds its queue"
         writer.send("x")
+        sent.set()
         t.join(30)
         assert got == (["x"] if use == "recv" else [True, True]) and queue() is None
     else:  # wait() held only the reader: the queue went, and the waiter woke

@@ -525,7 +525,7 @@ class Queue:
 
         try:
             # A SimpleQueue's look checks more than the space word says: it looks every few slices.
-            look_every = 0 if self._in_band is None else _LOOK_EVERY
+            look_every = wait.RECHECK_SLICES if self._in_band is None else _LOOK_EVERY
             status = self._wait_on(
                 native.lib().ZCT_WAIT_SPACE, call, native.E_FULL, block, timeout, look_every=look_every
             )
@@ -633,7 +633,7 @@ class Queue:
         block: bool,
         timeout: float | None,
         takes: bool = True,
-        look_every: int = 0,
+        look_every: int = wait.RECHECK_SLICES,
     ) -> int:
         """The status of call(ms), a native call that waits up to ms on the
         queue's word which (ZCT_WAIT_DATA, ZCT_WAIT_SPACE or ZCT_WAIT_JOIN)
@@ -642,8 +642,10 @@ class Queue:
         outside Go] in zctipc._core.wait) unless this queue object polls.
         takes=False: call only says that a message is there, and passes on
         the wake-up of a put (which wakes one sleeper) that it took.
-        look_every: call again after that many slices without a wake-up
-        (0: only when woken), for a call that looks at more than the word."""
+        look_every: call again after that many slices without a wake-up,
+        for a call that looks at more than the word: every second by
+        default, for a lock whose holder died (Note [a lock holder that
+        died wakes nobody] in zctipc._core.wait)."""
         if self._polls:
             return wait.retry(call, again, block, timeout)
         lib = native.lib()

@@ -290,6 +290,63 @@ def test_a_put_asleep_behind_another_put_wakes_when_the_lock_is_let_go(isolated,
     assert lines == ["['put'] False ['behind', 'holder']"]
 
 
+DIED = """
+    import mmap, os, signal, struct, subprocess, sys, threading, time, zctipc
+    which, reaped = sys.argv[1], sys.argv[2] == "reaped"
+    q = zctipc.Queue()  # unbounded: room for every put
+    if which == "get":
+        q.put("there")
+    f = open(os.path.join(os.environ["ZCTIPC_SHM_DIR"], q.name), "r+b")
+    m = mmap.mmap(f.fileno(), 0)
+    data = struct.unpack_from("<Q", m, 16)[0]
+    LOCK, WAITERS = (data + 128, data + 260) if which == "get" else (data + 64, data + 324)
+    holder = subprocess.Popen(["sleep", "300"])
+    start = int(open(f"/proc/{holder.pid}/stat").read().rsplit(")", 1)[1].split()[19])
+    # The holder took the lock, contended, and recorded itself: a get or a
+    # put of its own, stopped in the lock.
+    struct.pack_into("<IIQ", m, LOCK, holder.pid | 1 << 31, holder.pid, start)
+    done = []
+
+    def call():
+        try:
+            done.append(q.get(timeout=60) if which == "get" else q.put("behind", timeout=60))
+        except Exception as e:
+            done.append(type(e).__name__)
+
+    t = threading.Thread(target=call)
+    t.start()
+    while struct.unpack_from("<I", m, WAITERS)[0] == 0:  # it found the lock held, and sleeps
+        time.sleep(0.01)
+    time.sleep(0.2)
+    holder.kill()  # a zombie until waited for: gone all the same
+    if reaped:
+        holder.wait()
+    t.join(30)
+    print(done, t.is_alive(), struct.unpack_from("<I", m, LOCK)[0])
+    if which == "put":
+        print(q.get(timeout=5))
+    holder.wait()
+    m.close(); f.close()
+    q.close()
+"""
+
+
+@pytest.mark.parametrize("reaped", ["reaped", "zombie"])
+@pytest.mark.parametrize("which", ["get", "put"])
+def test_a_call_asleep_behind_a_lock_whose_holder_dies_goes_through(isolated, tmp_path, which, reaped):
+    """A get (or put) that found the queue's lock held by another process
+    sleeps on the data (or space) word; the holder is then killed in the
+    lock, and nothing moves that word again (no put comes; every producer
+    waits). The sleeper looks again within a second all the same, takes
+    the lock over and goes through, rather than sleeping to its timeout
+    (Note [a lock holder that died wakes nobody] in zctipc._core.wait)."""
+    lines = succeeded(run(tmp_path, isolated, DIED, which, reaped))
+    if which == "get":
+        assert lines == ["['there'] False 0"]
+    else:
+        assert lines == ["[None] False 0", "behind"]
+
+
 FORGE = """
     import mmap, os, queue, struct, zctipc
     q = zctipc.Queue(max_bytes=4096)

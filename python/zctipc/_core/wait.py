@@ -27,6 +27,21 @@ if TYPE_CHECKING:
 # Longest single wait inside the library, so that Ctrl-C is seen in time.
 WAIT_SLICE = 0.05
 
+#: Slices of a sleep outside the library after which a waiter looks again
+#: although nothing woke it: about a second, as the library's own waits
+#: recheck (Note [a lock holder that died wakes nobody]).
+RECHECK_SLICES = round(1 / WAIT_SLICE)
+
+# Note [a lock holder that died wakes nobody]: a get or put that finds the
+# queue's lock held by another process says "empty" or "full" when it does
+# not wait, and the waiter sleeps on the data or space word. The holder
+# wakes the sleepers when it lets the lock go; a holder killed first (or
+# stopped in the lock and killed later) never does, and the word may never
+# move again (a queue whose producers all wait, or whose messages were all
+# put). Only a call that meets the lock takes it over from a dead holder,
+# so a waiter looks again every RECHECK_SLICES slices, woken or not, as
+# the library's own waits do every second (package queue's recheckEvery).
+
 #: How long a call that can sleep outside the library first waits inside it
 #: (ms): its paced spin and a short sleep, for what comes soon.
 BRIEF_MS = 2

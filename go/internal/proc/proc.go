@@ -151,16 +151,24 @@ func Dead(id Identity) bool {
 // Gone reports whether the process that claimed something as pid (in a
 // word of shared memory) is gone, given the identity it recorded beside the
 // claim afterwards: by pid and start time once the record names pid, and
-// until then (a process killed between its claim and its record) only when
-// no process has that pid at all. A process /proc cannot tell of is not
-// gone.
+// until then (a process killed between its claim and its record, or in
+// its release between clearing the record and the claim) only when no
+// live process has that pid: none has it, or a zombie does. A zombie
+// under pid is the claimant, dead, or a process that took the pid after
+// the claimant exited; either way the claimant is gone, and its parent
+// may never reap it (a parent blocked behind the very lock it claimed).
+// A process /proc cannot tell of is not gone.
 func Gone(pid int64, recorded Identity) bool {
 	if pid <= 0 {
 		return true
 	}
 	if recorded.PID != pid {
-		_, err := StartTime(pid)
-		return errors.Is(err, unix.ESRCH)
+		start, err := StartTime(pid)
+		if err != nil {
+			return errors.Is(err, unix.ESRCH)
+		}
+		// Exited: a zombie, or the pid taken by another process since.
+		return Dead(Identity{PID: pid, StartTime: start})
 	}
 	return Dead(recorded)
 }

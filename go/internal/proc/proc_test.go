@@ -44,10 +44,17 @@ func TestProcIdentity(t *testing.T) {
 		require.Equal(t, tc.want == proc.Exited, proc.Dead(tc.id), tc.name)
 	}
 
+	// A claim of the running child's pid, recorded or not yet, is not gone.
+	require.False(t, proc.Gone(child.PID, child), "a recorded claim of a running process")
+	require.False(t, proc.Gone(child.PID, proc.Identity{}), "an unrecorded claim of a running process")
+
 	// Killed and not yet waited for, the child is a zombie: it holds no
-	// mappings, so it is dead.
+	// mappings, so it is dead, and its claims are gone, recorded or not
+	// (its parent may never reap it: one blocked behind the lock it held).
 	require.NoError(t, cmd.Process.Signal(syscall.SIGKILL))
 	require.Eventually(t, func() bool { return proc.Dead(child) }, 10*time.Second, time.Millisecond, "a zombie")
+	require.True(t, proc.Gone(child.PID, child), "a recorded claim of a zombie")
+	require.True(t, proc.Gone(child.PID, proc.Identity{}), "an unrecorded claim of a zombie")
 	require.Error(t, cmd.Wait())
 	l, err := proc.Check(child)
 	require.NoError(t, err)

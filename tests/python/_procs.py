@@ -20,6 +20,29 @@ def python(*argv, env, timeout):
     return out
 
 
+#: Seconds a program file run by run_program may take: the machine may be loaded.
+PROGRAM_TIMEOUT = 120
+
+
+def run_program(tmp_path, env, program, *args):
+    """Run program (Python source, dedented) as a file in tmp_path with env
+    and args; the finished process, whatever its return code (succeeded
+    checks it)."""
+    path = tmp_path / "program.py"
+    path.write_text(textwrap.dedent(program))
+    return subprocess.run(
+        [sys.executable, str(path), *args], env=env, capture_output=True, text=True, timeout=PROGRAM_TIMEOUT
+    )
+
+
+def succeeded(out):
+    """out's stdout lines, after checking that it exited cleanly: a return
+    code of 0, and no traceback or fatal error on stderr."""
+    assert out.returncode == 0, f"rc {out.returncode}: {out.stdout}{out.stderr}"
+    assert "Traceback" not in out.stderr and "Fatal Python error" not in out.stderr, out.stderr
+    return out.stdout.splitlines()
+
+
 # What forking() runs before its code: in_child(body) forks, runs body() in
 # the child (killed by SIGALRM after alarm seconds, so that a hang shows as
 # "killed:14") and returns what it said; kinds(*calls) says what each call

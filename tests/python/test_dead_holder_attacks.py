@@ -10,26 +10,10 @@ what they held and duplicate nothing; and an idle blocked get costs no
 CPU. Each scenario runs in a child process with a directory of its own."""
 
 import json
-import subprocess
-import sys
-import textwrap
 
 import pytest
-
-RUN = 120  # seconds a child program may take: the machine may be loaded
-
-
-def run(tmp_path, env, program, *args):
-    path = tmp_path / "program.py"
-    path.write_text(textwrap.dedent(program))
-    return subprocess.run([sys.executable, str(path), *args], env=env, capture_output=True, text=True, timeout=RUN)
-
-
-def succeeded(out):
-    assert out.returncode == 0, f"rc {out.returncode}: {out.stdout}{out.stderr}"
-    assert "Traceback" not in out.stderr and "Fatal Python error" not in out.stderr, out.stderr
-    return out.stdout.splitlines()
-
+from _procs import run_program as run
+from _procs import succeeded
 
 # A lock of the queue forged as held by a real process (a `sleep` child,
 # recorded by pid and start time as a get or put stopped in the lock would

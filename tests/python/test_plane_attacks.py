@@ -12,27 +12,11 @@ a child process, so that a crash is seen as one."""
 import os
 import signal
 import subprocess
-import sys
 import textwrap
 
 import pytest
-
-RUN = 120  # seconds a child program may take: the machine may be loaded
-
-
-def run(tmp_path, env, program, *args):
-    """Run program with env and args; its result."""
-    path = tmp_path / "program.py"
-    path.write_text(textwrap.dedent(program))
-    return subprocess.run([sys.executable, str(path), *args], env=env, capture_output=True, text=True, timeout=RUN)
-
-
-def succeeded(out):
-    """out's stdout lines, after checking that it exited cleanly."""
-    assert out.returncode == 0, f"rc {out.returncode}: {out.stdout}{out.stderr}"
-    assert "Traceback" not in out.stderr and "Fatal Python error" not in out.stderr, out.stderr
-    return out.stdout.splitlines()
-
+from _procs import run_program as run
+from _procs import succeeded
 
 # The file cut to nothing, or after the queue's words and the ring's first
 # page (the steps that hold a lock fault past it: they let it go).

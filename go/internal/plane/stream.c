@@ -8,11 +8,9 @@
 // is the caller's. Words are read and written with sequentially
 // consistent atomics, as Go's sync/atomic does.
 #define _GNU_SOURCE
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
@@ -226,9 +224,8 @@ int zp_write_slowest(zp_writer *w, uint64_t *low, zp_out *out) {
 // second. So the C ABI's looks first ask this step, which reads the table
 // and each holding reader's /proc entry, and go to Go only when a reader
 // is suspect or Go has not looked for a while. A suspect is a reader with
-// no process (or a pid out of range), a zombie (which holds no mapping)
-// that leads no thread that runs, or not seen for longer than the
-// timeout by its slot: Go then evicts it,
+// no process (or a pid out of range), a zombie (which holds no mapping),
+// or not seen for longer than the timeout by its slot: Go then evicts it,
 // or finds it alive (blocked on for less than the timeout, say). What only
 // Go tells, a pid another process took since, waits for Go's next look.
 // With a reader timeout, the first look that finds no room for a frame
@@ -237,62 +234,27 @@ int zp_write_slowest(zp_writer *w, uint64_t *low, zp_out *out) {
 // stream), and a writer that polled without telling it evicted a stopped
 // reader a whole timeout late.
 
-// read_stat reads the /proc stat line at path into stat: 1 when read, 0
-// when the task is gone, -1 when it cannot be read.
-static int read_stat(const char *path, char *stat, size_t size) {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        return errno == ENOENT || errno == ESRCH ? 0 : -1;
-    }
-    ssize_t n = read(fd, stat, size - 1);
-    int err = errno;
-    close(fd);
-    if (n <= 0) {
-        return n < 0 && err == ESRCH ? 0 : -1; // ESRCH: it exited while read
-    }
-    stat[n] = 0;
-    return 1;
-}
-
-// exited says whether a /proc stat line shows an exited task: a zombie or
-// dead. The name may hold a ')': the state follows the last.
-static int exited(const char *stat) {
-    const char *end = strrchr(stat, ')');
-    return end != NULL && end[1] == ' ' && (end[2] == 'Z' || end[2] == 'X' || end[2] == 'x');
-}
-
 // gone_here says whether the process pid looks gone by its /proc entry:
-// there is none, or it is a zombie that leads no thread that runs (a
-// leader that ended while its other threads run on, as package proc's
-// Note [A zombie leader]). An entry that cannot be read is alive.
+// there is none, or it is a zombie. An entry that cannot be read is alive.
 static int gone_here(uint64_t pid) {
     if (pid == 0 || pid > INT32_MAX) {
         return 1;
     }
-    char path[64], stat[512];
+    char path[32], stat[512];
     snprintf(path, sizeof path, "/proc/%u/stat", (unsigned)pid);
-    int r = read_stat(path, stat, sizeof stat);
-    if (r <= 0 || !exited(stat)) {
-        return r == 0;
-    }
-    snprintf(path, sizeof path, "/proc/%u/task", (unsigned)pid);
-    DIR *dir = opendir(path);
-    if (dir == NULL) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
         return errno == ENOENT || errno == ESRCH;
     }
-    int gone = 1;
-    for (struct dirent *e; gone && (e = readdir(dir)) != NULL;) {
-        char *after;
-        unsigned long tid = strtoul(e->d_name, &after, 10);
-        if (e->d_name[0] < '0' || e->d_name[0] > '9' || *after != 0 || tid == pid) {
-            continue;
-        }
-        snprintf(path, sizeof path, "/proc/%u/task/%lu/stat", (unsigned)pid, tid);
-        r = read_stat(path, stat, sizeof stat);
-        gone = r == 0 || (r > 0 && exited(stat));
+    ssize_t n = read(fd, stat, sizeof stat - 1);
+    int err = errno;
+    close(fd);
+    if (n <= 0) {
+        return n < 0 && err == ESRCH; // it exited while read
     }
-    closedir(dir);
-    return gone;
+    stat[n] = 0;
+    const char *end = strrchr(stat, ')'); // the name may hold one: the state follows the last
+    return end != NULL && end[1] == ' ' && (end[2] == 'Z' || end[2] == 'X' || end[2] == 'x');
 }
 
 typedef struct suspects_args {

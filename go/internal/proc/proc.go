@@ -94,8 +94,7 @@ const (
 	// start time.
 	Running
 	// Exited means no process has the pid, another process has it now (a
-	// different start time), or it is a zombie, which holds no mappings
-	// (and whose leader leads no thread that runs: Note [A zombie leader]).
+	// different start time), or it is a zombie, which holds no mappings.
 	Exited
 )
 
@@ -131,63 +130,14 @@ func Check(id Identity) (Liveness, error) {
 	if start != id.StartTime {
 		return Exited, nil
 	}
-	if !exited(raw) {
-		return Running, nil
-	}
-	// A zombie leader may lead threads that run (Note [A zombie leader]).
-	return otherThreads(id.PID)
-}
-
-// exited reports whether a /proc stat line shows a task that has exited:
-// a zombie, or dead (X, or x on old kernels).
-func exited(stat []byte) bool {
-	end := bytes.LastIndexByte(stat, ')')
-	if fields := bytes.Fields(stat[end+1:]); len(fields) > 0 {
+	end := bytes.LastIndexByte(raw, ')')
+	if fields := bytes.Fields(raw[end+1:]); len(fields) > 0 {
 		switch fields[0][0] {
 		case 'Z', 'X', 'x':
-			return true
+			return Exited, nil
 		}
 	}
-	return false
-}
-
-// Note [A zombie leader]
-//
-// /proc/PID/stat tells of the thread group's leader, the process's first
-// thread. A leader that ends while other threads run (a C program whose
-// main calls pthread_exit) is a zombie until the last of them ends, yet
-// the process runs on, holds its mappings, and may hold a lock or read a
-// stream through them. So a zombie is exited only when no other thread of
-// its group runs: /proc/PID/task lists none that is not itself exited
-// (a traced thread that ended is a zombie until its tracer waits for it).
-
-// otherThreads tells whether process pid, whose leader has exited, has a
-// thread that has not.
-func otherThreads(pid int64) (Liveness, error) {
-	dir := "/proc/" + strconv.FormatInt(pid, 10) + "/task/"
-	tasks, err := os.ReadDir(dir)
-	switch {
-	case errors.Is(err, os.ErrNotExist) || errors.Is(err, unix.ESRCH):
-		return Exited, nil
-	case err != nil:
-		return Unknown, fmt.Errorf("process %d: %w", pid, err)
-	}
-	for _, task := range tasks {
-		if task.Name() == strconv.FormatInt(pid, 10) {
-			continue
-		}
-		raw, err := os.ReadFile(dir + task.Name() + "/stat")
-		switch {
-		case errors.Is(err, os.ErrNotExist) || errors.Is(err, unix.ESRCH): // it ended
-			continue
-		case err != nil:
-			return Unknown, fmt.Errorf("process %d: %w", pid, err)
-		}
-		if !exited(raw) {
-			return Running, nil
-		}
-	}
-	return Exited, nil
+	return Running, nil
 }
 
 // Dead reports whether /proc says the process id is gone (see Check): a
